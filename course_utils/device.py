@@ -1,0 +1,282 @@
+"""Choosing where to run: device, GPU, numeric precision, and moving batches there.
+
+Nothing here initializes CUDA until you ask for a CUDA tensor: GPUs are found through
+NVML (or, without NVML, in a subprocess), so a notebook can still ``fork`` afterwards.
+Notebook 01 ("Runtime and devices") teaches this module; every later notebook uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from course_utils.nvml import nvml_status, visible_gpus
+
+DEVICE_ENV_VAR = "COURSE_DEVICE"
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def _driver_present() -> bool:
+    """A cheap hint that an NVIDIA driver is installed (used only when NVML is absent)."""
+    if sys.platform.startswith("linux"):
+        return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")
+    return sys.platform == "win32"
+
+
+def _count_gpus_in_subprocess(timeout_s: float = 60.0) -> int:
+    code = "import torch; print(torch.cuda.device_count())"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s
+        )
+        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0
+
+
+def cuda_gpu_count() -> int:
+    """How many GPUs PyTorch can use, found without initializing CUDA in this process.
+
+    0 when torch is a CPU-only build or no GPU is present. Respects
+    ``CUDA_VISIBLE_DEVICES``.
+
+    >>> cuda_gpu_count() >= 0
+    True
+    """
+    if not torch.backends.cuda.is_built():
+        return 0
+    if torch.cuda.is_initialized():
+        return torch.cuda.device_count()
+    if nvml_status() == "ok":
+        return len(visible_gpus())
+    if not _driver_present():
+        return 0
+    return _count_gpus_in_subprocess()
+
+
+def mps_available() -> bool:
+    """True on an Apple-silicon Mac whose PyTorch build supports the MPS backend."""
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device chosen by :func:`choose_device` and why."""
+
+    device: torch.device
+    reason: str
+
+
+def _gpu_with_most_free_memory() -> tuple[int, str]:
+    gpus = visible_gpus()
+    known = [
+        (gpu.memory_free_mib, position, gpu)
+        for position, gpu in enumerate(gpus)
+        if gpu.memory_free_mib is not None
+    ]
+    if len(gpus) <= 1 or not known:
+        return 0, "the first visible GPU"
+    free, position, gpu = max(known, key=lambda item: (item[0], -item[1]))
+    return position, f"the GPU with the most free memory ({gpu.name}, {free} MiB free)"
+
+
+def choose_device(prefer: str | None = None) -> DeviceChoice:
+    """Choose a device: CUDA, then Apple MPS, then the CPU, and say why.
+
+    ``prefer`` (or the ``COURSE_DEVICE`` environment variable) forces a choice:
+    ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"mps"``. Among several GPUs the one with
+    the most free memory (read through NVML) wins. A preferred device that does not
+    exist raises ``ValueError`` with what to do.
+
+    >>> choose_device("cpu").device
+    device(type='cpu')
+    """
+    wanted = (prefer or os.environ.get(DEVICE_ENV_VAR, "")).strip().lower()
+    if wanted:
+        return _explicit_choice(wanted)
+    count = cuda_gpu_count()
+    if count > 0:
+        position, why = _gpu_with_most_free_memory()
+        return DeviceChoice(torch.device("cuda", position), f"CUDA is available: {why}")
+    if mps_available():
+        return DeviceChoice(torch.device("mps"), "Apple MPS is available (no CUDA GPU)")
+    return DeviceChoice(torch.device("cpu"), _no_gpu_reason())
+
+
+def _explicit_choice(wanted: str) -> DeviceChoice:
+    try:
+        device = torch.device(wanted)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {wanted!r}: use cpu, cuda, cuda:N or mps") from error
+    if device.type == "cpu":
+        return DeviceChoice(device, "asked for the CPU")
+    if device.type == "mps":
+        if not mps_available():
+            raise ValueError("asked for mps, but this machine has no usable Apple MPS backend")
+        return DeviceChoice(device, "asked for Apple MPS")
+    if device.type == "cuda":
+        count = cuda_gpu_count()
+        index = 0 if device.index is None else device.index
+        if index >= count:
+            raise ValueError(
+                f"asked for {wanted}, but PyTorch sees {count} CUDA GPU(s). " + _no_gpu_reason()
+            )
+        return DeviceChoice(torch.device("cuda", index), f"asked for {wanted}")
+    raise ValueError(f"unsupported device {wanted!r}: use cpu, cuda, cuda:N or mps")
+
+
+def _no_gpu_reason() -> str:
+    if not torch.backends.cuda.is_built():
+        return f"no GPU: this torch ({torch.__version__}) is a CPU-only build"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
+    if nvml_status() == "ok":
+        return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
+    return "no GPU: " + nvml_status()
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """The device to use: ``choose_device(prefer).device``.
+
+    >>> pick_device("cpu")
+    device(type='cpu')
+    """
+    return choose_device(prefer).device
+
+
+# ---------------------------------------------------------------------- precision
+
+
+@dataclass(frozen=True)
+class PrecisionSupport:
+    """Which reduced precisions a GPU of a given compute capability runs fast."""
+
+    fp16_tensor_cores: bool  # Volta (7.0) and newer
+    bf16: str  # "native" from Ampere (8.0); "emulated" before (slow, but it runs)
+    tf32: bool  # Ampere (8.0) and newer
+
+
+def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
+    """Precision support for a compute capability, e.g. ``(7, 5)`` for a T4.
+
+    >>> precision_support((7, 5))
+    PrecisionSupport(fp16_tensor_cores=True, bf16='emulated', tf32=False)
+    """
+    ampere = capability >= (8, 0)
+    return PrecisionSupport(
+        fp16_tensor_cores=capability >= (7, 0),
+        bf16="native" if ampere else "emulated",
+        tf32=ampere,
+    )
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A training precision: what to pass to ``torch.autocast`` and Lightning."""
+
+    name: str  # "fp32", "fp16" or "bf16"
+    dtype: torch.dtype  # the autocast dtype (float32 means: no autocast)
+    autocast: bool  # wrap forward passes in torch.autocast(device_type, dtype)
+    grad_scaler: bool  # use torch.amp.GradScaler (needed for fp16 only)
+    lightning: str  # the Trainer(precision=...) string
+    reason: str
+
+
+FP32 = ("fp32", torch.float32, False, False, "32-true")
+FP16 = ("fp16", torch.float16, True, True, "16-mixed")
+BF16 = ("bf16", torch.bfloat16, True, False, "bf16-mixed")
+
+
+def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    position = 0 if device.index is None else device.index
+    gpus = visible_gpus()
+    if position < len(gpus) and gpus[position].compute_capability:
+        return gpus[position].compute_capability
+    if torch.cuda.is_available():  # no NVML: ask CUDA (this initializes it)
+        return torch.cuda.get_device_capability(position)
+    return None
+
+
+def pick_precision(
+    device: torch.device | str, capability: tuple[int, int] | None = None
+) -> Precision:
+    """Choose mixed precision for a device.
+
+    * CUDA, compute capability >= 8.0 (A100, L4, H100...): bf16 autocast, no scaler.
+    * CUDA, 7.0-7.5 (V100, T4): fp16 autocast with ``torch.amp.GradScaler("cuda")``:
+      fp16 tensor cores exist, bf16 is only emulated (slow) even if
+      ``torch.cuda.is_bf16_supported()`` says True.
+    * CUDA below 7.0: fp32 (no tensor cores, little to gain).
+    * CPU and MPS: fp32. bf16 autocast runs on the CPU but is fast only on CPUs with
+      AVX512-BF16 or AMX; the course keeps the CPU path simple and exact.
+
+    ``capability`` overrides the GPU's own (useful to ask "what would a T4 use?").
+
+    >>> pick_precision("cuda", capability=(7, 5)).lightning
+    '16-mixed'
+    >>> pick_precision("cpu").name
+    'fp32'
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return Precision(
+            *FP32,
+            reason=f"{device.type}: float32 (mixed precision pays off on GPU tensor cores)",
+        )
+    capability = capability or _cuda_capability(device)
+    if capability is None:
+        return Precision(*FP32, reason="CUDA capability unknown: float32 to be safe")
+    label = f"compute capability {capability[0]}.{capability[1]}"
+    if capability >= (8, 0):
+        return Precision(*BF16, reason=f"{label}: native bf16, no loss scaling needed")
+    if capability >= (7, 0):
+        return Precision(
+            *FP16,
+            reason=f"{label}: fp16 tensor cores; bf16 would be emulated (slow); "
+            "fp16 needs a GradScaler",
+        )
+    return Precision(*FP32, reason=f"{label}: no tensor cores, float32")
+
+
+# ------------------------------------------------------------------ moving batches
+
+
+def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None = None) -> Any:
+    """Move every tensor in a nested batch (tuples, lists, dicts, namedtuples) to ``device``.
+
+    Other values (strings, numbers, None) are returned unchanged. With
+    ``non_blocking=None`` a copy is asynchronous exactly when it can be: the tensor lives
+    in pinned memory and goes to a CUDA device (``DataLoader(pin_memory=True)``).
+
+    >>> out = to_device({"x": torch.ones(2), "meta": ["id", torch.zeros(1)]}, "cpu")
+    >>> out["x"].device, out["meta"][0]
+    (device(type='cpu'), 'id')
+    """
+    device = torch.device(device)
+    if isinstance(batch, torch.Tensor):
+        asynchronous = non_blocking
+        if asynchronous is None:
+            asynchronous = (
+                device.type == "cuda" and batch.device.type == "cpu" and (batch.is_pinned())
+            )
+        return batch.to(device, non_blocking=asynchronous)
+    if isinstance(batch, Mapping):
+        moved = {key: to_device(value, device, non_blocking) for key, value in batch.items()}
+        try:
+            return type(batch)(moved)  # type: ignore[call-arg]  # OrderedDict, dict, ...
+        except TypeError:  # a mapping type that cannot be built from a dict
+            return moved
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(value, device, non_blocking) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, non_blocking) for value in batch)
+    return batch

@@ -1,0 +1,246 @@
+"""Where am I running, with what, and what should I do about it: the doctor report.
+
+Everything here is read without initializing CUDA (GPUs come from NVML), so it is safe
+to call at the top of any notebook, before a DataLoader forks or DDP starts.
+Notebook 01 shows the report; ``python -m course_utils doctor`` prints it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from course_utils import nvml
+from course_utils.device import choose_device, cuda_gpu_count, mps_available, pick_precision
+
+# Import name -> distribution name of the packages the course cares about.
+PACKAGES = {
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "lightning": "lightning",
+    "numpy": "numpy",
+    "matplotlib": "matplotlib",
+    "pynvml": "nvidia-ml-py",
+    "course_utils": "course-utils",
+}
+
+
+def where_am_i() -> str:
+    """``"colab"``, ``"kaggle"``, ``"jupyter"``, ``"ipython"``, ``"ci"`` or ``"script"``.
+
+    >>> where_am_i() in {"colab", "kaggle", "jupyter", "ipython", "ci", "script"}
+    True
+    """
+    if "google.colab" in sys.modules or os.environ.get("COLAB_RELEASE_TAG"):
+        return "colab"
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):
+        return "kaggle"
+    shell = _ipython_shell()
+    if shell == "ZMQInteractiveShell":
+        return "jupyter"
+    if shell:
+        return "ipython"
+    if os.environ.get("CI"):
+        return "ci"
+    return "script"
+
+
+def _ipython_shell() -> str | None:
+    ipython_module = sys.modules.get("IPython")
+    if ipython_module is None:
+        return None
+    shell = ipython_module.get_ipython()  # type: ignore[attr-defined]
+    return None if shell is None else type(shell).__name__
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version pip installed, or ``None``.
+
+    >>> installed_version("a-package-that-is-not-installed") is None
+    True
+    """
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _same_version(in_memory: str, installed: str) -> bool:
+    # torch.__version__ carries a local label ("2.14.1+cu130") that PyPI's metadata lacks.
+    if in_memory == installed:
+        return True
+    return "+" in in_memory and "+" not in installed and in_memory.split("+")[0] == installed
+
+
+def stale_imports() -> list[dict[str, str]]:
+    """Packages whose installed version differs from the one already imported.
+
+    After ``pip install`` replaces a package that the kernel had already imported, the
+    old version stays in memory until the runtime restarts. Each entry has
+    ``package``, ``in_memory`` and ``installed``.
+    """
+    stale = []
+    for module_name, distribution in PACKAGES.items():
+        module = sys.modules.get(module_name)
+        in_memory = getattr(module, "__version__", None)
+        installed = installed_version(distribution)
+        if in_memory is None or installed is None:
+            continue
+        if not _same_version(str(in_memory), installed):
+            stale.append(
+                {"package": distribution, "in_memory": str(in_memory), "installed": installed}
+            )
+    return stale
+
+
+def gpu_runtime_advice(environment: str | None = None) -> str:
+    """What to do when no GPU is attached, for the environment you are in."""
+    environment = environment or where_am_i()
+    if environment == "colab":
+        return (
+            "No GPU is attached to this Colab runtime. Choose Runtime > Change runtime type "
+            "> Hardware accelerator: T4 GPU > Save. Colab then starts a new runtime: run "
+            "the notebook again from the first cell."
+        )
+    if environment == "kaggle":
+        return (
+            "No GPU in this Kaggle session. Open the notebook's Settings > Accelerator and "
+            "choose GPU T4 x2 (or P100), then run again from the first cell."
+        )
+    if not torch.backends.cuda.is_built():
+        return (
+            f"This torch ({torch.__version__}) is a CPU-only build. On a machine with an "
+            "NVIDIA GPU, install a CUDA build (see pytorch.org/get-started). Everything in "
+            "the course still runs on the CPU, with smaller workloads."
+        )
+    return (
+        "No NVIDIA GPU is visible (no driver answered, or CUDA_VISIBLE_DEVICES hides them). "
+        "Check `nvidia-smi`. The course runs on the CPU too, with smaller workloads and "
+        "labels that say so."
+    )
+
+
+def _cpu_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def doctor() -> dict[str, Any]:
+    """Everything the course needs to know about this machine, as a JSON-ready dict.
+
+    Keys include ``python``, ``torch``, ``cuda_available``, ``torch_cuda_build``,
+    ``device``, ``gpus``, ``precision`` and ``environment``. CUDA is not initialized.
+    """
+    environment = where_am_i()
+    gpus_visible = nvml.visible_gpus()
+    gpu_count = cuda_gpu_count()
+    choice = choose_device()
+    precision = pick_precision(choice.device)
+    cudnn = torch.backends.cudnn.version() if torch.backends.cuda.is_built() else None
+    advice = [] if gpu_count else [gpu_runtime_advice(environment)]
+    stale = stale_imports()
+    advice += [
+        f"{item['package']} {item['installed']} is installed but {item['in_memory']} is "
+        "loaded: restart the runtime (Colab: Runtime > Restart session)"
+        for item in stale
+    ]
+    binding = nvml.binding_problem()
+    if binding:
+        advice.append(binding)
+    return {
+        "environment": environment,
+        "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "cpu_cores": _cpu_cores(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": installed_version("torchvision"),
+        "lightning": installed_version("lightning"),
+        "nvidia_ml_py": installed_version("nvidia-ml-py"),
+        "course_utils": installed_version("course-utils"),
+        "torch_cuda_build": torch.version.cuda,
+        "cudnn": cudnn,
+        "nvml": nvml.nvml_status(),
+        "driver": nvml.driver_version(),
+        "driver_cuda": nvml.cuda_driver_version(),
+        "cuda_available": gpu_count > 0,
+        "gpu_count": gpu_count,
+        "mps_available": mps_available(),
+        "gpus": [_gpu_entry(gpu) for gpu in gpus_visible],
+        "device": str(choice.device),
+        "device_reason": choice.reason,
+        "precision": precision.name,
+        "precision_reason": precision.reason,
+        "stale_imports": stale,
+        "advice": advice,
+    }
+
+
+def _gpu_entry(gpu: nvml.GpuInfo) -> dict[str, Any]:
+    entry = asdict(gpu)
+    capability = entry.pop("compute_capability")
+    entry["compute_capability"] = None if capability is None else f"{capability[0]}.{capability[1]}"
+    return entry
+
+
+def format_doctor(report: dict[str, Any]) -> str:
+    """The doctor report as text for people."""
+    lines = [
+        "course_utils doctor",
+        f"  running in     : {report['environment']} on {report['platform']}, "
+        f"{report['cpu_cores']} CPU cores",
+        f"  python         : {report['python']}",
+        f"  torch          : {report['torch']} ("
+        + (
+            f"CUDA {report['torch_cuda_build']} build"
+            if report["torch_cuda_build"]
+            else "CPU-only build"
+        )
+        + (f", cuDNN {report['cudnn']}" if report["cudnn"] else "")
+        + ")",
+        f"  torchvision    : {report['torchvision'] or 'not installed'}",
+        f"  lightning      : {report['lightning'] or 'not installed'}",
+        f"  NVML           : {report['nvml']}",
+        f"  driver         : {report['driver'] or 'not found'}"
+        + (f" (supports CUDA up to {report['driver_cuda']})" if report["driver_cuda"] else ""),
+        f"  CUDA available : {report['cuda_available']} ({report['gpu_count']} GPU(s))",
+    ]
+    for gpu in report["gpus"]:
+        lines.append(
+            f"    GPU {gpu['index']}: {gpu['name']}, {gpu['memory_total_mib']} MiB, "
+            f"compute capability {gpu['compute_capability']}, "
+            f"{gpu['memory_free_mib']} MiB free"
+        )
+    lines += [
+        f"  device         : {report['device']} ({report['device_reason']})",
+        f"  precision      : {report['precision']} ({report['precision_reason']})",
+    ]
+    if report["advice"]:
+        lines.append("  advice:")
+        lines += [f"    - {item}" for item in report["advice"]]
+    return "\n".join(lines)
+
+
+def measured_on(device: torch.device | str) -> str:
+    """The hardware label for a number measured on ``device`` in this process.
+
+    >>> measured_on("cpu").startswith("measured on this machine (CPU")
+    True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        position = device.index or 0
+        gpus = nvml.visible_gpus()
+        name = gpus[position].name if position < len(gpus) else None
+        if name is None and torch.cuda.is_available():
+            name = torch.cuda.get_device_name(position)
+        return f"measured on this machine (GPU: {name or 'unknown NVIDIA GPU'})"
+    if device.type == "mps":
+        return "measured on this machine (Apple GPU, MPS)"
+    return f"measured on this machine (CPU: {platform.machine()}, {_cpu_cores()} cores)"

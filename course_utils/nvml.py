@@ -1,0 +1,249 @@
+"""NVML: what the NVIDIA driver knows about the GPUs, read without touching CUDA.
+
+This is the only module of the course that imports ``pynvml``. The import comes from the
+official binding, the ``nvidia-ml-py`` package (the ``pynvml`` package on PyPI is a
+deprecated wrapper around it). NVML talks to the driver, not to the CUDA runtime, so
+nothing here creates a CUDA context: a later ``fork`` (DataLoader workers,
+``ddp_notebook``) still works after these calls.
+
+Every NVML call goes through :func:`nvml_call`, which returns a default value instead of
+raising: the library may be missing (no driver, a laptop, CI), the GPU may not support a
+query (MIG, old boards), or the driver may fail. Callers never handle NVML errors.
+
+Used by notebook 01 (devices) and notebook 02 (monitoring).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+try:  # The official binding: package nvidia-ml-py, module pynvml.
+    import pynvml as _pynvml
+except ImportError:  # pragma: no cover - depends on the installation
+    _pynvml = None
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML sees it. Memory in MiB, as nvidia-smi prints it."""
+
+    index: int  # NVML index (PCI bus order), the same as nvidia-smi's
+    name: str | None
+    uuid: str | None
+    bus_id: str | None
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    memory_free_mib: int | None
+    compute_capability: tuple[int, int] | None
+
+
+def binding_problem() -> str | None:
+    """Say what is wrong with the NVML Python binding, or ``None`` when it is fine.
+
+    >>> binding_problem() is None or isinstance(binding_problem(), str)
+    True
+    """
+    if _pynvml is None:
+        return "The NVML binding is not installed: pip install nvidia-ml-py"
+    try:
+        importlib.metadata.version("pynvml")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return (
+        "The deprecated 'pynvml' package is installed; the official binding is "
+        "nvidia-ml-py: pip uninstall -y pynvml && pip install nvidia-ml-py"
+    )
+
+
+def nvml_call(function_name: str, *args: Any, default: T = None) -> Any | T:  # type: ignore[assignment]
+    """Call ``pynvml.<function_name>(*args)``; return ``default`` on any NVML problem.
+
+    A missing binding, a missing driver library, an unsupported query, a MIG limitation
+    and a driver error all give ``default``.
+
+    >>> nvml_call("nvmlFunctionThatDoesNotExist", default="n/a")
+    'n/a'
+    """
+    if _pynvml is None:
+        return default
+    function: Callable[..., Any] | None = getattr(_pynvml, function_name, None)
+    if function is None:
+        return default
+    try:
+        return function(*args)
+    except Exception:  # NVMLError and its many subclasses, and ctypes errors
+        return default
+
+
+_init_count = 0
+
+
+def _init() -> str | None:
+    """Initialize NVML once per session; return an error message or ``None``."""
+    global _init_count
+    if _pynvml is None:
+        return "the NVML binding (nvidia-ml-py) is not installed"
+    try:
+        _pynvml.nvmlInit()
+    except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        return f"NVML is not available ({_describe(error)})"
+    _init_count += 1
+    return None
+
+
+def _shutdown() -> None:
+    global _init_count
+    if _init_count > 0:
+        _init_count -= 1
+        nvml_call("nvmlShutdown")
+
+
+def _describe(error: Exception) -> str:
+    text = str(error).strip()
+    return text or type(error).__name__
+
+
+@contextmanager
+def nvml_session() -> Iterator[str | None]:
+    """Initialize NVML for the body of a ``with`` block; yields an error text or ``None``.
+
+    >>> with nvml_session() as problem:
+    ...     answered = problem is None
+    """
+    problem = _init()
+    try:
+        yield problem
+    finally:
+        if problem is None:
+            _shutdown()
+
+
+def nvml_status() -> str:
+    """``"ok"`` when NVML answers, otherwise the reason it does not (one line)."""
+    with nvml_session() as problem:
+        return problem or "ok"
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver version, like ``nvidia-smi --query-gpu=driver_version``."""
+    with nvml_session() as problem:
+        if problem:
+            return None
+        return _text(nvml_call("nvmlSystemGetDriverVersion"))
+
+
+def cuda_driver_version() -> str | None:
+    """The newest CUDA version the driver supports ("CUDA Version" in nvidia-smi)."""
+    with nvml_session() as problem:
+        if problem:
+            return None
+        version = nvml_call("nvmlSystemGetCudaDriverVersion_v2") or nvml_call(
+            "nvmlSystemGetCudaDriverVersion"
+        )
+        if not isinstance(version, int) or version <= 0:
+            return None
+        return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def gpu_count() -> int:
+    """Number of GPUs the driver sees (``nvidia-smi --query-gpu=count``); 0 without NVML.
+
+    This ignores ``CUDA_VISIBLE_DEVICES``; see :func:`visible_gpus` for what CUDA sees.
+    """
+    with nvml_session() as problem:
+        if problem:
+            return 0
+        count = nvml_call("nvmlDeviceGetCount", default=0)
+        return int(count or 0)
+
+
+def _gpu_info(index: int) -> GpuInfo | None:
+    handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+    if handle is None:
+        return None
+    memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
+    pci = nvml_call("nvmlDeviceGetPciInfo", handle)
+    capability = nvml_call("nvmlDeviceGetCudaComputeCapability", handle)
+
+    def mib(field: str) -> int | None:
+        value = getattr(memory, field, None)
+        return None if value is None else int(value) // MIB
+
+    return GpuInfo(
+        index=index,
+        name=_text(nvml_call("nvmlDeviceGetName", handle)),
+        uuid=_text(nvml_call("nvmlDeviceGetUUID", handle)),
+        bus_id=_text(getattr(pci, "busId", None)),
+        memory_total_mib=mib("total"),
+        memory_used_mib=mib("used"),
+        memory_free_mib=mib("free"),
+        compute_capability=tuple(capability) if capability else None,  # type: ignore[arg-type]
+    )
+
+
+def list_gpus() -> list[GpuInfo]:
+    """Every GPU the driver sees, in NVML (= nvidia-smi) order; ``[]`` without NVML.
+
+    Fields match ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,
+    memory.used,memory.free,compute_cap``.
+    """
+    with nvml_session() as problem:
+        if problem:
+            return []
+        count = int(nvml_call("nvmlDeviceGetCount", default=0) or 0)
+        gpus = [_gpu_info(index) for index in range(count)]
+        return [gpu for gpu in gpus if gpu is not None]
+
+
+def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """The GPUs CUDA will use, in CUDA's numbering, given ``CUDA_VISIBLE_DEVICES``.
+
+    ``value`` is the variable's text (``None`` when unset: every GPU). Entries are
+    indices (``"1,0"``) or UUID prefixes (``"GPU-3f2a"``). Like CUDA, the list stops at
+    the first entry that names no GPU, and ``"-1"`` or ``""`` hides every GPU.
+    Position ``k`` in the result is ``cuda:k``.
+
+    CUDA numbers GPUs fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML uses
+    PCI order. On machines with identical GPUs the two orders agree.
+
+    >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
+    ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
+    'b'
+    """
+    if value is None:
+        return list(gpus)
+    chosen: list[GpuInfo] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        match: GpuInfo | None = None
+        if entry.lstrip("-").isdigit():
+            number = int(entry)
+            match = next((gpu for gpu in gpus if gpu.index == number), None)
+        elif entry:
+            match = next((gpu for gpu in gpus if gpu.uuid and gpu.uuid.startswith(entry)), None)
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen
+
+
+def visible_gpus() -> list[GpuInfo]:
+    """The GPUs CUDA can use (NVML's list filtered by ``CUDA_VISIBLE_DEVICES``)."""
+    return parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus())

@@ -1,0 +1,147 @@
+"""Key figures that notebooks measure, and the HTML report of a course run.
+
+A notebook states a measured number with :func:`record_figure`. The figure is shown in
+the notebook as a line of text and also carried in the cell output under its own MIME
+type, so ``make course`` can collect every notebook's figures from the executed copies
+(:func:`figures_in_notebook`) and put them in ``build/report.html``
+(:func:`write_report`) beside the doctor's description of the machine.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FIGURE_MIME = "application/vnd.course-utils.figure+json"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured number with its unit and the hardware it was measured on."""
+
+    name: str
+    value: float | int | str
+    unit: str
+    label: str  # e.g. "measured on this machine (CPU)"
+
+    def __str__(self) -> str:
+        value = self.value
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name}: {shown}{unit} [{self.label}]"
+
+
+def record_figure(name: str, value: float | int | str, unit: str = "", *, label: str) -> Figure:
+    """Show a measured figure in the notebook and mark it for the course report.
+
+    ``label`` says where it was measured ("measured on this machine (CPU)"); see
+    :func:`course_utils.env.measured_on`. Outside IPython it only prints.
+
+    >>> record_figure("matmul speed-up", 3.5, "x", label="example").unit
+    matmul speed-up: 3.5 x [example]
+    'x'
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"figure {name!r} is not a finite number: {value}")
+    figure = Figure(name, value, unit, label)
+    bundle = {"text/plain": str(figure), FIGURE_MIME: figure.__dict__}
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # pragma: no cover - IPython is a dependency of ipywidgets
+        get_ipython = None  # type: ignore[assignment]
+    if get_ipython is not None and get_ipython() is not None:
+        display(bundle, raw=True)
+    else:
+        print(figure)
+    return figure
+
+
+def figures_in_notebook(notebook: dict[str, Any]) -> list[Figure]:
+    """The figures recorded in an executed notebook (a parsed ``.ipynb``), in order."""
+    figures = []
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []) or []:
+            data = output.get("data", {}) if isinstance(output, dict) else {}
+            payload = data.get(FIGURE_MIME)
+            if isinstance(payload, dict):
+                try:
+                    figures.append(Figure(**payload))
+                except TypeError:
+                    continue  # a malformed payload is ignored, not fatal
+    return figures
+
+
+@dataclass(frozen=True)
+class NotebookResult:
+    """How one notebook fared in a course run."""
+
+    path: str
+    status: str  # "ok" or "failed"
+    seconds: float
+    error: str | None
+    figures: list[Figure]
+
+
+def write_report(results: list[NotebookResult], environment: dict[str, Any], out_dir: Path) -> Path:
+    """Write ``report.html`` and ``report.json`` into ``out_dir``; return the HTML path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    as_json = {
+        "environment": environment,
+        "notebooks": [
+            {**result.__dict__, "figures": [figure.__dict__ for figure in result.figures]}
+            for result in results
+        ],
+    }
+    (out_dir / "report.json").write_text(json.dumps(as_json, indent=2, default=str))
+    path = out_dir / "report.html"
+    path.write_text(_html(results, environment), encoding="utf-8")
+    return path
+
+
+def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
+    esc = html.escape
+    env_rows = "".join(
+        f"<tr><th>{esc(str(key))}</th><td>{esc(_show(value))}</td></tr>"
+        for key, value in environment.items()
+    )
+    nb_rows = []
+    for result in results:
+        figures = "".join(f"<li>{esc(str(figure))}</li>" for figure in result.figures)
+        error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
+        nb_rows.append(
+            f"<tr class='{esc(result.status)}'><td>{esc(result.path)}</td>"
+            f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
+            f"<td><ul>{figures}</ul>{error}</td></tr>"
+        )
+    failed = sum(result.status != "ok" for result in results)
+    summary = f"{len(results) - failed} of {len(results)} notebooks ran without error"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Course run report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; margin-bottom: 2em; }}
+td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
+tr.failed td {{ background: #fdd; }} tr.ok td:nth-child(2) {{ color: #070; }}
+pre {{ white-space: pre-wrap; max-width: 60em; }}
+</style></head><body>
+<h1>Course run report</h1>
+<p>{esc(summary)}.</p>
+<h2>Notebooks</h2>
+<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key figures</th></tr>
+{"".join(nb_rows)}
+</table>
+<h2>Environment (from <code>python -m course_utils doctor</code>)</h2>
+<table>{env_rows}</table>
+</body></html>
+"""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, default=str) if value else "none"
+    return "not available" if value is None else str(value)

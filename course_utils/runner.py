@@ -1,0 +1,141 @@
+"""Run the course's notebooks headlessly and write the report (``make course``).
+
+Each notebook is executed in a fresh kernel on whatever hardware is present. The
+executed copies go to ``<out>/notebooks/``; ``<out>/report.html`` lists each notebook's
+status, run time and key figures (see :mod:`course_utils.report`) beside the doctor's
+description of the machine. A failing notebook does not stop the others; the run
+returns the number of failures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from course_utils import workload
+from course_utils.report import NotebookResult, figures_in_notebook, write_report
+
+
+def find_notebooks(paths: Sequence[Path]) -> list[Path]:
+    """Notebooks named directly or found (not recursively) in the given folders, sorted."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.glob("*.ipynb") if p.is_file())
+        elif path.suffix == ".ipynb" and path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"not a notebook or a folder of notebooks: {path}")
+    return found
+
+
+@contextmanager
+def _environment(updates: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_notebook(
+    path: Path, out_dir: Path, *, cell_timeout_s: int, progress: TextIO
+) -> NotebookResult:
+    """Execute one notebook in its own folder and save the executed copy in ``out_dir``."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    notebook = nbformat.read(path, as_version=4)
+    code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
+    done = 0
+
+    def on_cell_executed(**_: Any) -> None:
+        nonlocal done
+        done += 1
+        progress.write(f"\r  {path.name}: cell {done}/{code_cells}")
+        progress.flush()
+
+    client = NotebookClient(
+        notebook,
+        timeout=cell_timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+        on_cell_executed=on_cell_executed,
+    )
+    start = time.perf_counter()
+    error = None
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as failure:
+        error = _short_error(failure)
+    except Exception as failure:  # kernel failed to start, and the like
+        error = f"{type(failure).__name__}: {failure}"
+    seconds = time.perf_counter() - start
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, out_dir / path.name)
+    progress.write("\r")
+    return NotebookResult(
+        path=str(path),
+        status="failed" if error else "ok",
+        seconds=seconds,
+        error=error,
+        figures=figures_in_notebook(notebook),
+    )
+
+
+def _short_error(failure: Exception) -> str:
+    text = str(failure).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-12:]) or type(failure).__name__
+
+
+def run_course(
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    workload_name: str | None = None,
+    cell_timeout_s: int = 1800,
+    progress: TextIO = sys.stdout,
+) -> int:
+    """Execute every notebook, write the report, and return how many notebooks failed."""
+    from course_utils.env import doctor
+
+    notebooks = find_notebooks(paths)
+    if not notebooks:
+        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
+    updates = {workload.ENV_VAR: workload_name} if workload_name else {}
+    results = []
+    with _environment(updates):
+        size = workload.workload()
+        progress.write(f"Running {len(notebooks)} notebook(s), workload '{size}'\n")
+        for number, path in enumerate(notebooks, start=1):
+            progress.write(f"[{number}/{len(notebooks)}] {path.name} ...\n")
+            progress.flush()
+            result = run_notebook(
+                path, out_dir / "notebooks", cell_timeout_s=cell_timeout_s, progress=progress
+            )
+            first_error_line = (result.error or "").splitlines()[-1:] or [""]
+            progress.write(
+                f"[{number}/{len(notebooks)}] {path.name}: {result.status} "
+                f"in {result.seconds:.1f} s, {len(result.figures)} figure(s)"
+                + (f" -- {first_error_line[0]}" if result.error else "")
+                + "\n"
+            )
+            results.append(result)
+        environment = doctor()
+        environment["workload"] = size
+    report = write_report(results, environment, out_dir)
+    failed = sum(result.status != "ok" for result in results)
+    progress.write(f"Report: {report} ({failed} notebook(s) failed)\n")
+    return failed

@@ -1,0 +1,219 @@
+"""Timing GPU work correctly: synchronize, exclude warm-up, repeat, report median and spread.
+
+CUDA kernels run asynchronously: ``c = a @ b`` returns as soon as the kernel is queued,
+so a stopwatch around it measures the launch, not the work. :func:`benchmark` waits for
+the device before starting and before stopping the clock (``torch.cuda.synchronize``),
+runs a few untimed warm-up calls first (cuBLAS handles, kernel selection, caches), and
+reports the median and interquartile range over several repeats.
+
+Every notebook that times anything uses :func:`benchmark`. Notebook 01 teaches it.
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def synchronizer(device: torch.device | str) -> Callable[[], None]:
+    """A function that waits until all queued work on ``device`` has finished.
+
+    CPU work is synchronous, so for the CPU it does nothing.
+
+    >>> synchronizer("cpu")() is None
+    True
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The result of :func:`benchmark`: seconds per call, one entry per repeat."""
+
+    times_s: list[float]
+    warmup: int
+    synchronized: bool
+    device: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.times_s)
+
+    @property
+    def iqr_s(self) -> float:
+        """Interquartile range: the spread of the middle half of the repeats."""
+        if len(self.times_s) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        return q3 - q1
+
+    def __str__(self) -> str:
+        sync = "synchronized" if self.synchronized else "NOT synchronized"
+        return (
+            f"{format_seconds(self.median_s)} median, IQR {format_seconds(self.iqr_s)} "
+            f"over {len(self.times_s)} runs ({self.warmup} warm-up runs excluded, "
+            f"{sync}, {self.device})"
+        )
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds in the unit a person reads best.
+
+    >>> format_seconds(0.0123)
+    '12.3 ms'
+    """
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def benchmark(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 3,
+    repeats: int = 10,
+    number: int = 1,
+    synchronize: bool = True,
+    sync: Callable[[], None] | None = None,
+) -> Timing:
+    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then ``repeats`` timings.
+
+    Each repeat runs ``fn`` ``number`` times (use more for very short functions) and
+    records the time per call. With ``synchronize=True`` the device is synchronized
+    before the clock starts and before it stops; ``synchronize=False`` shows what naive
+    timing would measure (on a GPU: mostly the kernel launches). ``sync`` replaces the
+    device's synchronize function (tests and simulations use it).
+
+    >>> t = benchmark(lambda: sum(range(1000)), warmup=1, repeats=5)
+    >>> len(t.times_s), t.warmup
+    (5, 1)
+    """
+    if warmup < 0 or repeats < 1 or number < 1:
+        raise ValueError("need warmup >= 0, repeats >= 1 and number >= 1")
+    wait = sync or synchronizer(device)
+    for _ in range(warmup):
+        fn()
+    wait()  # warm-up work must not spill into the first timed repeat
+    times = []
+    for _ in range(repeats):
+        if synchronize:
+            wait()
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        if synchronize:
+            wait()
+        times.append((time.perf_counter() - start) / number)
+    wait()  # leave no queued work behind, whatever was measured
+    return Timing(times, warmup, synchronize, str(torch.device(device)))
+
+
+class SimulatedGPU:
+    """A stand-in for a GPU stream on a CPU-only machine, to show asynchronous timing.
+
+    ``launch(seconds)`` queues "work" and returns at once, as a CUDA kernel launch does;
+    a background thread performs the queued work in order; ``synchronize()`` waits until
+    the queue is empty, as ``torch.cuda.synchronize()`` does. It is a teaching model,
+    not a measurement of any GPU.
+
+    >>> gpu = SimulatedGPU()
+    >>> gpu.launch(0.01); gpu.synchronize(); gpu.completed
+    1
+    """
+
+    def __init__(self) -> None:
+        self._work: queue.Queue[float] = queue.Queue()
+        self.completed = 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            seconds = self._work.get()
+            time.sleep(seconds)
+            self.completed += 1
+            self._work.task_done()
+
+    def launch(self, seconds: float) -> None:
+        """Queue ``seconds`` of work and return immediately."""
+        self._work.put(seconds)
+
+    def synchronize(self) -> None:
+        """Block until every launched piece of work has finished."""
+        self._work.join()
+
+
+def matmul_gflops(n: int, seconds: float) -> float:
+    """Throughput of an ``n x n`` by ``n x n`` matmul: ``2 n^3`` FLOPs (one multiply and
+    one add per multiply-accumulate) divided by the time, in GFLOP/s.
+
+    >>> matmul_gflops(1000, 1.0)
+    2.0
+    """
+    return 2 * n**3 / seconds / 1e9
+
+
+def compare_matmul(
+    sizes: list[int],
+    devices: list[torch.device | str],
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Time the same float32 square matmul in NumPy and in torch on each device.
+
+    Returns one row per (library, device, size) with the median time, the IQR and
+    GFLOP/s, and ``max_abs_diff``: the largest difference from NumPy's result, which
+    shows that both compute the same thing.
+    """
+    rows = []
+    generator = np.random.default_rng(seed)
+    for n in sizes:
+        a = generator.standard_normal((n, n), dtype=np.float32)
+        b = generator.standard_normal((n, n), dtype=np.float32)
+        reference = a @ b
+        timing = benchmark(lambda a=a, b=b: a @ b, warmup=warmup, repeats=repeats)
+        rows.append(_matmul_row("numpy", "cpu", n, timing, 0.0))
+        for device in devices:
+            ta = torch.from_numpy(a).to(device=device, dtype=dtype)
+            tb = torch.from_numpy(b).to(device=device, dtype=dtype)
+            timing = benchmark(
+                lambda ta=ta, tb=tb: ta @ tb, device=device, warmup=warmup, repeats=repeats
+            )
+            result = (ta @ tb).float().cpu().numpy()
+            diff = float(np.max(np.abs(result - reference)))
+            rows.append(_matmul_row("torch", str(torch.device(device)), n, timing, diff))
+    return rows
+
+
+def _matmul_row(library: str, device: str, n: int, timing: Timing, diff: float) -> dict:
+    return {
+        "library": library,
+        "device": device,
+        "n": n,
+        "median_ms": timing.median_s * 1e3,
+        "iqr_ms": timing.iqr_s * 1e3,
+        "gflops": matmul_gflops(n, timing.median_s),
+        "max_abs_diff": diff,
+    }
