@@ -126,6 +126,22 @@ def gpu_runtime_advice(environment: str | None = None) -> str:
     )
 
 
+def _cudnn_version() -> int | None:
+    """cuDNN's version, read from the library itself.
+
+    Not ``torch.backends.cudnn.version()``: it calls ``torch.cuda.is_available()`` (a
+    ``cudaGetDeviceCount`` that spoils a later ``fork``) and, on some GPUs, initializes
+    CUDA to check compute capabilities.
+    """
+    if not torch.backends.cuda.is_built():
+        return None
+    get_version = getattr(getattr(torch._C, "_cudnn", None), "getVersionInt", None)
+    try:
+        return int(get_version()) if get_version else None
+    except Exception:  # the cuDNN library could not be loaded
+        return None
+
+
 def _cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -143,7 +159,6 @@ def doctor() -> dict[str, Any]:
     gpu_count = cuda_gpu_count()
     choice = choose_device()
     precision = pick_precision(choice.device)
-    cudnn = torch.backends.cudnn.version() if torch.backends.cuda.is_built() else None
     advice = [] if gpu_count else [gpu_runtime_advice(environment)]
     stale = stale_imports()
     advice += [
@@ -165,7 +180,7 @@ def doctor() -> dict[str, Any]:
         "nvidia_ml_py": installed_version("nvidia-ml-py"),
         "course_utils": installed_version("course-utils"),
         "torch_cuda_build": torch.version.cuda,
-        "cudnn": cudnn,
+        "cudnn": _cudnn_version(),
         "nvml": nvml.nvml_status(),
         "driver": nvml.driver_version(),
         "driver_cuda": nvml.cuda_driver_version(),

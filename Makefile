@@ -1,0 +1,65 @@
+# Two commands do everything on a fresh machine:
+#   make course   create .venv if needed, run every notebook, write build/report.html
+#   make test     create .venv if needed, run every test (unit, doctests, nbval on notebooks)
+# .venv is (re)created from requirements.lock whenever it is missing or the lock changed.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# The small workload for tests: every notebook runs quickly on a 2-core CPU.
+TEST_ENV := COURSE_WORKLOAD=small
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: help env course test lint lab gpu-lane bench lock clean
+
+help:
+	@echo "make course    run every notebook headlessly, write build/report.html"
+	@echo "make test      unit tests, doctests and nbval on every notebook (small workload)"
+	@echo "make lab       JupyterLab on notebooks/"
+	@echo "make gpu-lane  GPU tests and full-size notebooks (on a GPU machine)"
+	@echo "make bench     run benchmarks/, figures as JSON in build/bench/"
+	@echo "make lock      regenerate requirements.lock and environment.yml"
+
+# (Re)create the environment when the lock file's content differs from the one installed.
+env:
+	@if ! cmp -s requirements.lock $(VENV)/requirements.lock; then \
+	  $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11 for the lock (found " + sys.version.split()[0] + "); set PYTHON=python3.11"' || exit 1; \
+	  echo "Creating $(VENV) from requirements.lock (about 3 minutes the first time)..."; \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && \
+	  $(PY) -m pip install --quiet --disable-pip-version-check --progress-bar off -r requirements.lock && \
+	  $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . && \
+	  cp requirements.lock $(VENV)/requirements.lock && \
+	  echo "$(VENV) is ready." || { echo "error: could not create $(VENV) (see above)"; rm -rf $(VENV); exit 1; }; \
+	fi
+
+course: env
+	$(PY) -m course_utils run-notebooks notebooks --out build
+
+lint: env
+	$(PY) -m ruff check course_utils tests benchmarks .ci
+	$(PY) -m ruff format --check course_utils
+
+test: env lint
+	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \
+	  --ignore=course_utils/__main__.py course_utils tests notebooks
+
+lab: env
+	$(VENV)/bin/jupyter lab notebooks/
+
+gpu-lane: env
+	$(PY) -m course_utils doctor
+	$(PYTEST) -q -rs -m "gpu or multigpu" tests
+	COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
+
+bench: env
+	@mkdir -p build/bench
+	@for script in benchmarks/bench_*.py; do \
+	  echo "== $$script"; $(PY) $$script --out build/bench || exit 1; \
+	done
+
+lock: env
+	$(PY) -m pip install --quiet uv
+	$(PY) .ci/lock.py
+
+clean:
+	rm -rf build

@@ -1,0 +1,30 @@
+"""Shared fixtures: paths, the shared nvidia-smi corpus, and GPU markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+def _cuda_gpus() -> int:
+    from course_utils.device import cuda_gpu_count
+
+    return cuda_gpu_count()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpus = _cuda_gpus()
+    for item in items:
+        if "gpu" in item.keywords and gpus < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none visible)"))
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs ({gpus} visible)"))
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT

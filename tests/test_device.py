@@ -1,0 +1,176 @@
+"""Device choice, precision choice and to_device, on CPU with a simulated GPU list."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, namedtuple
+
+import pytest
+import torch
+
+from course_utils import device as dev
+from course_utils.nvml import GpuInfo
+
+
+def gpu(index, free, cc=(7, 5), name="Tesla T4"):
+    return GpuInfo(index, name, f"GPU-{index}", None, 15360, 15360 - free, free, cc)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 0)
+    monkeypatch.setattr(dev, "mps_available", lambda: False)
+
+
+def test_cpu_when_nothing_else(no_gpu):
+    choice = dev.choose_device()
+    assert choice.device == torch.device("cpu")
+    assert choice.reason.startswith("no GPU")
+
+
+def test_mps_before_cpu(no_gpu, monkeypatch):
+    monkeypatch.setattr(dev, "mps_available", lambda: True)
+    assert dev.pick_device() == torch.device("mps")
+
+
+def test_gpu_with_most_free_memory_wins(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 3)
+    monkeypatch.setattr(dev, "visible_gpus", lambda: [gpu(0, 100), gpu(1, 9000), gpu(2, 50)])
+    choice = dev.choose_device()
+    assert choice.device == torch.device("cuda", 1)
+    assert "9000 MiB free" in choice.reason
+
+
+def test_a_tie_picks_the_first_gpu(monkeypatch):
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 2)
+    monkeypatch.setattr(dev, "visible_gpus", lambda: [gpu(0, 500), gpu(1, 500)])
+    assert dev.pick_device() == torch.device("cuda", 0)
+
+
+def test_explicit_choice_and_environment_override(no_gpu, monkeypatch):
+    assert dev.pick_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    assert dev.choose_device().reason == "asked for the CPU"
+
+
+@pytest.mark.parametrize(
+    ("wanted", "message"),
+    [("cuda:3", "PyTorch sees 0 CUDA GPU"), ("mps", "no usable Apple MPS"), ("tpu", "unknown")],
+)
+def test_unavailable_or_unknown_devices_are_clear_errors(no_gpu, wanted, message):
+    with pytest.raises(ValueError, match=message):
+        dev.pick_device(wanted)
+
+
+def test_asking_for_a_gpu_index_that_exists(monkeypatch):
+    monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 2)
+    assert dev.pick_device("cuda:1") == torch.device("cuda", 1)
+    assert dev.pick_device("cuda") == torch.device("cuda", 0)
+
+
+def test_cuda_gpu_count_is_zero_here_without_initializing_cuda():
+    # This machine (and CI) has no NVIDIA driver: the count is 0 and CUDA stays untouched.
+    assert dev.cuda_gpu_count() == 0
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("capability", "name", "scaler", "lightning"),
+    [
+        ((7, 5), "fp16", True, "16-mixed"),  # T4
+        ((7, 0), "fp16", True, "16-mixed"),  # V100
+        ((8, 0), "bf16", False, "bf16-mixed"),  # A100
+        ((8, 9), "bf16", False, "bf16-mixed"),  # L4
+        ((9, 0), "bf16", False, "bf16-mixed"),  # H100
+        ((6, 1), "fp32", False, "32-true"),  # GTX 1080
+    ],
+)
+def test_precision_follows_compute_capability(capability, name, scaler, lightning):
+    precision = dev.pick_precision("cuda", capability=capability)
+    assert (precision.name, precision.grad_scaler, precision.lightning) == (
+        name,
+        scaler,
+        lightning,
+    )
+    assert precision.autocast == (name != "fp32")
+    assert f"{capability[0]}.{capability[1]}" in precision.reason
+
+
+def test_precision_reads_the_gpu_capability_through_nvml(monkeypatch):
+    monkeypatch.setattr(dev, "visible_gpus", lambda: [gpu(0, 1, cc=(7, 5)), gpu(1, 1, cc=(9, 0))])
+    assert dev.pick_precision("cuda:0").name == "fp16"
+    assert dev.pick_precision("cuda:1").name == "bf16"
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps", "meta"])
+def test_cpu_like_devices_use_fp32(device):
+    precision = dev.pick_precision(device)
+    assert precision.dtype == torch.float32 and not precision.autocast
+
+
+def test_precision_support_table():
+    t4 = dev.precision_support((7, 5))
+    assert (t4.fp16_tensor_cores, t4.bf16, t4.tf32) == (True, "emulated", False)
+    a100 = dev.precision_support((8, 0))
+    assert (a100.fp16_tensor_cores, a100.bf16, a100.tf32) == (True, "native", True)
+    assert dev.precision_support((6, 0)).fp16_tensor_cores is False
+
+
+Pair = namedtuple("Pair", "image label")
+
+
+def test_to_device_moves_every_tensor_of_a_nested_batch():
+    batch = {
+        "images": torch.ones(2, 3),
+        "targets": [torch.zeros(2), (torch.arange(2), "id-7")],
+        "pair": Pair(torch.ones(1), torch.tensor([3])),
+        "ordered": OrderedDict(a=torch.ones(1)),
+        "meta": None,
+    }
+    moved = dev.to_device(batch, "meta")  # the meta device exists everywhere
+    assert moved["images"].device.type == "meta"
+    assert moved["targets"][0].device.type == "meta"
+    assert moved["targets"][1][0].device.type == "meta"
+    assert moved["targets"][1][1] == "id-7"
+    assert isinstance(moved["targets"][1], tuple)
+    assert isinstance(moved["pair"], Pair) and moved["pair"].label.device.type == "meta"
+    assert isinstance(moved["ordered"], OrderedDict)
+    assert moved["meta"] is None
+    assert batch["images"].device.type == "cpu"  # the input is left as it was
+
+
+def test_to_device_is_non_blocking_exactly_for_pinned_memory_to_cuda(monkeypatch):
+    calls = []
+
+    def fake_to(self, device, non_blocking=False):
+        calls.append((str(device), non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    dev.to_device([torch.ones(1)], "cuda")
+    dev.to_device([torch.ones(1)], "cpu")
+    dev.to_device([torch.ones(1)], "cuda", non_blocking=False)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
+    dev.to_device([torch.ones(1)], "cuda")
+    assert calls == [("cuda", True), ("cpu", False), ("cuda", False), ("cuda", False)]
+
+
+@pytest.mark.gpu
+def test_to_device_on_a_real_gpu():
+    device = dev.pick_device()
+    batch = {"x": torch.ones(4, 4).pin_memory(), "y": [torch.zeros(3)]}
+    moved = dev.to_device(batch, device)
+    torch.cuda.synchronize()
+    assert moved["x"].is_cuda and moved["y"][0].is_cuda
+    assert moved["x"].sum().item() == 16
+
+
+@pytest.mark.gpu
+def test_precision_on_a_real_gpu_matches_torch():
+    device = dev.pick_device()
+    capability = torch.cuda.get_device_capability(device)
+    expected = "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else "fp32"
+    assert dev.pick_precision(device).name == expected
