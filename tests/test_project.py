@@ -1,0 +1,92 @@
+"""Project hygiene: pins agree, torch is not pinned by the package, notebooks are clean."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+from course_utils import colab
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def lock_pins() -> list[str]:
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_lock_pins_every_package_exactly():
+    pins = lock_pins()
+    assert len(pins) > 50
+    for pin in pins:
+        assert re.match(r"^[A-Za-z0-9_.\-\[\]]+==[^=\s;]+( ; .+)?$", pin), pin
+    names = {pin.split("==")[0].lower(): pin.split("==")[1].split(" ")[0] for pin in pins}
+    assert names["torch"] == "2.14.1" and names["torchvision"] == "0.29.1"
+    assert "pynvml" not in names  # the deprecated wrapper; nvidia-ml-py is the binding
+    for needed in ("lightning", "nvidia-ml-py", "psutil", "matplotlib", "ipywidgets",
+                   "pytest", "nbval", "jupyterlab", "ruff", "nbgrader"):
+        assert needed in names, needed
+
+
+def test_environment_yml_installs_the_same_pins():
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
+    dependencies = environment["dependencies"]
+    assert "python=3.11" in dependencies
+    pip_section = next(item["pip"] for item in dependencies if isinstance(item, dict))
+    assert "-e ." in pip_section
+    assert sorted(p for p in pip_section if p != "-e .") == sorted(lock_pins())
+
+
+def test_package_does_not_pin_torch_hard():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dependencies = {re.split(r"[<>=!~ ;\[]", dep)[0]: dep for dep in project["dependencies"]}
+    assert set(dependencies) >= {"torch", "torchvision", "lightning", "matplotlib",
+                                 "ipywidgets", "nvidia-ml-py", "psutil"}
+    assert "pynvml" not in dependencies
+    for name in ("torch", "torchvision"):
+        assert "==" not in dependencies[name] and "<" not in dependencies[name]
+    assert project["requires-python"] == ">=3.10"
+    assert {"dev", "classroom"} <= set(project["optional-dependencies"])
+
+
+def test_the_course_has_notebooks():
+    assert NOTEBOOKS, "no notebooks found"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(path):
+    notebook = json.loads(path.read_text())
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"cell {index} has outputs: clear them"
+            assert cell.get("execution_count") is None, f"cell {index} has an execution count"
+    assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_opens_with_a_badge_and_the_colab_setup_cell(path):
+    cells = json.loads(path.read_text())["cells"]
+    first_markdown = "".join(cells[0]["source"])
+    own_url = colab.badge_url(colab.DEFAULT_REPO, colab.DEFAULT_REF, f"notebooks/{path.name}")
+    assert own_url in first_markdown
+    first_code = next(cell for cell in cells if cell["cell_type"] == "code")
+    assert colab.SETUP_TAG in first_code["metadata"].get("tags", [])
+    assert "".join(first_code["source"]) == colab.setup_cell_source(
+        colab.DEFAULT_REPO, colab.DEFAULT_REF
+    )
+
+
+def test_readme_documents_the_two_commands_and_the_workload_variable():
+    readme = (ROOT / "README.md").read_text()
+    for needed in ("make course", "make test", "COURSE_WORKLOAD", "colab.research.google.com"):
+        assert needed in readme, needed
+
+
+def test_ci_runs_make_test():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()

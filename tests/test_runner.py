@@ -1,0 +1,54 @@
+"""make course's runner on tiny notebooks: progress, executed copies, report, failures."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import nbformat
+import pytest
+
+from course_utils.runner import find_notebooks, run_course
+
+
+def write_notebook(path, *sources):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(notebook, path)
+
+
+def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    write_notebook(
+        notebooks / "01_ok.ipynb",
+        "from course_utils.report import record_figure\nimport os",
+        "record_figure('answer', 42, 'units', label='measured here')",
+        "assert os.environ['COURSE_WORKLOAD'] == 'small'",
+    )
+    write_notebook(notebooks / "02_fails.ipynb", "1 / 0", "print('never')")
+    write_notebook(notebooks / "03_after.ipynb", "x = 1")
+    progress = io.StringIO()
+    failed = run_course([notebooks], tmp_path / "build", workload_name="small",
+                        cell_timeout_s=60, progress=progress)
+    assert failed == 1
+    text = progress.getvalue()
+    assert "[1/3] 01_ok.ipynb: ok" in text
+    assert "[2/3] 02_fails.ipynb: failed" in text and "ZeroDivisionError" in text
+    assert "[3/3] 03_after.ipynb: ok" in text  # the failure did not stop the run
+    executed = nbformat.read(tmp_path / "build" / "notebooks" / "01_ok.ipynb", as_version=4)
+    assert executed.cells[0].execution_count == 1
+    report = json.loads((tmp_path / "build" / "report.json").read_text())
+    assert [nb["status"] for nb in report["notebooks"]] == ["ok", "failed", "ok"]
+    assert report["notebooks"][0]["figures"] == [
+        {"name": "answer", "value": 42, "unit": "units", "label": "measured here"}
+    ]
+    assert report["environment"]["workload"] == "small"
+    assert "02_fails.ipynb" in (tmp_path / "build" / "report.html").read_text()
+
+
+def test_find_notebooks_refuses_a_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a notebook"):
+        find_notebooks([tmp_path / "nope.ipynb"])
+    assert find_notebooks([tmp_path]) == []
