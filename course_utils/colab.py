@@ -55,13 +55,16 @@ def setup_cell_source(repo: str, ref: str) -> str:
     return (
         "# Colab only: install the course package without touching Colab's torch.\n"
         "# Elsewhere this cell does nothing (use `make lab` or environment.yml locally).\n"
-        "import os, sys\n"
-        f'COURSE_REPO, COURSE_REF = "{repo}", "{ref}"  # set by: python -m course_utils badges\n'
+        "# COURSE_REPO and COURSE_REF are set by: python -m course_utils badges\n"
+        "import os\n"
+        "import sys\n"
+        "\n"
+        f'COURSE_REPO, COURSE_REF = "{repo}", "{ref}"\n'
+        'SETUP_URL = f"https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"\n'
         'if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:\n'
-        "    !curl -fsSL https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"
-        " -o /tmp/colab_setup.sh\n"
+        "    !curl -fsSL {SETUP_URL} -o /tmp/colab_setup.sh\n"
         "    !COURSE_REPO={COURSE_REPO} COURSE_REF={COURSE_REF} bash /tmp/colab_setup.sh\n"
-        "    if _exit_code != 0:  # noqa: F821 (set by IPython after each ! command)\n"
+        "    if _exit_code != 0:  # noqa: F821 (IPython sets it after each ! command)\n"
         '        raise RuntimeError("Colab setup failed: read the messages above")'
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,3 +280,23 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(value, device, non_blocking) for value in batch)
     return batch
+
+
+def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside a nested batch (tuples, lists, dicts, namedtuples), in order.
+
+    The check that goes with :func:`to_device`: after moving a batch, every tensor in it
+    should be on the new device. Strings, numbers and other values are skipped.
+
+    >>> batch = {"x": torch.ones(2), "meta": ["id", (torch.zeros(1),)]}
+    >>> [tuple(t.shape) for t in tensors_in(batch)]
+    [(2,), (1,)]
+    """
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from tensors_in(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from tensors_in(value)

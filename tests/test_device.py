@@ -174,3 +174,11 @@ def test_precision_on_a_real_gpu_matches_torch():
     capability = torch.cuda.get_device_capability(device)
     expected = "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else "fp32"
     assert dev.pick_precision(device).name == expected
+
+
+def test_tensors_in_finds_every_tensor_and_confirms_a_move():
+    batch = {"a": torch.ones(1), "b": [Pair(torch.ones(2), "x"), (3, torch.zeros(3))], "s": "t"}
+    assert [t.numel() for t in dev.tensors_in(batch)] == [1, 2, 3]
+    moved = dev.to_device(batch, "meta")
+    assert all(t.device.type == "meta" for t in dev.tensors_in(moved))
+    assert list(dev.tensors_in("no tensors")) == []
