@@ -60,11 +60,14 @@ def run_notebook(
     code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
     done = 0
 
+    live = progress.isatty()  # redraw one line on a terminal; stay quiet in logs
+
     def on_cell_executed(**_: Any) -> None:
         nonlocal done
         done += 1
-        progress.write(f"\r  {path.name}: cell {done}/{code_cells}")
-        progress.flush()
+        if live:
+            progress.write(f"\r  {path.name}: cell {done}/{code_cells} ")
+            progress.flush()
 
     client = NotebookClient(
         notebook,
@@ -73,18 +76,23 @@ def run_notebook(
         resources={"metadata": {"path": str(path.parent.resolve())}},
         on_cell_executed=on_cell_executed,
     )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kernel_log = out_dir / f"{path.stem}.kernel.log"
     start = time.perf_counter()
     error = None
     try:
-        client.execute()
+        # The kernel process's own messages (start-up warnings) go to a log file, not
+        # the terminal; everything a cell prints is in the executed notebook.
+        with kernel_log.open("w") as log:
+            client.execute(stdout=log, stderr=log)
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as failure:
         error = _short_error(failure)
     except Exception as failure:  # kernel failed to start, and the like
         error = f"{type(failure).__name__}: {failure}"
     seconds = time.perf_counter() - start
-    out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, out_dir / path.name)
-    progress.write("\r")
+    if live:
+        progress.write("\r")
     return NotebookResult(
         path=str(path),
         status="failed" if error else "ok",
