@@ -48,6 +48,7 @@ lab: env
 
 gpu-lane: env
 	$(PY) -m course_utils doctor
+	@$(PY) -c "from course_utils.device import cuda_gpu_count as n; n() or print('warning: no CUDA GPU visible: the GPU tests will skip and the notebooks run at full size on the CPU')"
 	$(PYTEST) -q -rs -m "gpu or multigpu" tests
 	COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
 

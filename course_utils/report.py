@@ -106,20 +106,24 @@ def write_report(results: list[NotebookResult], environment: dict[str, Any], out
 def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
     esc = html.escape
     env_rows = "".join(
-        f"<tr><th>{esc(str(key))}</th><td>{esc(_show(value))}</td></tr>"
+        f"<tr><th>{esc(str(key))}</th><td>{_show(value)}</td></tr>"
         for key, value in environment.items()
     )
     nb_rows = []
     for result in results:
         figures = "".join(f"<li>{esc(str(figure))}</li>" for figure in result.figures)
         error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
+        executed = "notebooks/" + Path(result.path).name  # the copy beside this report
         nb_rows.append(
-            f"<tr class='{esc(result.status)}'><td>{esc(result.path)}</td>"
+            f"<tr class='{esc(result.status)}'>"
+            f"<td><a href='{esc(executed)}'>{esc(result.path)}</a></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
             f"<td><ul>{figures}</ul>{error}</td></tr>"
         )
     failed = sum(result.status != "ok" for result in results)
     summary = f"{len(results) - failed} of {len(results)} notebooks ran without error"
+    if "workload" in environment:
+        summary += f", workload '{environment['workload']}'"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Course run report</title>
 <style>
@@ -142,6 +146,11 @@ pre {{ white-space: pre-wrap; max-width: 60em; }}
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, default=str) if value else "none"
-    return "not available" if value is None else str(value)
+    """A doctor value as HTML: lists as bullet lists, dicts as key=value pairs."""
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        return "<ul>" + "".join(f"<li>{_show(item)}</li>" for item in value) + "</ul>"
+    if isinstance(value, dict):
+        return ", ".join(f"{html.escape(str(k))}={_show(v)}" for k, v in value.items())
+    return "not available" if value is None else html.escape(str(value))

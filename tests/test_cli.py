@@ -65,3 +65,19 @@ def test_bad_input_is_one_line_and_exit_1(args, env, message):
 def test_main_returns_exit_codes_in_process(capsys):
     assert main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["device"] == "cpu"
+
+
+def test_run_notebooks_exits_1_when_a_notebook_fails_after_running_the_rest(tmp_path):
+    import nbformat
+
+    for name, source in [("01_bad.ipynb", "raise SystemError('broken on purpose')"),
+                         ("02_good.ipynb", "print('fine')")]:
+        notebook = nbformat.v4.new_notebook()
+        notebook.cells = [nbformat.v4.new_code_cell(source)]
+        nbformat.write(notebook, tmp_path / name)
+    done = run_cli("run-notebooks", str(tmp_path), "--out", str(tmp_path / "build"),
+                   "--workload", "small")
+    assert done.returncode == 1
+    assert "01_bad.ipynb: failed" in done.stdout and "02_good.ipynb: ok" in done.stdout
+    assert (tmp_path / "build" / "notebooks" / "02_good.ipynb").exists()
+    assert "Traceback" not in done.stderr

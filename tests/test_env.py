@@ -121,3 +121,17 @@ def test_doctor_never_initializes_cuda():
         [sys.executable, "-c", SPY], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip().splitlines()[-1] == "[] False"
+
+
+@pytest.mark.gpu
+def test_doctor_on_a_gpu_machine_agrees_with_torch():
+    import torch
+
+    report = env.doctor()
+    assert report["cuda_available"] and report["driver"] and report["gpus"]
+    assert report["device"].startswith("cuda:")
+    index = int(report["device"].split(":")[1])
+    properties = torch.cuda.get_device_properties(index)
+    gpu = report["gpus"][index]
+    assert gpu["compute_capability"] == f"{properties.major}.{properties.minor}"
+    assert abs(gpu["memory_total_mib"] - properties.total_memory / 2**20) < 1024

@@ -54,12 +54,16 @@ def test_report_lists_notebooks_figures_and_environment(tmp_path):
         NotebookResult("notebooks/01.ipynb", "ok", 12.0, None, [Figure("f", 2.0, "x", "CPU")]),
         NotebookResult("notebooks/02.ipynb", "failed", 3.0, "ZeroDivisionError: <boom>", []),
     ]
-    path = write_report(results, {"torch": "2.14.1", "gpus": []}, tmp_path / "build")
+    environment = {"torch": "2.14.1", "gpus": [], "advice": ["use a <GPU>"], "driver": None}
+    path = write_report(results, environment, tmp_path / "build")
     page = path.read_text()
     assert "1 of 2 notebooks ran without error" in page
     assert "notebooks/01.ipynb" in page and "f: 2 x [CPU]" in page
     assert "ZeroDivisionError: &lt;boom&gt;" in page  # escaped, not raw HTML
     assert "<th>torch</th><td>2.14.1</td>" in page
+    assert "<th>gpus</th><td>none</td>" in page and "<td>not available</td>" in page
+    assert "<ul><li>use a &lt;GPU&gt;</li></ul>" in page
+    assert "<a href='notebooks/01.ipynb'>" in page  # links to the executed copy
     data = json.loads((tmp_path / "build" / "report.json").read_text())
     assert data["notebooks"][0]["figures"][0]["name"] == "f"
     assert data["notebooks"][1]["status"] == "failed"
