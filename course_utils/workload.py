@@ -5,7 +5,7 @@
 * ``small``: tiny sizes so that each notebook runs in well under a minute on a 2-core
   CPU. The tests (``make test``) set it.
 * ``full``: realistic sizes. On a GPU these are the sizes the lessons are written for.
-* unset or ``auto`` (the default): ``full`` when a CUDA GPU is visible, otherwise
+* unset or ``auto`` (the default): ``full`` when PyTorch can use a CUDA GPU, otherwise
   ``cpu``, moderate sizes that finish in a few minutes on a laptop.
 
 Notebooks ask for a size with :func:`pick`, e.g. ``n = pick(small=256, cpu=1024,
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TypeVar
 
-from course_utils.nvml import visible_gpus
+from course_utils.device import cuda_gpu_count
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ def workload() -> str:
         raise ValueError(f"{ENV_VAR}={value!r} is not one of {', '.join(CHOICES)}")
     if value != "auto":
         return value
-    return "full" if visible_gpus() else "cpu"
+    return "full" if cuda_gpu_count() > 0 else "cpu"
 
 
 def pick(*, small: T, cpu: T, gpu: T) -> T:

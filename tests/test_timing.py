@@ -46,11 +46,11 @@ def test_warm_up_runs_are_not_counted():
 
     def slow_first_calls():
         calls.append(None)
-        time.sleep(0.05 if len(calls) <= 2 else 0.0)
+        time.sleep(0.3 if len(calls) <= 2 else 0.0)
 
     result = benchmark(slow_first_calls, warmup=2, repeats=5)
     assert len(calls) == 7 and len(result.times_s) == 5
-    assert max(result.times_s) < 0.04  # the two slow calls were the warm-up
+    assert max(result.times_s) < 0.15  # the two slow calls were the warm-up
 
 
 def test_number_divides_the_time_per_call():

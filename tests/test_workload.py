@@ -1,9 +1,6 @@
 import pytest
 
 from course_utils import workload
-from course_utils.nvml import GpuInfo
-
-GPU = GpuInfo(0, "Tesla T4", "GPU-1", "00000000:00:04.0", 15360, 0, 15360, (7, 5))
 
 
 @pytest.mark.parametrize("value", ["small", "cpu", "full", " SMALL "])
@@ -14,9 +11,9 @@ def test_explicit_workload_is_used(monkeypatch, value):
 
 def test_auto_is_full_with_a_gpu_and_cpu_without(monkeypatch):
     monkeypatch.delenv("COURSE_WORKLOAD", raising=False)
-    monkeypatch.setattr(workload, "visible_gpus", lambda: [GPU])
+    monkeypatch.setattr(workload, "cuda_gpu_count", lambda: 1)
     assert workload.workload() == "full"
-    monkeypatch.setattr(workload, "visible_gpus", lambda: [])
+    monkeypatch.setattr(workload, "cuda_gpu_count", lambda: 0)
     assert workload.workload() == "cpu"
     monkeypatch.setenv("COURSE_WORKLOAD", "auto")
     assert workload.workload() == "cpu"
