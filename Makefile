@@ -38,6 +38,7 @@ course: env
 lint: env
 	$(PY) -m ruff check course_utils tests benchmarks .ci
 	$(PY) -m ruff format --check course_utils
+	$(PY) -m mypy course_utils
 
 test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \

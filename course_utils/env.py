@@ -55,7 +55,7 @@ def _ipython_shell() -> str | None:
     ipython_module = sys.modules.get("IPython")
     if ipython_module is None:
         return None
-    shell = ipython_module.get_ipython()  # type: ignore[attr-defined]
+    shell = ipython_module.get_ipython()
     return None if shell is None else type(shell).__name__
 
 

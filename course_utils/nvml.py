@@ -194,7 +194,7 @@ def _gpu_info(index: int) -> GpuInfo | None:
         memory_total_mib=mib("total"),
         memory_used_mib=mib("used"),
         memory_free_mib=mib("free"),
-        compute_capability=tuple(capability) if capability else None,  # type: ignore[arg-type]
+        compute_capability=tuple(capability) if capability else None,
     )
 
 

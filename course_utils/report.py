@@ -53,7 +53,7 @@ def record_figure(name: str, value: float | int | str, unit: str = "", *, label:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:  # pragma: no cover - IPython is a dependency of ipywidgets
-        get_ipython = None  # type: ignore[assignment]
+        get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
         display(bundle, raw=True)
     else:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -193,13 +194,13 @@ def compare_matmul(
         a = generator.standard_normal((n, n), dtype=np.float32)
         b = generator.standard_normal((n, n), dtype=np.float32)
         reference = a @ b
-        timing = benchmark(lambda a=a, b=b: a @ b, warmup=warmup, repeats=repeats)
+        timing = benchmark(partial(np.matmul, a, b), warmup=warmup, repeats=repeats)
         rows.append(_matmul_row("numpy", "cpu", n, timing, 0.0))
         for device in devices:
             ta = torch.from_numpy(a).to(device=device, dtype=dtype)
             tb = torch.from_numpy(b).to(device=device, dtype=dtype)
             timing = benchmark(
-                lambda ta=ta, tb=tb: ta @ tb, device=device, warmup=warmup, repeats=repeats
+                partial(torch.matmul, ta, tb), device=device, warmup=warmup, repeats=repeats
             )
             result = (ta @ tb).float().cpu().numpy()
             diff = float(np.max(np.abs(result - reference)))
