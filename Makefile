@@ -24,7 +24,7 @@ help:
 env:
 	@if ! cmp -s requirements.lock $(VENV)/requirements.lock; then \
 	  $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11 for the lock (found " + sys.version.split()[0] + "); set PYTHON=python3.11"' || exit 1; \
-	  echo "Creating $(VENV) from requirements.lock (about 3 minutes the first time)..."; \
+	  echo "Creating $(VENV) from requirements.lock (a few minutes the first time)..."; \
 	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && \
 	  $(PY) -m pip install --quiet --disable-pip-version-check --progress-bar off -r requirements.lock && \
 	  $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . && \
