@@ -181,12 +181,18 @@ def compare_matmul(
     repeats: int = 5,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    settle_s: float = 0.2,
 ) -> list[dict[str, Any]]:
     """Time the same float32 square matmul in NumPy and in torch on each device.
 
     Returns one row per (library, device, size) with the median time, the IQR and
     GFLOP/s, and ``max_abs_diff``: the largest difference from NumPy's result, which
     shows that both compute the same thing.
+
+    ``settle_s`` is a pause after each measurement. NumPy's and torch's CPU thread pools
+    keep spinning for a while after their last call; without the pause the next library
+    finds the cores busy (on a 2-core machine this turned 0.2 ms torch matmuls into 16 ms
+    ones: ``benchmarks/bench_matmul.py`` measures it).
     """
     rows = []
     generator = np.random.default_rng(seed)
@@ -196,6 +202,7 @@ def compare_matmul(
         reference = a @ b
         timing = benchmark(partial(np.matmul, a, b), warmup=warmup, repeats=repeats)
         rows.append(_matmul_row("numpy", "cpu", n, timing, 0.0))
+        time.sleep(settle_s)
         for device in devices:
             ta = torch.from_numpy(a).to(device=device, dtype=dtype)
             tb = torch.from_numpy(b).to(device=device, dtype=dtype)
@@ -205,6 +212,7 @@ def compare_matmul(
             result = (ta @ tb).float().cpu().numpy()
             diff = float(np.max(np.abs(result - reference)))
             rows.append(_matmul_row("torch", str(torch.device(device)), n, timing, diff))
+            time.sleep(settle_s)
     return rows
 
 
