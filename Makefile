@@ -44,8 +44,11 @@ test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \
 	  --ignore=course_utils/__main__.py course_utils tests notebooks
 
+# JupyterLab refuses to run as root unless told (containers often run as root).
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: env
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
 
 gpu-lane: env
 	$(PY) -m course_utils doctor
