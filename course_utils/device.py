@@ -127,9 +127,8 @@ def _explicit_choice(wanted: str) -> DeviceChoice:
         count = cuda_gpu_count()
         index = 0 if device.index is None else device.index
         if index >= count:
-            raise ValueError(
-                f"asked for {wanted}, but PyTorch sees {count} CUDA GPU(s). " + _no_gpu_reason()
-            )
+            why = _no_gpu_reason() if count == 0 else f"use cuda:0 to cuda:{count - 1}"
+            raise ValueError(f"asked for {wanted}, but PyTorch sees {count} CUDA GPU(s): {why}")
         return DeviceChoice(torch.device("cuda", index), f"asked for {wanted}")
     raise ValueError(f"unsupported device {wanted!r}: use cpu, cuda, cuda:N or mps")
 
@@ -139,9 +138,10 @@ def _no_gpu_reason() -> str:
         return f"no GPU: this torch ({torch.__version__}) is a CPU-only build"
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
-    if nvml_status() == "ok":
+    status = nvml_status()
+    if status == "ok":
         return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
-    return "no GPU: " + nvml_status()
+    return "no GPU: " + status
 
 
 def pick_device(prefer: str | None = None) -> torch.device:

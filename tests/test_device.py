@@ -68,6 +68,8 @@ def test_asking_for_a_gpu_index_that_exists(monkeypatch):
     monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 2)
     assert dev.pick_device("cuda:1") == torch.device("cuda", 1)
     assert dev.pick_device("cuda") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"sees 2 CUDA GPU\(s\): use cuda:0 to cuda:1$"):
+        dev.pick_device("cuda:2")
 
 
 def test_cuda_gpu_count_is_zero_here_without_initializing_cuda():
