@@ -10,6 +10,18 @@ One module per concept, so a learner finds the code of a lesson in one place:
 * :mod:`course_utils.report`: figures notebooks measure, and the course report.
 * :mod:`course_utils.colab`: Colab badges and setup cells.
 * :mod:`course_utils.runner`: run all notebooks headlessly (``make course``).
+* :mod:`course_utils.smi`: run and parse ``nvidia-smi``, and explain its output.
+* :mod:`course_utils.monitor`: a background sampler of GPU (or CPU) utilization.
+* :mod:`course_utils.flops`: FLOPs, datasheet peaks, model FLOP utilization (MFU).
+* :mod:`course_utils.data`: picklable datasets and DataLoader advice.
+* :mod:`course_utils.profiling`: where a training step's time goes.
+* :mod:`course_utils.batch`: batch-size sweeps and the largest batch that fits.
+* :mod:`course_utils.models`: the course's models, with checkpointing.
+* :mod:`course_utils.training`: the reference training step, every technique a toggle.
+* :mod:`course_utils.memory`: GPU memory reports, freeing memory, OOM recovery.
+* :mod:`course_utils.lightning`: the same training in PyTorch Lightning.
+* :mod:`course_utils.distributed`: DDP with torchrun, and the equivalence check.
+* :mod:`course_utils.classroom`: exercise checks, student versions, the grader.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 from typing import TypeVar
 
-from course_utils.device import cuda_gpu_count
-
 T = TypeVar("T")
 
 ENV_VAR = "COURSE_WORKLOAD"
@@ -36,6 +34,8 @@ def workload() -> str:
         raise ValueError(f"{ENV_VAR}={value!r} is not one of {', '.join(CHOICES)}")
     if value != "auto":
         return value
+    from course_utils.device import cuda_gpu_count  # imports torch: only when needed
+
     return "full" if cuda_gpu_count() > 0 else "cpu"
 
 

@@ -11,9 +11,9 @@ def test_explicit_workload_is_used(monkeypatch, value):
 
 def test_auto_is_full_with_a_gpu_and_cpu_without(monkeypatch):
     monkeypatch.delenv("COURSE_WORKLOAD", raising=False)
-    monkeypatch.setattr(workload, "cuda_gpu_count", lambda: 1)
+    monkeypatch.setattr("course_utils.device.cuda_gpu_count", lambda: 1)
     assert workload.workload() == "full"
-    monkeypatch.setattr(workload, "cuda_gpu_count", lambda: 0)
+    monkeypatch.setattr("course_utils.device.cuda_gpu_count", lambda: 0)
     assert workload.workload() == "cpu"
     monkeypatch.setenv("COURSE_WORKLOAD", "auto")
     assert workload.workload() == "cpu"

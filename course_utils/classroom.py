@@ -1,0 +1,76 @@
+"""Exercise checks: specific, friendly feedback that runs on a CPU in seconds.
+
+A notebook's exercise is a solution cell (``### BEGIN SOLUTION`` / ``### END SOLUTION``,
+nbgrader metadata ``solution: true``) followed by a check cell (``grade: true``) that
+calls these functions. A failed check raises :class:`CheckFailed`, an ``AssertionError``
+whose message tells the learner what is wrong and what to try; nbgrader and the course's
+grader count a check cell that raises as zero points.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+class CheckFailed(AssertionError):
+    """An exercise check failed; the message is the feedback for the learner."""
+
+
+def check(condition: Any, feedback: str) -> None:
+    """Raise :class:`CheckFailed` with ``feedback`` unless ``condition`` is true.
+
+    >>> check(1 + 1 == 2, "arithmetic is broken")
+    >>> check([], "your list is empty")
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: your list is empty
+    """
+    if not condition:
+        raise CheckFailed(feedback)
+
+
+def check_close(
+    actual: Any,
+    expected: Any,
+    what: str,
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+) -> None:
+    """Check that a number or tensor is close to the expected one, naming ``what``.
+
+    >>> check_close(0.1 + 0.2, 0.3, "the sum")
+    >>> check_close(2.0, 3.0, "the speed-up")
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: the speed-up is 2, expected 3 (within rtol=1e-05)
+    """
+    if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
+        actual_t = torch.as_tensor(actual).detach().cpu().double()
+        expected_t = torch.as_tensor(expected).detach().cpu().double()
+        check(
+            actual_t.shape == expected_t.shape,
+            f"{what} has shape {tuple(actual_t.shape)}, expected {tuple(expected_t.shape)}",
+        )
+        worst = (actual_t - expected_t).abs().max().item() if actual_t.numel() else 0.0
+        check(
+            torch.allclose(actual_t, expected_t, rtol=rtol, atol=atol),
+            f"{what} differs from the expected values by up to {worst:.3g}",
+        )
+        return
+    check(
+        isinstance(actual, int | float) and not isinstance(actual, bool),
+        f"{what} should be a number, got {type(actual).__name__}",
+    )
+    check(
+        math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol),
+        f"{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
+    )
+
+
+def passed(exercise: str) -> None:
+    """Print the success line of a check cell."""
+    print(f"✓ {exercise}: all checks passed")

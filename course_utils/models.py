@@ -1,0 +1,174 @@
+"""The course's models, built by name, with parameter counts.
+
+* ``small_cnn``: a four-block CNN for 32x32 images (CIFAR-shaped), fast on a CPU.
+* ``mlp``: a plain multi-layer perceptron on flattened images.
+* ``resnet18`` and ``mobilenet_v3_small``: torchvision's architectures (``weights=None``,
+  no download), the "real" models of the memory and batch-size lessons.
+
+Every model keeps its repeated blocks in a list that :func:`checkpoint_blocks` can wrap
+with gradient checkpointing, without changing the model's ``state_dict`` keys.
+Used by notebooks 03 to 08 through :mod:`course_utils.training`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+MODEL_NAMES = ("small_cnn", "mlp", "resnet18", "mobilenet_v3_small")
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(min(8, channels), channels)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"norm={kind!r}: use 'batch', 'group' or 'none'")
+
+
+class SmallCNN(nn.Module):
+    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier.
+
+    ``norm="batch"`` is the realistic default. Use ``"group"`` or ``"none"`` when a
+    result must not depend on how a batch is split (accumulation and DDP equivalence:
+    BatchNorm's statistics are per micro-batch).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        width: int = 32,
+        in_channels: int = 3,
+        depth: int = 4,
+        norm: str = "batch",
+    ) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        channels = in_channels
+        for i in range(depth):
+            out = width * 2 ** min(i, 3)
+            blocks.append(
+                nn.Sequential(
+                    nn.Conv2d(channels, out, 3, padding=1, bias=norm == "none"),
+                    _norm(norm, out),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2) if i < depth - 1 else nn.Identity(),
+                )
+            )
+            channels = out
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+class MLP(nn.Module):
+    """Flatten, then ``depth`` hidden Linear-ReLU layers, then a linear classifier."""
+
+    def __init__(
+        self,
+        in_features: int = 3 * 32 * 32,
+        hidden: int = 512,
+        num_classes: int = 10,
+        depth: int = 2,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        features = in_features
+        for _ in range(depth):
+            layers.append(nn.Sequential(nn.Linear(features, hidden), nn.ReLU()))
+            features = hidden
+        self.flatten = nn.Flatten()
+        self.blocks = nn.Sequential(*layers)
+        self.head = nn.Linear(features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.flatten(x)))
+
+
+def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
+    """A fresh model by name (see ``MODEL_NAMES``); ``kwargs`` go to its constructor.
+
+    >>> type(build_model("small_cnn", norm="group")).__name__
+    'SmallCNN'
+    """
+    if name == "small_cnn":
+        return SmallCNN(num_classes=num_classes, **kwargs)
+    if name == "mlp":
+        return MLP(num_classes=num_classes, **kwargs)
+    if name in ("resnet18", "mobilenet_v3_small"):
+        import torchvision
+
+        builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
+        return builder(weights=None, num_classes=num_classes, **kwargs)
+    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of parameters (elements, not bytes).
+
+    >>> count_parameters(nn.Linear(10, 5))
+    55
+    """
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks of a course model, the natural units for checkpointing.
+
+    SmallCNN and MLP: ``blocks.N``; ResNet: ``layer1`` to ``layer4``; MobileNet:
+    ``features.N``. Other models: their direct children.
+    """
+    for container in ("blocks", "features"):
+        inner = getattr(model, container, None)
+        if isinstance(inner, nn.Sequential):
+            return [(f"{container}.{name}", child) for name, child in inner.named_children()]
+    if all(hasattr(model, f"layer{i}") for i in range(1, 5)):
+        return [(f"layer{i}", getattr(model, f"layer{i}")) for i in range(1, 5)]
+    return list(model.named_children())
+
+
+def _checkpointed_forward(module: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not (torch.is_grad_enabled() and module.training):
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return run
+
+
+def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[str]:
+    """Wrap blocks of ``model`` with gradient checkpointing, in place; return their names.
+
+    A checkpointed block keeps only its input during the forward pass and recomputes
+    its activations during backward: less memory, about one extra forward of time.
+    ``names`` selects blocks (default: all of :func:`blocks_of`). The ``state_dict`` is
+    unchanged (the block's ``forward`` is replaced, not the block). Idempotent.
+    """
+    chosen = []
+    for name, block in blocks_of(model):
+        if names is not None and name not in names:
+            continue
+        if "forward" not in vars(block):  # not wrapped yet
+            block.forward = _checkpointed_forward(block, block.forward)
+        chosen.append(name)
+    if names is not None and (missing := set(names) - set(chosen)):
+        raise ValueError(
+            f"no block named {sorted(missing)}; blocks: {[n for n, _ in blocks_of(model)]}"
+        )
+    return chosen
+
+
+def uncheckpoint_blocks(model: nn.Module) -> None:
+    """Undo :func:`checkpoint_blocks`."""
+    for _, block in blocks_of(model):
+        vars(block).pop("forward", None)

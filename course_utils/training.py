@@ -1,0 +1,273 @@
+"""The course's reference training step, where every technique is a toggle.
+
+One code path trains every model of notebooks 03 to 08; a lesson changes a field of
+:class:`TrainConfig` instead of writing another loop:
+
+* ``precision``: ``"auto"`` (:func:`course_utils.device.pick_precision`), ``"fp32"``,
+  ``"fp16"`` (autocast plus ``torch.amp.GradScaler``) or ``"bf16"`` (autocast only).
+* ``accumulation_steps``: split each batch into that many micro-batches, run forward and
+  backward on each (gradients add up), then take one optimizer step. Memory is that of a
+  micro-batch; the gradient is that of the whole batch.
+* ``checkpointing``: recompute the activations of chosen blocks during backward
+  (``torch.utils.checkpoint``): less memory, more time.
+* ``channels_last``: NHWC memory layout for the model and image batches (faster
+  convolutions on tensor cores).
+* ``compile``: ``torch.compile``, guarded: if compiling fails on the first step (an old
+  GPU, no C++ compiler) the step says so and runs eagerly.
+* ``optimizer``: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"adamw"``; gradients are
+  cleared with ``zero_grad(set_to_none=True)`` unless ``set_to_none=False``.
+
+It uses the modern ``torch.amp`` API (``torch.autocast``, ``torch.amp.GradScaler``), never
+``torch.cuda.amp``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_utils.device import BF16, FP16, FP32, Precision, pick_precision, to_device
+from course_utils.memory import is_out_of_memory
+from course_utils.models import checkpoint_blocks
+from course_utils.timing import synchronizer
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    """The toggles of :class:`TrainStep` (see the module documentation)."""
+
+    precision: str = "auto"
+    accumulation_steps: int = 1
+    checkpointing: bool | Sequence[str] = False
+    channels_last: bool = False
+    compile: bool = False
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    set_to_none: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.accumulation_steps < 1:
+            raise ValueError("accumulation_steps must be at least 1")
+
+
+def resolve_precision(name: str, device: torch.device) -> Precision:
+    """The :class:`~course_utils.device.Precision` for a name, or ``pick_precision``'s
+    choice for ``"auto"``.
+
+    >>> resolve_precision("bf16", torch.device("cpu")).autocast
+    True
+    """
+    if name == "auto":
+        return pick_precision(device)
+    fields = {"fp32": FP32, "fp16": FP16, "bf16": BF16}[name]
+    return Precision(*fields, reason=f"{name} requested")
+
+
+def make_optimizer(
+    name: str, parameters: Iterable[nn.Parameter], lr: float
+) -> torch.optim.Optimizer:
+    """SGD, SGD with momentum 0.9, Adam or AdamW by name."""
+    params = list(parameters)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"optimizer={name!r}: use one of {', '.join(OPTIMIZERS)}")
+
+
+def _layout(tensor: Any, channels_last: bool) -> Any:
+    if channels_last and isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
+
+
+class TrainStep:
+    """One optimizer step on a batch ``(inputs, targets)``, with the toggles of ``config``.
+
+    ``step(batch)`` returns the batch's mean loss as a detached tensor on the device
+    (reading it with ``.item()`` would make the CPU wait for the GPU every step; the
+    :func:`train` loop reads all losses once at the end). The model is moved to
+    ``device`` (default: :func:`~course_utils.device.pick_device`'s choice).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device | str | None = None,
+        config: TrainConfig | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        from course_utils.device import pick_device
+
+        self.config = config or TrainConfig()
+        self.device = torch.device(device) if device is not None else pick_device()
+        self.precision = resolve_precision(self.config.precision, self.device)
+        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        self.model = model.to(self.device)
+        if self.config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.checkpointed: list[str] = []
+        if self.config.checkpointing:
+            names = None if self.config.checkpointing is True else list(self.config.checkpointing)
+            self.checkpointed = checkpoint_blocks(self.model, names)
+        self.optimizer = optimizer or make_optimizer(
+            self.config.optimizer, self.model.parameters(), self.config.lr
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.grad_scaler)
+        self.compile_error: str | None = None
+        self._compiled: Callable[..., Any] | None = None
+        self._compile_confirmed = False
+        if self.config.compile:
+            try:
+                self._compiled = torch.compile(self.model)
+            except Exception as error:  # compile is lazy; this catches setup errors only
+                self._fall_back(error)
+        self.steps = 0
+
+    # -- compile guard ---------------------------------------------------------------
+
+    def _fall_back(self, error: BaseException) -> None:
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        self.compile_error = f"{type(error).__name__}: {first_line}"
+        self._compiled = None
+        print(f"torch.compile failed ({self.compile_error}); running eagerly instead.")
+
+    def _forward_backward(self, inputs: Any, targets: Any, weight: float) -> torch.Tensor:
+        forward = self._compiled or self.model
+        with torch.autocast(
+            self.device.type, dtype=self.precision.dtype, enabled=self.precision.autocast
+        ):
+            outputs = forward(inputs)
+            loss = self.loss_fn(outputs, targets)
+        self.scaler.scale(loss * weight).backward()
+        return loss.detach()
+
+    def forward_backward(self, inputs: Any, targets: Any, weight: float = 1.0) -> torch.Tensor:
+        """Forward and backward on one micro-batch, adding ``weight`` times its gradient.
+
+        The first call with ``compile=True`` is guarded: a compile error (not an
+        out-of-memory error) switches to eager mode and runs the micro-batch again.
+        """
+        if self._compiled is None or self._compile_confirmed:
+            return self._forward_backward(inputs, targets, weight)
+        try:
+            loss = self._forward_backward(inputs, targets, weight)
+        except Exception as error:
+            if is_out_of_memory(error):
+                raise
+            self._fall_back(error)
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._forward_backward(inputs, targets, weight)
+        self._compile_confirmed = True
+        return loss
+
+    def optimizer_step(self) -> None:
+        """Step the optimizer (through the scaler for fp16) and clear the gradients."""
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=self.config.set_to_none)
+        self.steps += 1
+
+    def __call__(self, batch: Sequence[Any]) -> torch.Tensor:
+        inputs, targets = to_device(tuple(batch[:2]), self.device)
+        inputs = _layout(inputs, self.config.channels_last)
+        self.model.train()
+        total = len(targets)
+        chunks = min(self.config.accumulation_steps, total)
+        losses = []
+        for micro_inputs, micro_targets in zip(
+            torch.tensor_split(inputs, chunks), torch.tensor_split(targets, chunks), strict=True
+        ):
+            weight = len(micro_targets) / total  # exact for mean losses, even when uneven
+            losses.append(self.forward_backward(micro_inputs, micro_targets, weight) * weight)
+        self.optimizer_step()
+        return torch.stack(losses).sum()
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` measured. ``seconds`` includes a final device synchronization."""
+
+    losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def train(
+    step: TrainStep,
+    loader: Iterable[Sequence[Any]],
+    *,
+    max_steps: int | None = None,
+    epochs: int = 1,
+) -> TrainResult:
+    """Run ``step`` over ``loader`` for ``epochs`` (stopping after ``max_steps``).
+
+    Losses stay on the device until the end (one synchronization, not one per step).
+    Calls ``loader.sampler.set_epoch(epoch)`` when the sampler has it (DDP).
+    """
+    sync = synchronizer(step.device)
+    losses: list[torch.Tensor] = []
+    samples = 0
+    sync()
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+        for batch in loader:
+            losses.append(step(batch))
+            samples += len(batch[1])
+            if max_steps is not None and len(losses) >= max_steps:
+                break
+        if max_steps is not None and len(losses) >= max_steps:
+            break
+    sync()
+    seconds = time.perf_counter() - start
+    values = torch.stack(losses).float().cpu().tolist() if losses else []
+    return TrainResult(losses=values, steps=len(losses), samples=samples, seconds=seconds)
+
+
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[Sequence[Any]],
+    device: torch.device | str,
+    *,
+    inference_mode: bool = True,
+) -> float:
+    """Accuracy of ``model`` on ``loader``, in ``torch.inference_mode()`` by default
+    (no autograd bookkeeping: less memory and time than ``no_grad``)."""
+    device = torch.device(device)
+    model.eval()
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    count = 0
+    mode = torch.inference_mode() if inference_mode else contextlib.nullcontext()
+    with mode:
+        for batch in loader:
+            inputs, targets = to_device(tuple(batch[:2]), device)
+            correct += (model(inputs).argmax(dim=1) == targets).sum()
+            count += len(targets)
+    model.train()
+    return correct.item() / max(count, 1)

@@ -1,0 +1,76 @@
+"""Models, synthetic data, OOM detection, FLOP counting and the classroom checks."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.classroom import CheckFailed, check, check_close
+from course_utils.data import SyntheticImages
+from course_utils.flops import count_flops
+from course_utils.memory import is_out_of_memory
+from course_utils.models import MODEL_NAMES, blocks_of, build_model, count_parameters
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_classifies_a_cifar_batch(name):
+    model = build_model(name, num_classes=7)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    assert count_parameters(model) == sum(p.numel() for p in model.parameters()) > 0
+    assert len(blocks_of(model)) >= 2
+
+
+def test_known_parameter_counts():
+    # torchvision's ResNet-18 with 1000 classes has 11,689,512 parameters (its docs).
+    assert count_parameters(build_model("resnet18", num_classes=1000)) == 11_689_512
+    assert count_parameters(nn.Linear(3, 2)) == 8
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("vgg99")
+
+
+def test_synthetic_images_are_deterministic_picklable_and_bounded():
+    data = SyntheticImages(size=16, seed=3)
+    clone = pickle.loads(pickle.dumps(data))
+    assert torch.equal(data[5][0], clone[5][0]) and data[5][1] == clone[5][1]
+    assert not torch.equal(data[5][0], SyntheticImages(size=16, seed=4)[5][0])
+    assert {data.label(i) for i in range(16)} == set(range(10))
+    with pytest.raises(IndexError):
+        data[16]
+
+
+def test_out_of_memory_recognition():
+    assert is_out_of_memory(torch.cuda.OutOfMemoryError("x"))
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"
+        )
+    )
+    assert not is_out_of_memory(ValueError("out of memory"))
+    assert not is_out_of_memory(RuntimeError("expected scalar type Float"))
+
+
+def test_flops_of_linear_and_conv_match_the_hand_formula():
+    batch, n_in, n_out = 8, 64, 32
+    assert count_flops(nn.Linear(n_in, n_out), torch.randn(batch, n_in)) == 2 * batch * n_in * n_out
+    conv = nn.Conv2d(3, 16, kernel_size=3, padding=1, bias=False)
+    x = torch.randn(2, 3, 32, 32)
+    forward = 2 * 2 * 32 * 32 * 16 * 3 * 3 * 3  # 2 * N * H_out * W_out * C_out * C_in * k * k
+    assert count_flops(conv, x) == forward
+    # training: forward + grad of weight (+ grad of input when it requires grad)
+    assert count_flops(conv, x, training=True) == 2 * forward
+    assert count_flops(conv, x.requires_grad_(), training=True) == 3 * forward
+
+
+def test_classroom_checks_give_the_feedback():
+    check(True, "never shown")
+    with pytest.raises(CheckFailed, match="labels on the CPU"):
+        check(False, "your to_device left the labels on the CPU")
+    check_close(torch.ones(3), torch.ones(3) + 1e-9, "the gradient")
+    with pytest.raises(CheckFailed, match="shape"):
+        check_close(torch.ones(3), torch.ones(4), "the gradient")
+    with pytest.raises(CheckFailed, match="should be a number"):
+        check_close("fast", 2.0, "the speed-up")
