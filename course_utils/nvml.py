@@ -247,3 +247,57 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
 def visible_gpus() -> list[GpuInfo]:
     """The GPUs CUDA can use (NVML's list filtered by ``CUDA_VISIBLE_DEVICES``)."""
     return parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus())
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One reading of a GPU's state; ``None`` where the GPU or driver cannot say.
+
+    Each field names its ``nvidia-smi --query-gpu`` counterpart.
+    """
+
+    index: int  # index
+    utilization_gpu_pct: int | None  # utilization.gpu: % of time a kernel was running
+    utilization_memory_pct: int | None  # utilization.memory: % of time memory was read/written
+    memory_used_mib: int | None  # memory.used
+    memory_total_mib: int | None  # memory.total
+    power_draw_w: float | None  # power.draw
+    power_limit_w: float | None  # power.limit (the enforced limit)
+    temperature_c: int | None  # temperature.gpu
+    sm_clock_mhz: int | None  # clocks.sm
+    pstate: str | None  # pstate, "P0" (fastest) to "P12"
+
+
+def snapshot(index: int) -> GpuSnapshot | None:
+    """Read utilization, memory, power, temperature, clock and P-state of GPU ``index``
+    (NVML numbering); ``None`` when NVML or that GPU is not available."""
+    with nvml_session() as problem:
+        if problem:
+            return None
+        handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            return None
+        rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)
+        memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
+        power_mw = nvml_call("nvmlDeviceGetPowerUsage", handle)
+        limit_mw = nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)
+        temperature = nvml_call("nvmlDeviceGetTemperature", handle, 0)  # 0: the GPU die
+        clock = nvml_call("nvmlDeviceGetClockInfo", handle, 1)  # 1: NVML_CLOCK_SM
+        pstate = nvml_call("nvmlDeviceGetPerformanceState", handle)
+
+        def mib(field: str) -> int | None:
+            value = getattr(memory, field, None)
+            return None if value is None else int(value) // MIB
+
+        return GpuSnapshot(
+            index=index,
+            utilization_gpu_pct=getattr(rates, "gpu", None),
+            utilization_memory_pct=getattr(rates, "memory", None),
+            memory_used_mib=mib("used"),
+            memory_total_mib=mib("total"),
+            power_draw_w=None if power_mw is None else power_mw / 1000,
+            power_limit_w=None if limit_mw is None else limit_mw / 1000,
+            temperature_c=temperature,
+            sm_clock_mhz=clock,
+            pstate=None if pstate is None else f"P{int(pstate)}",
+        )
