@@ -74,3 +74,20 @@ def test_classroom_checks_give_the_feedback():
         check_close(torch.ones(3), torch.ones(4), "the gradient")
     with pytest.raises(CheckFailed, match="should be a number"):
         check_close("fast", 2.0, "the speed-up")
+
+
+def test_saved_activation_bytes_grow_linearly_with_the_batch_and_drop_with_checkpointing():
+    from course_utils.footprint import peak_memory
+    from course_utils.models import checkpoint_blocks
+
+    model = build_model("small_cnn", width=8)
+
+    def step(n):
+        return lambda: model(torch.randn(n, 3, 32, 32)).sum().backward()
+
+    small, large = peak_memory(step(4), "cpu"), peak_memory(step(8), "cpu")
+    assert "CPU" in small.method and small.peak_bytes > 0
+    # parameters are saved too (a fixed part), so the ratio is a little under 2
+    assert 1.8 < large.peak_bytes / small.peak_bytes <= 2.0
+    checkpoint_blocks(model)
+    assert peak_memory(step(8), "cpu").peak_bytes < large.peak_bytes / 3
