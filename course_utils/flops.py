@@ -9,6 +9,7 @@ datasheet peaks.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,3 +40,118 @@ def count_flops(
             with torch.no_grad():
                 model(*inputs)
     return int(counter.get_total_flops())
+
+
+# ------------------------------------------------------------------ peaks and MFU
+
+DATASHEET = "NVIDIA datasheets, dense figures (../shared/docs/facts.md)"
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    """Dense peak throughput of a GPU in TFLOP/s (``None``: no such tensor-core mode)."""
+
+    name: str
+    compute_capability: tuple[int, int]
+    fp32: float
+    tf32: float | None
+    fp16: float
+    bf16: float | None
+
+
+# Ampere and newer datasheets quote tensor figures with 2:4 sparsity; these are dense.
+GPU_PEAKS: tuple[GpuPeak, ...] = (
+    GpuPeak("T4", (7, 5), 8.1, None, 65.0, None),
+    GpuPeak("V100", (7, 0), 15.7, None, 125.0, None),
+    GpuPeak("A100", (8, 0), 19.5, 156.0, 312.0, 312.0),
+    GpuPeak("A10", (8, 6), 31.2, 62.5, 125.0, 125.0),
+    GpuPeak("L4", (8, 9), 30.3, 60.0, 121.0, 121.0),
+    GpuPeak("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0),
+    GpuPeak("H100", (9, 0), 67.0, 495.0, 989.0, 989.0),  # SXM
+    GpuPeak("H200", (9, 0), 67.0, 495.0, 989.0, 989.0),  # SXM
+)
+
+
+def gpu_peak(gpu_name: str) -> GpuPeak | None:
+    """The datasheet entry for a GPU name as NVML or torch prints it, or ``None``.
+
+    >>> gpu_peak("Tesla T4").fp16
+    65.0
+    >>> gpu_peak("NVIDIA A100-SXM4-80GB").name, gpu_peak("NVIDIA A10").name
+    ('A100', 'A10')
+    >>> gpu_peak("NVIDIA H100 PCIe").fp32, gpu_peak("NVIDIA GeForce RTX 3090") is None
+    (51.0, True)
+    """
+    words = gpu_name.upper().replace("-", " ").split()
+    # longest names first, so "H100 PCIe" wins over "H100" and "A100" never matches "A10"
+    for peak in sorted(GPU_PEAKS, key=lambda p: -len(p.name)):
+        parts = peak.name.upper().split()
+        if all(part in words for part in parts):
+            return peak
+    return None
+
+
+def datasheet_tflops(gpu_name: str, dtype: torch.dtype, tf32: bool = False) -> float | None:
+    """Dense datasheet TFLOP/s for matmuls in ``dtype`` (fp32 with ``tf32=True``: TF32
+    tensor cores), or ``None`` when the GPU is unknown or lacks that mode.
+
+    >>> datasheet_tflops("Tesla T4", torch.float16), datasheet_tflops("Tesla T4", torch.bfloat16)
+    (65.0, None)
+    """
+    peak = gpu_peak(gpu_name)
+    if peak is None:
+        return None
+    if dtype == torch.float16:
+        return peak.fp16
+    if dtype == torch.bfloat16:
+        return peak.bf16
+    return peak.tf32 if tf32 else peak.fp32
+
+
+def mfu(
+    flops_per_step: float, step_seconds: float, peak_flops_per_s: float, devices: int = 1
+) -> float:
+    """Model FLOP utilization: achieved FLOP/s over the peak of all ``devices``.
+
+    >>> round(mfu(1e12, 0.1, 65e12), 3)  # 10 TFLOP/s achieved on a T4's fp16 peak
+    0.154
+    """
+    if step_seconds <= 0 or peak_flops_per_s <= 0 or devices < 1:
+        raise ValueError("step_seconds, peak_flops_per_s and devices must be positive")
+    return flops_per_step / step_seconds / (devices * peak_flops_per_s)
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak throughput in FLOP/s and where it comes from."""
+
+    flops_per_s: float
+    source: str
+
+
+def measured_matmul_peak(
+    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024
+) -> Peak:
+    """The FLOP/s of a large square matmul measured here: the practical ceiling, used in
+    place of a datasheet figure on CPUs (and on GPUs missing from the table)."""
+    from course_utils.timing import benchmark
+
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
+    flops = 2 * n**3 / timing.min_s
+    return Peak(flops, f"measured: best of 5 {n}x{n} {str(dtype).removeprefix('torch.')} matmuls")
+
+
+def device_peak(device: torch.device | str, dtype: torch.dtype = torch.float32) -> Peak:
+    """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
+    otherwise a measured matmul peak (CPU, MPS, GPUs missing from the table)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        tflops = datasheet_tflops(name, dtype, tf32=tf32)
+        if tflops is not None:
+            return Peak(tflops * 1e12, f"{name}: {DATASHEET}")
+    return measured_matmul_peak(device, dtype)
