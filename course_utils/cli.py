@@ -4,6 +4,7 @@ Commands:
   doctor         describe this machine for the course (``--json`` for JSON)
   badges         point the Colab badges and setup cells at a fork
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
+  smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -45,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"experiment size (default: ${workload.ENV_VAR} or auto)",
     )
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
+
+    smi = commands.add_parser("smi", help="parse or explain nvidia-smi output")
+    smi.add_argument("action", choices=("parse", "explain"))
+    smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
+    smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
+    smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
     return parser
 
 
@@ -76,7 +83,34 @@ def _run_notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-HANDLERS = {"doctor": _doctor, "badges": _badges, "run-notebooks": _run_notebooks}
+def _smi(args: argparse.Namespace) -> int:
+    from course_utils import smi  # imports no torch: this command starts fast
+
+    try:
+        if args.file == "-":
+            text = sys.stdin.read()
+        else:
+            text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        fields = args.fields.split(",") if args.fields else None
+        parsed = smi.parse(text, fields)
+    except (ValueError, OSError) as error:  # SmiParseError, bad bytes, no file
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    if args.action == "explain":
+        print(smi.explain(parsed))
+    elif args.json:
+        print(json.dumps(parsed, indent=2))
+    else:
+        print(smi.summary_line(parsed))
+    return 0
+
+
+HANDLERS = {
+    "doctor": _doctor,
+    "badges": _badges,
+    "run-notebooks": _run_notebooks,
+    "smi": _smi,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ datasheet peaks.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -155,3 +156,59 @@ def device_peak(device: torch.device | str, dtype: torch.dtype = torch.float32) 
         if tflops is not None:
             return Peak(tflops * 1e12, f"{name}: {DATASHEET}")
     return measured_matmul_peak(device, dtype)
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """FLOP/s a run achieved and its MFU against ``peak``."""
+
+    flops: float
+    seconds: float
+    flops_per_s: float
+    mfu: float
+    peak: Peak
+
+    def __str__(self) -> str:
+        return (
+            f"{self.flops_per_s / 1e9:,.1f} GFLOP/s = {self.mfu:.1%} of "
+            f"{self.peak.flops_per_s / 1e12:.3g} TFLOP/s ({self.peak.source})"
+        )
+
+
+def achieved(flops: float, seconds: float, peak: Peak, devices: int = 1) -> Achieved:
+    """The FLOP/s of ``flops`` done in ``seconds``, and the MFU against ``peak``.
+
+    >>> result = achieved(2e12, 1.0, Peak(65e12, "T4 fp16 datasheet"))
+    >>> round(result.mfu, 3), result.flops_per_s
+    (0.031, 2000000000000.0)
+    """
+    utilization = mfu(flops, seconds, peak.flops_per_s, devices)
+    return Achieved(flops, seconds, flops / seconds, utilization, peak)
+
+
+def matmul_stream(
+    device: torch.device | str, n: int, seconds: float, dtype: torch.dtype = torch.float32
+) -> tuple[int, float]:
+    """Launch ``n x n`` matmuls back to back for about ``seconds``; return ``(count,
+    elapsed seconds)`` including a final synchronization. Each matmul is ``2 n**3`` FLOPs.
+
+    >>> count, elapsed = matmul_stream("cpu", 8, 0.01)
+    >>> count > 0 and elapsed >= 0.01
+    True
+    """
+    from course_utils.timing import synchronizer
+
+    device = torch.device(device)
+    sync = synchronizer(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up: library loading and kernel selection are not measured
+    sync()
+    count = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(16):  # check the clock every 16 launches
+            a @ b
+        count += 16
+    sync()
+    return count, time.perf_counter() - start

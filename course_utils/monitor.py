@@ -1,37 +1,457 @@
 """Sampling GPU (or, without one, CPU) utilization and memory over time.
 
-:func:`sample` takes one reading: NVML on a GPU, psutil's CPU utilization and this
-process's resident memory otherwise (labelled ``"source": "cpu"``). Used by notebook 02,
-the Lightning utilization callback (notebook 05) and the capstone.
+* :func:`sample` takes one reading: NVML on a GPU, psutil's CPU utilization and this
+  process's resident memory otherwise (labelled ``"source": "cpu"``).
+* :class:`Monitor` samples in a background thread while your code runs: use it as a
+  context manager around a training loop. Sources, in order of preference: NVML, the
+  ``nvidia-smi --query-gpu`` CSV (when the NVML binding is missing), psutil (no GPU).
+  ``live=True`` shows the latest reading in the notebook (an ipywidgets ``HTML`` widget,
+  which exists in ipywidgets 7, as on Colab, and 8; plain text lines without widgets).
+  Afterwards :meth:`Monitor.timeline` plots the readings with matplotlib.
+
+Used by notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
 from course_utils import nvml
 
+SOURCES = ("nvml", "nvidia-smi", "cpu")
+# --query-gpu fields read by the nvidia-smi fallback, and the sample keys they fill
+SMI_FIELDS = {
+    "index": "gpu_index",
+    "utilization.gpu": "utilization_gpu_pct",
+    "utilization.memory": "utilization_memory_pct",
+    "memory.used": "memory_used_mib",
+    "memory.total": "memory_total_mib",
+    "power.draw": "power_draw_w",
+    "power.limit": "power_limit_w",
+    "temperature.gpu": "temperature_c",
+    "clocks.sm": "sm_clock_mhz",
+    "pstate": "pstate",
+}
+
+
+_THIS_PROCESS = psutil.Process()
+_CORES = psutil.cpu_count() or 1
+
+
+def _cpu_reading() -> dict[str, Any]:
+    return {
+        "time_s": time.time(),
+        "source": "cpu",
+        "cpu_util_pct": psutil.cpu_percent(interval=None),  # every process on the machine
+        "process_cpu_pct": _THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
+        "process_rss_mib": _THIS_PROCESS.memory_info().rss / 2**20,
+    }
+
+
+def _nvml_reading(gpu_index: int) -> dict[str, Any] | None:
+    reading = nvml.snapshot(gpu_index, processes=False)
+    if reading is None:
+        return None
+    values = {k: v for k, v in vars(reading).items() if k not in ("index", "processes")}
+    return {"time_s": time.time(), "source": "nvml", "gpu_index": gpu_index, **values}
+
+
+def _smi_reading(gpu_index: int) -> dict[str, Any] | None:
+    from course_utils.smi import CSV_FIELDS, query_gpus
+
+    fields = list(SMI_FIELDS)
+    for gpu in query_gpus(fields, timeout_s=5.0):
+        if gpu.get("index") == gpu_index:
+            values = {SMI_FIELDS[f]: gpu.get(CSV_FIELDS[f][0]) for f in fields}
+            return {"time_s": time.time(), "source": "nvidia-smi", **values}
+    return None
+
 
 def sample(gpu_index: int | None = 0) -> dict[str, Any]:
     """One reading as a flat dict with ``time_s`` and ``source`` (``"nvml"`` or ``"cpu"``).
 
-    With NVML and a GPU at ``gpu_index``: the fields of :class:`nvml.GpuSnapshot`.
-    Otherwise: ``cpu_util_pct`` (all cores, since the previous call) and
-    ``process_rss_mib``.
+    With NVML and a GPU at ``gpu_index``: the fields of :class:`nvml.GpuSnapshot`
+    (without the process list). Otherwise: ``cpu_util_pct`` (all cores, since the
+    previous call) and ``process_rss_mib``.
 
     >>> sample(gpu_index=None)["source"]
     'cpu'
     """
-    reading = nvml.snapshot(gpu_index) if gpu_index is not None else None
-    if reading is not None:
-        values = {k: v for k, v in vars(reading).items() if k != "index"}
-        return {"time_s": time.time(), "source": "nvml", "gpu_index": gpu_index, **values}
-    return {
-        "time_s": time.time(),
-        "source": "cpu",
-        "cpu_util_pct": psutil.cpu_percent(interval=None),
-        "process_rss_mib": psutil.Process().memory_info().rss / 2**20,
-    }
+    reading = _nvml_reading(gpu_index) if gpu_index is not None else None
+    return reading if reading is not None else _cpu_reading()
+
+
+def pick_source(gpu_index: int | None = 0) -> str:
+    """The best source that answers here: ``"nvml"``, ``"nvidia-smi"`` or ``"cpu"``.
+
+    >>> pick_source(None)
+    'cpu'
+    """
+    if gpu_index is None:
+        return "cpu"
+    if _nvml_reading(gpu_index) is not None:
+        return "nvml"
+    if _smi_reading(gpu_index) is not None:
+        return "nvidia-smi"
+    return "cpu"
+
+
+def read(source: str, gpu_index: int | None = 0) -> dict[str, Any]:
+    """One reading from ``source``; falls back to the CPU reading if the GPU stops answering.
+
+    >>> read("cpu")["source"]
+    'cpu'
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r}: use one of {', '.join(SOURCES)}")
+    reading = None
+    if source == "nvml" and gpu_index is not None:
+        reading = _nvml_reading(gpu_index)
+    elif source == "nvidia-smi" and gpu_index is not None:
+        reading = _smi_reading(gpu_index)
+    return reading if reading is not None else _cpu_reading()
+
+
+def describe(reading: dict[str, Any]) -> str:
+    """One line for a reading, as the live view shows it.
+
+    >>> describe({"source": "cpu", "cpu_util_pct": 50.0, "process_rss_mib": 812.4})
+    'CPU (no GPU): utilization 50% | this process 0% of the cores, 812 MiB'
+    """
+    if reading.get("source") == "cpu":
+        return (
+            f"CPU (no GPU): utilization {reading['cpu_util_pct']:.0f}% | "
+            f"this process {reading.get('process_cpu_pct', 0):.0f}% of the cores, "
+            f"{reading['process_rss_mib']:.0f} MiB"
+        )
+
+    def show(key: str, unit: str) -> str:
+        value = reading.get(key)
+        return "N/A" if value is None else f"{value:.0f}{unit}"
+
+    return (
+        f"GPU {reading.get('gpu_index')} ({reading['source']}): "
+        f"util {show('utilization_gpu_pct', '%')} | "
+        f"memory {show('memory_used_mib', '')}/{show('memory_total_mib', ' MiB')} | "
+        f"power {show('power_draw_w', '')}/{show('power_limit_w', ' W')} | "
+        f"SM clock {show('sm_clock_mhz', ' MHz')}"
+    )
+
+
+# ----------------------------------------------------------------------------- live view
+
+
+class TextView:
+    """Prints a reading at most every ``every_s`` seconds (no widgets available)."""
+
+    def __init__(self, every_s: float = 5.0, write: Callable[[str], None] = print) -> None:
+        self.every_s = every_s
+        self.write = write
+        self._last = -float("inf")
+
+    def update(self, reading: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self.write(describe(reading))
+
+    def close(self, final: str) -> None:
+        self.write(final)
+
+
+class WidgetView:
+    """An ipywidgets ``HTML`` widget updated in place (ipywidgets 7 and 8 both have it)."""
+
+    def __init__(self) -> None:
+        import ipywidgets
+        from IPython.display import display
+
+        self.widget = ipywidgets.HTML(value="<code>monitor starting…</code>")
+        display(self.widget)
+
+    def update(self, reading: dict[str, Any]) -> None:
+        self.widget.value = f"<code>{describe(reading)}</code>"
+
+    def close(self, final: str) -> None:
+        self.widget.value = f"<code>{final}</code>"
+
+
+def live_view(kind: str = "auto") -> TextView | WidgetView:
+    """A widget inside a Jupyter kernel with ipywidgets, plain text otherwise.
+
+    ``kind`` is ``"auto"``, ``"widget"`` or ``"text"``.
+
+    >>> type(live_view("text")).__name__
+    'TextView'
+    """
+    if kind in ("auto", "widget"):
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            if shell is not None and getattr(shell, "kernel", None) is not None:
+                return WidgetView()
+        except Exception:  # ipywidgets or IPython missing or broken: fall back to text
+            pass
+    return TextView()
+
+
+# ----------------------------------------------------------------------------- monitor
+
+
+class Monitor:
+    """Sample GPU (or CPU) state every ``interval_s`` seconds in a background thread.
+
+    >>> with Monitor(interval_s=0.05, gpu_index=None) as monitor:
+    ...     time.sleep(0.2)
+    >>> monitor.source, len(monitor.samples) >= 2
+    ('cpu', True)
+
+    ``source="auto"`` picks NVML, then nvidia-smi, then the CPU (:func:`pick_source`).
+    ``live`` is ``False``, ``True`` (a widget or text, see :func:`live_view`), or a view.
+    Readings take time in the sampling thread, not in your loop; :attr:`busy_s` sums it.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 0.5,
+        gpu_index: int | None = 0,
+        source: str = "auto",
+        live: bool | TextView | WidgetView = False,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        if source != "auto" and source not in SOURCES:
+            raise ValueError(f"source={source!r}: use 'auto' or one of {', '.join(SOURCES)}")
+        self.interval_s = interval_s
+        self.gpu_index = gpu_index
+        self.requested_source = source
+        self.source = "cpu" if gpu_index is None else source
+        self.live = live
+        self.samples: list[dict[str, Any]] = []
+        self.busy_s = 0.0
+        self.started_s = 0.0
+        self.stopped_s = 0.0
+        self._view: TextView | WidgetView | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._session: Any = None
+
+    def start(self) -> Monitor:
+        """Start sampling (``with Monitor(...)`` calls this)."""
+        if self._thread is not None:
+            raise RuntimeError("this monitor is already running; create a new one")
+        self._session = nvml.nvml_session()  # keep NVML initialized while sampling
+        self._session.__enter__()
+        if self.source == "auto":
+            self.source = pick_source(self.gpu_index)
+        if self.source == "cpu":
+            _cpu_reading()  # the first call only sets the reference for the percentages
+        if self.live is True:
+            self._view = live_view()
+        elif self.live:
+            self._view = self.live
+        self.started_s = time.time()
+        self._thread = threading.Thread(target=self._run, name="course-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling, take one last reading, and wait for the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.stopped_s = time.time()
+        if self._session is not None:
+            self._session.__exit__(None, None, None)
+            self._session = None
+        if self._view is not None:
+            self._view.close(self.summary_line())
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        while True:
+            began = time.perf_counter()
+            reading = read(self.source, self.gpu_index)
+            self.samples.append(reading)
+            if self._view is not None:
+                try:
+                    self._view.update(reading)
+                except Exception:  # a closed notebook view must not kill sampling
+                    self._view = None
+            spent = time.perf_counter() - began
+            self.busy_s += spent
+            if self._stop.wait(max(0.0, self.interval_s - spent)):
+                break
+
+    # -- results -----------------------------------------------------------------
+
+    def series(self, key: str) -> list[float | None]:
+        """The values of ``key`` over time (``None`` where not available)."""
+        return [reading.get(key) for reading in self.samples]
+
+    @property
+    def utilization_key(self) -> str:
+        """``process_cpu_pct`` on a CPU (other programs do not count), else GPU-Util."""
+        return "process_cpu_pct" if self._is_cpu() else "utilization_gpu_pct"
+
+    @property
+    def memory_key(self) -> str:
+        return "process_rss_mib" if self._is_cpu() else "memory_used_mib"
+
+    def _is_cpu(self) -> bool:
+        return bool(self.samples) and self.samples[-1].get("source") == "cpu"
+
+    def summary(self) -> dict[str, Any]:
+        """Samples, seconds, mean and max utilization, peak memory, sampling cost."""
+        util = [v for v in self.series(self.utilization_key) if v is not None]
+        memory = [v for v in self.series(self.memory_key) if v is not None]
+        seconds = (self.stopped_s or time.time()) - self.started_s
+        return {
+            "source": self.samples[-1]["source"] if self.samples else self.source,
+            "samples": len(self.samples),
+            "seconds": seconds,
+            "mean_util_pct": sum(util) / len(util) if util else None,
+            "max_util_pct": max(util) if util else None,
+            "peak_memory_mib": max(memory) if memory else None,
+            "sampling_busy_s": self.busy_s,
+        }
+
+    def summary_line(self) -> str:
+        """The summary in one line (the live view's final text)."""
+        s = self.summary()
+        what = "CPU" if s["source"] == "cpu" else f"GPU {self.gpu_index}"
+        if s["mean_util_pct"] is None:
+            return f"{what}: {s['samples']} samples in {s['seconds']:.1f} s"
+        return (
+            f"{what} ({s['source']}): {s['samples']} samples in {s['seconds']:.1f} s, "
+            f"utilization mean {s['mean_util_pct']:.0f}% max {s['max_util_pct']:.0f}%, "
+            f"peak memory {s['peak_memory_mib'] or 0:.0f} MiB"
+        )
+
+    def timeline(self, title: str | None = None) -> Any:
+        """A matplotlib figure: utilization (top) and memory (bottom) against time."""
+        import matplotlib.pyplot as plt
+
+        start = self.samples[0]["time_s"] if self.samples else 0.0
+        times = [reading["time_s"] - start for reading in self.samples]
+        cpu = self._is_cpu()
+        figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4))
+        top.plot(times, [_nan(v) for v in self.series(self.utilization_key)], marker=".")
+        top.set_ylabel("this process's CPU (%)" if cpu else "GPU-Util (%)")
+        top.set_ylim(0, 105)
+        bottom.plot(times, [_nan(v) for v in self.series(self.memory_key)], marker=".")
+        bottom.set_ylabel("process RSS (MiB)" if cpu else "memory used (MiB)")
+        bottom.set_xlabel("seconds")
+        figure.suptitle(title or self.summary_line(), fontsize=9)
+        figure.tight_layout()
+        return figure
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+# ----------------------------------------------------------------------------- GPU-Util experiment
+
+
+def utilization_experiment(
+    device: Any,
+    *,
+    tiny_n: int = 32,
+    large_n: int = 4096,
+    seconds: float = 3.0,
+    interval_s: float = 0.2,
+    dtype: Any = None,
+    spin: bool = True,
+) -> list[dict[str, Any]]:
+    """GPU-Util against useful work: a stream of tiny matmuls, one large matmul stream,
+    and (on CUDA with ``spin=True``) one thread spinning in a single kernel.
+
+    Each workload runs for about ``seconds`` under a :class:`Monitor`; a row holds its
+    mean utilization (GPU-Util on a GPU; on a CPU this process's share of all cores),
+    achieved FLOP/s and
+    MFU against :func:`course_utils.flops.device_peak`.
+    """
+    import torch
+
+    from course_utils.flops import achieved, device_peak
+
+    device = torch.device(device)
+    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
+    peak = device_peak(device, dtype)
+    gpu_index = (device.index or 0) if device.type == "cuda" else None
+    if gpu_index is not None:  # NVML numbers GPUs in PCI order, CUDA may not
+        visible = nvml.visible_gpus()
+        gpu_index = visible[gpu_index].index if gpu_index < len(visible) else gpu_index
+    rows = []
+    workloads: list[tuple[str, Callable[[], tuple[float, float]]]] = [
+        (f"tiny {tiny_n}x{tiny_n} matmuls", lambda: _flops_of(device, tiny_n, seconds, dtype)),
+        (f"large {large_n}x{large_n} matmuls", lambda: _flops_of(device, large_n, seconds, dtype)),
+    ]
+    if spin and device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
+        workloads.append(("one thread spinning (torch.cuda._sleep)", lambda: _spin(seconds)))
+    for name, run in workloads:
+        with Monitor(interval_s=interval_s, gpu_index=gpu_index) as monitor:
+            flops, elapsed = run()
+        util = [v for v in monitor.series(monitor.utilization_key)[1:] if v is not None]
+        result = achieved(flops, elapsed, peak) if flops > 0 else None
+        rows.append(
+            {
+                "workload": name,
+                "source": monitor.summary()["source"],
+                "mean_util_pct": sum(util) / len(util) if util else None,
+                "achieved_flops_per_s": result.flops_per_s if result else 0.0,
+                "mfu": result.mfu if result else 0.0,
+                "seconds": elapsed,
+                "peak": peak,
+            }
+        )
+    return rows
+
+
+def _flops_of(device: Any, n: int, seconds: float, dtype: Any) -> tuple[float, float]:
+    from course_utils.flops import matmul_stream
+
+    count, elapsed = matmul_stream(device, n, seconds, dtype)
+    return 2.0 * n**3 * count, elapsed
+
+
+def _spin(seconds: float) -> tuple[float, float]:
+    import torch
+
+    start = time.perf_counter()
+    cycles = 50_000_000  # about 30 ms at 1.6 GHz: a kernel of one thread doing nothing useful
+    while time.perf_counter() - start < seconds:
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+    return 0.0, time.perf_counter() - start
+
+
+def format_experiment(rows: list[dict[str, Any]]) -> str:
+    """The experiment's rows as a small table.
+
+    >>> from course_utils.flops import Peak
+    >>> print(format_experiment([{"workload": "w", "source": "cpu", "mean_util_pct": 50.0,
+    ...     "achieved_flops_per_s": 2e9, "mfu": 0.1, "seconds": 1.0,
+    ...     "peak": Peak(2e10, "p")}]).splitlines()[1])
+    w                                        cpu          50%        2.0 GFLOP/s   10.0%
+    """
+    lines = [f"{'workload':40} {'source':10} {'util':>5} {'achieved':>16} {'MFU':>7}"]
+    for row in rows:
+        util = "N/A" if row["mean_util_pct"] is None else f"{row['mean_util_pct']:.0f}%"
+        lines.append(
+            f"{row['workload']:40} {row['source']:10} {util:>5} "
+            f"{row['achieved_flops_per_s'] / 1e9:>10.1f} GFLOP/s {row['mfu']:>7.1%}"
+        )
+    return "\n".join(lines)

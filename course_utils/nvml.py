@@ -249,6 +249,117 @@ def visible_gpus() -> list[GpuInfo]:
     return parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus())
 
 
+# ----------------------------------------------------------------------------- accessors
+# Each takes an NVML device handle and returns ``None`` when the value is not available.
+
+
+def read_name(handle: Any) -> str | None:
+    """The product name: ``nvidia-smi --query-gpu=name``."""
+    return _text(nvml_call("nvmlDeviceGetName", handle))
+
+
+def read_uuid(handle: Any) -> str | None:
+    """The GPU's UUID: ``nvidia-smi --query-gpu=uuid``."""
+    return _text(nvml_call("nvmlDeviceGetUUID", handle))
+
+
+def read_bus_id(handle: Any) -> str | None:
+    """The PCI bus id: ``nvidia-smi --query-gpu=pci.bus_id``."""
+    return _text(getattr(nvml_call("nvmlDeviceGetPciInfo", handle), "busId", None))
+
+
+def read_memory_mib(handle: Any) -> tuple[int | None, int | None, int | None]:
+    """``(total, used, free)`` in MiB: ``--query-gpu=memory.total,memory.used,memory.free``."""
+    memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
+    values = (getattr(memory, field, None) for field in ("total", "used", "free"))
+    total, used, free = (None if value is None else int(value) // MIB for value in values)
+    return total, used, free
+
+
+def read_utilization_pct(handle: Any) -> tuple[int | None, int | None]:
+    """``(gpu, memory)`` percent: ``--query-gpu=utilization.gpu,utilization.memory``.
+
+    ``utilization.gpu`` is the share of the last sample period in which at least one
+    kernel ran (not SM occupancy). Not supported with MIG enabled: ``(None, None)``.
+    """
+    rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)
+    return getattr(rates, "gpu", None), getattr(rates, "memory", None)
+
+
+def read_power_draw_w(handle: Any) -> float | None:
+    """Board power draw in watts: ``--query-gpu=power.draw``."""
+    milliwatts = nvml_call("nvmlDeviceGetPowerUsage", handle)
+    return None if milliwatts is None else milliwatts / 1000
+
+
+def read_power_limit_w(handle: Any) -> float | None:
+    """The enforced power limit in watts: ``--query-gpu=enforced.power.limit``
+    (``power.limit`` unless an administrator lowered it)."""
+    milliwatts = nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)
+    return None if milliwatts is None else milliwatts / 1000
+
+
+def read_temperature_c(handle: Any) -> int | None:
+    """GPU die temperature in °C: ``--query-gpu=temperature.gpu``."""
+    return nvml_call("nvmlDeviceGetTemperature", handle, 0)  # 0: NVML_TEMPERATURE_GPU
+
+
+def read_sm_clock_mhz(handle: Any) -> int | None:
+    """Current SM clock in MHz: ``--query-gpu=clocks.sm``."""
+    return nvml_call("nvmlDeviceGetClockInfo", handle, 1)  # 1: NVML_CLOCK_SM
+
+
+def read_pstate(handle: Any) -> str | None:
+    """Performance state, ``"P0"`` (fastest) to ``"P12"``: ``--query-gpu=pstate``."""
+    state = nvml_call("nvmlDeviceGetPerformanceState", handle)
+    return None if state is None or int(state) == 32 else f"P{int(state)}"  # 32: unknown
+
+
+def read_mig_enabled(handle: Any) -> bool | None:
+    """Whether MIG mode is on: ``--query-gpu=mig.mode.current``; ``None`` on GPUs
+    without MIG (anything before the A100)."""
+    modes = nvml_call("nvmlDeviceGetMigMode", handle)
+    if not modes:
+        return None
+    return bool(modes[0])
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU (``nvidia-smi --query-compute-apps``)."""
+
+    pid: int
+    name: str | None  # process_name; None when NVML cannot see it (another PID namespace)
+    used_memory_mib: int | None  # used_gpu_memory; None on Windows/WDDM and with MIG
+    kind: str  # "C" compute, "G" graphics
+
+
+def read_processes(handle: Any) -> tuple[GpuProcess, ...]:
+    """Processes using the GPU and the memory each holds:
+    ``nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory`` (plus graphics).
+
+    A process in another container or PID namespace is not listed, although its
+    memory counts in ``memory.used``.
+    """
+    found: dict[int, GpuProcess] = {}
+    for function, kind in (
+        ("nvmlDeviceGetComputeRunningProcesses", "C"),
+        ("nvmlDeviceGetGraphicsRunningProcesses", "G"),
+    ):
+        for info in nvml_call(function, handle, default=[]) or []:
+            pid = int(getattr(info, "pid", -1))
+            if pid < 0:
+                continue
+            used = getattr(info, "usedGpuMemory", None)
+            mib = None if used is None or used >= 2**63 else int(used) // MIB
+            if pid in found:  # both compute and graphics: C+G, as nvidia-smi prints it
+                found[pid] = GpuProcess(pid, found[pid].name, found[pid].used_memory_mib, "C+G")
+                continue
+            name = _text(nvml_call("nvmlSystemGetProcessName", pid))
+            found[pid] = GpuProcess(pid, name, mib, kind)
+    return tuple(found.values())
+
+
 @dataclass(frozen=True)
 class GpuSnapshot:
     """One reading of a GPU's state; ``None`` where the GPU or driver cannot say.
@@ -266,38 +377,45 @@ class GpuSnapshot:
     temperature_c: int | None  # temperature.gpu
     sm_clock_mhz: int | None  # clocks.sm
     pstate: str | None  # pstate, "P0" (fastest) to "P12"
+    name: str | None = None  # name
+    uuid: str | None = None  # uuid
+    bus_id: str | None = None  # pci.bus_id
+    memory_free_mib: int | None = None  # memory.free
+    mig_enabled: bool | None = None  # mig.mode.current (utilization is None when True)
+    processes: tuple[GpuProcess, ...] = ()  # --query-compute-apps (and graphics apps)
 
 
-def snapshot(index: int) -> GpuSnapshot | None:
-    """Read utilization, memory, power, temperature, clock and P-state of GPU ``index``
-    (NVML numbering); ``None`` when NVML or that GPU is not available."""
+def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
+    """Read utilization, memory, power, temperature, clock, P-state, MIG mode and (with
+    ``processes=True``) the processes of GPU ``index`` (NVML numbering); ``None`` when
+    NVML or that GPU is not available.
+
+    >>> snapshot(0) is None or snapshot(0).index == 0
+    True
+    """
     with nvml_session() as problem:
         if problem:
             return None
         handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
             return None
-        rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)
-        memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
-        power_mw = nvml_call("nvmlDeviceGetPowerUsage", handle)
-        limit_mw = nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)
-        temperature = nvml_call("nvmlDeviceGetTemperature", handle, 0)  # 0: the GPU die
-        clock = nvml_call("nvmlDeviceGetClockInfo", handle, 1)  # 1: NVML_CLOCK_SM
-        pstate = nvml_call("nvmlDeviceGetPerformanceState", handle)
-
-        def mib(field: str) -> int | None:
-            value = getattr(memory, field, None)
-            return None if value is None else int(value) // MIB
-
+        total, used, free = read_memory_mib(handle)
+        util_gpu, util_memory = read_utilization_pct(handle)
         return GpuSnapshot(
             index=index,
-            utilization_gpu_pct=getattr(rates, "gpu", None),
-            utilization_memory_pct=getattr(rates, "memory", None),
-            memory_used_mib=mib("used"),
-            memory_total_mib=mib("total"),
-            power_draw_w=None if power_mw is None else power_mw / 1000,
-            power_limit_w=None if limit_mw is None else limit_mw / 1000,
-            temperature_c=temperature,
-            sm_clock_mhz=clock,
-            pstate=None if pstate is None else f"P{int(pstate)}",
+            utilization_gpu_pct=util_gpu,
+            utilization_memory_pct=util_memory,
+            memory_used_mib=used,
+            memory_total_mib=total,
+            power_draw_w=read_power_draw_w(handle),
+            power_limit_w=read_power_limit_w(handle),
+            temperature_c=read_temperature_c(handle),
+            sm_clock_mhz=read_sm_clock_mhz(handle),
+            pstate=read_pstate(handle),
+            name=read_name(handle),
+            uuid=read_uuid(handle),
+            bus_id=read_bus_id(handle),
+            memory_free_mib=free,
+            mig_enabled=read_mig_enabled(handle),
+            processes=read_processes(handle) if processes else (),
         )
