@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
@@ -135,3 +136,94 @@ def test_visible_gpus_reads_the_environment(monkeypatch):
 def test_binding_problem_is_none_with_the_official_binding():
     # This environment installs nvidia-ml-py and not the deprecated pynvml package.
     assert nvml.binding_problem() is None
+
+
+def full_fake(mig: bool = False, process_memory: int | None = 700 * MIB):
+    """A one-GPU fake with every snapshot field; ``mig=True`` makes utilization fail."""
+    fake = fake_pynvml([TWO_GPUS[1]])
+
+    def utilization(handle):
+        if mig:
+            raise NVMLError("Not Supported")
+        return types.SimpleNamespace(gpu=97, memory=41)
+
+    def processes(handle):
+        return [types.SimpleNamespace(pid=4242, usedGpuMemory=process_memory),
+                types.SimpleNamespace(pid=77, usedGpuMemory=None)]
+
+    def graphics(handle):
+        return [types.SimpleNamespace(pid=77, usedGpuMemory=None)]
+
+    def handle(index):
+        if index != 0:
+            raise NVMLError("Invalid Argument")
+        return index
+
+    def name_of(pid):
+        if pid == 77:
+            raise NVMLError("Not Found")  # another PID namespace
+        return b"python3"
+
+    fake.__dict__.update(
+        nvmlDeviceGetHandleByIndex=handle,
+        nvmlDeviceGetUtilizationRates=utilization,
+        nvmlDeviceGetPowerUsage=lambda h: 68_410,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 70_000,
+        nvmlDeviceGetTemperature=lambda h, sensor: 61,
+        nvmlDeviceGetClockInfo=lambda h, clock: 1590,
+        nvmlDeviceGetPerformanceState=lambda h: 0,
+        nvmlDeviceGetMigMode=lambda h: (1, 1) if mig else (0, 0),
+        nvmlDeviceGetComputeRunningProcesses=processes,
+        nvmlDeviceGetGraphicsRunningProcesses=graphics,
+        nvmlSystemGetProcessName=name_of,
+    )
+    return fake
+
+
+def test_snapshot_reads_every_field_with_processes(monkeypatch):
+    fake = full_fake()
+    monkeypatch.setattr(nvml, "_pynvml", fake)
+    shot = nvml.snapshot(0)
+    assert (shot.name, shot.uuid, shot.bus_id) == ("Tesla T4", "GPU-bbbb-2222", "00000000:0F:00.0")
+    assert (shot.memory_total_mib, shot.memory_used_mib, shot.memory_free_mib) == (
+        15360, 5000, 10360)
+    assert (shot.utilization_gpu_pct, shot.utilization_memory_pct) == (97, 41)
+    assert (shot.power_draw_w, shot.power_limit_w) == (68.41, 70.0)
+    assert (shot.temperature_c, shot.sm_clock_mhz, shot.pstate) == (61, 1590, "P0")
+    assert shot.mig_enabled is False
+    assert shot.processes == (
+        nvml.GpuProcess(4242, "python3", 700, "C"),
+        nvml.GpuProcess(77, None, None, "C+G"),  # compute and graphics, name not visible
+    )
+    assert nvml.snapshot(0, processes=False).processes == ()
+    assert nvml.snapshot(5) is None  # no such GPU
+    assert fake.calls["init"] == fake.calls["shutdown"]
+
+
+def test_snapshot_under_mig_has_no_utilization_but_everything_else(monkeypatch):
+    monkeypatch.setattr(nvml, "_pynvml", full_fake(mig=True))
+    shot = nvml.snapshot(0)
+    assert shot.mig_enabled is True
+    assert shot.utilization_gpu_pct is None and shot.utilization_memory_pct is None
+    assert shot.memory_used_mib == 5000 and shot.power_draw_w == 68.41
+
+
+def test_process_memory_not_available_value_becomes_none(monkeypatch):
+    monkeypatch.setattr(nvml, "_pynvml", full_fake(process_memory=2**64 - 1))
+    assert nvml.snapshot(0).processes[0].used_memory_mib is None
+
+
+def test_a_gpu_without_any_optional_query_gives_nones(monkeypatch):
+    monkeypatch.setattr(nvml, "_pynvml", fake_pynvml([TWO_GPUS[0]]))  # no power, no clocks...
+    shot = nvml.snapshot(0)
+    assert shot.memory_used_mib == 1024 and shot.utilization_gpu_pct is None
+    assert shot.power_draw_w is None and shot.pstate is None and shot.mig_enabled is None
+    assert shot.processes == ()
+
+
+def test_every_accessor_names_its_query_gpu_field():
+    accessors = [getattr(nvml, name) for name in dir(nvml) if name.startswith("read_")]
+    assert len(accessors) >= 12
+    for accessor in accessors:
+        assert re.search(r"--query-(gpu|compute-apps)=[a-z_.]+", accessor.__doc__), (
+            accessor.__name__)
