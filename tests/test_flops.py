@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import flops
 from course_utils.flops import Peak, achieved, count_flops, gpu_peak, matmul_stream, mfu
 
 

@@ -8,8 +8,8 @@ files name their queried fields in that line.
 from __future__ import annotations
 
 import pytest
-
 from conftest import SHARED
+
 from course_utils.smi import parse
 
 CORPUS = SHARED / "fixtures" / "nvidia-smi"
