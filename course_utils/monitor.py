@@ -330,12 +330,15 @@ class Monitor:
     def summary_line(self) -> str:
         """The summary in one line (the live view's final text)."""
         s = self.summary()
-        what = "CPU" if s["source"] == "cpu" else f"GPU {self.gpu_index}"
+        if s["source"] == "cpu":
+            what, util = "CPU (no GPU)", "this process's share of the cores"
+        else:
+            what, util = f"GPU {self.gpu_index} ({s['source']})", "GPU-Util"
         if s["mean_util_pct"] is None:
             return f"{what}: {s['samples']} samples in {s['seconds']:.1f} s"
         return (
-            f"{what} ({s['source']}): {s['samples']} samples in {s['seconds']:.1f} s, "
-            f"utilization mean {s['mean_util_pct']:.0f}% max {s['max_util_pct']:.0f}%, "
+            f"{what}: {s['samples']} samples in {s['seconds']:.1f} s, {util} "
+            f"mean {s['mean_util_pct']:.0f}% max {s['max_util_pct']:.0f}%, "
             f"peak memory {s['peak_memory_mib'] or 0:.0f} MiB"
         )
 

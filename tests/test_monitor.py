@@ -50,7 +50,7 @@ def test_monitor_reads_nvml_and_shows_text_lines(monkeypatch):
     assert all(s["source"] == "nvml" and s["utilization_gpu_pct"] == 97 for s in m.samples)
     assert "processes" not in m.samples[0]  # flat readings
     assert lines[0].startswith("GPU 0 (nvml): util 97% | memory 5000/15360 MiB")
-    assert lines[-1].startswith("GPU 0 (nvml):") and "mean 97%" in lines[-1]  # the summary
+    assert lines[-1].startswith("GPU 0 (nvml):") and "GPU-Util mean 97%" in lines[-1]
     assert "GPU-Util" in m.timeline().axes[0].get_ylabel()
 
 
