@@ -530,8 +530,8 @@ def batch_size_sweep(
     saved for backward, which is what grows with the batch) and warms up; then
     :func:`~course_utils.timing.benchmark` times ``repeats`` synchronized calls after
     ``warmup`` more. ``budget_bytes`` treats a peak above it as out of memory (a memory
-    limit imposed on the CPU); ``time_limit_s`` stops before a size once the sweep has run
-    that long. Throughput is ``batch_size / median step time``.
+    limit imposed on the CPU); ``time_limit_s`` stops before a size (not the first) once
+    the sweep has run that long. Throughput is ``batch_size / median step time``.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -545,7 +545,7 @@ def batch_size_sweep(
     method = ""
     started = time.perf_counter()
     for size in powers_of_two() if sizes is None else sizes:
-        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+        if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
         try:
             run = functools.partial(trial, size)
