@@ -323,10 +323,11 @@ class TrainTrial:
     ``TrainTrial("small_cnn")(64)`` builds the model on first use (kept for later
     calls, not pickled), makes a random CIFAR-shaped batch of 64 on the device and runs
     one :class:`~course_utils.training.TrainStep`. With ``budget_bytes`` it imposes a
-    memory budget: when :func:`~course_utils.footprint.peak_memory` of the step exceeds
-    it, it raises ``RuntimeError("out of memory ...")`` as a real allocator would (on
-    the CPU that peak is the bytes saved for backward). ``last_peak_bytes`` keeps the
-    last measured peak.
+    memory budget and raises ``RuntimeError("out of memory ...")`` beyond it, as a real
+    allocator would: on the CPU as soon as the bytes saved for backward exceed it
+    (mid-forward, :func:`~course_utils.footprint.saved_tensor_bytes`), on a GPU when
+    :func:`~course_utils.footprint.peak_memory` of the step does. ``last_peak_bytes``
+    keeps the last measured peak of a step that fitted.
 
     >>> trial = TrainTrial("mlp", budget_bytes=2**24)
     >>> trial(1) is None, trial.last_peak_bytes > 0
@@ -376,13 +377,18 @@ class TrainTrial:
         return inputs, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
 
     def __call__(self, batch_size: int) -> None:
-        from course_utils.footprint import peak_memory
+        from course_utils.footprint import peak_memory, saved_tensor_bytes
 
         step = self.step()
         if self.budget_bytes is None:
             step(self.batch(batch_size))
             return
-        peak = peak_memory(lambda: step(self.batch(batch_size)), self.device).peak_bytes
+        if torch.device(self.device).type != "cuda":  # fail mid-forward, as an allocator does
+            _, peak = saved_tensor_bytes(
+                lambda: step(self.batch(batch_size)), limit_bytes=self.budget_bytes
+            )
+        else:
+            peak = peak_memory(lambda: step(self.batch(batch_size)), self.device).peak_bytes
         self.last_peak_bytes = peak
         if peak > self.budget_bytes:
             raise RuntimeError(

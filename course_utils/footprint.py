@@ -20,8 +20,12 @@ from typing import Any
 import torch
 
 
-def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
+def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
+
+    With ``limit_bytes``, raise ``RuntimeError("out of memory ...")`` as soon as the
+    saved bytes exceed it, as an allocator with that much memory would (a memory budget
+    imposed on the CPU; the batch-size finder's benchmarks use it).
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -38,6 +42,11 @@ def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
         if key not in seen and storage.nbytes() > 0:
             seen.add(key)
             total += storage.nbytes()
+            if limit_bytes is not None and total > limit_bytes:
+                raise RuntimeError(
+                    f"out of memory (imposed limit): tensors saved for backward exceed "
+                    f"{limit_bytes / 2**20:.1f} MiB"
+                )
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

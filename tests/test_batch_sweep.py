@@ -155,4 +155,23 @@ def test_train_trial_budget_is_found_by_the_finder():
     assert found.batch_size == 5
     with pytest.raises(RuntimeError, match="out of memory"):
         trial(6)
-    assert trial.last_peak_bytes > budget
+    trial(5)
+    assert 0 < trial.last_peak_bytes <= budget
+
+
+def test_saved_tensor_limit_raises_out_of_memory_mid_function():
+    from course_utils.footprint import saved_tensor_bytes
+    from course_utils.memory import is_out_of_memory
+
+    x = torch.ones(256, requires_grad=True)
+    reached = []
+
+    def work():
+        y = (x * x).exp()  # saves x (1 KiB), then exp's output (1 KiB)
+        reached.append("exp")
+        return (y * y).sum()  # saves y again: the same storage, not counted twice
+
+    assert saved_tensor_bytes(work, limit_bytes=4096)[1] == 2048
+    with pytest.raises(RuntimeError) as caught:
+        saved_tensor_bytes(work, limit_bytes=1500)
+    assert is_out_of_memory(caught.value) and reached == ["exp"]  # the first call only
