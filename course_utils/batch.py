@@ -268,10 +268,10 @@ def predict_max_batch_size(
         found.trials = len(found.history)
         return found
     fixed = measured[0] - per_sample * small
-    predicted = max(large, math.floor((budget_bytes - fixed) / per_sample))
+    predicted = max(1, math.floor((budget_bytes - fixed) / per_sample))
     if high is not None:
-        predicted = min(predicted, max(high, large))
-    good, bad = large, None
+        predicted = min(predicted, high)
+    good, bad = 0, None  # trust only trials: the probes may have run differently
     if _attempt(trial, predicted, history):
         good, step = predicted, 1
         while high is None or good < high:  # gallop upwards until a trial fails
@@ -377,7 +377,7 @@ class TrainTrial:
         return inputs, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
 
     def __call__(self, batch_size: int) -> None:
-        from course_utils.footprint import peak_memory, saved_tensor_bytes
+        from course_utils.footprint import budget_exceeded_message, peak_memory, saved_tensor_bytes
 
         step = self.step()
         if self.budget_bytes is None:
@@ -391,10 +391,7 @@ class TrainTrial:
             peak = peak_memory(lambda: step(self.batch(batch_size)), self.device).peak_bytes
         self.last_peak_bytes = peak
         if peak > self.budget_bytes:
-            raise RuntimeError(
-                f"out of memory (imposed budget): batch {batch_size} needs {peak / 2**20:.1f} "
-                f"MiB, the budget is {self.budget_bytes / 2**20:.1f} MiB"
-            )
+            raise RuntimeError(budget_exceeded_message(self.budget_bytes))
 
 
 # ------------------------------------------------------------------------- sweep
@@ -543,7 +540,7 @@ def batch_size_sweep(
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
     ([1, 2, 4], True)
     """
-    from course_utils.footprint import peak_memory
+    from course_utils.footprint import budget_exceeded_message, peak_memory
     from course_utils.timing import benchmark
 
     device = torch.device(device)
@@ -558,9 +555,7 @@ def batch_size_sweep(
             peak = peak_memory(run, device)
             method = peak.method
             if budget_bytes is not None and peak.peak_bytes > budget_bytes:
-                raise RuntimeError(
-                    f"out of memory (imposed budget of {budget_bytes / 2**20:.1f} MiB)"
-                )
+                raise RuntimeError(budget_exceeded_message(budget_bytes))
             timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
         except Exception as error:
             if not is_out_of_memory(error):
@@ -572,3 +567,121 @@ def batch_size_sweep(
         step_s = timing.median_s
         rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes))
     return BatchSweep(rows, method, str(device), knee_fraction)
+
+
+# ------------------------------------------------------- the peers, for comparison
+
+
+def lightning_scale_batch_size(
+    trial: Callable[[int], Any],
+    mode: str = "power",
+    *,
+    init_val: int = 2,
+    max_trials: int = 25,
+    max_val: int = 8192,
+    margin: float = 0.05,
+) -> MaxBatchSize:
+    """PyTorch Lightning's batch-size finder, on a plain ``trial`` function.
+
+    A faithful reproduction of ``_run_power_scaling`` and ``_run_binsearch_scaling`` in
+    ``lightning/pytorch/tuner/batch_size_scaling.py`` (lightning 2.6), with its defaults
+    (``init_val=2``, ``max_trials=25``, ``max_val=8192``, ``margin=0.05`` applied in
+    ``"binsearch"`` mode only). Where Lightning runs ``steps_per_trial`` (default 3)
+    training steps of its Trainer, this calls ``trial(batch_size)`` once; the check that
+    the batch size stays below the dataset's length is left out. ``trials`` counts calls.
+
+    >>> def trial(n):
+    ...     if n > 100:
+    ...         raise RuntimeError("CUDA out of memory (simulated)")
+    >>> lightning_scale_batch_size(trial, "power").batch_size
+    64
+    >>> lightning_scale_batch_size(trial, "binsearch").batch_size  # 100, less the margin
+    95
+    """
+    if mode not in ("power", "binsearch"):
+        raise ValueError(f"mode={mode!r}: use 'power' or 'binsearch'")
+    history: list[Trial] = []
+    new_size = init_val
+    last_successful_size = new_size
+    if mode == "power":
+        any_success = False
+        for i in range(max_trials):
+            if new_size >= max_val:
+                break
+            if _attempt(trial, new_size, history):
+                last_successful_size = new_size
+                if i + 1 >= max_trials:
+                    new_size = last_successful_size
+                    break
+                new_size = min(int(new_size * 2.0), max_val)
+                any_success = True
+            else:
+                new_size = int(new_size * 0.5)
+                if any_success:
+                    break
+        found = new_size
+    else:
+        low, high, count = 1, None, 0
+        while True:
+            if new_size >= max_val:
+                break
+            if _attempt(trial, new_size, history):
+                last_successful_size = new_size
+                count += 1
+                if count >= max_trials:
+                    new_size = last_successful_size
+                    break
+                low = new_size
+                if high:
+                    if high - low <= 1:
+                        break
+                    changed_to = (high + low) // 2
+                else:
+                    changed_to = int(new_size * 2.0)
+                changed_to = min(changed_to, max_val)
+                if changed_to == new_size:
+                    break
+                new_size = changed_to
+            else:
+                high = new_size
+                new_size = (high + low) // 2
+                if high - low <= 1:
+                    break
+        found = new_size
+        if margin > 0:
+            found = max(1, int(found * (1 - margin)))
+    limit = max((t.batch_size for t in history if t.fits), default=0)
+    return MaxBatchSize(
+        batch_size=found, limit=limit, trials=len(history), history=history, capped=False
+    )
+
+
+def accelerate_find_batch_size(
+    trial: Callable[[int], Any], starting_batch_size: int = 128
+) -> MaxBatchSize:
+    """Hugging Face accelerate's ``find_executable_batch_size`` (the real function, from
+    ``accelerate.utils``): start at ``starting_batch_size`` and multiply by 0.9 after each
+    out-of-memory error. It never grows: a start below the limit is returned as is.
+    Needs ``accelerate`` (a development dependency of the course).
+    """
+    from accelerate.utils import find_executable_batch_size
+
+    history: list[Trial] = []
+
+    def run(batch_size: int) -> int:
+        start = time.perf_counter()
+        try:
+            trial(batch_size)
+        except Exception as error:
+            history.append(Trial(batch_size, False, time.perf_counter() - start, str(error)[:200]))
+            raise
+        history.append(Trial(batch_size, True, time.perf_counter() - start))
+        return batch_size
+
+    try:
+        found = find_executable_batch_size(run, starting_batch_size=starting_batch_size)()
+    except RuntimeError as error:
+        if "reached zero" not in str(error):
+            raise
+        found = 0
+    return MaxBatchSize(batch_size=found, limit=found, trials=len(history), history=history)

@@ -20,6 +20,16 @@ from typing import Any
 import torch
 
 
+def budget_exceeded_message(limit_bytes: int) -> str:
+    """The error message of an imposed memory budget: labelled as simulated, and worded
+    so that PyTorch Lightning's, accelerate's and this course's out-of-memory checks all
+    recognize it."""
+    return (
+        "DefaultCPUAllocator: can't allocate memory: out of memory. (simulated: the "
+        f"imposed budget of {limit_bytes / 2**20:.2f} MiB is exceeded)"
+    )
+
+
 def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
 
@@ -43,10 +53,7 @@ def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None)
             seen.add(key)
             total += storage.nbytes()
             if limit_bytes is not None and total > limit_bytes:
-                raise RuntimeError(
-                    f"out of memory (imposed limit): tensors saved for backward exceed "
-                    f"{limit_bytes / 2**20:.1f} MiB"
-                )
+                raise RuntimeError(budget_exceeded_message(limit_bytes))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
