@@ -685,3 +685,52 @@ def accelerate_find_batch_size(
             raise
         found = 0
     return MaxBatchSize(batch_size=found, limit=found, trials=len(history), history=history)
+
+
+# --------------------------------------------------- effective batch and learning rate
+
+
+def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD"):
+    multiply the learning rate by the factor the batch grows by.
+
+    >>> scaled_lr(0.1, 32, 128)
+    0.4
+    """
+    return base_lr * batch / base_batch
+
+
+def train_accumulated(
+    dataset: Any,
+    *,
+    micro_batch: int,
+    accumulation_steps: int = 1,
+    lr: float = 0.05,
+    optimizer_steps: int = 20,
+    model_name: str = "small_cnn",
+    model_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Any:
+    """Train a fresh model (seeded) with an effective batch of ``micro_batch x
+    accumulation_steps`` for ``optimizer_steps`` steps, through
+    :class:`~course_utils.training.TrainStep` (``TrainConfig.accumulation_steps``) and
+    :func:`~course_utils.training.train`; returns the :class:`TrainResult` (a loss per
+    optimizer step). The data order is fixed by ``seed``, so runs differ only in the
+    batch and the learning rate. Only ``micro_batch`` samples are in memory at once.
+    """
+    from torch.utils.data import DataLoader
+
+    from course_utils.models import build_model
+    from course_utils.training import TrainConfig, TrainStep, train
+
+    torch.manual_seed(seed)
+    model = build_model(model_name, **(model_kwargs or {}))
+    config = TrainConfig(precision="fp32", accumulation_steps=accumulation_steps, lr=lr)
+    step = TrainStep(model, device, config)
+    batch = micro_batch * accumulation_steps
+    loader = DataLoader(
+        dataset, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    epochs = math.ceil(optimizer_steps * batch / len(dataset))
+    return train(step, loader, max_steps=optimizer_steps, epochs=max(1, epochs))

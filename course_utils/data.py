@@ -191,6 +191,8 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
     """Images already decoded into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
 
     A sample is a slice: no decoding, no augmentation, so a DataLoader needs no workers.
+    (``augment_per_sample=True`` instead augments each sample on the CPU, returning
+    float32 ``image_size`` images: pre-decoded, but still augmented per sample.)
     Batches stay ``uint8`` (a quarter of float32's bytes to copy to the device);
     :func:`augment_on_device` then crops, flips and normalizes the whole batch there.
 
@@ -199,7 +201,16 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
     (torch.uint8, (3, 3, 36, 36))
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor | list[int]) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor | list[int],
+        *,
+        augment_per_sample: bool = False,
+        image_size: int = 32,
+    ) -> None:
+        self.augment_per_sample = augment_per_sample
+        self.image_size = image_size
         if images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError("images must be a uint8 tensor of shape (N, C, H, W)")
         self.images = images
@@ -208,15 +219,18 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
             raise ValueError(f"{len(images)} images but {len(self.labels)} labels")
 
     @classmethod
-    def from_encoded(cls, encoded: EncodedImages) -> PreDecodedImages:
+    def from_encoded(cls, encoded: EncodedImages, **kwargs: Any) -> PreDecodedImages:
         """Decode every image of ``encoded`` once (the one-time cost of pre-decoding)."""
         images = torch.stack([encoded.decode(i) for i in range(len(encoded))])
-        return cls(images, encoded.labels)
+        return cls(images, encoded.labels, **kwargs)
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self.augment_per_sample:  # the CPU augments each sample (in the workers)
+            image = augment_on_device(self.images[index : index + 1], self.image_size)[0]
+            return image, int(self.labels[index])
         return self.images[index], int(self.labels[index])
 
 
