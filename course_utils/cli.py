@@ -4,6 +4,7 @@ Commands:
   doctor         describe this machine for the course (``--json`` for JSON)
   badges         point the Colab badges and setup cells at a fork
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
+  loader-advice  DataLoader settings for this machine, with the reason for each
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"experiment size (default: ${workload.ENV_VAR} or auto)",
     )
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
+
+    advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
+    advice.add_argument("--json", action="store_true", help="print the advice as JSON")
     return parser
 
 
@@ -76,7 +80,24 @@ def _run_notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-HANDLERS = {"doctor": _doctor, "badges": _badges, "run-notebooks": _run_notebooks}
+def _loader_advice(args: argparse.Namespace) -> int:
+    from course_utils.data import suggest_loader_kwargs
+
+    advice = suggest_loader_kwargs()
+    if args.json:
+        payload = {"kwargs": advice.kwargs, "reasons": advice.reasons, "facts": advice.facts}
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        print(advice)
+    return 0
+
+
+HANDLERS = {
+    "doctor": _doctor,
+    "badges": _badges,
+    "run-notebooks": _run_notebooks,
+    "loader-advice": _loader_advice,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,3 +143,14 @@ def test_loader_advice_follows_the_machine():
     here = suggest_loader_kwargs()
     assert set(here.kwargs) <= set(here.reasons) and here.facts["usable_cores"] >= 1
     assert str(here).count("\n") == len(here.kwargs) - 1
+
+
+def test_loader_advice_command(capsys):
+    import json
+
+    from course_utils.cli import main
+
+    assert main(["loader-advice", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload["kwargs"]) <= set(payload["reasons"])
+    assert main(["loader-advice"]) == 0 and "num_workers=" in capsys.readouterr().out
