@@ -181,3 +181,29 @@ def test_saved_tensor_limit_raises_out_of_memory_mid_function():
     with pytest.raises(RuntimeError) as caught:
         saved_tensor_bytes(work, limit_bytes=1500)
     assert is_out_of_memory(caught.value) and reached == ["exp"]  # the first call only
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_sweep_reports_the_allocator_peak():
+    trial = TrainTrial("small_cnn", "cuda")
+    sweep = batch_size_sweep(trial, [8, 32, 128], "cuda", repeats=2)
+    assert "CUDA" in sweep.memory_method
+    peaks = [row.peak_bytes for row in sweep.fitted]
+    assert peaks == sorted(peaks) and peaks[-1] > 2 * peaks[0]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_prediction_from_measured_memory_agrees_with_the_search():
+    from course_utils.footprint import peak_memory
+
+    measure = TrainTrial("small_cnn", "cuda")
+    budget = peak_memory(lambda: measure(200), "cuda").peak_bytes
+    trial = TrainTrial("small_cnn", "cuda", budget_bytes=budget)
+    searched = find_max_batch_size(trial, high=1024)
+
+    def memory_of(n):
+        return peak_memory(lambda: measure(n), "cuda").peak_bytes
+
+    predicted = predict_max_batch_size(trial, memory_of, budget, probes=(16, 32), high=1024)
+    assert abs(predicted.batch_size - searched.batch_size) <= 2  # allocator rounding
+    assert predicted.trials < searched.trials

@@ -154,3 +154,12 @@ def test_loader_advice_command(capsys):
     payload = json.loads(capsys.readouterr().out)
     assert set(payload["kwargs"]) <= set(payload["reasons"])
     assert main(["loader-advice"]) == 0 and "num_workers=" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_augment_on_device_runs_on_the_gpu():
+    images = torch.randint(0, 256, (32, 3, 48, 48), dtype=torch.uint8, device="cuda")
+    out = augment_on_device(images, 32)
+    assert out.device.type == "cuda" and out.shape == (32, 3, 32, 32)
+    advice = suggest_loader_kwargs()
+    assert advice.kwargs["pin_memory"] is True

@@ -96,3 +96,21 @@ def test_report_text_and_row():
 def test_negative_warmup_is_refused():
     with pytest.raises(ValueError):
         StepProfiler("cpu", warmup=-1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_synchronizing_charges_kernels_to_compute():
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device)
+
+    def compute(batch):
+        for _ in range(8):
+            batch[0].sum()  # the batch arrived on the device
+            a @ a
+
+    loader = [(torch.randn(64, 3, 32, 32).pin_memory(), torch.zeros(64)) for _ in range(6)]
+    synced = profile_loop(loader, compute, device, synchronize=True)
+    unsynced = profile_loop(loader, compute, device, synchronize=False)
+    assert synced.compute_s > 2 * unsynced.compute_s  # unsynchronized: launches only
+    assert synced.wall_s == pytest.approx(unsynced.wall_s, rel=0.5)  # same work either way
+    assert synced.starved_fraction < 0.5
