@@ -5,6 +5,7 @@ Commands:
   badges         point the Colab badges and setup cells at a fork
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
   smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
+  loader-advice  DataLoader settings for this machine, with the reason for each
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -52,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
     smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
     smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
+    advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
+    advice.add_argument("--json", action="store_true", help="print the advice as JSON")
     return parser
 
 
@@ -105,11 +108,24 @@ def _smi(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loader_advice(args: argparse.Namespace) -> int:
+    from course_utils.data import suggest_loader_kwargs
+
+    advice = suggest_loader_kwargs()
+    if args.json:
+        payload = {"kwargs": advice.kwargs, "reasons": advice.reasons, "facts": advice.facts}
+        print(json.dumps(payload, indent=2, default=str))
+    else:
+        print(advice)
+    return 0
+
+
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
     "run-notebooks": _run_notebooks,
     "smi": _smi,
+    "loader-advice": _loader_advice,
 }
 
 

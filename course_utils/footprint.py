@@ -20,8 +20,22 @@ from typing import Any
 import torch
 
 
-def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
+def budget_exceeded_message(limit_bytes: int) -> str:
+    """The error message of an imposed memory budget: labelled as simulated, and worded
+    so that PyTorch Lightning's, accelerate's and this course's out-of-memory checks all
+    recognize it."""
+    return (
+        "DefaultCPUAllocator: can't allocate memory: out of memory. (simulated: the "
+        f"imposed budget of {limit_bytes / 2**20:.2f} MiB is exceeded)"
+    )
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
+
+    With ``limit_bytes``, raise ``RuntimeError("out of memory ...")`` as soon as the
+    saved bytes exceed it, as an allocator with that much memory would (a memory budget
+    imposed on the CPU; the batch-size finder's benchmarks use it).
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -38,6 +52,8 @@ def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
         if key not in seen and storage.nbytes() > 0:
             seen.add(key)
             total += storage.nbytes()
+            if limit_bytes is not None and total > limit_bytes:
+                raise RuntimeError(budget_exceeded_message(limit_bytes))
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -1,0 +1,209 @@
+"""batch_size_sweep (throughput, step time, peak memory, knee, stop at out of memory),
+predict_max_batch_size (exact answers in few calls) and TrainTrial's imposed budget."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import matplotlib
+import pytest
+import torch
+
+from course_utils.batch import (
+    BatchSweep,
+    SweepRow,
+    TrainTrial,
+    batch_size_sweep,
+    find_max_batch_size,
+    powers_of_two,
+    predict_max_batch_size,
+)
+
+matplotlib.use("Agg")
+
+
+def saving_trial(limit: int | None = None, fixed_s: float = 0.004, per_sample_s: float = 0.0):
+    """A step whose autograd saves 1 KiB per sample and that takes fixed + per-sample time."""
+
+    def trial(batch_size: int) -> None:
+        if limit is not None and batch_size > limit:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        x = torch.ones(batch_size, 256, requires_grad=True)
+        (x * x).sum().backward()
+        time.sleep(fixed_s + per_sample_s * batch_size)
+
+    return trial
+
+
+def test_sweep_measures_memory_growing_linearly_and_stops_at_out_of_memory():
+    sweep = batch_size_sweep(saving_trial(limit=20), [1, 4, 16, 64, 256], repeats=2)
+    assert [row.batch_size for row in sweep.rows] == [1, 4, 16, 64]
+    assert sweep.rows[-1].out_of_memory and "out of memory" in (sweep.rows[-1].error or "")
+    assert [row.peak_bytes for row in sweep.fitted] == [1024, 4096, 16384]
+    assert "saved for backward" in sweep.memory_method
+    for row in sweep.fitted:
+        assert row.samples_per_s == pytest.approx(row.batch_size / row.step_s)
+
+
+def test_throughput_plateau_gives_the_knee():
+    """Step time 4 ms + 0.1 ms per sample: throughput n / (4 + 0.1 n) ms rises, then
+    plateaus towards 10 samples/ms; the knee is the smallest size reaching 90% of the best."""
+    sizes = [4, 16, 64, 256]
+    sweep = batch_size_sweep(saving_trial(per_sample_s=1e-4), sizes, repeats=2)
+    best = max(row.samples_per_s for row in sweep.rows)
+    assert sweep.best is not None and sweep.best.samples_per_s == best
+    knee = sweep.knee()
+    assert knee is not None
+    assert knee.samples_per_s >= 0.9 * best
+    assert all(
+        row.samples_per_s < 0.9 * best for row in sweep.rows if row.batch_size < knee.batch_size
+    )
+    assert sweep.rows[0].samples_per_s < 0.5 * best  # batch 4 is far from the plateau
+    assert sweep.knee(fraction=0.0) is sweep.rows[0]
+
+
+def test_knee_definition_on_a_hand_made_table():
+    rows = [SweepRow(n, 1.0, rate, n) for n, rate in [(1, 10), (2, 50), (4, 92), (8, 100)]]
+    sweep = BatchSweep(rows, "test", "cpu")
+    knee = sweep.knee()
+    assert knee is not None and knee.batch_size == 4
+    assert "knee: batch 4" in str(sweep) and sweep.table()[1]["samples_per_s"] == 50
+    assert BatchSweep([], "test", "cpu").knee() is None
+
+
+def test_budget_and_time_limit_stop_the_sweep():
+    sweep = batch_size_sweep(saving_trial(), [1, 2, 4, 8], repeats=1, budget_bytes=3000)
+    assert [r.batch_size for r in sweep.rows] == [1, 2, 4] and sweep.rows[-1].out_of_memory
+    quick = batch_size_sweep(saving_trial(fixed_s=0.02), [1, 2, 4], repeats=1, time_limit_s=0.0)
+    assert len(quick.rows) == 1
+    assert powers_of_two(3, 24) == [3, 6, 12, 24]
+
+
+def test_plot_marks_the_knee():
+    sweep = batch_size_sweep(saving_trial(limit=8), [1, 2, 4, 8, 16], repeats=1)
+    figure = sweep.plot()
+    left, right = figure.axes
+    assert left.get_xscale() == "log" and "throughput" in left.get_ylabel()
+    assert any(line.get_linestyle() == "--" for line in left.lines)  # the knee
+    assert any(line.get_linestyle() == ":" for line in right.lines)  # out of memory
+
+
+# --------------------------------------------------------------- predict, then confirm
+
+
+@pytest.fixture
+def no_garbage_collection(monkeypatch):
+    """Simulated trials allocate nothing: skip the (slow) gc.collect after each failure."""
+    monkeypatch.setattr("course_utils.batch.release_memory", lambda: None)
+
+
+def simulated(fixed: int, per_sample: int, budget: int, wobble: float = 0.0):
+    """Memory fixed + per_sample * n (+ a superlinear wobble), and a trial that runs out
+    above the budget."""
+
+    def memory(n: int) -> int:
+        return int(fixed + per_sample * n + wobble * n * math.log2(n + 1))
+
+    def trial(n: int) -> None:
+        if memory(n) > budget:
+            raise RuntimeError("CUDA out of memory (simulated)")
+
+    maximum = max(n for n in range(1, budget // per_sample + 2) if memory(n) <= budget)
+    return trial, memory, maximum
+
+
+@pytest.mark.parametrize("budget", [5_000, 12_345_678])
+def test_prediction_is_exact_and_cheap_when_memory_is_linear(budget, no_garbage_collection):
+    trial, memory, maximum = simulated(3_000, 250, budget)
+    found = predict_max_batch_size(trial, memory, budget)
+    assert found.batch_size == maximum and found.predicted == maximum
+    assert found.trials <= 4
+    assert found.trials < find_max_batch_size(trial).trials or maximum < 8
+
+
+@pytest.mark.parametrize("wobble", [5.0])
+def test_prediction_is_confirmed_when_memory_is_not_linear(wobble, no_garbage_collection):
+    trial, memory, maximum = simulated(3_000, 250, 2_000_000, wobble=wobble)
+    found = predict_max_batch_size(trial, memory, 2_000_000)
+    assert found.batch_size == maximum and found.predicted != maximum
+    assert found.trials <= 2 * math.ceil(math.log2(maximum)) + 2
+
+
+def test_prediction_falls_back_when_even_the_probes_do_not_fit(no_garbage_collection):
+    trial, memory, maximum = simulated(0, 100, 350)
+
+    def memory_raising(n):
+        trial(n)
+        return memory(n)
+
+    found = predict_max_batch_size(trial, memory_raising, 350, probes=(2, 8))
+    assert maximum == 3 and found.batch_size == 3
+    with pytest.raises(ValueError):
+        predict_max_batch_size(trial, memory, 350, probes=(4, 4))
+
+
+# ------------------------------------------------------------------ a real model
+
+
+def test_train_trial_budget_is_found_by_the_finder():
+    """On a real model the finder returns the largest batch whose saved-for-backward
+    bytes stay within the imposed budget."""
+    measure = TrainTrial("mlp", model_kwargs={"hidden": 64})
+    from course_utils.footprint import peak_memory
+
+    def bytes_at(n: int) -> int:
+        return peak_memory(lambda: measure.step()(measure.batch(n)), "cpu").peak_bytes
+
+    budget = (bytes_at(5) + bytes_at(6)) // 2
+    trial = TrainTrial("mlp", budget_bytes=budget, model_kwargs={"hidden": 64})
+    found = find_max_batch_size(trial, high=64)
+    assert found.batch_size == 5
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trial(6)
+    trial(5)
+    assert 0 < trial.last_peak_bytes <= budget
+
+
+def test_saved_tensor_limit_raises_out_of_memory_mid_function():
+    from course_utils.footprint import saved_tensor_bytes
+    from course_utils.memory import is_out_of_memory
+
+    x = torch.ones(256, requires_grad=True)
+    reached = []
+
+    def work():
+        y = (x * x).exp()  # saves x (1 KiB), then exp's output (1 KiB)
+        reached.append("exp")
+        return (y * y).sum()  # saves y again: the same storage, not counted twice
+
+    assert saved_tensor_bytes(work, limit_bytes=4096)[1] == 2048
+    with pytest.raises(RuntimeError) as caught:
+        saved_tensor_bytes(work, limit_bytes=1500)
+    assert is_out_of_memory(caught.value) and reached == ["exp"]  # the first call only
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_sweep_reports_the_allocator_peak():
+    trial = TrainTrial("small_cnn", "cuda")
+    sweep = batch_size_sweep(trial, [8, 32, 128], "cuda", repeats=2)
+    assert "CUDA" in sweep.memory_method
+    peaks = [row.peak_bytes for row in sweep.fitted]
+    assert peaks == sorted(peaks) and peaks[-1] > 2 * peaks[0]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_prediction_from_measured_memory_agrees_with_the_search():
+    from course_utils.footprint import peak_memory
+
+    measure = TrainTrial("small_cnn", "cuda")
+    budget = peak_memory(lambda: measure(200), "cuda").peak_bytes
+    trial = TrainTrial("small_cnn", "cuda", budget_bytes=budget)
+    searched = find_max_batch_size(trial, high=1024)
+
+    def memory_of(n):
+        return peak_memory(lambda: measure(n), "cuda").peak_bytes
+
+    predicted = predict_max_batch_size(trial, memory_of, budget, probes=(16, 32), high=1024)
+    assert abs(predicted.batch_size - searched.batch_size) <= 2  # allocator rounding
+    assert predicted.trials < searched.trials
