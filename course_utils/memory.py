@@ -130,7 +130,7 @@ def format_gpu_table(gpus: list[GpuMemory]) -> str:
 
     >>> gpu = GpuMemory("cuda:0", "T4", 512, 1024, 600, 14000, 15360, 1400)
     >>> print(format_gpu_table([gpu]).splitlines()[3])
-    reserved (allocator: tensors + cache)         1024.0
+    reserved (allocator: tensors + cache)          1024.0
     """
     width = max(len(label) for label, _ in _ROWS) + 2
     lines = [
