@@ -216,6 +216,82 @@ def memory_report() -> MemoryReport:
     return MemoryReport([gpu_memory(i) for i in indices], process_rss_mib(), note)
 
 
+@dataclass(frozen=True)
+class MemoryReading:
+    """Memory at one stage of an experiment, in MiB; ``None`` where it does not apply
+    (no caching allocator on a CPU; NVML cannot see the process)."""
+
+    stage: str
+    allocated_mib: float | None
+    reserved_mib: float | None
+    process_used_mib: float | None
+    rss_mib: float
+
+
+def read_memory(device: torch.device | str, stage: str) -> MemoryReading:
+    """Read allocated, reserved, NVML's per-process figure and the RSS for ``device``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return MemoryReading(stage, None, None, None, process_rss_mib())
+    gpu = gpu_memory(device.index if device.index is not None else torch.cuda.current_device())
+    return MemoryReading(
+        stage, gpu.allocated_mib, gpu.reserved_mib, gpu.process_used_mib, process_rss_mib()
+    )
+
+
+def format_readings(readings: list[MemoryReading]) -> str:
+    """A table of :class:`MemoryReading` rows, in MiB.
+
+    >>> print(format_readings([MemoryReading("start", 0.0, 2.0, None, 500.0)]))
+    stage                                    allocated   reserved  nvidia-smi    RSS (CPU)
+    start                                          0.0        2.0         n/a        500.0
+    """
+
+    def cell(value: float | None, width: int) -> str:
+        return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.1f}"
+
+    lines = [f"{'stage':<40}{'allocated':>10}{'reserved':>11}{'nvidia-smi':>12}{'RSS (CPU)':>13}"]
+    for r in readings:
+        lines.append(
+            f"{r.stage:<40}{cell(r.allocated_mib, 10)}{cell(r.reserved_mib, 11)}"
+            f"{cell(r.process_used_mib, 12)}{cell(r.rss_mib, 13)}"
+        )
+    return "\n".join(lines)
+
+
+def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
+    """What ``del`` and ``torch.cuda.empty_cache()`` do, stage by stage.
+
+    1. baseline (after freeing the cache); 2. a tensor of ``mib`` MiB allocated;
+    3. ``del`` it (on a GPU its memory stays reserved, cached); 4. a new tensor of the same
+    size (reuses the cache: reserved does not grow); 5. ``empty_cache()`` while that tensor
+    is alive (frees nothing); 6. ``del`` and ``empty_cache()`` (reserved back to baseline).
+    On a CPU only the RSS column has numbers: there is no cache.
+    """
+    device = torch.device(device)
+    elements = mib * MIB // 4
+
+    def cache_release() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+
+    release_memory()
+    readings = [read_memory(device, "1 baseline")]
+    tensor = torch.ones(elements, device=device)
+    readings.append(read_memory(device, f"2 tensor of {mib} MiB allocated"))
+    del tensor
+    readings.append(read_memory(device, "3 del tensor"))
+    again = torch.ones(elements, device=device)
+    readings.append(read_memory(device, "4 same size again (no empty_cache)"))
+    cache_release()
+    readings.append(read_memory(device, "5 empty_cache, tensor still alive"))
+    del again
+    cache_release()
+    readings.append(read_memory(device, "6 del + empty_cache"))
+    return readings
+
+
 # ---------------------------------------------------------------------------------------
 # Freeing memory in a notebook: the variable, the Out history, the saved traceback
 # ---------------------------------------------------------------------------------------
@@ -320,7 +396,16 @@ def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[
             dropped.append(name)
         if hook is not None and _holds_memory(getattr(hook, name, None), ids):
             setattr(hook, name, "")
-    result = getattr(shell, "last_execution_result", None)
+    hidden = getattr(shell, "user_ns_hidden", None)  # IPython's copy of _, _N and friends
+    if isinstance(hidden, dict):
+        for name, value in list(hidden.items()):
+            if not _holds_memory(value, ids):
+                continue
+            if name in ("_", "__", "___"):
+                hidden[name] = ""
+            elif name[:1] == "_" and name[1:].isdigit():
+                del hidden[name]
+    result: Any = getattr(shell, "last_execution_result", None)
     if result is not None and _holds_memory(getattr(result, "result", None), ids):
         result.result = None
     return dropped
