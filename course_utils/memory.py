@@ -503,7 +503,8 @@ def configure_allocator(
     many, which reduces fragmentation. ``other`` takes any further option by name.
 
     >>> from unittest import mock
-    >>> with mock.patch.dict(os.environ, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}):
+    >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
+    >>> with mock.patch.dict(os.environ, earlier):  # put the environment back afterwards
     ...     configure_allocator(expandable_segments=True)
     'max_split_size_mb:128,expandable_segments:True'
     """

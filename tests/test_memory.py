@@ -157,8 +157,9 @@ def test_free_memory_in_a_real_ipython_shell():
 
 def test_configure_allocator_sets_both_variables(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    for name in ALLOC_CONF_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    for name in ALLOC_CONF_VARIABLES:  # setenv first, so monkeypatch restores the original
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     text = configure_allocator(expandable_segments=True, max_split_size_mb=128)
     assert text == "expandable_segments:True,max_split_size_mb:128"
     assert all(os.environ[name] == text for name in ALLOC_CONF_VARIABLES)
