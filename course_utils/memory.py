@@ -692,16 +692,19 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
         f"print(json.dumps(dataclasses.asdict(fragment('cuda', blocks={blocks}, "
         f"block_mib={block_mib}))))"
     )
+    package_root = str(Path(__file__).resolve().parent.parent)  # so the child finds us
     results: dict[str, Any] = {}
     for label, setting in [("default", ""), ("expandable_segments", "expandable_segments:True")]:
-        env = dict(os.environ)
-        for name in ALLOC_CONF_VARIABLES:
-            env[name] = setting
+        env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_VARIABLES}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if setting:
+            env.update(dict.fromkeys(ALLOC_CONF_VARIABLES, setting))
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{label}: {done.stderr.strip().splitlines()[-1:]}")
+            lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+            raise RuntimeError(f"{label}: {lines[-1]}")
         results[label] = Fragmentation(**json.loads(done.stdout.strip().splitlines()[-1]))
     return results
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from course_utils import memory
+from course_utils.device import cuda_gpu_count
 from course_utils.memory import (
     ALLOC_CONF_VARIABLES,
     MIB,
@@ -255,6 +256,14 @@ def test_snapshot_without_a_gpu_runs_fn_and_writes_nothing(tmp_path, monkeypatch
     snapshot = capture_memory_snapshot(lambda: calls.append(1), tmp_path / "snap.pickle")
     assert calls == [1] and snapshot.pickle_path is None and snapshot.html_path is None
     assert "memory_viz" in str(snapshot) and not any(tmp_path.iterdir())
+
+
+def test_expandable_segments_comparison_reports_a_failing_child_in_one_line():
+    if cuda_gpu_count() > 0:
+        pytest.skip("this checks the error path on a machine without CUDA")
+    with pytest.raises(RuntimeError, match=r"^default: ") as caught:
+        memory.compare_expandable_segments(blocks=3, block_mib=2)
+    assert "ModuleNotFoundError" not in str(caught.value), "the child could not import us"
 
 
 # --------------------------------------------------------------------- GPU (real) paths
