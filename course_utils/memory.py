@@ -1,12 +1,26 @@
-"""GPU memory: recognising out-of-memory errors and releasing memory between attempts.
+"""GPU memory: what is used and by whom, freeing it in a notebook, allocator settings,
+snapshots, fragmentation, and recovering from out-of-memory errors.
 
-Used by the batch-size finder (:mod:`course_utils.batch`), the OOM-recovery pattern and
-notebook 07.
+PyTorch's CUDA caching allocator keeps freed blocks *reserved* for reuse; nvidia-smi shows
+the reserved memory plus the CUDA context. ``torch.cuda.empty_cache()`` returns only
+cached blocks that no live tensor uses. Used by the batch-size finder
+(:mod:`course_utils.batch`) and notebook 07.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import pickle
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,3 +54,760 @@ def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------
+# What the process uses: allocated, reserved, the driver's view, and the CUDA context
+# ---------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+CPU_NOTE = (
+    "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to the C "
+    "allocator (malloc), which returns large blocks to the operating system at once. The "
+    "number to watch is the process's resident memory (RSS)."
+)
+
+
+def process_rss_mib() -> float:
+    """Resident memory of this process in MiB (what ``top`` shows as RES).
+
+    >>> process_rss_mib() > 0
+    True
+    """
+    import psutil
+
+    return psutil.Process().memory_info().rss / MIB
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as PyTorch, CUDA and the driver see it, in MiB.
+
+    ``allocated``: bytes in live tensors. ``reserved``: what the caching allocator holds
+    (allocated plus cached blocks). ``peak_allocated``: the most allocated since the last
+    ``torch.cuda.reset_peak_memory_stats``. ``free``/``total``: ``torch.cuda.mem_get_info``
+    for the whole GPU (every process). ``process_used``: NVML's per-process figure (the
+    nvidia-smi process table), ``None`` when NVML cannot see this process.
+    """
+
+    device: str
+    name: str
+    allocated_mib: float
+    reserved_mib: float
+    peak_allocated_mib: float
+    free_mib: float
+    total_mib: float
+    process_used_mib: float | None
+
+    @property
+    def cached_mib(self) -> float:
+        """Reserved but unallocated: what ``empty_cache`` can give back (if whole blocks)."""
+        return self.reserved_mib - self.allocated_mib
+
+    @property
+    def outside_allocator_mib(self) -> float | None:
+        """NVML minus reserved: the CUDA context, kernels, and non-PyTorch allocations."""
+        if self.process_used_mib is None:
+            return None
+        return self.process_used_mib - self.reserved_mib
+
+
+_ROWS = [
+    ("allocated (live tensors)", "allocated_mib"),
+    ("reserved (allocator: tensors + cache)", "reserved_mib"),
+    ("  of which cached, unused", "cached_mib"),
+    ("peak allocated", "peak_allocated_mib"),
+    ("NVML: this process (nvidia-smi)", "process_used_mib"),
+    ("  NVML - reserved (CUDA context, other)", "outside_allocator_mib"),
+    ("mem_get_info: free on the GPU", "free_mib"),
+    ("mem_get_info: total", "total_mib"),
+]
+
+
+def format_gpu_table(gpus: list[GpuMemory]) -> str:
+    """One table in MiB, a column per GPU.
+
+    >>> gpu = GpuMemory("cuda:0", "T4", 512, 1024, 600, 14000, 15360, 1400)
+    >>> print(format_gpu_table([gpu]).splitlines()[3])
+    reserved (allocator: tensors + cache)          1024.0
+    """
+    width = max(len(label) for label, _ in _ROWS) + 2
+    lines = [
+        "MiB".ljust(width) + "".join(f"{gpu.device:>12}" for gpu in gpus),
+        "".ljust(width) + "".join(f"{gpu.name[:11]:>12}" for gpu in gpus),
+    ]
+    for label, attribute in _ROWS:
+        cells = []
+        for gpu in gpus:
+            value = getattr(gpu, attribute)
+            cells.append(f"{'n/a':>12}" if value is None else f"{value:>12.1f}")
+        lines.append(label.ljust(width) + "".join(cells))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """The result of :func:`memory_report`; ``print`` it for the table."""
+
+    gpus: list[GpuMemory]
+    process_rss_mib: float
+    note: str
+
+    def __str__(self) -> str:
+        parts = [format_gpu_table(self.gpus)] if self.gpus else []
+        parts.append(f"process resident memory (RSS, CPU side): {self.process_rss_mib:.1f} MiB")
+        parts.append(self.note)
+        return "\n".join(parts)
+
+
+def _gpus_in_use() -> list[int]:
+    """CUDA indices where this process holds memory (plus the current device)."""
+    if not torch.cuda.is_initialized():
+        return []
+    current = torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    return [i for i in range(count) if i == current or torch.cuda.memory_reserved(i) > 0]
+
+
+def gpu_memory(index: int) -> GpuMemory:
+    """Read :class:`GpuMemory` for ``cuda:index`` (initializes CUDA on that GPU)."""
+    from course_utils import nvml
+
+    free, total = torch.cuda.mem_get_info(index)
+    visible = nvml.visible_gpus()
+    nvml_index = visible[index].index if index < len(visible) else None
+    used = None if nvml_index is None else nvml.process_memory_used_mib(nvml_index)
+    return GpuMemory(
+        device=f"cuda:{index}",
+        name=torch.cuda.get_device_name(index),
+        allocated_mib=torch.cuda.memory_allocated(index) / MIB,
+        reserved_mib=torch.cuda.memory_reserved(index) / MIB,
+        peak_allocated_mib=torch.cuda.max_memory_allocated(index) / MIB,
+        free_mib=free / MIB,
+        total_mib=total / MIB,
+        process_used_mib=None if used is None else float(used),
+    )
+
+
+def memory_report() -> MemoryReport:
+    """Allocated, reserved, peak, ``mem_get_info`` and NVML, for every GPU in use.
+
+    On a machine without a GPU (or before CUDA starts in this process) the report has no
+    GPU table: it gives the process's resident memory and says why.
+
+    >>> report = memory_report()
+    >>> report.process_rss_mib > 0
+    True
+    """
+    indices = _gpus_in_use()
+    if indices:
+        note = (
+            "reserved - allocated is cached: empty_cache() returns it to the driver only "
+            "where whole cached segments are unused. NVML - reserved is the CUDA context "
+            "and kernels (never freed while the process lives) plus memory other libraries "
+            "allocated without PyTorch. n/a: NVML cannot see this process (for example "
+            "inside a container)."
+        )
+    elif torch.cuda.is_initialized():
+        note = "CUDA is initialized but this process holds no GPU memory."
+    else:
+        note = CPU_NOTE + " (CUDA is not initialized in this process.)"
+    return MemoryReport([gpu_memory(i) for i in indices], process_rss_mib(), note)
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """Memory at one stage of an experiment, in MiB; ``None`` where it does not apply
+    (no caching allocator on a CPU; NVML cannot see the process)."""
+
+    stage: str
+    allocated_mib: float | None
+    reserved_mib: float | None
+    process_used_mib: float | None
+    rss_mib: float
+
+
+def read_memory(device: torch.device | str, stage: str) -> MemoryReading:
+    """Read allocated, reserved, NVML's per-process figure and the RSS for ``device``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return MemoryReading(stage, None, None, None, process_rss_mib())
+    gpu = gpu_memory(device.index if device.index is not None else torch.cuda.current_device())
+    return MemoryReading(
+        stage, gpu.allocated_mib, gpu.reserved_mib, gpu.process_used_mib, process_rss_mib()
+    )
+
+
+def format_readings(readings: list[MemoryReading]) -> str:
+    """A table of :class:`MemoryReading` rows, in MiB.
+
+    >>> print(format_readings([MemoryReading("start", 0.0, 2.0, None, 500.0)]))
+    stage                                    allocated   reserved  nvidia-smi    RSS (CPU)
+    start                                          0.0        2.0         n/a        500.0
+    """
+
+    def cell(value: float | None, width: int) -> str:
+        return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.1f}"
+
+    lines = [f"{'stage':<40}{'allocated':>10}{'reserved':>11}{'nvidia-smi':>12}{'RSS (CPU)':>13}"]
+    for r in readings:
+        lines.append(
+            f"{r.stage:<40}{cell(r.allocated_mib, 10)}{cell(r.reserved_mib, 11)}"
+            f"{cell(r.process_used_mib, 12)}{cell(r.rss_mib, 13)}"
+        )
+    return "\n".join(lines)
+
+
+def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
+    """What ``del`` and ``torch.cuda.empty_cache()`` do, stage by stage.
+
+    1. baseline (after freeing the cache); 2. a tensor of ``mib`` MiB allocated;
+    3. ``del`` it (on a GPU its memory stays reserved, cached); 4. a new tensor of the same
+    size (reuses the cache: reserved does not grow); 5. ``empty_cache()`` while that tensor
+    is alive (frees nothing); 6. ``del`` and ``empty_cache()`` (reserved back to baseline).
+    On a CPU only the RSS column has numbers: there is no cache.
+    """
+    device = torch.device(device)
+    elements = mib * MIB // 4
+
+    def cache_release() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+
+    release_memory()
+    readings = [read_memory(device, "1 baseline")]
+    tensor = torch.ones(elements, device=device)
+    readings.append(read_memory(device, f"2 tensor of {mib} MiB allocated"))
+    del tensor
+    readings.append(read_memory(device, "3 del tensor"))
+    again = torch.ones(elements, device=device)
+    readings.append(read_memory(device, "4 same size again (no empty_cache)"))
+    cache_release()
+    readings.append(read_memory(device, "5 empty_cache, tensor still alive"))
+    del again
+    cache_release()
+    readings.append(read_memory(device, "6 del + empty_cache"))
+    return readings
+
+
+# ---------------------------------------------------------------------------------------
+# Freeing memory in a notebook: the variable, the Out history, the saved traceback
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class FreedMemory:
+    """What :func:`free_memory` did; ``print`` it for a summary."""
+
+    deleted: list[str] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+    history_entries: list[str] = field(default_factory=list)
+    cleared_traceback: bool = False
+    collected: int = 0
+    released_mib: float = 0.0  # reserved GPU memory returned to the driver
+
+    def __str__(self) -> str:
+        lines = [
+            "deleted: " + (", ".join(self.deleted) or "nothing"),
+            "output history entries dropped: " + (", ".join(self.history_entries) or "none"),
+            "saved traceback cleared: " + ("yes" if self.cleared_traceback else "there was none"),
+            f"gc.collect() found {self.collected} unreachable objects",
+            f"GPU memory returned to the driver: {self.released_mib:.1f} MiB",
+        ]
+        if self.not_found:
+            lines.insert(1, "not found (already gone?): " + ", ".join(self.not_found))
+        return "\n".join(lines)
+
+
+def _ipython_shell() -> Any:
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
+    """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
+    list/tuple/dict holding one."""
+    if id(value) in ids:
+        return True
+    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+        return True
+    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_memory(item, ids, depth + 1) for item in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
+    return False
+
+
+_TRACEBACK_ATTRIBUTES = ("last_traceback", "last_value", "last_exc", "last_type")
+
+
+def _clear_saved_traceback(shell: Any) -> bool:
+    """Forget the exception Python and IPython keep for post-mortem debugging."""
+    found = False
+    for name in ("last_value", "last_exc"):
+        error = getattr(sys, name, None)
+        seen: set[int] = set()
+        while isinstance(error, BaseException) and id(error) not in seen:
+            seen.add(id(error))
+            if error.__traceback__ is not None:
+                traceback.clear_frames(error.__traceback__)  # drop the frames' locals
+            error = error.__cause__ or error.__context__
+    if getattr(sys, "last_traceback", None) is not None:
+        traceback.clear_frames(sys.last_traceback)
+    for name in _TRACEBACK_ATTRIBUTES:
+        if getattr(sys, name, None) is not None:
+            found = True
+        if hasattr(sys, name):
+            delattr(sys, name)
+    if shell is not None:
+        formatter: Any = getattr(shell, "InteractiveTB", None)
+        if getattr(formatter, "tb", None) is not None:
+            formatter.tb = None  # kept for %debug
+        result: Any = getattr(shell, "last_execution_result", None)
+        if getattr(result, "error_in_exec", None) is not None:
+            result.error_in_exec = None
+            found = True
+    return found
+
+
+def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[str]:
+    """Drop output-history entries that hold memory: ``Out[N]``/``_N``, ``_``, ``__``, ``___``."""
+    dropped: list[str] = []
+    history = namespace.get("Out")
+    if isinstance(history, dict):
+        for key, value in list(history.items()):
+            if _holds_memory(value, ids):
+                del history[key]
+                dropped.append(f"Out[{key}]")
+                namespace.pop(f"_{key}", None)
+    for name, value in list(namespace.items()):  # _N without an Out entry
+        if name[:1] == "_" and name[1:].isdigit() and _holds_memory(value, ids):
+            del namespace[name]
+            dropped.append(name)
+    hook = getattr(shell, "displayhook", None)
+    for name in ("_", "__", "___"):
+        if name in namespace and _holds_memory(namespace[name], ids):
+            namespace[name] = ""
+            dropped.append(name)
+        if hook is not None and _holds_memory(getattr(hook, name, None), ids):
+            setattr(hook, name, "")
+    hidden = getattr(shell, "user_ns_hidden", None)  # IPython's copy of _, _N and friends
+    if isinstance(hidden, dict):
+        for name, value in list(hidden.items()):
+            if not _holds_memory(value, ids):
+                continue
+            if name in ("_", "__", "___"):
+                hidden[name] = ""
+            elif name[:1] == "_" and name[1:].isdigit():
+                del hidden[name]
+    result: Any = getattr(shell, "last_execution_result", None)
+    if result is not None and _holds_memory(getattr(result, "result", None), ids):
+        result.result = None
+    return dropped
+
+
+def _reserved_bytes() -> int:
+    if not torch.cuda.is_initialized():
+        return 0
+    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+
+
+def free_memory(*names: str, namespace: dict[str, Any] | None = None) -> FreedMemory:
+    """Free what a notebook keeps alive: named variables, the output history, the
+    saved traceback; then ``gc.collect()`` and ``torch.cuda.empty_cache()``.
+
+    ``names`` are deleted from ``namespace`` (default: the IPython user namespace, or the
+    caller's globals outside IPython). Output-history entries (``Out[N]``, ``_N``, ``_``,
+    ``__``, ``___``) are dropped when they are, or contain, a named object, a tensor, a
+    module or an optimizer. The saved exception (``sys.last_traceback``,
+    ``sys.last_value``, ``sys.last_exc``) is cleared, and its frames' local variables
+    with it. Other references (another variable, a list, an optimizer you kept) still
+    keep a tensor alive: delete them too.
+
+    >>> import weakref
+    >>> space = {"x": torch.ones(1000)}
+    >>> space["Out"] = {1: space["x"]}
+    >>> alive = weakref.ref(space["x"])
+    >>> freed = free_memory("x", namespace=space)
+    >>> alive() is None, freed.deleted, freed.history_entries
+    (True, ['x'], ['Out[1]'])
+    """
+    shell = _ipython_shell()
+    if namespace is None:
+        if shell is not None:
+            namespace = shell.user_ns
+        else:
+            caller = sys._getframe(1)
+            namespace = caller.f_globals
+            del caller
+    assert namespace is not None
+    freed = FreedMemory()
+    ids = {id(namespace[name]) for name in names if name in namespace}
+    freed.cleared_traceback = _clear_saved_traceback(shell)
+    freed.history_entries = _drop_history(namespace, shell, ids)
+    for name in names:
+        if name in namespace:
+            del namespace[name]
+            freed.deleted.append(name)
+        else:
+            freed.not_found.append(name)
+    before = _reserved_bytes()
+    freed.collected = gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    freed.released_mib = (before - _reserved_bytes()) / MIB
+    return freed
+
+
+# ---------------------------------------------------------------------------------------
+# Allocator settings: read once, when CUDA initializes
+# ---------------------------------------------------------------------------------------
+
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+class AllocatorAlreadyInitializedError(RuntimeError):
+    """CUDA has started in this process, so a new allocator setting would be ignored."""
+
+
+def _parse_alloc_conf(text: str) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition(":")
+        if key:
+            settings[key.strip()] = value.strip()
+    return settings
+
+
+def configure_allocator(
+    *,
+    expandable_segments: bool | None = None,
+    max_split_size_mb: int | None = None,
+    garbage_collection_threshold: float | None = None,
+    **other: str | int | float | bool,
+) -> str:
+    """Set the CUDA caching allocator's options; returns the setting written.
+
+    Writes ``PYTORCH_CUDA_ALLOC_CONF`` and its newer name ``PYTORCH_ALLOC_CONF`` (both,
+    so old and new PyTorch read it), keeping options already set there that you do not
+    change. PyTorch reads them once, when CUDA initializes, so this raises
+    :class:`AllocatorAlreadyInitializedError` once CUDA is initialized in this process:
+    restart the kernel and call it first (or set the variable before starting Python).
+
+    ``expandable_segments=True`` lets the allocator grow one segment instead of reserving
+    many, which reduces fragmentation. ``other`` takes any further option by name.
+
+    >>> from unittest import mock
+    >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
+    >>> with mock.patch.dict(os.environ, earlier):  # put the environment back afterwards
+    ...     configure_allocator(expandable_segments=True)
+    'max_split_size_mb:128,expandable_segments:True'
+    """
+    wanted: dict[str, str | int | float | bool] = dict(other)
+    if expandable_segments is not None:
+        wanted["expandable_segments"] = expandable_segments
+    if max_split_size_mb is not None:
+        wanted["max_split_size_mb"] = max_split_size_mb
+    if garbage_collection_threshold is not None:
+        wanted["garbage_collection_threshold"] = garbage_collection_threshold
+    if not wanted:
+        raise ValueError("say which option to set, for example expandable_segments=True")
+    current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
+    setting = _parse_alloc_conf(current)
+    setting.update({key: str(value) for key, value in wanted.items()})
+    text = ",".join(f"{key}:{value}" for key, value in setting.items())
+    if torch.cuda.is_initialized():
+        raise AllocatorAlreadyInitializedError(
+            f"CUDA is already initialized in this process, so the allocator has read its "
+            f"settings and would ignore {ALLOC_CONF_VARIABLES[1]}={text}. Restart the "
+            "kernel (Colab: Runtime > Restart session), then call configure_allocator(...) "
+            "before anything uses the GPU, or set the variable before starting Python."
+        )
+    for name in ALLOC_CONF_VARIABLES:
+        os.environ[name] = text
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+# Memory snapshots: every allocation and free, with the Python stack that made it
+# ---------------------------------------------------------------------------------------
+
+VIEWER_URL = "https://pytorch.org/memory_viz"
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """The files :func:`capture_memory_snapshot` wrote (``None`` on a machine without
+    CUDA) and how to look at them."""
+
+    pickle_path: Path | None
+    html_path: Path | None
+    how_to_view: str
+
+    def __str__(self) -> str:
+        return self.how_to_view
+
+
+def capture_memory_snapshot(
+    fn: Callable[[], Any], path: str | Path, *, max_entries: int = 100_000, html: bool = True
+) -> MemorySnapshot:
+    """Run ``fn()`` while recording CUDA memory history; dump the snapshot to ``path``.
+
+    The snapshot (a pickle) lists every segment and block with the stack trace of the
+    allocation, and the last ``max_entries`` allocation and free events. Drag it onto
+    https://pytorch.org/memory_viz (it stays on your computer). With ``html=True`` a
+    self-contained ``.html`` file is written next to it too (``torch.cuda._memory_viz``;
+    the page loads the viewer's JavaScript from the internet). Without CUDA ``fn`` still
+    runs, and nothing is written.
+    """
+    from course_utils.device import cuda_gpu_count
+
+    path = Path(path)
+    if cuda_gpu_count() == 0:
+        fn()
+        return MemorySnapshot(
+            None,
+            None,
+            "No CUDA GPU here, so no snapshot: CPU tensors have no caching allocator to "
+            f"record. On a GPU this writes {path.name}; open {VIEWER_URL} and drag the "
+            "file onto the page to see each tensor's lifetime and the stack that "
+            "allocated it.",
+        )
+    record = torch.cuda.memory._record_memory_history
+    record(enabled="all", max_entries=max_entries)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        record(enabled=None)  # stop recording: it costs time on every allocation
+    html_path = None
+    if html:
+        try:
+            from torch.cuda import _memory_viz
+
+            with path.open("rb") as file:
+                data = pickle.load(file)
+            html_path = path.with_suffix(".html")
+            html_path.write_text(_memory_viz.trace_plot(data))
+        except Exception:  # a private module: it may move between releases
+            html_path = None
+    view = f"Snapshot written to {path}: open {VIEWER_URL} and drag the file onto the page"
+    if html_path is not None:
+        view += f", or open {html_path} in a browser (it needs the internet for the viewer)"
+    return MemorySnapshot(path, html_path, view + ".")
+
+
+# ---------------------------------------------------------------------------------------
+# Fragmentation: cached memory that cannot be returned or reused for a bigger tensor
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """The allocator's segments summarised, in MiB.
+
+    ``cached``: reserved but not allocated. ``largest_free_block``: the biggest tensor the
+    cache can hold without reserving more. ``stuck``: cached memory in segments that also
+    hold a live tensor, which ``empty_cache`` cannot return.
+    """
+
+    segments: int
+    reserved_mib: float
+    allocated_mib: float
+    largest_free_block_mib: float
+    stuck_mib: float
+
+    @property
+    def cached_mib(self) -> float:
+        return self.reserved_mib - self.allocated_mib
+
+
+def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
+    """Summarise the ``segments`` of ``torch.cuda.memory_snapshot()``.
+
+    >>> segment = {"total_size": 20 * MIB, "blocks": [
+    ...     {"size": 12 * MIB, "state": "inactive"},
+    ...     {"size": 6 * MIB, "state": "active_allocated"},
+    ...     {"size": 2 * MIB, "state": "inactive"}]}
+    >>> summary = summarize_segments([segment])
+    >>> summary.reserved_mib, summary.allocated_mib, summary.largest_free_block_mib
+    (20.0, 6.0, 12.0)
+    >>> summary.stuck_mib  # free, but in a segment a live tensor pins
+    14.0
+    """
+    reserved = allocated = largest = stuck = 0
+    for segment in segments:
+        reserved += segment["total_size"]
+        used = sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+        free = [b["size"] for b in segment["blocks"] if b["state"] == "inactive"]
+        allocated += used
+        largest = max([largest, *free])
+        if used:
+            stuck += sum(free)
+    return Fragmentation(len(segments), reserved / MIB, allocated / MIB, largest / MIB, stuck / MIB)
+
+
+def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6) -> Fragmentation:
+    """Make the allocator fragment on purpose, and measure it after ``empty_cache``.
+
+    Allocates ``blocks`` tensors of ``block_mib`` MiB, frees two of every three, and
+    returns :func:`summarize_segments` of what remains (the survivors are freed after).
+    Without expandable segments, tensors of 1 to 10 MiB share 20 MiB segments, so one
+    survivor pins its segment: the freed space is cached but cannot be returned, and a
+    tensor bigger than the gaps needs a new segment. Needs a CUDA device.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("fragmentation is a property of the CUDA caching allocator")
+    elements = block_mib * MIB // 4
+    tensors = [torch.empty(elements, device=device) for _ in range(blocks)]
+    survivors = [t for i, t in enumerate(tensors) if i % 3 == 2]
+    del tensors
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    segments = [
+        s for s in torch.cuda.memory_snapshot() if s.get("device", 0) == (device.index or 0)
+    ]
+    summary = summarize_segments(segments)
+    del survivors
+    torch.cuda.empty_cache()
+    return summary
+
+
+def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict[str, Any]:
+    """:func:`fragment` in two fresh processes, without and with expandable segments.
+
+    A fresh process is needed because the allocator reads its setting when CUDA starts.
+    Returns ``{"default": Fragmentation, "expandable_segments": Fragmentation}``.
+    """
+    code = (
+        "import json, dataclasses; from course_utils.memory import fragment; "
+        f"print(json.dumps(dataclasses.asdict(fragment('cuda', blocks={blocks}, "
+        f"block_mib={block_mib}))))"
+    )
+    package_root = str(Path(__file__).resolve().parent.parent)  # so the child finds us
+    results: dict[str, Any] = {}
+    for label, setting in [("default", ""), ("expandable_segments", "expandable_segments:True")]:
+        env = {k: v for k, v in os.environ.items() if k not in ALLOC_CONF_VARIABLES}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if setting:
+            env.update(dict.fromkeys(ALLOC_CONF_VARIABLES, setting))
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+            raise RuntimeError(f"{label}: {lines[-1]}")
+        results[label] = Fragmentation(**json.loads(done.stdout.strip().splitlines()[-1]))
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# Recovering from out-of-memory without restarting
+# ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
+    """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block.
+
+    Uses ``torch.cuda.set_per_process_memory_fraction``: an allocation past the cap raises
+    ``torch.cuda.OutOfMemoryError`` as a full GPU would. The cap is lifted afterwards.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("memory_cap limits the CUDA caching allocator; got " + str(device))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, mib * MIB / total), index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
+        release_memory()
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A pretend GPU memory limit for machines without a GPU: :meth:`charge` raises
+    ``torch.cuda.OutOfMemoryError`` (marked "simulated") past ``limit_mib``.
+
+    >>> MemoryBudget(100).charge(50 * MIB)
+    >>> MemoryBudget(100).charge(150 * MIB)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    torch.OutOfMemoryError: CUDA out of memory (simulated): tried to allocate 150.0 MiB ...
+    """
+
+    limit_mib: float
+
+    def charge(self, nbytes: int) -> None:
+        if nbytes > self.limit_mib * MIB:
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory (simulated): tried to allocate {nbytes / MIB:.1f} MiB "
+                f"with a budget of {self.limit_mib:.1f} MiB"
+            )
+
+
+@dataclass(frozen=True)
+class OomRecovery:
+    """The result of :func:`run_with_oom_recovery`.
+
+    ``batch_size``: the size that ran (the requested one when it fitted). ``error``: the
+    first line of the out-of-memory message, ``None`` when there was none. ``search``: the
+    :func:`~course_utils.batch.find_max_batch_size` result after an out-of-memory error.
+    """
+
+    requested: int
+    batch_size: int
+    error: str | None
+    search: Any = None
+
+    @property
+    def recovered(self) -> bool:
+        return self.error is not None
+
+
+def run_with_oom_recovery(
+    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0
+) -> OomRecovery:
+    """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
+
+    The pattern: catch the error (:func:`is_out_of_memory`), leave the ``except`` block
+    so the traceback and the failed step's tensors die, free memory
+    (:func:`release_memory`), then find the largest size below the one that failed with
+    :func:`~course_utils.batch.find_max_batch_size` (each trial is a real ``step``).
+    Other errors are raised again; :class:`MemoryError` if not even a batch of 1 fits.
+
+    >>> def step(n):
+    ...     if n > 48:
+    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    >>> result = run_with_oom_recovery(step, 64)
+    >>> result.recovered, result.batch_size
+    (True, 48)
+    """
+    from course_utils.batch import find_max_batch_size
+
+    message = None
+    try:
+        step(batch_size)
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        message = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    if message is None:
+        return OomRecovery(batch_size, batch_size, None)
+    release_memory()  # outside the except block: the traceback is gone
+    if batch_size <= 1:
+        raise MemoryError(f"not even a batch of 1 fits: {message}")
+    search = find_max_batch_size(step, low=1, high=batch_size - 1, margin=margin)
+    if search.batch_size == 0:
+        raise MemoryError(f"not even a batch of 1 fits: {message}")
+    return OomRecovery(batch_size, search.batch_size, message, search)

@@ -419,3 +419,35 @@ def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
             mig_enabled=read_mig_enabled(handle),
             processes=read_processes(handle) if processes else (),
         )
+
+
+def process_memory_used_mib(index: int, pid: int | None = None) -> int | None:
+    """GPU memory in MiB that process ``pid`` (default: this process) uses on GPU ``index``
+    (NVML numbering); ``None`` when NVML, the GPU or the process cannot be seen.
+
+    The "GPU Memory Usage" column of nvidia-smi's process table (``nvidia-smi
+    --query-compute-apps=pid,used_memory``): the CUDA context plus everything the
+    process's allocators reserved. Inside a container with its own PID namespace NVML may
+    report host PIDs, and the process is then not found (``None``).
+
+    >>> process_memory_used_mib(10_000) is None  # no such GPU
+    True
+    """
+    wanted = os.getpid() if pid is None else pid
+    with nvml_session() as problem:
+        if problem:
+            return None
+        handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            return None
+        processes = list(nvml_call("nvmlDeviceGetComputeRunningProcesses", handle, default=[]))
+        processes += list(nvml_call("nvmlDeviceGetGraphicsRunningProcesses", handle, default=[]))
+        used = [
+            getattr(process, "usedGpuMemory", None)
+            for process in processes
+            if getattr(process, "pid", None) == wanted
+        ]
+        known = [int(value) for value in used if isinstance(value, int)]
+        if not known:
+            return None
+        return max(known) // MIB  # a process listed as compute and graphics counts once
