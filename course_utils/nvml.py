@@ -440,14 +440,5 @@ def process_memory_used_mib(index: int, pid: int | None = None) -> int | None:
         handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
             return None
-        processes = list(nvml_call("nvmlDeviceGetComputeRunningProcesses", handle, default=[]))
-        processes += list(nvml_call("nvmlDeviceGetGraphicsRunningProcesses", handle, default=[]))
-        used = [
-            getattr(process, "usedGpuMemory", None)
-            for process in processes
-            if getattr(process, "pid", None) == wanted
-        ]
-        known = [int(value) for value in used if isinstance(value, int)]
-        if not known:
-            return None
-        return max(known) // MIB  # a process listed as compute and graphics counts once
+        mine = [p for p in read_processes(handle) if p.pid == wanted]
+        return mine[0].used_memory_mib if mine else None
