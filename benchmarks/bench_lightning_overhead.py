@@ -1,0 +1,74 @@
+"""Plain PyTorch loop vs Lightning: time per epoch and peak memory, from one run.
+
+Both train the same small CNN (GroupNorm) from the same weights on the same
+SyntheticImages loader with the same optimizer and precision
+(course_utils.lightning.compare_with_plain_loop). Overhead is reported as a ratio and as
+seconds per epoch; Lightning's own parity test allows at most 0.05 s per epoch and 0.1%
+peak memory (tests/parity_pytorch in pytorch-lightning; docs/facts.md). On the CPU peak
+memory is the process's RSS above the start (approximate); on a GPU, the allocator peak.
+Writes lightning_overhead.json.
+"""
+
+from __future__ import annotations
+
+import torch
+from common import parse_out, write_figures
+from torch.utils.data import DataLoader
+
+from course_utils.data import SyntheticImages
+from course_utils.device import cuda_gpu_count, pick_device
+from course_utils.env import measured_on
+from course_utils.lightning import compare_with_plain_loop
+from course_utils.models import build_model
+from course_utils.training import TrainConfig
+
+PARITY_ALLOWANCE_S = 0.05  # Lightning's parity test (facts.md)
+
+
+def main() -> None:
+    out = parse_out(__doc__ or "")
+    device = pick_device()
+    gpu = cuda_gpu_count() > 0
+    samples, batch, epochs = (8192, 256, 6) if gpu else (1024, 64, 4)
+    loader = DataLoader(SyntheticImages(size=samples, seed=0), batch_size=batch, shuffle=False)
+    result = compare_with_plain_loop(
+        lambda: build_model("small_cnn", norm="group"),
+        loader,
+        epochs=epochs,
+        config=TrainConfig(precision="auto"),
+        device=device,
+    )
+    print(result)
+    print(
+        f"parity allowance: {PARITY_ALLOWANCE_S} s/epoch; measured "
+        f"{result.overhead_s_per_epoch:+.3f} s/epoch "
+        f"({'within' if result.overhead_s_per_epoch <= PARITY_ALLOWANCE_S else 'above'})"
+    )
+    write_figures(
+        out,
+        "lightning_overhead",
+        {
+            "label": measured_on(device),
+            "samples": samples,
+            "batch_size": batch,
+            "epochs": epochs,
+            "precision": result.precision,
+            "plain_epoch_s": result.plain_epoch_s,
+            "lightning_epoch_s": result.lightning_epoch_s,
+            "plain_s_per_epoch": result.plain_s_per_epoch,
+            "lightning_s_per_epoch": result.lightning_s_per_epoch,
+            "overhead_ratio": result.overhead_ratio,
+            "overhead_s_per_epoch": result.overhead_s_per_epoch,
+            "parity_allowance_s_per_epoch": PARITY_ALLOWANCE_S,
+            "plain_total_s": result.plain_total_s,
+            "lightning_total_s": result.lightning_total_s,
+            "plain_peak_mib": result.plain_peak.peak_mib if result.plain_peak else None,
+            "lightning_peak_mib": result.lightning_peak.peak_mib if result.lightning_peak else None,
+            "peak_method": result.plain_peak.method if result.plain_peak else None,
+            "torch_threads": torch.get_num_threads(),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
