@@ -50,7 +50,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils import monitor
+from course_utils import monitor, nvml
 from course_utils.device import pick_device
 from course_utils.timing import synchronizer
 from course_utils.training import TrainConfig, TrainStep, make_optimizer, resolve_precision, train
@@ -211,6 +211,7 @@ def make_trainer(
 
     Other keyword arguments go to ``Trainer`` unchanged.
     """
+    callbacks = list(callbacks)
     quiet = quiet_by_default() if quiet is None else quiet
     if quiet:
         silence_lightning()
@@ -225,7 +226,7 @@ def make_trainer(
         "max_steps": max_steps,
         "max_epochs": max_epochs if max_epochs is not None else (-1 if max_steps > 0 else 1),
         "default_root_dir": str(root),
-        "callbacks": list(callbacks),
+        "callbacks": callbacks,
         "logger": logger,
         "log_every_n_steps": log_every_n_steps,
         "enable_progress_bar": not quiet,
@@ -260,6 +261,8 @@ class UtilizationLogger(Callback):
 
     Metrics go to every logger of the Trainer (CSV, TensorBoard) as ``gpu/<field>`` or
     ``cpu/<field>``, and to :attr:`history` (a list of dicts, each with ``step``).
+    ``gpu_index`` (NVML numbering) overrides the GPU the Trainer trains on; NVML readings
+    are whole-GPU figures, other processes included.
     """
 
     def __init__(self, every_n_steps: int = 10, gpu_index: int | None = None) -> None:
@@ -273,7 +276,12 @@ class UtilizationLogger(Callback):
         if self.gpu_index is not None:
             return self.gpu_index
         root = trainer.strategy.root_device
-        return (root.index or 0) if root.type == "cuda" else None
+        if root.type != "cuda":
+            return None
+        # CUDA numbers the GPUs CUDA_VISIBLE_DEVICES leaves visible; NVML numbers them all
+        position = root.index or 0
+        visible = nvml.visible_gpus()
+        return visible[position].index if position < len(visible) else position
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         monitor.sample(None)  # psutil's CPU percent counts from the previous call: prime it
@@ -497,8 +505,10 @@ def compare_with_plain_loop(
     """Train ``build()`` for ``epochs`` with the plain loop, then with Lightning.
 
     Both start from the same weights (``seed``), see the same ``loader`` and use the same
-    optimizer and precision. Returns each epoch's time, the whole run's time (Lightning's
-    includes building the Trainer and its setup) and the peak memory of each run.
+    optimizer and precision; one untimed training step runs first (warm-up). Returns each
+    epoch's time, the whole run's time (Lightning's includes building the Trainer and its
+    setup) and the peak memory of each run. Lightning's module also logs the loss every
+    step, as a real run would.
     """
     config = config or TrainConfig()
     target = torch.device(device) if device is not None else pick_device()
@@ -506,6 +516,9 @@ def compare_with_plain_loop(
     torch.manual_seed(seed)
     initial = build()
     result = Comparison(device=str(target), precision=precision, epochs=epochs)
+    # one untimed step first, so neither measured run pays for the first use of the device,
+    # its kernels and the memory allocator's growth
+    TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
 
     def plain() -> list[float]:
         step = TrainStep(copy.deepcopy(initial), target, config)

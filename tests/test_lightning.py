@@ -181,3 +181,27 @@ def test_comparison_measures_both_ways_from_one_run(loader):
     assert result.lightning_total_s >= sum(result.lightning_epoch_s)
     assert result.plain_peak is not None and result.plain_peak.method.startswith("CPU")
     assert "Lightning / plain" in str(result)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_lightning_matches_the_plain_loop_in_mixed_precision(loader, monkeypatch):
+    """Same autocast dtype and loss scaling both ways ("auto": fp16 + GradScaler on a T4,
+    bf16 from compute capability 8.0). cuDNN may pick different (nondeterministic)
+    kernels per run, so the check is closeness: 1e-3, against weights that moved > 1e-2."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    config = TrainConfig(precision="auto", lr=0.05)
+    torch.manual_seed(0)
+    initial = tiny_cnn()
+    plain = TrainStep(copy.deepcopy(initial), "cuda:0", config)
+    train(plain, loader, max_steps=5)
+    module = CourseModule(copy.deepcopy(initial), config)
+    callback = UtilizationLogger(every_n_steps=1)
+    trainer = make_trainer(
+        max_steps=5, accelerator="gpu", devices=[0], logger=False, callbacks=[callback]
+    )
+    trainer.fit(module, loader)
+    assert max_difference(initial, plain.model.cpu()) > 1e-2
+    assert max_difference(plain.model.cpu(), module.model.cpu()) <= 1e-3
+    assert callback.history and callback.history[0]["source"] == "nvml"
+    assert "gpu/memory_used_mib" in callback.history[0]
