@@ -1,0 +1,617 @@
+"""The course's training in PyTorch Lightning: the same model, loss, optimizer and precision.
+
+Lightning organizes PyTorch code (the loop, devices, precision, logging, checkpoints);
+it does not make the arithmetic faster. To measure that, everything here reuses
+:mod:`course_utils.training`, so the plain loop and Lightning train the same model on the
+same data and can be compared step for step:
+
+* :class:`CourseModule`: a ``LightningModule`` around a course model, the loss of
+  :class:`~course_utils.training.TrainStep` (cross-entropy) and
+  :func:`~course_utils.training.make_optimizer`, configured by a
+  :class:`~course_utils.training.TrainConfig`.
+* :func:`make_trainer`: a ``Trainer`` preset with ``accelerator="auto"``,
+  ``devices="auto"`` and the precision string of
+  :func:`~course_utils.device.pick_precision`; quiet under tests (no progress bar, no
+  tips), with a progress bar for a learner.
+* :class:`UtilizationLogger`: a callback that logs GPU utilization, memory and power
+  (NVML, through :func:`course_utils.monitor.sample`) every N steps, or CPU utilization and
+  process memory without a GPU; :func:`read_metrics` and :func:`plot_metrics` show them.
+* :class:`EpochTimer` and :func:`compare_with_plain_loop`: time per epoch and peak memory
+  of both ways, from one run.
+* Checkpoints that survive a Colab disconnect: :func:`checkpoint_dir`,
+  :func:`checkpointing`, :class:`SimulatedDisconnect`.
+
+Notebook 05 teaches this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import importlib.util
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import psutil
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from course_utils import monitor, nvml
+from course_utils.device import pick_device
+from course_utils.timing import synchronizer
+from course_utils.training import TrainConfig, TrainStep, make_optimizer, resolve_precision, train
+
+# Lightning's own loggers: "GPU available: ...", tips, the model summary.
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
+# Warnings that only matter for real runs (tiny test runs trigger them on purpose).
+NOISY_WARNINGS = (
+    r".*does not have many workers.*",
+    r".*number of training batches .* is smaller than the logging interval.*",
+    r".*You're resuming from a checkpoint that ended before the epoch ended.*",
+    r".*Checkpoint directory .* exists and is not empty.*",
+    r".*is not picklable.*",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+)
+
+
+# ----------------------------------------------------------------------- the module
+
+
+class CourseModule(pl.LightningModule):
+    """A course model trained the way :class:`~course_utils.training.TrainStep` trains it.
+
+    ``training_step`` computes the same cross-entropy loss on the same batch;
+    ``configure_optimizers`` builds the optimizer with the same
+    :func:`~course_utils.training.make_optimizer` from ``config.optimizer`` and
+    ``config.lr``. Precision is the Trainer's job (see :func:`make_trainer`), as autocast
+    and the gradient scaler are ``TrainStep``'s. ``lr`` and ``batch_size`` are attributes
+    so that Lightning's learning-rate finder and batch-size scaler can change them;
+    give ``dataset`` to let the module make its own ``train_dataloader``.
+
+    >>> from course_utils.models import build_model
+    >>> module = CourseModule(build_model("mlp", hidden=8, depth=1), TrainConfig(lr=0.1))
+    >>> module.lr, type(module.configure_optimizers()).__name__
+    (0.1, 'SGD')
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig | None = None,
+        dataset: Dataset[Any] | None = None,
+        batch_size: int = 32,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.config = config or TrainConfig()
+        self.lr = self.config.lr
+        self.batch_size = batch_size
+        self.dataset = dataset
+        self.loss_fn = loss_fn or nn.CrossEntropyLoss()  # TrainStep's default loss
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs)
+
+    def training_step(self, batch: Sequence[Any], batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch[0], batch[1]
+        loss = self.loss_fn(self(inputs), targets)
+        self.log("train_loss", loss, on_step=True, prog_bar=True, batch_size=len(targets))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.config.optimizer, self.parameters(), self.lr)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        if self.dataset is None:
+            raise ValueError("CourseModule(dataset=None): pass a DataLoader to fit() instead")
+        return DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False)
+
+
+# ---------------------------------------------------------------------- the Trainer
+
+
+def quiet_by_default() -> bool:
+    """Whether :func:`make_trainer` should be quiet when not told.
+
+    Quiet under the tests (``COURSE_WORKLOAD=small`` or pytest) and in scripts whose
+    output is not a terminal; a learner in Jupyter or at a terminal sees progress bars.
+    """
+    if os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small":
+        return True
+    if "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
+        return True
+    in_ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)() is not None
+    return not in_ipython and not sys.stdout.isatty()
+
+
+def silence_lightning() -> None:
+    """Hide Lightning's info lines ("GPU available", tips) and warnings that tiny runs
+    trigger on purpose. Errors and other warnings still show."""
+    for name in LIGHTNING_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def lightning_precision(precision: str = "auto", device: torch.device | str | None = None) -> str:
+    """The ``Trainer(precision=...)`` string for a course precision name.
+
+    ``"auto"`` asks :func:`~course_utils.device.pick_precision` about ``device`` (default:
+    the device Lightning's ``accelerator="auto"`` would use): ``"16-mixed"`` on a T4,
+    ``"bf16-mixed"`` from compute capability 8.0, ``"32-true"`` on the CPU. Lightning
+    strings pass through unchanged.
+
+    >>> lightning_precision("auto", "cpu"), lightning_precision("fp16")
+    ('32-true', '16-mixed')
+    >>> lightning_precision("bf16-mixed")
+    'bf16-mixed'
+    """
+    if "-" in precision:  # already a Lightning string such as "16-mixed"
+        return precision
+    target = torch.device(device) if device is not None else pick_device()
+    return resolve_precision(precision, target).lightning
+
+
+def has_tensorboard() -> bool:
+    """True when the ``tensorboard`` package is installed (for ``TensorBoardLogger``)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def make_loggers(root_dir: Path | str, name: str = "course") -> list[Any]:
+    """A ``CSVLogger`` (read by :func:`read_metrics`), plus a ``TensorBoardLogger`` when
+    TensorBoard is installed, both under ``root_dir``."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    loggers: list[Any] = [CSVLogger(root_dir, name=name)]
+    if has_tensorboard():
+        loggers.append(TensorBoardLogger(root_dir, name=name, default_hp_metric=False))
+    return loggers
+
+
+def make_trainer(
+    *,
+    max_steps: int = -1,
+    max_epochs: int | None = None,
+    precision: str = "auto",
+    accelerator: str = "auto",
+    devices: int | str | list[int] = "auto",
+    root_dir: Path | str | None = None,
+    callbacks: Iterable[Callback] = (),
+    logger: bool | Any = True,
+    quiet: bool | None = None,
+    log_every_n_steps: int = 10,
+    **overrides: Any,
+) -> pl.Trainer:
+    """The course's ``Trainer``: modern flags, sensible logging, quiet under tests.
+
+    * ``accelerator="auto"`` and ``devices="auto"``: a CUDA GPU (all of them), else Apple
+      MPS, else the CPU.
+    * ``precision``: a course name (``"auto"``, ``"fp32"``, ``"fp16"``, ``"bf16"``) or a
+      Lightning string, see :func:`lightning_precision`.
+    * ``root_dir``: where logs and checkpoints go (default: a new temporary folder, so a
+      notebook's folder never fills with ``lightning_logs/``).
+    * ``logger=True``: :func:`make_loggers` (CSV, and TensorBoard when installed).
+    * ``quiet`` (default :func:`quiet_by_default`): no progress bar, model summary,
+      "GPU available" lines or tips.
+
+    Other keyword arguments go to ``Trainer`` unchanged.
+    """
+    callbacks = list(callbacks)
+    quiet = quiet_by_default() if quiet is None else quiet
+    if quiet:
+        silence_lightning()
+    root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="course-pl-"))
+    if logger is True:
+        logger = make_loggers(root)
+    device = torch.device("cpu") if accelerator == "cpu" else None
+    options: dict[str, Any] = {
+        "accelerator": accelerator,
+        "devices": devices,
+        "precision": lightning_precision(precision, device),
+        "max_steps": max_steps,
+        "max_epochs": max_epochs if max_epochs is not None else (-1 if max_steps > 0 else 1),
+        "default_root_dir": str(root),
+        "callbacks": callbacks,
+        "logger": logger,
+        "log_every_n_steps": log_every_n_steps,
+        "enable_progress_bar": not quiet,
+        "enable_model_summary": not quiet,
+        "enable_checkpointing": any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        "num_sanity_val_steps": 0,
+    }
+    options.update(overrides)
+    return pl.Trainer(**options)
+
+
+# ------------------------------------------------------------ utilization callback
+
+
+def _numeric(reading: dict[str, Any]) -> dict[str, float]:
+    skip = {"time_s", "gpu_index"}
+    return {
+        key: float(value)
+        for key, value in reading.items()
+        if key not in skip and isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+class UtilizationLogger(Callback):
+    """Log GPU utilization, memory and power every ``every_n_steps`` training steps.
+
+    Lightning's ``DeviceStatsMonitor`` logs the CUDA caching allocator's statistics (what
+    PyTorch holds), not what the driver sees. This callback logs what ``nvidia-smi``
+    shows, read through NVML by :func:`course_utils.monitor.sample`: utilization
+    (percent of time a kernel ran), memory used, power draw. Without a GPU it logs CPU
+    utilization and this process's resident memory, with the prefix ``cpu/``.
+
+    Metrics go to every logger of the Trainer (CSV, TensorBoard) as ``gpu/<field>`` or
+    ``cpu/<field>``, and to :attr:`history` (a list of dicts, each with ``step``).
+    ``gpu_index`` (NVML numbering) overrides the GPU the Trainer trains on; NVML readings
+    are whole-GPU figures, other processes included.
+    """
+
+    def __init__(self, every_n_steps: int = 10, gpu_index: int | None = None) -> None:
+        if every_n_steps < 1:
+            raise ValueError("every_n_steps must be at least 1")
+        self.every_n_steps = every_n_steps
+        self.gpu_index = gpu_index
+        self.history: list[dict[str, Any]] = []
+
+    def _index(self, trainer: pl.Trainer) -> int | None:
+        if self.gpu_index is not None:
+            return self.gpu_index
+        root = trainer.strategy.root_device
+        if root.type != "cuda":
+            return None
+        # CUDA numbers the GPUs CUDA_VISIBLE_DEVICES leaves visible; NVML numbers them all
+        position = root.index or 0
+        visible = nvml.visible_gpus()
+        return visible[position].index if position < len(visible) else position
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        monitor.sample(None)  # psutil's CPU percent counts from the previous call: prime it
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps != 0:
+            return
+        reading = monitor.sample(self._index(trainer))
+        prefix = "gpu" if reading["source"] == "nvml" else "cpu"
+        metrics = {f"{prefix}/{key}": value for key, value in _numeric(reading).items()}
+        self.history.append({"step": step, "source": reading["source"], **metrics})
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+
+def metrics_csv(trainer: pl.Trainer) -> Path | None:
+    """The ``metrics.csv`` written by the Trainer's ``CSVLogger``, if it has one."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            logger.save()
+            return Path(logger.log_dir) / "metrics.csv"
+    return None
+
+
+def read_metrics(path: Path | str) -> dict[str, list[tuple[int, float]]]:
+    """Read a ``CSVLogger`` ``metrics.csv`` into ``{metric: [(step, value), ...]}``."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            step = int(float(row.get("step") or 0))
+            for key, value in row.items():
+                if key in ("step", "epoch") or value in (None, ""):
+                    continue
+                series.setdefault(key, []).append((step, float(value)))
+    return series
+
+
+def plot_metrics(
+    series: dict[str, list[tuple[int, float]]],
+    names: Sequence[str] | None = None,
+    title: str = "",
+) -> Any:
+    """One small plot per metric against the training step; returns the figure."""
+    import matplotlib.pyplot as plt
+
+    chosen = [name for name in (names or sorted(series)) if series.get(name)]
+    if not chosen:
+        raise ValueError(f"no such metrics; logged: {sorted(series)}")
+    columns = min(3, len(chosen))
+    rows = math.ceil(len(chosen) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.8 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, chosen, strict=False):
+        steps, values = zip(*series[name], strict=True)
+        ax.plot(steps, values, marker=".")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(chosen) :]:
+        ax.axis("off")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+# ---------------------------------------------------- plain loop vs Lightning, timed
+
+
+class EpochTimer(Callback):
+    """Record the wall-clock seconds of every training epoch (device synchronized)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        synchronizer(trainer.strategy.root_device)()
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        synchronizer(trainer.strategy.root_device)()
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+@dataclass(frozen=True)
+class PeakUse:
+    """Peak memory of a run and how it was measured."""
+
+    peak_mib: float
+    method: str
+
+
+def measure_peak(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, PeakUse]:
+    """Run ``fn()``; return its result and its peak memory on ``device``.
+
+    CUDA: the caching allocator's ``max_memory_allocated`` above what was allocated
+    before (exact). CPU: this process's resident memory (RSS), sampled every 5 ms, above
+    what it was before: approximate, and lower for a second run that reuses memory the
+    first one freed.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        return result, PeakUse(peak / 2**20, "CUDA allocator peak above the start")
+    process = psutil.Process()
+    start = process.memory_info().rss
+    highest = [start]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.005):
+            highest[0] = max(highest[0], process.memory_info().rss)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        watcher.join()
+    highest[0] = max(highest[0], process.memory_info().rss)
+    return result, PeakUse((highest[0] - start) / 2**20, "CPU: process RSS peak above the start")
+
+
+def _typical(seconds: Sequence[float]) -> float:
+    """Median epoch time, leaving out the first epoch (warm-up) when there are 3 or more."""
+    kept = list(seconds[1:]) if len(seconds) >= 3 else list(seconds)
+    return statistics.median(kept)
+
+
+@dataclass
+class Comparison:
+    """Plain loop vs Lightning on the same model, data and settings, from one run."""
+
+    device: str
+    precision: str
+    epochs: int
+    plain_epoch_s: list[float] = field(default_factory=list)
+    lightning_epoch_s: list[float] = field(default_factory=list)
+    plain_total_s: float = 0.0  # building the step + all epochs
+    lightning_total_s: float = 0.0  # building the Trainer + fit(), setup included
+    plain_peak: PeakUse | None = None
+    lightning_peak: PeakUse | None = None
+
+    @property
+    def plain_s_per_epoch(self) -> float:
+        return _typical(self.plain_epoch_s)
+
+    @property
+    def lightning_s_per_epoch(self) -> float:
+        return _typical(self.lightning_epoch_s)
+
+    @property
+    def overhead_ratio(self) -> float:
+        """Lightning's time per epoch divided by the plain loop's (1.0: no overhead)."""
+        return self.lightning_s_per_epoch / self.plain_s_per_epoch
+
+    @property
+    def overhead_s_per_epoch(self) -> float:
+        """Extra seconds per epoch in Lightning (Lightning's parity test allows 0.05 s)."""
+        return self.lightning_s_per_epoch - self.plain_s_per_epoch
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The side-by-side table: one row per way of training."""
+        return [
+            {
+                "way": way,
+                "s_per_epoch": per_epoch,
+                "total_s": total,
+                "peak_mib": peak.peak_mib if peak else float("nan"),
+            }
+            for way, per_epoch, total, peak in (
+                ("plain loop", self.plain_s_per_epoch, self.plain_total_s, self.plain_peak),
+                (
+                    "Lightning",
+                    self.lightning_s_per_epoch,
+                    self.lightning_total_s,
+                    self.lightning_peak,
+                ),
+            )
+        ]
+
+    def __str__(self) -> str:
+        lines = [f"{'':12}{'s/epoch':>10}{'total s':>10}{'peak MiB':>10}"]
+        for row in self.rows():
+            lines.append(
+                f"{row['way']:12}{row['s_per_epoch']:10.3f}{row['total_s']:10.2f}"
+                f"{row['peak_mib']:10.1f}"
+            )
+        lines.append(
+            f"Lightning / plain: {self.overhead_ratio:.3f}x per epoch "
+            f"({self.overhead_s_per_epoch * 1000:+.1f} ms per epoch), {self.epochs} epochs, "
+            f"{self.device}, precision {self.precision}"
+        )
+        return "\n".join(lines)
+
+
+def compare_with_plain_loop(
+    build: Callable[[], nn.Module],
+    loader: DataLoader[Any],
+    *,
+    epochs: int = 3,
+    config: TrainConfig | None = None,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+) -> Comparison:
+    """Train ``build()`` for ``epochs`` with the plain loop, then with Lightning.
+
+    Both start from the same weights (``seed``), see the same ``loader`` and use the same
+    optimizer and precision; one untimed training step runs first (warm-up). Returns each
+    epoch's time, the whole run's time (Lightning's includes building the Trainer and its
+    setup) and the peak memory of each run. Lightning's module also logs the loss every
+    step, as a real run would.
+    """
+    config = config or TrainConfig()
+    target = torch.device(device) if device is not None else pick_device()
+    precision = lightning_precision(config.precision, target)
+    torch.manual_seed(seed)
+    initial = build()
+    result = Comparison(device=str(target), precision=precision, epochs=epochs)
+    # one untimed step first, so neither measured run pays for the first use of the device,
+    # its kernels and the memory allocator's growth
+    TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
+
+    def plain() -> list[float]:
+        step = TrainStep(copy.deepcopy(initial), target, config)
+        return [train(step, loader, epochs=1).seconds for _ in range(epochs)]
+
+    start = time.perf_counter()
+    result.plain_epoch_s, result.plain_peak = measure_peak(plain, target)
+    result.plain_total_s = time.perf_counter() - start
+
+    timer = EpochTimer()
+    accelerator = "gpu" if target.type == "cuda" else target.type
+
+    def lightning() -> None:
+        trainer = make_trainer(
+            max_epochs=epochs,
+            precision=precision,
+            accelerator=accelerator,
+            devices=[target.index or 0] if target.type == "cuda" else 1,
+            callbacks=[timer],
+            logger=False,
+            quiet=True,
+        )
+        trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
+
+    start = time.perf_counter()
+    _, result.lightning_peak = measure_peak(lightning, target)
+    result.lightning_total_s = time.perf_counter() - start
+    result.lightning_epoch_s = timer.seconds
+    return result
+
+
+# ------------------------------------------------------------ checkpoint and resume
+
+
+class SimulatedDisconnect(RuntimeError):
+    """Raised by :class:`DisconnectAfter` to stand in for a Colab runtime going away."""
+
+
+class DisconnectAfter(Callback):
+    """Stop training abruptly (raise :class:`SimulatedDisconnect`) after ``steps`` steps.
+
+    It runs before ``ModelCheckpoint`` (Lightning runs checkpoint callbacks last), so the
+    step it stops at is not saved: resuming starts from the last periodic checkpoint.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if trainer.global_step >= self.steps:
+            raise SimulatedDisconnect(f"runtime disconnected after step {trainer.global_step}")
+
+
+def checkpoint_dir(name: str, environment: str | None = None) -> Path:
+    """Where to keep checkpoints so that they survive the session.
+
+    On Colab: Google Drive (``/content/drive/MyDrive/pytorch-gpu-course/<name>``; mount it
+    first with ``google.colab.drive.mount("/content/drive")``): the runtime's own disk is
+    lost when it disconnects. Elsewhere: ``build/checkpoints/<name>`` in the course
+    checkout, or a temporary folder when the package is installed elsewhere.
+
+    >>> checkpoint_dir("demo", environment="colab").as_posix()
+    '/content/drive/MyDrive/pytorch-gpu-course/demo'
+    """
+    from course_utils.env import where_am_i
+
+    if (environment or where_am_i()) == "colab":
+        return Path("/content/drive/MyDrive/pytorch-gpu-course") / name
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").exists() and os.access(checkout, os.W_OK):
+        return checkout / "build" / "checkpoints" / name
+    return Path(tempfile.gettempdir()) / "course-checkpoints" / name
+
+
+def checkpointing(folder: Path | str, every_n_steps: int) -> ModelCheckpoint:
+    """A ``ModelCheckpoint`` that saves every ``every_n_steps`` steps and keeps
+    ``last.ckpt`` (the one to resume from) in ``folder``."""
+    return ModelCheckpoint(
+        dirpath=str(folder),
+        filename="step-{step}",
+        every_n_train_steps=every_n_steps,
+        save_top_k=1,
+        save_last=True,
+    )
+
+
+def saved_step(path: Path | str) -> int:
+    """The ``global_step`` stored in a Lightning checkpoint."""
+    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])

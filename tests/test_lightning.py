@@ -1,0 +1,207 @@
+"""Lightning trains exactly what the plain loop trains; checkpoints resume exactly; the
+utilization callback logs without a GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_utils.data import SyntheticImages
+from course_utils.lightning import (
+    CourseModule,
+    DisconnectAfter,
+    SimulatedDisconnect,
+    UtilizationLogger,
+    checkpointing,
+    compare_with_plain_loop,
+    lightning_precision,
+    make_trainer,
+    metrics_csv,
+    plot_metrics,
+    quiet_by_default,
+    read_metrics,
+    saved_step,
+)
+from course_utils.models import build_model
+from course_utils.training import TrainConfig, TrainStep, train
+
+BATCH = 16
+STEPS_PER_EPOCH = 4
+
+
+def tiny_cnn() -> torch.nn.Module:
+    # GroupNorm, not BatchNorm: nothing depends on running statistics or batch splits
+    return build_model("small_cnn", norm="group", width=8, depth=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The models are tiny: one thread is fastest, and on a shared 2-core machine
+    # multi-threaded kernels waiting for busy cores made these tests 10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def loader() -> DataLoader:
+    data = SyntheticImages(size=BATCH * STEPS_PER_EPOCH, image_size=8, seed=1)
+    return DataLoader(data, batch_size=BATCH, shuffle=False)
+
+
+def cpu_trainer(**options) -> object:
+    return make_trainer(accelerator="cpu", devices=1, logger=False, quiet=True, **options)
+
+
+def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return max((p - q).abs().max().item() for p, q in pairs)
+
+
+# Tolerance: both ways run the same float32 operations (same model, loss, optimizer, batch
+# order) in the same order on the same device, so on the CPU they agree bit for bit; 1e-6
+# leaves room only for a BLAS library that splits a reduction differently between two
+# calls (a few float32 ulps of weights of size ~0.1-1), far below the change one SGD step
+# makes (lr * gradient ~ 1e-3), so a missed, doubled or reordered step would fail.
+ATOL = 1e-6
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_lightning_reaches_the_plain_loops_parameters(loader, optimizer):
+    config = TrainConfig(precision="fp32", optimizer=optimizer, lr=0.05)
+    torch.manual_seed(0)
+    initial = tiny_cnn()
+    steps = STEPS_PER_EPOCH + 2  # crosses an epoch boundary
+
+    plain = TrainStep(copy.deepcopy(initial), "cpu", config)
+    train(plain, loader, max_steps=steps, epochs=10)
+    module = CourseModule(copy.deepcopy(initial), config)
+    trainer = cpu_trainer(max_steps=steps)
+    trainer.fit(module, loader)
+
+    assert trainer.global_step == plain.steps == steps
+    assert max_difference(initial, plain.model) > 100 * ATOL  # training moved the weights
+    assert max_difference(plain.model, module.model) <= ATOL
+
+
+def test_one_fewer_step_is_detected(loader):
+    """The parity test can fail: one step less is far outside the tolerance."""
+    config = TrainConfig(precision="fp32", lr=0.05)
+    torch.manual_seed(0)
+    initial = tiny_cnn()
+    plain = TrainStep(copy.deepcopy(initial), "cpu", config)
+    train(plain, loader, max_steps=3)
+    module = CourseModule(copy.deepcopy(initial), config)
+    cpu_trainer(max_steps=2).fit(module, loader)
+    assert max_difference(plain.model, module.model) > 100 * ATOL
+
+
+def test_resuming_after_a_disconnect_equals_an_uninterrupted_run(loader, tmp_path):
+    config = TrainConfig(precision="fp32", optimizer="momentum", lr=0.05)  # has state
+    torch.manual_seed(0)
+    initial = tiny_cnn()
+    total = 3 * STEPS_PER_EPOCH
+
+    # checkpoint at every epoch end; the "runtime" dies mid-way through the second epoch
+    interrupted = CourseModule(copy.deepcopy(initial), config)
+    trainer = cpu_trainer(
+        max_steps=total,
+        callbacks=[checkpointing(tmp_path, STEPS_PER_EPOCH), DisconnectAfter(6)],
+    )
+    with pytest.raises(SimulatedDisconnect):
+        trainer.fit(interrupted, loader)
+    last = tmp_path / "last.ckpt"
+    assert saved_step(last) == STEPS_PER_EPOCH  # step 6 was lost, step 4 was saved
+
+    resumed = CourseModule(copy.deepcopy(initial), config)  # a fresh process would do this
+    trainer = cpu_trainer(max_steps=total, callbacks=[checkpointing(tmp_path, STEPS_PER_EPOCH)])
+    trainer.fit(resumed, loader, ckpt_path=last)
+    assert trainer.global_step == total
+
+    straight = CourseModule(copy.deepcopy(initial), config)
+    cpu_trainer(max_steps=total).fit(straight, loader)
+    assert max_difference(resumed, straight) <= ATOL
+    assert max_difference(resumed, interrupted) > 100 * ATOL  # resuming did train on
+
+
+def test_utilization_callback_logs_on_cpu(loader, tmp_path):
+    callback = UtilizationLogger(every_n_steps=2, gpu_index=None)
+    trainer = make_trainer(
+        max_steps=STEPS_PER_EPOCH,
+        accelerator="cpu",
+        devices=1,
+        root_dir=tmp_path,
+        callbacks=[callback],
+        quiet=True,
+        log_every_n_steps=1,
+    )
+    trainer.fit(CourseModule(tiny_cnn(), TrainConfig(precision="fp32")), loader)
+    assert [row["step"] for row in callback.history] == [2, 4]
+    assert all(row["source"] == "cpu" for row in callback.history)
+    assert all(row["cpu/process_rss_mib"] > 0 for row in callback.history)
+
+    series = read_metrics(metrics_csv(trainer))
+    assert [step for step, _ in series["cpu/cpu_util_pct"]] == [2, 4]
+    assert len(series["train_loss"]) == STEPS_PER_EPOCH
+    assert list(tmp_path.glob("course/version_*/events.out.tfevents.*"))  # TensorBoard too
+    figure = plot_metrics(series, ["train_loss", "cpu/process_rss_mib"])
+    assert len([ax for ax in figure.axes if ax.has_data()]) == 2
+
+
+def test_utilization_callback_rejects_a_zero_interval():
+    with pytest.raises(ValueError, match="every_n_steps"):
+        UtilizationLogger(every_n_steps=0)
+
+
+def test_precision_strings_follow_pick_precision():
+    assert lightning_precision("auto", "cpu") == "32-true"
+    assert lightning_precision("fp16", "cuda") == "16-mixed"
+    assert lightning_precision("bf16") == "bf16-mixed"
+    assert lightning_precision("16-mixed") == "16-mixed"
+
+
+def test_trainer_is_quiet_under_tests():
+    assert quiet_by_default()
+    trainer = cpu_trainer(max_steps=1)
+    assert not trainer.progress_bar_callback
+    loud = make_trainer(max_steps=1, accelerator="cpu", logger=False, quiet=False)
+    assert loud.progress_bar_callback is not None
+
+
+def test_comparison_measures_both_ways_from_one_run(loader):
+    result = compare_with_plain_loop(
+        tiny_cnn, loader, epochs=2, config=TrainConfig(precision="fp32"), device="cpu"
+    )
+    assert len(result.plain_epoch_s) == len(result.lightning_epoch_s) == 2
+    assert result.overhead_ratio > 0
+    assert result.lightning_total_s >= sum(result.lightning_epoch_s)
+    assert result.plain_peak is not None and result.plain_peak.method.startswith("CPU")
+    assert "Lightning / plain" in str(result)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_lightning_matches_the_plain_loop_in_mixed_precision(loader, monkeypatch):
+    """Same autocast dtype and loss scaling both ways ("auto": fp16 + GradScaler on a T4,
+    bf16 from compute capability 8.0). cuDNN may pick different (nondeterministic)
+    kernels per run, so the check is closeness: 1e-3, against weights that moved > 1e-2."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    config = TrainConfig(precision="auto", lr=0.05)
+    torch.manual_seed(0)
+    initial = tiny_cnn()
+    plain = TrainStep(copy.deepcopy(initial), "cuda:0", config)
+    train(plain, loader, max_steps=5)
+    module = CourseModule(copy.deepcopy(initial), config)
+    callback = UtilizationLogger(every_n_steps=1)
+    trainer = make_trainer(
+        max_steps=5, accelerator="gpu", devices=[0], logger=False, callbacks=[callback]
+    )
+    trainer.fit(module, loader)
+    assert max_difference(initial, plain.model.cpu()) > 1e-2
+    assert max_difference(plain.model.cpu(), module.model.cpu()) <= 1e-3
+    assert callback.history and callback.history[0]["source"] == "nvml"
+    assert "gpu/memory_used_mib" in callback.history[0]
