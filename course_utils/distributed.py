@@ -192,8 +192,21 @@ def launch(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
-            raise RuntimeError(f"torchrun did not finish in {timeout_s:g} s:\n{output}") from None
+            raise RuntimeError(
+                f"torchrun did not finish in {timeout_s:g} s; last: {failure_summary(output)}"
+            ) from None
         return subprocess.CompletedProcess(list(command), process.returncode, output, "")
+
+
+def failure_summary(output: str) -> str:
+    """The line of a failed job's output that says why (its last ``...Error: ...`` line).
+
+    >>> failure_summary("starting\\n[rank1]: RuntimeError: boom\\nChildFailedError:\\n")
+    '[rank1]: RuntimeError: boom'
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error: " in line]
+    return ((errors or lines or ["no output"])[-1])[:300]
 
 
 # --------------------------------------------------------------------------- training
@@ -431,7 +444,9 @@ def equivalence_check(
         run = RunConfig(**{**asdict(config), "out": folder})
         done = launch(torchrun_command(train_command(run, "cpu"), nproc), timeout_s)
         if done.returncode != 0:
-            raise RuntimeError(f"the DDP run failed (exit {done.returncode}):\n{done.stdout}")
+            raise RuntimeError(
+                f"the DDP run failed (exit {done.returncode}): {failure_summary(done.stdout)}"
+            )
         ddp_state = torch.load(Path(folder) / CHECKPOINT_NAME, weights_only=True)
         summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
     difference = max_parameter_difference(ddp_state, reference_model(config, nproc))
@@ -461,7 +476,7 @@ def measure_scaling(
             command = torchrun_command(train_command(run, device), count)
             done = launch(command, timeout_s, env={"OMP_NUM_THREADS": "1"})
             if done.returncode != 0:
-                raise RuntimeError(f"{count} process(es) failed:\n{done.stdout}")
+                raise RuntimeError(f"{count} process(es) failed: {failure_summary(done.stdout)}")
             summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
         rows.append(
             {
@@ -508,20 +523,28 @@ def data_parallel_report(
     With 2+ GPUs: training-step throughput on one GPU and with DataParallel on all, and
     each GPU's peak allocated memory (GPU 0 holds the parameters, the gathered outputs
     and the loss, so it carries more). Without: the explanation, and the proof that on
-    CPU ``nn.DataParallel`` wraps the module but runs it unchanged (``device_ids == []``).
+    CPU ``nn.DataParallel`` wraps the module but runs it unchanged (``device_ids == []``;
+    with one GPU it runs it on ``cuda:0``).
     Initializes CUDA when GPUs are present: run it after any fork-based launcher.
     """
     gpus = cuda_gpu_count()
     wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
     report: dict[str, Any] = {"gpus": gpus, "device_ids": list(wrapped.device_ids)}
     if gpus < 2:
-        inputs = torch.randn(2, 3, image_size, image_size)
+        # with one GPU, DataParallel has moved the module to cuda:0 (device_ids == [0])
+        device = next(model.parameters()).device
+        inputs = torch.randn(2, 3, image_size, image_size, device=device)
         with torch.no_grad():
-            same = torch.equal(wrapped(inputs), model(inputs))
+            same = torch.allclose(wrapped(inputs), model(inputs), rtol=0.0, atol=1e-6)
         report["runs_module_unchanged"] = same
+        where = (
+            "no GPU: device_ids == [], so it simply calls the module on the CPU (no warning)"
+            if gpus == 0
+            else "one GPU: device_ids == [0], so it moves the module to cuda:0 and calls it "
+            "there; nothing runs in parallel"
+        )
         report["explanation"] = (
-            f"{gpus} GPU(s): nn.DataParallel has device_ids={list(wrapped.device_ids)} and "
-            "simply calls the module (no warning). With 2+ GPUs, each forward it would: "
+            f"nn.DataParallel with {where}. With 2+ GPUs, each forward it would: "
             "scatter the batch into one chunk per GPU, replicate the model onto every GPU, "
             "run the replicas in threads (parallel_apply), and gather the outputs on GPU 0, "
             "where the loss and the summed gradients live."

@@ -150,7 +150,9 @@ def test_data_parallel_on_cpu_runs_the_module_unchanged():
     report = data_parallel_report(build_model("mlp"))
     if report["gpus"] >= 2:
         pytest.skip("GPUs present: covered by the multigpu test")
-    assert report["device_ids"] == [] and report["runs_module_unchanged"] is True
+    assert len(report["device_ids"]) == report["gpus"] and report["runs_module_unchanged"] is True
+    if report["gpus"] == 0:
+        assert report["device_ids"] == [] and "no GPU" in report["explanation"]
     assert "scatter" in report["explanation"] and "gather" in report["explanation"]
 
 
@@ -169,3 +171,19 @@ def test_ddp_on_two_gpus_uses_nccl(tmp_path):
     assert done.returncode == 0, done.stdout
     assert "backend nccl" in done.stdout
 
+
+
+def test_ddp_check_rejects_bad_input_with_one_error_line(capsys):
+    from course_utils.cli import main
+
+    assert main(["ddp-check", "--nproc", "0"]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and error.count("\n") == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ddp-check", "--nproc", "two"])
+    assert exit_info.value.code == 2
+
+
+def test_failure_summary_finds_the_cause_in_torchrun_output():
+    output = "[rank1]: RuntimeError: rank 1 fails\nE1129 failed (exitcode: 1)\nChildFailedError: \n"
+    assert distributed.failure_summary(output) == "[rank1]: RuntimeError: rank 1 fails"
