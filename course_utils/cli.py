@@ -6,6 +6,7 @@ Commands:
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
   smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
   loader-advice  DataLoader settings for this machine, with the reason for each
+  ddp-check      DDP on N CPU processes (torchrun, gloo) ends where one process does
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -55,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
     advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
     advice.add_argument("--json", action="store_true", help="print the advice as JSON")
+    ddp = commands.add_parser("ddp-check", help="DDP on N processes == one process, W*B batch")
+    ddp.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
+    ddp.add_argument("--steps", type=int, default=4, help="optimizer steps (default: 4)")
+    ddp.add_argument("--batch-size", type=int, default=8, help="per process (default: 8)")
+    ddp.add_argument("--model", choices=("mlp", "small_cnn"), default="mlp")
     return parser
 
 
@@ -120,12 +126,32 @@ def _loader_advice(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ddp_check(args: argparse.Namespace) -> int:
+    from course_utils.distributed import RunConfig, equivalence_check
+
+    if args.nproc < 1 or args.steps < 1 or args.batch_size < 1:
+        raise ValueError("--nproc, --steps and --batch-size must be at least 1")
+    size = args.nproc * args.batch_size * max(1, args.steps // 2)  # two epochs: set_epoch
+    config = RunConfig(args.model, steps=args.steps, batch_size=args.batch_size, dataset_size=size)
+    result = equivalence_check(args.nproc, config)
+    print(
+        f"DDP: {result.world_size} processes x batch {result.per_rank_batch}, "
+        f"one process: batch {result.world_size * result.per_rank_batch}; "
+        f"{result.steps} SGD steps of {args.model} (CPU, gloo)"
+    )
+    verdict = "equal" if result.equal else "DIFFERENT"
+    print(f"{verdict} within {result.tolerance:g}")
+    print(f"largest parameter difference: {result.max_difference:.3g}")
+    return 0 if result.equal else 1
+
+
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
     "run-notebooks": _run_notebooks,
     "smi": _smi,
     "loader-advice": _loader_advice,
+    "ddp-check": _ddp_check,
 }
 
 

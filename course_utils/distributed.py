@@ -1,0 +1,670 @@
+"""Several GPUs (or CPU processes): DistributedDataParallel with torchrun, and its checks.
+
+DDP is *data* parallelism: every process holds a full copy of the model, trains on its own
+slice of each global batch, and during ``backward()`` the gradients are averaged across
+processes (an all-reduce, overlapped with the backward pass), so every copy takes the same
+optimizer step. It does not make a model fit that is too big for one GPU; for that see
+:class:`SplitModel` (model parallelism) and FSDP (which shards parameters, gradients and
+optimizer state across GPUs).
+
+The training entry point, one process per GPU (or per CPU slot with ``gloo``)::
+
+    torchrun --nproc_per_node=2 -m course_utils.distributed train --steps 20 --out build/ddp
+
+Multi-node: run the same command on every node with a shared rendezvous (any free port on
+the first node; ``--rdzv-id`` names the job)::
+
+    torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d \\
+        --rdzv-endpoint=node0.example.org:29500 --rdzv-id=job42 \\
+        -m course_utils.distributed train --out /shared/ddp
+
+What :func:`init_distributed` does for each process: picks the backend (``nccl`` on GPUs,
+``gloo`` on CPU); calls ``torch.cuda.set_device(local_rank)`` before anything touches CUDA
+(else every process creates a context on GPU 0); sets a timeout so that when one rank
+fails the others raise instead of waiting forever (``init_process_group(timeout=...)``;
+on NCCL also ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``; on gloo a ``monitored_barrier`` names
+the rank that did not arrive). torchrun itself stops the other workers when one exits
+with an error. Logging and checkpoints happen on rank 0 only.
+
+Also here: :func:`equivalence_check` (DDP on W processes with per-rank batch B ends with the
+same parameters as one process with batch W*B), :func:`measure_scaling`,
+:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline) and
+:class:`SplitModel`. Notebook 06 ("Multi-GPU") teaches this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_utils.data import SyntheticImages
+from course_utils.device import cuda_gpu_count
+from course_utils.models import build_model
+from course_utils.training import TrainConfig, TrainStep, train
+
+TOLERANCE = 1e-5
+DEFAULT_TIMEOUT_S = 120.0
+CHECKPOINT_NAME = "checkpoint.pt"
+SUMMARY_NAME = "summary.json"
+
+
+# --------------------------------------------------------------------------- process group
+
+
+def pick_backend(device: torch.device | str) -> str:
+    """``"nccl"`` for CUDA devices, ``"gloo"`` otherwise (CPU; also works on any OS).
+
+    >>> pick_backend("cpu"), pick_backend("cuda:1")
+    ('gloo', 'nccl')
+    """
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job. ``rank`` is global, ``local_rank`` per node."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that logs and saves checkpoints."""
+        return self.rank == 0
+
+
+def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
+    """Join the process group that torchrun set up (it sets ``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
+
+    ``device="auto"`` uses GPU ``local_rank`` when this node has one for each local process,
+    else the CPU. ``timeout_s`` bounds every collective: a rank that stops answering makes
+    the others raise after that long instead of hanging.
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device == "auto":
+        # NVML-based count: does not initialize CUDA before set_device
+        device = "cuda" if cuda_gpu_count() >= local_world else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)  # first CUDA call: one GPU per process
+        chosen = torch.device("cuda", local_rank)
+        # NCCL collectives are asynchronous: without this a failed peer can hang the rest
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    elif device == "cpu":
+        chosen = torch.device("cpu")
+    else:
+        raise ValueError(f"device={device!r}: use 'auto', 'cuda' or 'cpu'")
+    backend = pick_backend(chosen)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timeout)
+    if backend == "gloo":
+        dist.monitored_barrier(timeout=timeout)  # names a rank that never arrives
+    return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), chosen, backend)
+
+
+def shutdown_distributed() -> None:
+    """``destroy_process_group()`` if a group exists (call it at the end of every run)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine right now (for a local rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_command(
+    target: Sequence[str],
+    nproc: int,
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "course",
+) -> list[str]:
+    """The torchrun command line for ``target`` (``["-m", "module", ...]`` or a script).
+
+    It runs torchrun as ``python -m torch.distributed.run`` with this Python, so the
+    workers use the same environment. The c10d rendezvous on ``rdzv_endpoint``
+    (default: a free local port) is the one multi-node jobs use.
+
+    >>> torchrun_command(["train.py"], 2, rdzv_endpoint="localhost:29500")[3:]
+    ['--nnodes=1', '--nproc_per_node=2', '--rdzv-backend=c10d', \
+'--rdzv-endpoint=localhost:29500', '--rdzv-id=course', 'train.py']
+    """
+    endpoint = rdzv_endpoint or f"localhost:{free_port()}"
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        *target,
+    ]
+
+
+def launch(
+    command: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a torchrun command; kill its whole process group if it outlives ``timeout_s``.
+
+    The safety net behind the in-job timeouts: a launch never hangs the caller. Raises
+    ``RuntimeError`` on timeout (with the output so far).
+    """
+    with subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # its own process group, so the workers die with it
+    ) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            raise RuntimeError(
+                f"torchrun did not finish in {timeout_s:g} s; last: {failure_summary(output)}"
+            ) from None
+        return subprocess.CompletedProcess(list(command), process.returncode, output, "")
+
+
+def failure_summary(output: str) -> str:
+    """The line of a failed job's output that says why (its last ``...Error: ...`` line).
+
+    >>> failure_summary("starting\\n[rank1]: RuntimeError: boom\\nChildFailedError:\\n")
+    '[rank1]: RuntimeError: boom'
+    """
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error: " in line]
+    return ((errors or lines or ["no output"])[-1])[:300]
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass
+class RunConfig:
+    """One DDP training run. ``batch_size`` is per process; the global batch is
+    ``batch_size * world_size``. ``model="mlp"`` or ``small_cnn`` with ``norm="group"``
+    keep the result independent of how a batch is split (see :func:`equivalence_check`)."""
+
+    model: str = "mlp"
+    norm: str = "group"  # small_cnn only
+    steps: int = 8
+    batch_size: int = 16
+    dataset_size: int = 256
+    lr: float = 0.05
+    seed: int = 0
+    warmup_steps: int = 0  # untimed steps first (for throughput)
+    log_every: int = 1
+    out: str | None = None  # rank 0 writes checkpoint.pt and summary.json here
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    fail_rank: int | None = None  # for the failure tests: this rank fails ...
+    fail_step: int = 1  # ... when it reaches this step (1-based) ...
+    fail_mode: str = "raise"  # ... by raising, or by hanging ("hang": only the timeout helps)
+
+    def build_model(self) -> nn.Module:
+        """The model, initialized from ``seed`` (the same on every rank)."""
+        torch.manual_seed(self.seed)
+        kwargs: dict[str, Any] = {"norm": self.norm} if self.model == "small_cnn" else {}
+        return build_model(self.model, **kwargs)
+
+
+class _FailAt:
+    """A loader that fails on step ``fail_step``: raises, or hangs (tests of the timeout)."""
+
+    def __init__(self, loader: DataLoader[Any], config: RunConfig, rank: int) -> None:
+        self.loader, self.config, self.rank = loader, config, rank
+        self.sampler = loader.sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        for step, batch in enumerate(self.loader, start=1):
+            if step == self.config.fail_step:
+                if self.config.fail_mode == "hang":
+                    print(f"rank {self.rank} hangs on purpose at step {step}", flush=True)
+                    time.sleep(10 * self.config.timeout_s)
+                raise RuntimeError(f"rank {self.rank} fails on purpose at step {step}")
+            yield batch
+
+
+def make_loader(config: RunConfig, rank: int, world_size: int) -> DataLoader[Any]:
+    """A DataLoader over this rank's share of ``SyntheticImages``.
+
+    ``DistributedSampler`` shuffles with ``seed + epoch`` (``train`` calls ``set_epoch``)
+    and gives rank ``r`` the indices ``r, r + W, r + 2W, ...`` of that order; so at each
+    step the W per-rank batches together are W*B consecutive samples of it, exactly the
+    batch one process with ``num_replicas=1`` and batch W*B sees.
+    """
+    data = SyntheticImages(size=config.dataset_size, seed=config.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
+    )
+    return DataLoader(data, batch_size=config.batch_size, sampler=sampler)
+
+
+def run_training(
+    config: RunConfig, context: DistContext | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Train ``config.steps`` steps; with ``context`` as one DDP rank, else in one process.
+
+    Returns the (unwrapped) model and a summary: losses (this rank's), seconds and the
+    global samples per second of the timed steps.
+    """
+    rank, world = (context.rank, context.world_size) if context else (0, 1)
+    device = context.device if context else torch.device("cpu")
+    model: nn.Module = config.build_model().to(device)
+    if context is not None:
+        ids = [device.index] if device.type == "cuda" else None
+        # DDP broadcasts rank 0's parameters, then all-reduces gradients during backward()
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    step = TrainStep(model, device, TrainConfig(precision="fp32", optimizer="sgd", lr=config.lr))
+    loader: Any = make_loader(config, rank, world)
+    if config.fail_rank == rank:
+        loader = _FailAt(loader, config, rank)
+    warm = train(step, loader, max_steps=config.warmup_steps) if config.warmup_steps else None
+    if context is not None:
+        dist.barrier()  # start the clock together
+    # as many epochs as the steps need (train calls sampler.set_epoch for each)
+    result = train(step, loader, max_steps=config.steps, epochs=config.steps)
+    losses = (warm.losses if warm else []) + result.losses
+    summary = {
+        "world_size": world,
+        "backend": context.backend if context else None,
+        "device": str(device),
+        "per_rank_batch": config.batch_size,
+        "global_batch": config.batch_size * world,
+        "steps": result.steps,
+        "losses": losses,
+        "seconds": result.seconds,
+        "samples_per_s": result.samples_per_s * world,
+        "threads_per_process": torch.get_num_threads(),
+        "config": asdict(config),
+    }
+    return getattr(model, "module", model), summary
+
+
+def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
+    """The body of one torchrun worker: join, train, log and save on rank 0, leave."""
+    context = init_distributed(device, config.timeout_s)
+    try:
+        model, summary = run_training(config, context)
+        if context.is_main:  # one log and one checkpoint, not world_size of them
+            for number, loss in enumerate(summary["losses"], start=1):
+                if number % config.log_every == 0 or number == len(summary["losses"]):
+                    print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
+            print(
+                f"[rank 0] {summary['world_size']} process(es), backend {context.backend}, "
+                f"{summary['samples_per_s']:.1f} samples/s",
+                flush=True,
+            )
+            if config.out:
+                save_run(Path(config.out), model, summary)
+        if context.backend == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=config.timeout_s))
+        return summary
+    finally:
+        shutdown_distributed()
+
+
+def save_run(out: Path, model: nn.Module, summary: dict[str, Any]) -> None:
+    """Write ``checkpoint.pt`` (the model's ``state_dict``) and ``summary.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / CHECKPOINT_NAME)
+    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def train_command(config: RunConfig, device: str = "auto") -> list[str]:
+    """The arguments after ``torchrun ...`` that run :func:`train_worker` with ``config``."""
+    args = ["-m", "course_utils.distributed", "train", f"--device={device}"]
+    for name, value in asdict(config).items():
+        if value is not None:
+            args.append(f"--{name.replace('_', '-')}={value}")
+    return args
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def max_parameter_difference(
+    first: dict[str, torch.Tensor] | nn.Module, second: dict[str, torch.Tensor] | nn.Module
+) -> float:
+    """The largest absolute difference between two models' parameters (same keys).
+
+    >>> a = nn.Linear(2, 2); b = nn.Linear(2, 2); b.load_state_dict(a.state_dict())
+    <All keys matched successfully>
+    >>> max_parameter_difference(a, b)
+    0.0
+    """
+    one = first.state_dict() if isinstance(first, nn.Module) else first
+    two = second.state_dict() if isinstance(second, nn.Module) else second
+    if one.keys() != two.keys():
+        raise ValueError(f"different parameters: {sorted(set(one) ^ set(two))}")
+    return max(
+        ((one[key].detach().cpu().double() - two[key].detach().cpu().double()).abs().max().item())
+        for key in one
+    )
+
+
+def split_batch_gradient_difference(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, parts: int = 2
+) -> float:
+    """How far the average of ``parts`` sub-batch gradients is from the full-batch gradient.
+
+    This is what DDP computes (each rank's mean-loss gradient, averaged by the all-reduce)
+    against what one process computes. Zero up to rounding for models whose forward treats
+    samples independently (Linear, Conv, GroupNorm); not for BatchNorm in training mode,
+    which normalizes each sub-batch with its own mean and variance.
+    """
+    loss_fn = nn.CrossEntropyLoss()
+    model.zero_grad(set_to_none=True)
+    loss_fn(model(inputs), targets).backward()
+    full = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    for sub_inputs, sub_targets in zip(inputs.chunk(parts), targets.chunk(parts), strict=True):
+        (loss_fn(model(sub_inputs), sub_targets) / parts).backward()  # the all-reduce average
+    averaged = [p.grad for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return max((a - b).abs().max().item() for a, b in zip(full, averaged, strict=True))
+
+
+@dataclass
+class EquivalenceResult:
+    """DDP vs one process: the largest parameter difference and whether it is small enough."""
+
+    max_difference: float
+    tolerance: float
+    world_size: int
+    per_rank_batch: int
+    steps: int
+    ddp_summary: dict[str, Any] = field(default_factory=dict)
+    output: str = ""
+
+    @property
+    def equal(self) -> bool:
+        return self.max_difference <= self.tolerance
+
+
+def reference_model(config: RunConfig, world_size: int) -> nn.Module:
+    """One process, batch ``world_size * config.batch_size``, the same samples and steps."""
+    single = RunConfig(**{**asdict(config), "batch_size": config.batch_size * world_size})
+    single.out, single.fail_rank = None, None
+    model, _ = run_training(single)
+    return model
+
+
+def equivalence_check(
+    nproc: int = 2,
+    config: RunConfig | None = None,
+    tolerance: float = TOLERANCE,
+    timeout_s: float = 180.0,
+) -> EquivalenceResult:
+    """Train with DDP on ``nproc`` CPU processes (gloo, via torchrun), then in this process
+    on the combined batch, and compare the final parameters.
+
+    They agree because DDP averages the gradients of the ranks' mean losses, which equals
+    the gradient of the mean loss over the combined batch (plain SGD turns equal gradients
+    into equal steps). BatchNorm breaks this: it normalizes each rank's batch with that
+    batch's own statistics, so a rank's forward differs from the combined batch's;
+    ``nn.SyncBatchNorm`` computes the statistics over all ranks and restores it.
+    """
+    config = config or RunConfig(steps=4, batch_size=8, dataset_size=64)
+    if config.dataset_size % (nproc * config.batch_size):
+        raise ValueError("dataset_size must be a multiple of nproc * batch_size (no padding)")
+    with tempfile.TemporaryDirectory(prefix="ddp-check-") as folder:
+        run = RunConfig(**{**asdict(config), "out": folder})
+        done = launch(torchrun_command(train_command(run, "cpu"), nproc), timeout_s)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"the DDP run failed (exit {done.returncode}): {failure_summary(done.stdout)}"
+            )
+        ddp_state = torch.load(Path(folder) / CHECKPOINT_NAME, weights_only=True)
+        summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
+    difference = max_parameter_difference(ddp_state, reference_model(config, nproc))
+    return EquivalenceResult(
+        difference, tolerance, nproc, config.batch_size, config.steps, summary, done.stdout
+    )
+
+
+def measure_scaling(
+    process_counts: Sequence[int],
+    config: RunConfig | None = None,
+    device: str = "auto",
+    timeout_s: float = 300.0,
+) -> list[dict[str, Any]]:
+    """Global throughput of the same per-process batch on 1..N processes, and the scaling
+    efficiency ``throughput(N) / (N * throughput(1))``.
+
+    Each process count is a separate torchrun job; every process uses one CPU thread
+    (``OMP_NUM_THREADS=1``) so that a process is the unit of work on CPU. With GPUs
+    (``device="auto"``) each process drives one GPU.
+    """
+    config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
+    rows: list[dict[str, Any]] = []
+    for count in process_counts:
+        with tempfile.TemporaryDirectory(prefix="ddp-scaling-") as folder:
+            run = RunConfig(**{**asdict(config), "out": folder, "log_every": 10**9})
+            command = torchrun_command(train_command(run, device), count)
+            done = launch(command, timeout_s, env={"OMP_NUM_THREADS": "1"})
+            if done.returncode != 0:
+                raise RuntimeError(f"{count} process(es) failed: {failure_summary(done.stdout)}")
+            summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
+        rows.append(
+            {
+                "processes": count,
+                "device": summary["device"],
+                "samples_per_s": summary["samples_per_s"],
+            }
+        )
+    base = rows[0]["samples_per_s"] / rows[0]["processes"]
+    for row in rows:
+        row["efficiency"] = row["samples_per_s"] / (row["processes"] * base)
+    return rows
+
+
+def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> Any:
+    """Throughput against processes, with the ideal (linear) line; returns the axes."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    counts = [row["processes"] for row in rows]
+    measured = [row["samples_per_s"] for row in rows]
+    ideal = [measured[0] / counts[0] * count for count in counts]
+    ax.plot(counts, ideal, "--", color="gray", label="ideal (linear)")
+    ax.plot(counts, measured, "o-", label="measured")
+    for count, value, row in zip(counts, measured, rows, strict=True):
+        ax.annotate(f"{row['efficiency']:.0%}", (count, value), textcoords="offset points",
+                    xytext=(4, -12))  # fmt: skip
+    ax.set_xticks(counts)
+    ax.set_xlabel("processes")
+    ax.set_ylabel("samples / s (all processes)")
+    ax.set_title(f"DDP scaling, {label}", fontsize=9)
+    ax.legend()
+    return ax
+
+
+# --------------------------------------------------------------------------- DataParallel
+
+
+def data_parallel_report(
+    model: nn.Module, batch_size: int = 64, steps: int = 5, image_size: int = 32
+) -> dict[str, Any]:
+    """What ``nn.DataParallel`` does here, measured when there are 2+ GPUs.
+
+    With 2+ GPUs: training-step throughput on one GPU and with DataParallel on all, and
+    each GPU's peak allocated memory (GPU 0 holds the parameters, the gathered outputs
+    and the loss, so it carries more). Without: the explanation, and the proof that on
+    CPU ``nn.DataParallel`` wraps the module but runs it unchanged (``device_ids == []``;
+    with one GPU it runs it on ``cuda:0``).
+    Initializes CUDA when GPUs are present: run it after any fork-based launcher.
+    """
+    gpus = cuda_gpu_count()
+    wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
+    report: dict[str, Any] = {"gpus": gpus, "device_ids": list(wrapped.device_ids)}
+    if gpus < 2:
+        # with one GPU, DataParallel has moved the module to cuda:0 (device_ids == [0])
+        device = next(model.parameters()).device
+        inputs = torch.randn(2, 3, image_size, image_size, device=device)
+        with torch.no_grad():
+            same = torch.allclose(wrapped(inputs), model(inputs), rtol=0.0, atol=1e-6)
+        report["runs_module_unchanged"] = same
+        where = (
+            "no GPU: device_ids == [], so it simply calls the module on the CPU (no warning)"
+            if gpus == 0
+            else "one GPU: device_ids == [0], so it moves the module to cuda:0 and calls it "
+            "there; nothing runs in parallel"
+        )
+        report["explanation"] = (
+            f"nn.DataParallel with {where}. With 2+ GPUs, each forward it would: "
+            "scatter the batch into one chunk per GPU, replicate the model onto every GPU, "
+            "run the replicas in threads (parallel_apply), and gather the outputs on GPU 0, "
+            "where the loss and the summed gradients live."
+        )
+        return report
+    rows: dict[str, dict[str, Any]] = {}
+    inputs = torch.randn(batch_size, 3, image_size, image_size, device="cuda:0")
+    targets = torch.randint(0, 10, (batch_size,), device="cuda:0")
+    for name, module in (("one_gpu", model.to("cuda:0")), ("data_parallel", wrapped)):
+        for index in range(gpus):
+            torch.cuda.reset_peak_memory_stats(index)
+        seconds = _time_training_step(module, inputs, targets, steps)
+        rows[name] = {
+            "samples_per_s": batch_size / seconds,
+            "peak_mib_per_gpu": [
+                torch.cuda.max_memory_allocated(index) / 2**20 for index in range(gpus)
+            ],
+        }
+    report["measured"] = rows
+    report["speedup"] = rows["data_parallel"]["samples_per_s"] / rows["one_gpu"]["samples_per_s"]
+    return report
+
+
+def _time_training_step(
+    module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int
+) -> float:
+    """Median seconds of one SGD training step of ``module`` on the batch (synchronized)."""
+    from course_utils.timing import benchmark
+
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(module(inputs), targets).backward()
+        optimizer.step()
+
+    return benchmark(step, device=inputs.device, warmup=2, repeats=steps).median_s
+
+
+# --------------------------------------------------------------------------- model parallel
+
+
+class SplitModel(nn.Module):
+    """A model cut into stages, each on its own device; activations hop between them.
+
+    This is model (pipeline) parallelism in its simplest form: it lets a model too big for
+    one GPU run on two, but only one device works at a time (no pipelining). ``handoffs``
+    records each activation moved between devices in the last forward: ``(from, to,
+    shape, bytes)``. The same code runs with ``devices=("cpu", "cpu")``.
+    """
+
+    def __init__(self, stages: Sequence[nn.Module], devices: Sequence[str | torch.device]):
+        super().__init__()
+        if len(stages) != len(devices):
+            raise ValueError("give one device per stage")
+        self.devices = [torch.device(device) for device in devices]
+        self.stages = nn.ModuleList(
+            stage.to(device) for stage, device in zip(stages, self.devices, strict=True)
+        )
+        self.handoffs: list[tuple[str, str, tuple[int, ...], int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.handoffs = []
+        for stage, device in zip(self.stages, self.devices, strict=True):
+            if x.device != device:
+                nbytes = x.numel() * x.element_size()
+                self.handoffs.append((str(x.device), str(device), tuple(x.shape), nbytes))
+                x = x.to(device)  # the hand-off: autograd sends gradients back the same way
+            x = stage(x)
+        return x
+
+
+def split_model(model: nn.Module, devices: Sequence[str | torch.device]) -> SplitModel:
+    """Split a course model (``blocks`` then ``head``) into two stages on two devices:
+    the first half of the blocks on ``devices[0]``, the rest and the head on ``devices[1]``.
+    """
+    blocks = getattr(model, "blocks", None)
+    head = getattr(model, "head", None)
+    if not isinstance(blocks, nn.Sequential) or head is None or len(devices) != 2:
+        raise ValueError("split_model needs a course model (small_cnn or mlp) and two devices")
+    children = list(blocks.children())
+    half = max(1, len(children) // 2)
+    first: list[nn.Module] = [getattr(model, "flatten", nn.Identity()), *children[:half]]
+    second = nn.Sequential(*children[half:], head)
+    return SplitModel([nn.Sequential(*first), second], devices)
+
+
+def two_devices() -> tuple[str, str]:
+    """``("cuda:0", "cuda:1")`` with 2+ GPUs, else ``("cpu", "cpu")`` (same code)."""
+    return ("cuda:0", "cuda:1") if cuda_gpu_count() >= 2 else ("cpu", "cpu")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchrun --nproc_per_node=N -m course_utils.distributed",
+        description="DDP training entry point (run under torchrun).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    trainer = commands.add_parser("train", help="train with DDP; rank 0 logs and saves")
+    trainer.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    for name, value in asdict(RunConfig()).items():
+        kind = float if name in ("lr", "timeout_s") else int if name != "model" else str
+        if name in ("out", "norm", "fail_mode"):
+            kind = str
+        trainer.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``train`` as one torchrun worker; return its exit code."""
+    args = vars(_parser().parse_args(argv))
+    args.pop("command")
+    device = args.pop("device")
+    train_worker(RunConfig(**args), device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
