@@ -4,6 +4,8 @@ Commands:
   doctor         describe this machine for the course (``--json`` for JSON)
   badges         point the Colab badges and setup cells at a fork
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
+  student        write student versions of the notebooks (``make student``)
+  grade          run a submitted notebook on the CPU and score its exercise checks
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -45,6 +47,17 @@ def _parser() -> argparse.ArgumentParser:
         help=f"experiment size (default: ${workload.ENV_VAR} or auto)",
     )
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
+
+    student = commands.add_parser("student", help="write student versions of notebooks")
+    student.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    student.add_argument("--out", type=Path, default=Path("build/student"), help="output folder")
+
+    grade = commands.add_parser("grade", help="score a submitted notebook's exercise checks")
+    grade.add_argument("submission", type=Path, help="the learner's .ipynb")
+    grade.add_argument("--source", type=Path, help="instructor notebook (default: same name)")
+    grade.add_argument("--json", action="store_true", help="print the scores as JSON")
+    grade.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
+    grade.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
     return parser
 
 
@@ -76,7 +89,33 @@ def _run_notebooks(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-HANDLERS = {"doctor": _doctor, "badges": _badges, "run-notebooks": _run_notebooks}
+def _student(args: argparse.Namespace) -> int:
+    from course_utils.student import make_student_versions
+
+    written = make_student_versions(args.paths, args.out)
+    print(f"{len(written)} student notebook(s) written to {args.out}")
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from course_utils.grading import main_grade
+
+    return main_grade(
+        args.submission,
+        args.source,
+        as_json=args.json,
+        cell_timeout_s=args.cell_timeout,
+        total_timeout_s=args.timeout,
+    )
+
+
+HANDLERS = {
+    "doctor": _doctor,
+    "badges": _badges,
+    "run-notebooks": _run_notebooks,
+    "student": _student,
+    "grade": _grade,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
