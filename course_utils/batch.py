@@ -4,16 +4,32 @@
 that size) and finds the largest size that does not run out of memory: it doubles from
 ``low`` until a trial fails, then bisects between the last size that fitted and the first
 that did not. With a true limit ``M`` it needs at most ``2 * ceil(log2(M)) + 2`` trials.
-Used by notebooks 03, 04 and 07.
+With ``isolate=True`` each trial runs in a fresh subprocess, so memory leaked or
+fragmented by one trial cannot make the next one fail.
+
+:func:`predict_max_batch_size` goes further when the memory of a step can be measured (a
+GPU's allocator statistics): it measures two small batches, fits memory = fixed + per
+sample x batch, predicts the limit for the memory available and confirms it with a few
+trials around the prediction instead of doubling from 1.
+
+:func:`batch_size_sweep` measures throughput, step time and peak memory for a range of
+batch sizes and finds the knee: **the smallest batch size whose throughput reaches 90% of
+the best measured throughput** (``knee_fraction``). Past the knee a larger batch costs
+memory and buys almost no speed. Used by notebooks 03, 04 and 07.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import multiprocessing
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from course_utils.memory import is_out_of_memory, release_memory
 
@@ -41,13 +57,83 @@ class MaxBatchSize:
     trials: int
     history: list[Trial] = field(default_factory=list)
     capped: bool = False  # the search stopped at ``high`` without running out of memory
+    predicted: int | None = None  # :func:`predict_max_batch_size`'s prediction, if any
 
 
-def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
+def _child(trial: Callable[[int], Any], batch_size: int, results: Any) -> None:
+    """Run one trial in a subprocess and send back ("ok" | "oom" | "error", message)."""
+    try:
+        trial(batch_size)
+        results.send(("ok", ""))
+    except BaseException as error:
+        kind = "oom" if is_out_of_memory(error) else "error"
+        results.send((kind, f"{type(error).__name__}: {error}"[:500]))
+
+
+def _fresh_process_context() -> Any:
+    """``forkserver`` where it exists (each trial is forked from a clean server process
+    that has imported torch once: fresh, and fast to start), else ``spawn``."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["course_utils.batch"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def run_isolated(trial: Callable[[int], Any], batch_size: int, timeout_s: float = 600.0) -> None:
+    """Call ``trial(batch_size)`` in a fresh subprocess and raise what it raised:
+    a ``RuntimeError`` saying "out of memory" when the trial ran out of memory or the
+    process was killed by a signal (the Linux OOM killer sends SIGKILL), another
+    ``RuntimeError`` for any other failure. The subprocess is forked from a clean
+    ``forkserver`` process (which never ran a trial) or, where there is none, spawned.
+    ``trial`` must be picklable (defined at the
+    top level of a module, or a ``functools.partial`` of such a function).
+    """
+    try:
+        pickle.dumps(trial)
+    except Exception as error:
+        raise TypeError(
+            f"isolate=True needs a picklable trial (a module-level function): {error}"
+        ) from None
+    context = _fresh_process_context()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(trial, batch_size, send), daemon=True)
+    process.start()
+    send.close()
+    outcome: tuple[str, str] | None = None
+    if receive.poll(timeout_s):
+        try:
+            outcome = receive.recv()
+        except EOFError:  # the child died before answering
+            outcome = None
+    process.join(5 if outcome else timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    if outcome is None:
+        code = process.exitcode
+        if code is not None and code < 0:
+            raise RuntimeError(
+                f"out of memory (assumed): the trial's process was killed by signal {-code}"
+            )
+        raise RuntimeError(f"the trial's process exited with code {code} without an answer")
+    kind, message = outcome
+    if kind == "oom":
+        raise RuntimeError(f"out of memory in the trial's subprocess: {message}")
+    if kind == "error":
+        raise RuntimeError(f"the trial failed in its subprocess: {message}")
+
+
+def _attempt(
+    trial: Callable[[int], Any], batch_size: int, history: list[Trial], isolate: bool = False
+) -> bool:
     start = time.perf_counter()
     message = None
     try:
-        trial(batch_size)
+        if isolate:
+            run_isolated(trial, batch_size)
+        else:
+            trial(batch_size)
         fits = True
     except Exception as error:
         if not is_out_of_memory(error):
@@ -68,6 +154,7 @@ def find_max_batch_size(
     low: int = 1,
     high: int | None = None,
     margin: float = 0.0,
+    isolate: bool = False,
 ) -> MaxBatchSize:
     """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory.
 
@@ -75,7 +162,8 @@ def find_max_batch_size(
     message says so (CUDA or the CPU allocator); any other exception is raised again.
     Memory is freed after each failed trial (``gc.collect()`` and ``empty_cache()``).
     ``high`` caps the search; ``margin`` (0 to <1) returns that fraction less than the
-    limit found, leaving room for fragmentation and for other processes.
+    limit found, leaving room for fragmentation and for other processes. ``isolate=True``
+    runs each trial in a fresh subprocess (:func:`run_isolated`; seconds per trial).
 
     >>> def trial(n):
     ...     if n > 100:
@@ -98,7 +186,7 @@ def find_max_batch_size(
     while True:  # grow by doubling
         if high is not None:
             size = min(size, high)
-        if _attempt(trial, size, history):
+        if _attempt(trial, size, history, isolate):
             good = size
             if high is not None and size >= high:
                 break
@@ -108,11 +196,373 @@ def find_max_batch_size(
             break
     while bad is not None and bad - good > 1:  # bisect between good and bad
         middle = (good + bad) // 2
+        if _attempt(trial, middle, history, isolate):
+            good = middle
+        else:
+            bad = middle
+    return MaxBatchSize(
+        batch_size=_with_margin(good, margin),
+        limit=good,
+        trials=len(history),
+        history=history,
+        capped=bad is None,
+    )
+
+
+def _with_margin(good: int, margin: float) -> int:
+    return good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
+
+
+# ----------------------------------------------------------- predict, then confirm
+
+
+def predict_max_batch_size(
+    trial: Callable[[int], Any],
+    memory_of: Callable[[int], int],
+    budget_bytes: int,
+    *,
+    probes: tuple[int, int] = (2, 4),
+    high: int | None = None,
+    margin: float = 0.0,
+) -> MaxBatchSize:
+    """Predict the largest batch from measured memory, then confirm it with a few trials.
+
+    ``memory_of(n)`` runs a step at batch size ``n`` and returns its peak memory in bytes
+    (on a GPU: ``footprint.peak_memory(lambda: trial(n), device).peak_bytes``). It is
+    called at the two ``probes``; a straight line through them (fixed bytes + bytes per
+    sample x n) gives the batch size that fills ``budget_bytes``. The prediction is then
+    confirmed by exponential search around it (+1, +2, +4, ... while trials fit, or -1,
+    -2, -4, ... while they do not) and bisection: when memory really grows linearly the
+    answer takes 4 or 5 calls instead of about ``2 log2(M)``. The two probes count as trials.
+
+    >>> limit = lambda n: 1000 + 300 * n           # bytes a step at batch n needs
+    >>> def trial(n):
+    ...     if limit(n) > 100_000:
+    ...         raise RuntimeError("out of memory (simulated)")
+    >>> found = predict_max_batch_size(trial, limit, 100_000)
+    >>> found.batch_size, found.predicted, found.trials
+    (330, 330, 4)
+    """
+    small, large = sorted(probes)
+    if small < 1 or large <= small:
+        raise ValueError(f"probes must be two different sizes >= 1, got {probes}")
+    history: list[Trial] = []
+    measured = []
+    for size in (small, large):
+        start = time.perf_counter()
+        try:
+            measured.append(memory_of(size))
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            release_memory()  # even the probes do not fit: search below them
+            fallback = find_max_batch_size(trial, high=max(1, size - 1), margin=margin)
+            fallback.history[:0] = [*history, Trial(size, False, time.perf_counter() - start)]
+            fallback.trials = len(fallback.history)
+            return fallback
+        history.append(Trial(size, True, time.perf_counter() - start))
+    per_sample = (measured[1] - measured[0]) / (large - small)
+    if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
+        found = find_max_batch_size(trial, low=large, high=high, margin=margin)
+        found.history[:0] = history
+        found.trials = len(found.history)
+        return found
+    fixed = measured[0] - per_sample * small
+    predicted = max(large, math.floor((budget_bytes - fixed) / per_sample))
+    if high is not None:
+        predicted = min(predicted, max(high, large))
+    good, bad = large, None
+    if _attempt(trial, predicted, history):
+        good, step = predicted, 1
+        while high is None or good < high:  # gallop upwards until a trial fails
+            size = good + step if high is None else min(good + step, high)
+            if _attempt(trial, size, history):
+                good, step = size, step * 2
+            else:
+                bad = size
+                break
+    else:
+        bad, step = predicted, 1
+        while bad - step > good:  # gallop downwards until a trial fits
+            size = bad - step
+            if _attempt(trial, size, history):
+                good = size
+                break
+            bad, step = size, step * 2
+    while bad is not None and bad - good > 1:
+        middle = (good + bad) // 2
         if _attempt(trial, middle, history):
             good = middle
         else:
             bad = middle
-    answer = good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
     return MaxBatchSize(
-        batch_size=answer, limit=good, trials=len(history), history=history, capped=bad is None
+        batch_size=_with_margin(good, margin),
+        limit=good,
+        trials=len(history),
+        history=history,
+        capped=bad is None,
+        predicted=predicted,
     )
+
+
+def cuda_memory_budget(device: torch.device | str) -> int:
+    """Bytes a step on a CUDA ``device`` can still use: free device memory plus the
+    blocks PyTorch's caching allocator holds but does not use."""
+    device = torch.device(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + cached)
+
+
+# ------------------------------------------------------------------- a real trial
+
+
+class TrainTrial:
+    """One training step of a course model at a given batch size: a picklable trial.
+
+    ``TrainTrial("small_cnn")(64)`` builds the model on first use (kept for later
+    calls, not pickled), makes a random CIFAR-shaped batch of 64 on the device and runs
+    one :class:`~course_utils.training.TrainStep`. With ``budget_bytes`` it imposes a
+    memory budget: when :func:`~course_utils.footprint.peak_memory` of the step exceeds
+    it, it raises ``RuntimeError("out of memory ...")`` as a real allocator would (on
+    the CPU that peak is the bytes saved for backward). ``last_peak_bytes`` keeps the
+    last measured peak.
+
+    >>> trial = TrainTrial("mlp", budget_bytes=2**24)
+    >>> trial(1) is None, trial.last_peak_bytes > 0
+    (True, True)
+    """
+
+    def __init__(
+        self,
+        model_name: str = "small_cnn",
+        device: str = "cpu",
+        *,
+        budget_bytes: int | None = None,
+        image_size: int = 32,
+        num_classes: int = 10,
+        precision: str = "fp32",
+        model_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.device = device
+        self.budget_bytes = budget_bytes
+        self.image_size = image_size
+        self.num_classes = num_classes
+        self.precision = precision
+        self.model_kwargs = dict(model_kwargs or {})
+        self.last_peak_bytes = 0
+        self._step: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_step"] = None  # a subprocess builds its own model
+        return state
+
+    def step(self) -> Any:
+        """The :class:`~course_utils.training.TrainStep` (built on first use)."""
+        if self._step is None:
+            from course_utils.models import build_model
+            from course_utils.training import TrainConfig, TrainStep
+
+            torch.manual_seed(0)
+            model = build_model(self.model_name, num_classes=self.num_classes, **self.model_kwargs)
+            self._step = TrainStep(model, self.device, TrainConfig(precision=self.precision))
+        return self._step
+
+    def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (batch_size, 3, self.image_size, self.image_size)
+        inputs = torch.randn(shape, device=self.device)
+        return inputs, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
+
+    def __call__(self, batch_size: int) -> None:
+        from course_utils.footprint import peak_memory
+
+        step = self.step()
+        if self.budget_bytes is None:
+            step(self.batch(batch_size))
+            return
+        peak = peak_memory(lambda: step(self.batch(batch_size)), self.device).peak_bytes
+        self.last_peak_bytes = peak
+        if peak > self.budget_bytes:
+            raise RuntimeError(
+                f"out of memory (imposed budget): batch {batch_size} needs {peak / 2**20:.1f} "
+                f"MiB, the budget is {self.budget_bytes / 2**20:.1f} MiB"
+            )
+
+
+# ------------------------------------------------------------------------- sweep
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One batch size of :func:`batch_size_sweep`."""
+
+    batch_size: int
+    step_s: float  # median seconds per step (0 when out of memory)
+    samples_per_s: float
+    peak_bytes: int
+    out_of_memory: bool = False
+    error: str | None = None
+
+
+@dataclass
+class BatchSweep:
+    """The result of :func:`batch_size_sweep`: one row per batch size tried."""
+
+    rows: list[SweepRow]
+    memory_method: str
+    device: str
+    knee_fraction: float = 0.9
+
+    @property
+    def fitted(self) -> list[SweepRow]:
+        return [row for row in self.rows if not row.out_of_memory]
+
+    @property
+    def best(self) -> SweepRow | None:
+        """The row with the highest throughput."""
+        return max(self.fitted, key=lambda row: row.samples_per_s, default=None)
+
+    def knee(self, fraction: float | None = None) -> SweepRow | None:
+        """The smallest batch size whose throughput reaches ``fraction`` (default
+        ``knee_fraction``, 0.9) of the best measured throughput."""
+        best = self.best
+        if best is None:
+            return None
+        target = (self.knee_fraction if fraction is None else fraction) * best.samples_per_s
+        return min(
+            (row for row in self.fitted if row.samples_per_s >= target),
+            key=lambda row: row.batch_size,
+        )
+
+    def table(self) -> list[dict[str, Any]]:
+        """The rows as dictionaries (memory in MiB), for printing or JSON."""
+        return [
+            {
+                "batch_size": row.batch_size,
+                "step_ms": round(row.step_s * 1e3, 3),
+                "samples_per_s": round(row.samples_per_s, 1),
+                "peak_mib": round(row.peak_bytes / 2**20, 2),
+                "out_of_memory": row.out_of_memory,
+            }
+            for row in self.rows
+        ]
+
+    def __str__(self) -> str:
+        lines = [f"{'batch':>6} {'step ms':>9} {'samples/s':>10} {'peak MiB':>9}"]
+        for row in self.rows:
+            if row.out_of_memory:
+                lines.append(f"{row.batch_size:>6} {'out of memory':>30}")
+            else:
+                lines.append(
+                    f"{row.batch_size:>6} {row.step_s * 1e3:>9.2f} {row.samples_per_s:>10.1f} "
+                    f"{row.peak_bytes / 2**20:>9.2f}"
+                )
+        knee = self.knee()
+        if knee is not None:
+            lines.append(
+                f"knee: batch {knee.batch_size} (smallest reaching "
+                f"{self.knee_fraction:.0%} of the best throughput); memory: {self.memory_method}"
+            )
+        return "\n".join(lines)
+
+    def plot(self, title: str = "") -> Any:
+        """Throughput and peak memory against batch size (log2 axis), knee marked.
+        Returns the matplotlib figure."""
+        import matplotlib.pyplot as plt
+
+        rows = self.fitted
+        sizes = [row.batch_size for row in rows]
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+        left.plot(sizes, [row.samples_per_s for row in rows], "o-")
+        left.set_ylabel("throughput (samples/s)")
+        right.plot(sizes, [row.peak_bytes / 2**20 for row in rows], "s-", color="tab:orange")
+        right.set_ylabel("peak memory (MiB)")
+        right.set_title(self.memory_method, fontsize=8)
+        knee = self.knee()
+        for axis in (left, right):
+            axis.set_xscale("log", base=2)
+            axis.set_xlabel("batch size")
+            axis.grid(alpha=0.3)
+            if knee is not None:
+                axis.axvline(knee.batch_size, color="gray", linestyle="--", label="knee")
+        if knee is not None:
+            left.legend([f"measured ({self.device})", f"knee: {knee.batch_size}"])
+        for row in self.rows:
+            if row.out_of_memory:
+                right.axvline(row.batch_size, color="red", linestyle=":", label="out of memory")
+        figure.suptitle(title or f"batch-size sweep on {self.device}")
+        figure.tight_layout()
+        return figure
+
+
+def powers_of_two(low: int = 1, high: int = 4096) -> list[int]:
+    """``low``, ``2 low``, ``4 low``, ... up to ``high``.
+
+    >>> powers_of_two(4, 40)
+    [4, 8, 16, 32]
+    """
+    sizes = []
+    size = low
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def batch_size_sweep(
+    trial: Callable[[int], Any],
+    sizes: Sequence[int] | Iterable[int] | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    budget_bytes: int | None = None,
+    time_limit_s: float | None = None,
+    knee_fraction: float = 0.9,
+) -> BatchSweep:
+    """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
+    (default: powers of two up to 4096), stopping at the first out-of-memory error.
+
+    For each size: the first call measures peak memory with
+    :func:`~course_utils.footprint.peak_memory` (CUDA allocator peak; on the CPU the bytes
+    saved for backward, which is what grows with the batch) and warms up; then
+    :func:`~course_utils.timing.benchmark` times ``repeats`` synchronized calls after
+    ``warmup`` more. ``budget_bytes`` treats a peak above it as out of memory (a memory
+    limit imposed on the CPU); ``time_limit_s`` stops before a size once the sweep has run
+    that long. Throughput is ``batch_size / median step time``.
+
+    >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
+    >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
+    ([1, 2, 4], True)
+    """
+    from course_utils.footprint import peak_memory
+    from course_utils.timing import benchmark
+
+    device = torch.device(device)
+    rows: list[SweepRow] = []
+    method = ""
+    started = time.perf_counter()
+    for size in powers_of_two() if sizes is None else sizes:
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            break
+        try:
+            run = functools.partial(trial, size)
+            peak = peak_memory(run, device)
+            method = peak.method
+            if budget_bytes is not None and peak.peak_bytes > budget_bytes:
+                raise RuntimeError(
+                    f"out of memory (imposed budget of {budget_bytes / 2**20:.1f} MiB)"
+                )
+            timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            message = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            rows.append(SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message))
+            release_memory()
+            break
+        step_s = timing.median_s
+        rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes))
+    return BatchSweep(rows, method, str(device), knee_fraction)

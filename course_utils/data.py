@@ -7,12 +7,38 @@ be found by them. Everything here is importable, hence picklable.
 * :class:`SyntheticImages`: a CIFAR-shaped, deterministic, learnable dataset made from
   a seed (each class has its own mean pattern plus noise). Generated here, labelled as
   such wherever it stands in for real data.
+* :class:`EncodedImages`: the same images stored as PNG or JPEG bytes, decoded and
+  augmented (random resized crop, flip, normalize) for every sample, as an image folder
+  is read in practice: a realistic CPU-bound input pipeline.
+* :class:`PreDecodedImages`: the images decoded once into one ``uint8`` tensor; samples
+  are cheap slices, 4x smaller to copy than float32, and :func:`augment_on_device`
+  augments a whole batch on the device instead of per sample on the CPU.
+* :func:`load_cifar10`: CIFAR-10 through torchvision, with a download timeout and a
+  labelled synthetic stand-in when there is no internet.
+* :func:`suggest_loader_kwargs`: DataLoader settings computed from this machine (cores,
+  ``/dev/shm``, start method, OS, GPU), each with its reason.
+
+Notebook 03 builds a slow pipeline from these and makes it fast step by step.
 """
 
 from __future__ import annotations
 
+import io
+import multiprocessing
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset
+
+# the normalization applied by every pipeline here (images are synthetic: round numbers)
+MEAN = 0.5
+STD = 0.25
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
@@ -62,3 +88,380 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         noise = torch.randn(self.shape, generator=generator)
         return self.patterns[label] + self.noise_std * noise, label
+
+
+def _to_uint8(image: torch.Tensor, size: int) -> torch.Tensor:
+    """A float image of :class:`SyntheticImages` as ``uint8`` at ``size`` x ``size``."""
+    if image.shape[-1] != size:
+        image = F.interpolate(image[None], size=(size, size), mode="bilinear")[0]
+    return (image * 0.2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
+
+
+def _normalize(images: torch.Tensor) -> torch.Tensor:
+    return (images.float() / 255 - MEAN) / STD
+
+
+class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
+    """Images stored as encoded bytes (``"png"`` or ``"jpeg"``) at ``stored_size`` pixels,
+    decoded and augmented for each sample, returning float32 ``(3, image_size,
+    image_size)`` tensors and labels.
+
+    The pictures are :class:`SyntheticImages` (learnable, generated here), upscaled to
+    ``stored_size`` and encoded once at construction with Pillow. Each ``__getitem__``
+    decodes the bytes with Pillow, takes a random crop of 35% to 100% of the area,
+    resizes it to ``image_size``, flips it half of the time and normalizes it: the work an
+    ImageNet-style ``RandomResizedCrop`` pipeline does, on one CPU core per worker.
+    ``augment=False`` takes the centre instead (evaluation).
+
+    >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
+    >>> image, label = data[1]
+    >>> tuple(image.shape), image.dtype, label == SyntheticImages(size=4)[1][1]
+    ((3, 32, 32), torch.float32, True)
+    """
+
+    def __init__(
+        self,
+        size: int = 512,
+        *,
+        image_format: str = "png",
+        stored_size: int = 64,
+        image_size: int = 32,
+        augment: bool = True,
+        seed: int = 0,
+        num_classes: int = 10,
+    ) -> None:
+        from PIL import Image
+
+        if image_format not in ("png", "jpeg"):
+            raise ValueError(f"image_format={image_format!r}: use 'png' or 'jpeg'")
+        self.image_format = image_format
+        self.stored_size = stored_size
+        self.image_size = image_size
+        self.augment = augment
+        source = SyntheticImages(size=size, num_classes=num_classes, seed=seed)
+        self.labels = [source.label(i) for i in range(size)]
+        self.encoded: list[bytes] = []
+        for index in range(size):
+            pixels = _to_uint8(source[index][0], stored_size).permute(1, 2, 0).numpy()
+            buffer = io.BytesIO()
+            Image.fromarray(pixels).save(buffer, format=image_format.upper(), quality=90)
+            self.encoded.append(buffer.getvalue())
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    @property
+    def nbytes(self) -> int:
+        """The encoded size of the whole dataset in bytes."""
+        return sum(len(item) for item in self.encoded)
+
+    def decode(self, index: int) -> torch.Tensor:
+        """Sample ``index`` decoded, as ``uint8`` ``(3, stored_size, stored_size)``."""
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.encoded[index])) as image:
+            array = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
+        return array.view(self.stored_size, self.stored_size, 3).permute(2, 0, 1)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.encoded[index])) as image:
+            picture = image.convert("RGB")
+        side = self.stored_size
+        if self.augment:
+            crop = int(side * float(torch.empty(1).uniform_(0.35, 1.0)) ** 0.5)
+            left, top = (int(v) for v in torch.randint(0, side - crop + 1, (2,)))
+            flip = bool(torch.rand(()) < 0.5)
+        else:
+            crop, left, top, flip = side, 0, 0, False
+        picture = picture.resize(
+            (self.image_size, self.image_size),
+            Image.Resampling.BILINEAR,
+            box=(left, top, left + crop, top + crop),
+        )
+        if flip:
+            picture = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        size = self.image_size
+        pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8)
+        return _normalize(pixels.view(size, size, 3).permute(2, 0, 1)), self.labels[index]
+
+
+class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
+    """Images already decoded into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
+
+    A sample is a slice: no decoding, no augmentation, so a DataLoader needs no workers.
+    Batches stay ``uint8`` (a quarter of float32's bytes to copy to the device);
+    :func:`augment_on_device` then crops, flips and normalizes the whole batch there.
+
+    >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
+    >>> data[0][0].dtype, tuple(data.images.shape)
+    (torch.uint8, (3, 3, 36, 36))
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor | list[int]) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError("images must be a uint8 tensor of shape (N, C, H, W)")
+        self.images = images
+        self.labels = torch.as_tensor(labels, dtype=torch.long)
+        if len(self.labels) != len(images):
+            raise ValueError(f"{len(images)} images but {len(self.labels)} labels")
+
+    @classmethod
+    def from_encoded(cls, encoded: EncodedImages) -> PreDecodedImages:
+        """Decode every image of ``encoded`` once (the one-time cost of pre-decoding)."""
+        images = torch.stack([encoded.decode(i) for i in range(len(encoded))])
+        return cls(images, encoded.labels)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.labels[index])
+
+
+def augment_on_device(
+    images: torch.Tensor,
+    image_size: int = 32,
+    *,
+    min_area: float = 0.35,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Random resized crop, horizontal flip and normalization of a ``uint8`` batch
+    ``(N, C, H, W)``, on the batch's device, for all samples at once.
+
+    Each sample gets its own square crop (``min_area`` to 100% of the area, random
+    position) and a coin-flip mirror, applied as one ``affine_grid``/``grid_sample`` call:
+    the same augmentation as :class:`EncodedImages`, vectorized.
+
+    >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
+    >>> out = augment_on_device(batch, 32)
+    >>> tuple(out.shape), out.dtype
+    ((4, 3, 32, 32), torch.float32)
+    """
+    count = images.shape[0]
+    device = images.device
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        values = torch.rand(
+            count, generator=generator, device=generator.device if generator else "cpu"
+        )
+        return (low + (high - low) * values).to(device)
+
+    scale = uniform(min_area, 1.0).sqrt()  # side of the crop, as a fraction of the image
+    shift_x = (uniform(-1.0, 1.0)) * (1 - scale)
+    shift_y = (uniform(-1.0, 1.0)) * (1 - scale)
+    flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0).to(device)
+    theta = torch.zeros(count, 2, 3, device=device)
+    theta[:, 0, 0] = scale * flip
+    theta[:, 0, 2] = shift_x
+    theta[:, 1, 1] = scale
+    theta[:, 1, 2] = shift_y
+    size = (count, images.shape[1], image_size, image_size)
+    grid = F.affine_grid(theta, list(size), align_corners=False)
+    return F.grid_sample(_normalize(images), grid, mode="bilinear", align_corners=False)
+
+
+# ----------------------------------------------------------------------- CIFAR-10
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+
+
+@dataclass
+class LoadedData:
+    """A dataset and where it came from (``source`` is ``"cifar10"`` or ``"synthetic"``)."""
+
+    dataset: Dataset[Any]
+    source: str
+    note: str
+
+    @property
+    def is_real(self) -> bool:
+        return self.source == "cifar10"
+
+
+def load_cifar10(
+    root: str | os.PathLike[str] = "data",
+    *,
+    train: bool = True,
+    timeout_s: float = 10.0,
+    fallback_size: int = 1024,
+    download: bool = True,
+) -> LoadedData:
+    """CIFAR-10 from torchvision (normalized float tensors), downloading it if needed.
+
+    The download gives up after ``timeout_s`` seconds without an answer (a socket
+    timeout, restored afterwards). Offline, or when anything else goes wrong, it returns
+    :class:`SyntheticImages` of ``fallback_size`` CIFAR-shaped samples instead, and says
+    so in ``source`` and ``note``: label every result measured on it as synthetic.
+    """
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose(
+        [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
+    )
+    try:
+        dataset = datasets.CIFAR10(root, train=train, transform=transform, download=False)
+        return LoadedData(dataset, "cifar10", f"CIFAR-10 found in {root}")
+    except RuntimeError:
+        pass  # not downloaded yet
+    problem = "download=False and CIFAR-10 is not in " + str(root)
+    if download:
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(timeout_s)
+        try:
+            dataset = datasets.CIFAR10(root, train=train, transform=transform, download=True)
+            return LoadedData(dataset, "cifar10", f"CIFAR-10 downloaded to {root}")
+        except Exception as error:  # offline, DNS, timeout, bad archive: fall back
+            problem = f"{type(error).__name__}: {str(error).strip()[:160]}"
+        finally:
+            socket.setdefaulttimeout(previous)
+    synthetic = SyntheticImages(size=fallback_size, seed=0 if train else 1)
+    note = (
+        f"SYNTHETIC stand-in for CIFAR-10 ({fallback_size} generated CIFAR-shaped images; "
+        f"could not get the real data: {problem})"
+    )
+    return LoadedData(synthetic, "synthetic", note)
+
+
+# ------------------------------------------------------------ DataLoader advice
+
+
+@dataclass
+class LoaderAdvice:
+    """DataLoader keyword arguments for this machine, the reason for each, and the facts
+    they were computed from. ``DataLoader(dataset, batch_size=..., **advice.kwargs)``."""
+
+    kwargs: dict[str, Any]
+    reasons: dict[str, str]
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"{key}={value!r}: {self.reasons[key]}" for key, value in self.kwargs.items()]
+        return "\n".join(lines)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity``: containers and
+    ``taskset`` restrict it below ``os.cpu_count()``).
+
+    >>> usable_cores() >= 1
+    True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def shared_memory_bytes(path: str = "/dev/shm") -> int | None:
+    """The size of ``/dev/shm`` (where workers put batches for the main process), or None
+    where it does not exist (macOS, Windows)."""
+    try:
+        return shutil.disk_usage(path).total
+    except OSError:
+        return None
+
+
+def suggest_loader_kwargs(
+    *,
+    cores: int | None = None,
+    shm_bytes: int | None = -1,
+    start_method: str | None = None,
+    platform: str | None = None,
+    gpus: int | None = None,
+) -> LoaderAdvice:
+    """DataLoader settings computed from this machine, each with its reason.
+
+    Every fact can be passed in (to see the advice for another machine, or in tests);
+    by default it is read here: usable cores, the size of ``/dev/shm``, the
+    multiprocessing start method, the OS, and whether a CUDA GPU exists (counted without
+    initializing CUDA, :func:`~course_utils.device.cuda_gpu_count`).
+
+    >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
+    ...                                platform="linux", gpus=1)
+    >>> advice.kwargs["num_workers"], advice.kwargs["pin_memory"]
+    (2, True)
+    """
+    from course_utils.device import cuda_gpu_count
+
+    cores = usable_cores() if cores is None else cores
+    shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
+    platform = platform or sys.platform
+    method = start_method or multiprocessing.get_start_method(allow_none=True)
+    if method is None:
+        method = (
+            "fork"
+            if platform.startswith("linux") and sys.version_info < (3, 14)
+            else ("forkserver" if platform.startswith("linux") else "spawn")
+        )
+    gpus = cuda_gpu_count() if gpus is None else gpus
+    kwargs: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+
+    if cores <= 1:
+        workers = 0
+        reasons["num_workers"] = "1 usable core: workers would only compete with the main process"
+    elif cores <= 4:
+        workers = cores
+        reasons["num_workers"] = (
+            f"{cores} usable cores (os.sched_getaffinity): one worker per core; the main "
+            "process mostly waits for the GPU (Colab has 2)"
+        )
+    else:
+        workers = min(cores - 1, 16)
+        reasons["num_workers"] = (
+            f"{cores} usable cores: one left for the main process (which launches the GPU "
+            "work), at most 16"
+        )
+    small_shm = shm is not None and shm < 2**30
+    if shm is not None and small_shm and workers > 2:
+        workers = 2
+        reasons["num_workers"] += (
+            f"; capped at 2 because /dev/shm is only {shm / 2**20:.0f} MiB (Docker's default "
+            "is 64 MiB: run with --shm-size=2g or --ipc=host)"
+        )
+    kwargs["num_workers"] = workers
+
+    kwargs["pin_memory"] = gpus > 0
+    reasons["pin_memory"] = (
+        f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster and allow "
+        "non_blocking copies that overlap compute"
+        if gpus
+        else "no CUDA GPU: pinning only costs time"
+    )
+    kwargs["persistent_workers"] = workers > 0
+    slow_start = method in ("spawn", "forkserver")
+    reasons["persistent_workers"] = (
+        "no workers"
+        if workers == 0
+        else f"keep workers between epochs: start method {method!r}"
+        + (
+            " starts each worker by importing torch and unpickling the dataset (seconds)"
+            if slow_start
+            else " is cheap, but re-creating workers every epoch still costs"
+        )
+    )
+    if workers > 0:
+        prefetch = 2 if small_shm or workers > 2 else 4
+        kwargs["prefetch_factor"] = prefetch
+        reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
+            "PyTorch's default; memory in /dev/shm is scarce or workers are many"
+            if prefetch == 2
+            else "few workers, so queue more to absorb slow batches"
+        )
+    kwargs["multiprocessing_context"] = method if workers > 0 else None
+    reasons["multiprocessing_context"] = f"{platform}: {method!r}" + (
+        "; the dataset is pickled to each worker, so it must be importable "
+        "(defined in a package, not in the notebook)"
+        if slow_start
+        else "; workers inherit the dataset (copy-on-write)"
+    )
+    facts = {
+        "usable_cores": cores,
+        "os_cpu_count": os.cpu_count(),
+        "shm_bytes": shm,
+        "start_method": method,
+        "platform": platform,
+        "cuda_gpus": gpus,
+    }
+    return LoaderAdvice(kwargs, reasons, facts)

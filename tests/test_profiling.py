@@ -1,0 +1,98 @@
+"""StepProfiler: the data-wait fraction of a loop with known phase durations, warm-up,
+early exit, and what synchronizing (or not) does to an asynchronous device."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from course_utils.profiling import StepProfiler, batch_samples, profile_loop
+from course_utils.timing import SimulatedGPU
+
+
+class SleepyLoader:
+    """Yields ``batches`` batches of 4 samples, sleeping ``seconds`` before each one."""
+
+    def __init__(self, batches: int, seconds: float) -> None:
+        self.batches, self.seconds = batches, seconds
+
+    def __iter__(self):
+        for index in range(self.batches):
+            time.sleep(self.seconds)
+            yield torch.full((4, 2), float(index)), torch.zeros(4, dtype=torch.long)
+
+
+@pytest.mark.parametrize(("data_s", "compute_s"), [(0.03, 0.01), (0.01, 0.03), (0.02, 0.02)])
+def test_data_wait_fraction_matches_known_durations(data_s, compute_s):
+    profile = profile_loop(
+        SleepyLoader(9, data_s), lambda batch: time.sleep(compute_s), "cpu", warmup=1
+    )
+    expected = data_s / (data_s + compute_s)
+    assert profile.num_steps == 8 and profile.samples == 32
+    assert profile.data_wait_fraction == pytest.approx(expected, abs=0.1)
+    assert profile.compute_fraction == pytest.approx(1 - expected, abs=0.1)
+    assert profile.data_s / 8 == pytest.approx(data_s, rel=0.5)
+    # the phases account for (almost) all of the wall time: little escapes the profiler
+    assert profile.data_s + profile.copy_s + profile.compute_s <= profile.wall_s
+    assert profile.data_s + profile.copy_s + profile.compute_s >= 0.9 * profile.wall_s
+    assert profile.starved_fraction >= profile.data_wait_fraction
+
+
+def test_warmup_steps_are_timed_apart_and_excluded():
+    profiler = StepProfiler("cpu", warmup=2)
+    for _ in profiler.iterate(SleepyLoader(5, 0.0)):
+        pass
+    profile = profiler.report()
+    assert profile.num_steps == 3 and profile.warmup_steps == 2 and profile.warmup_s >= 0
+
+
+def test_leaving_the_loop_early_keeps_the_steps_measured_so_far():
+    profiler = StepProfiler("cpu", warmup=0)
+    for step, _ in enumerate(profiler.iterate(SleepyLoader(100, 0.0))):
+        if step == 4:
+            break
+    assert profiler.report().num_steps == 5
+    assert profile_loop(SleepyLoader(100, 0.0), lambda b: None, max_steps=6).num_steps == 5
+
+
+def test_batches_come_out_moved_and_counted():
+    seen = []
+    profiler = StepProfiler("cpu", warmup=0)
+    for inputs, targets in profiler.iterate(SleepyLoader(2, 0.0)):
+        seen.append((inputs.device.type, len(targets)))
+    assert seen == [("cpu", 4), ("cpu", 4)]
+    assert batch_samples({"x": 1}) == 0 and batch_samples([torch.zeros(3, 1)]) == 3
+
+
+def test_synchronizing_charges_asynchronous_work_to_compute_and_costs_overlap():
+    """On an asynchronous device (simulated), compute looks free without synchronization,
+    and the data wait overlaps the device's work; synchronizing shows the truth but the
+    loop gets slower because the overlap is lost."""
+    gpu = SimulatedGPU()
+    results = {}
+    for synchronize in (True, False):
+        profiler = StepProfiler("cpu", synchronize=synchronize, warmup=1, sync=gpu.synchronize)
+        for _ in profiler.iterate(SleepyLoader(7, 0.02)):
+            gpu.launch(0.03)  # queue 30 ms of "kernels" and return at once
+        results[synchronize] = profiler.report()
+    synced, unsynced = results[True], results[False]
+    assert synced.compute_s / synced.num_steps == pytest.approx(0.03, abs=0.012)
+    assert unsynced.compute_s / unsynced.num_steps < 0.005  # only the launches
+    assert synced.data_wait_fraction == pytest.approx(0.4, abs=0.1)
+    assert unsynced.step_s < synced.step_s  # the overlap that synchronizing removes
+    assert gpu.completed == 14  # nothing was left queued
+
+
+def test_report_text_and_row():
+    profile = profile_loop(SleepyLoader(3, 0.0), lambda b: None, warmup=0)
+    assert "device starved" in str(profile)
+    row = profile.as_row()
+    assert row["steps"] == 3 and 0 <= row["starved_fraction"] <= 1
+    assert "no steps" in str(profile_loop([], lambda b: None))
+
+
+def test_negative_warmup_is_refused():
+    with pytest.raises(ValueError):
+        StepProfiler("cpu", warmup=-1)
