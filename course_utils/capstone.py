@@ -87,7 +87,7 @@ class RecipeRun:
         return f"{self.samples_per_s:8.1f} samples/s  {util}\n{self.profile}"
 
 
-def make_data(size: int, *, stored_size: int = 64, image_size: int = 32) -> EncodedImages:
+def make_data(size: int, *, stored_size: int = 128, image_size: int = 32) -> EncodedImages:
     """The capstone's dataset: ``size`` PNG-encoded synthetic images, decoded per sample."""
     return EncodedImages(size=size, stored_size=stored_size, image_size=image_size)
 
