@@ -176,3 +176,27 @@ def largest_phase(profile: LoopProfile) -> str:
     """
     phases = {"data": profile.data_s, "copy": profile.copy_s, "compute": profile.compute_s}
     return max(phases, key=lambda name: phases[name])
+
+
+def compare_recipes(
+    recipes: list[Recipe],
+    data: EncodedImages,
+    device: torch.device | str = "cpu",
+    *,
+    samples: int = 512,
+    width: int = 32,
+    rounds: int = 3,
+) -> list[RecipeRun]:
+    """The fastest of ``rounds`` runs of each recipe, taken in turns (A, B, A, B, ...).
+
+    Taking turns exposes every recipe to the same moments of a shared machine's load, so
+    their ratio is fairer than timing all of one and then all of the other.
+    """
+    best: list[RecipeRun | None] = [None] * len(recipes)
+    for _ in range(rounds):
+        for index, recipe in enumerate(recipes):
+            run = run_recipe(recipe, data, device, samples=samples, width=width)
+            kept = best[index]
+            if kept is None or run.samples_per_s > kept.samples_per_s:
+                best[index] = run
+    return [run for run in best if run is not None]

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils.capstone import SLOW, Recipe, largest_phase, make_data, run_recipe
+from course_utils.capstone import (
+    SLOW,
+    Recipe,
+    compare_recipes,
+    largest_phase,
+    make_data,
+    run_recipe,
+)
 from course_utils.profiling import LoopProfile, StepTimes
 
 
@@ -39,3 +46,12 @@ def test_run_recipe_profiles_the_requested_steps_on_cpu():
     slow = run_recipe(SLOW.changed(batch_size=4), data, "cpu", samples=8, width=4)
     assert slow.profile.num_steps == 3  # at least three steps are timed
     assert slow.profile.data_s > 0  # per-sample decoding shows up as data wait
+
+
+def test_compare_recipes_keeps_the_best_run_of_each_in_order():
+    data = make_data(16, stored_size=36)
+    slow, fast = compare_recipes([SLOW.changed(batch_size=4),
+                                  SLOW.changed(decode="once", batch_size=8)],
+                                 data, "cpu", samples=8, width=4, rounds=2)
+    assert slow.recipe.batch_size == 4 and fast.recipe.decode == "once"
+    assert slow.profile.num_steps == 3 and fast.profile.num_steps == 3
