@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 TEST_ENV := COURSE_WORKLOAD=small
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help env course test lint lab gpu-lane bench lock clean
+.PHONY: help env course test lint lab gpu-lane bench lock clean student
 
 help:
 	@echo "make course    run every notebook headlessly, write build/report.html"
@@ -19,6 +19,7 @@ help:
 	@echo "make gpu-lane  GPU tests and full-size notebooks (on a GPU machine)"
 	@echo "make bench     run benchmarks/, figures as JSON in build/bench/"
 	@echo "make lock      regenerate requirements.lock and environment.yml"
+	@echo "make student   student versions of the notebooks (answers removed) in build/student/"
 
 # (Re)create the environment when the lock file's content differs from the one installed.
 env:
@@ -46,6 +47,9 @@ test: env lint
 
 # JupyterLab refuses to run as root unless told (containers often run as root).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+student: env
+	$(PY) -m course_utils student notebooks --out build/student
 
 lab: env
 	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/

@@ -7,6 +7,8 @@ Commands:
   smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
   loader-advice  DataLoader settings for this machine, with the reason for each
   ddp-check      DDP on N CPU processes (torchrun, gloo) ends where one process does
+  student        write student versions of the notebooks (``make student``)
+  grade          run a submitted notebook on the CPU and score its exercise checks
 
 Wrong arguments print the usage and exit 2; other problems print one line starting with
 ``error:`` and exit 1. No command prints a traceback.
@@ -61,6 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     ddp.add_argument("--steps", type=int, default=4, help="optimizer steps (default: 4)")
     ddp.add_argument("--batch-size", type=int, default=8, help="per process (default: 8)")
     ddp.add_argument("--model", choices=("mlp", "small_cnn"), default="mlp")
+    student = commands.add_parser("student", help="write student versions of notebooks")
+    student.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    student.add_argument("--out", type=Path, default=Path("build/student"), help="output folder")
+
+    grade = commands.add_parser("grade", help="score a submitted notebook's exercise checks")
+    grade.add_argument("submission", type=Path, help="the learner's .ipynb")
+    grade.add_argument("--source", type=Path, help="instructor notebook (default: same name)")
+    grade.add_argument("--json", action="store_true", help="print the scores as JSON")
+    grade.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
+    grade.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
     return parser
 
 
@@ -145,6 +157,26 @@ def _ddp_check(args: argparse.Namespace) -> int:
     return 0 if result.equal else 1
 
 
+def _student(args: argparse.Namespace) -> int:
+    from course_utils.student import make_student_versions
+
+    written = make_student_versions(args.paths, args.out)
+    print(f"{len(written)} student notebook(s) written to {args.out}")
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from course_utils.grading import main_grade
+
+    return main_grade(
+        args.submission,
+        args.source,
+        as_json=args.json,
+        cell_timeout_s=args.cell_timeout,
+        total_timeout_s=args.timeout,
+    )
+
+
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
@@ -152,6 +184,8 @@ HANDLERS = {
     "smi": _smi,
     "loader-advice": _loader_advice,
     "ddp-check": _ddp_check,
+    "student": _student,
+    "grade": _grade,
 }
 
 

@@ -1,0 +1,95 @@
+"""Student versions of the course's notebooks (``python -m course_utils student``).
+
+The instructor's notebooks hold the answers: each exercise's solution cell marks its answer
+with ``### BEGIN SOLUTION`` / ``### END SOLUTION`` and carries nbgrader metadata, and its
+check cell may hold ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN TESTS`` regions that
+learners should not see. The student version is made with nbgrader's own preprocessors, so
+that it matches what an nbgrader set-up would release:
+
+- ``ClearSolutions`` replaces each solution region with ``# YOUR CODE HERE`` and
+  ``raise NotImplementedError()``;
+- ``ClearHiddenTests`` removes the hidden check regions;
+- ``ClearOutput`` clears every output and execution count.
+
+Everything else (the badges, the Colab setup cell, the lesson cells, the nbgrader metadata)
+is kept. Solution and check cells are also tagged ``raises-exception``: until the learner
+answers, calling their function raises ``NotImplementedError``, and the tag tells Jupyter's
+"Run all", nbclient and nbval (``--nbval-lax``) to go on to the next cell instead of
+stopping there. The tag never hides a result: the check cell still shows its error, and the
+grader (:mod:`course_utils.grading`) ignores tags and scores every check cell itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+#: The tag that lets a cell fail without stopping "Run all", nbclient or nbval.
+RAISES_TAG = "raises-exception"
+
+
+def nbgrader_role(cell: Any) -> str | None:
+    """``"solution"``, ``"check"`` or ``None`` for a cell, from its nbgrader metadata."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if meta.get("solution"):
+        return "solution"
+    if meta.get("grade"):
+        return "check"
+    return None
+
+
+def student_version(notebook: Any) -> Any:
+    """A student copy of an instructor notebook (the input is left unchanged).
+
+    Raises ``ValueError`` when a cell has solution or hidden-check markers but not the
+    nbgrader metadata that says what it is (nbgrader would refuse it too).
+    """
+    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
+
+    student = copy.deepcopy(notebook)
+    resources: dict[str, Any] = {}
+    try:
+        for preprocessor in (ClearSolutions(), ClearHiddenTests(), ClearOutput()):
+            student, resources = preprocessor.preprocess(student, resources)
+    except RuntimeError as error:  # nbgrader's complaint about missing metadata
+        raise ValueError(f"cannot make a student version: {error}") from error
+    for cell in student.cells:
+        if cell.cell_type == "code" and nbgrader_role(cell) is not None:
+            tags = cell.metadata.setdefault("tags", [])
+            if RAISES_TAG not in tags:
+                tags.append(RAISES_TAG)
+    return student
+
+
+def write_notebook(notebook: Any, path: Path) -> None:
+    """Write a notebook the way the course stores them (sorted keys, one-space indent)."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def make_student_versions(paths: Sequence[Path], out_dir: Path) -> list[Path]:
+    """Write the student version of every notebook named or found in ``paths``.
+
+    Returns the written files, ``out_dir/<same name>.ipynb`` each.
+    """
+    from course_utils.runner import find_notebooks
+
+    notebooks = find_notebooks(paths)
+    if not notebooks:
+        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
+    written = []
+    for path in notebooks:
+        notebook = nbformat.read(path, as_version=4)
+        target = out_dir / path.name
+        if target.resolve() == path.resolve():
+            raise ValueError(f"the student version would overwrite the instructor's {path}")
+        write_notebook(student_version(notebook), target)
+        written.append(target)
+    return written

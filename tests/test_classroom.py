@@ -1,0 +1,122 @@
+"""Exercise format and student versions: every notebook's exercises follow the format, and
+the student versions hide the answers but still run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils.classroom import CheckFailed, check, check_close, passed
+from course_utils.cli import main
+from course_utils.student import RAISES_TAG, nbgrader_role, student_version
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _solution_lines(notebook) -> list[str]:
+    """The non-trivial lines between BEGIN and END SOLUTION markers."""
+    lines: list[str] = []
+    for cell in notebook.cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if "### BEGIN SOLUTION" in line:
+                inside = True
+            elif "### END SOLUTION" in line:
+                inside = False
+            elif inside and len(line.strip()) > 8:
+                lines.append(line.strip())
+    return lines
+
+
+def test_checks_give_the_feedback_they_were_given(capsys):
+    check(True, "never shown")
+    with pytest.raises(CheckFailed, match="left the labels on the CPU"):
+        check(False, "your to_device left the labels on the CPU")
+    with pytest.raises(AssertionError):  # nbgrader and nbval see an AssertionError
+        check_close(1.0, 2.0, "the speed-up")
+    passed("demo")
+    assert "demo: all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_exercise_uses_the_format(path):
+    notebook = nbformat.read(path, as_version=4)
+    roles = [(nbgrader_role(cell), cell) for cell in notebook.cells]
+    solutions = [cell for role, cell in roles if role == "solution"]
+    assert 2 <= len(solutions) <= 3 or "capstone" in path.name, "2 to 3 exercises"
+    prefix = path.name[:2] + "-"
+    for index, (role, cell) in enumerate(roles):
+        if "### BEGIN SOLUTION" in cell.source:
+            assert role == "solution", f"cell {index} has a solution but no nbgrader metadata"
+        if role == "solution":
+            meta = cell.metadata["nbgrader"]
+            assert meta["grade_id"].startswith(prefix) and not meta["grade"]
+            following = roles[index + 1]
+            assert following[0] == "check", f"cell {index}: a check cell must follow"
+        if role == "check":
+            meta = cell.metadata["nbgrader"]
+            assert meta["grade_id"].startswith(prefix) and meta["points"] > 0
+            assert meta["locked"] and "passed(" in cell.source
+            assert "check(" in cell.source or "check_close(" in cell.source
+
+
+def test_grade_ids_are_unique_across_the_course():
+    ids = [cell.metadata["nbgrader"]["grade_id"]
+           for path in NOTEBOOKS for cell in nbformat.read(path, as_version=4).cells
+           if "nbgrader" in cell.metadata]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_student_version_hides_solutions_and_hidden_checks(path):
+    instructor = nbformat.read(path, as_version=4)
+    student = student_version(instructor)
+    text = json.dumps(student)
+    assert _solution_lines(instructor), "the instructor notebook has solutions"
+    for line in _solution_lines(instructor):
+        assert line not in text, f"solution text left in the student version: {line!r}"
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text
+    assert instructor.cells[0].source == student.cells[0].source  # the badge
+    assert [c.source for c in instructor.cells if "colab-setup" in c.metadata.get("tags", [])] \
+        == [c.source for c in student.cells if "colab-setup" in c.metadata.get("tags", [])]
+    assert len(student.cells) == len(instructor.cells)
+    for cell in student.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+        if nbgrader_role(cell) == "solution" and cell.cell_type == "code":
+            assert re.search(r"# YOUR CODE HERE\n\s*raise NotImplementedError\(\)", cell.source)
+        if nbgrader_role(cell) is not None and cell.cell_type == "code":
+            assert RAISES_TAG in cell.metadata["tags"]
+
+
+def test_student_command_writes_versions_that_run_under_nbval(tmp_path):
+    out = tmp_path / "student"
+    notebook = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
+    assert main(["student", str(notebook), "--out", str(out)]) == 0
+    written = out / notebook.name
+    assert written.is_file()
+    # nbval-lax: unanswered exercises raise NotImplementedError in their (tagged) check cells
+    # and the notebook still passes; every other cell runs as in the instructor's notebook.
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
+         str(written)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "COURSE_WORKLOAD": "small"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    executed = nbformat.read(written, as_version=4)  # nbval does not write outputs back
+    assert all(cell.get("outputs", []) == [] for cell in executed.cells if cell.cell_type == "code")
+
+
+def test_student_command_refuses_to_overwrite_the_instructor_notebooks(capsys):
+    assert main(["student", str(ROOT / "notebooks"), "--out", str(ROOT / "notebooks")]) == 1
+    assert "overwrite" in capsys.readouterr().err
