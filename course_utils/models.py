@@ -207,8 +207,9 @@ def model_costs(
     The forward FLOPs are counted by :func:`course_utils.flops.count_flops` (matmuls,
     convolutions, attention; elementwise operations count zero), in training mode so that
     PyTorch's fused inference path for transformer layers does not hide them from the
-    counter. A training step is counted as 3x the forward (forward, plus gradients for
-    activations and for weights, each about one forward), the usual convention for MFU.
+    counter, and with the math attention kernel (the fused CPU kernel is not counted).
+    A training step is counted as 3x the forward (forward, plus gradients for activations
+    and for weights, each about one forward), the usual convention for MFU.
     Why not count the backward too: the counter of torch 2.14 counts the backward of a
     grouped (depthwise) convolution as if it were dense, ``groups`` times too many FLOPs,
     which would inflate MobileNet's count about 20x.
@@ -222,7 +223,11 @@ def model_costs(
     model = build_model(name, **kwargs)
     counted = max(batch_size, 2)  # BatchNorm refuses a batch of 1 in training mode
     inputs = torch.randn(counted, channels, image_size, image_size)
-    with torch.no_grad():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # the math attention kernel is made of matmuls the counter sees; the fused CPU kernel
+    # is invisible to it (attention would count zero)
+    with sdpa_kernel(SDPBackend.MATH):
         forward = count_flops(model, inputs) * batch_size // counted  # linear in the batch
     return ModelCost(name, count_parameters(model), batch_size, forward, 3 * forward)
 

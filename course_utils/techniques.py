@@ -160,16 +160,21 @@ def random_batch(
     return inputs, torch.randint(0, num_classes, (batch_size,), device=device)
 
 
-def forward_activation_bytes(step: TrainStep, inputs: torch.Tensor) -> int:
-    """Bytes saved for backward by the step's forward pass alone (with its precision,
-    checkpointing and layout): on a CPU, the same activation count as
+def forward_activation_bytes(step: TrainStep, batch: Sequence[torch.Tensor]) -> int:
+    """Bytes saved for backward by the step's forward pass and loss alone (with its
+    precision, checkpointing and layout): on a CPU, the same activation count as
     :func:`course_utils.footprint.memory_breakdown` at a third of the cost (no backward,
     no optimizer step)."""
+    inputs, targets = batch[0], batch[1]
     if step.config.channels_last and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     precision = step.precision
-    with torch.autocast(step.device.type, dtype=precision.dtype, enabled=precision.autocast):
-        _, saved = saved_tensor_bytes(lambda: step.model(inputs), exclude=step.model.parameters())
+
+    def forward() -> torch.Tensor:
+        with torch.autocast(step.device.type, dtype=precision.dtype, enabled=precision.autocast):
+            return step.loss_fn(step.model(inputs), targets)
+
+    _, saved = saved_tensor_bytes(forward, exclude=step.model.parameters())
     return saved
 
 
@@ -238,7 +243,7 @@ def measure_technique(
             if device.type == "cuda":  # the real thing: CUDA raises OutOfMemoryError
                 trial_step(inputs)
                 return
-            needed = static + forward_activation_bytes(trial_step, inputs[0])
+            needed = static + forward_activation_bytes(trial_step, inputs)
             if budget_bytes is not None and needed > budget_bytes:
                 raise RuntimeError(
                     f"out of memory (imposed CPU budget): a batch of {n} needs "
