@@ -220,6 +220,10 @@ def model_costs(
     """
     from course_utils.flops import count_flops
 
+    if name == "tiny_transformer":  # its position embedding is sized for the image
+        kwargs = {"image_size": image_size, **kwargs}
+    if name == "mlp":  # its first layer is sized for the flattened image
+        kwargs = {"in_features": channels * image_size**2, **kwargs}
     model = build_model(name, **kwargs)
     counted = max(batch_size, 2)  # BatchNorm refuses a batch of 1 in training mode
     inputs = torch.randn(counted, channels, image_size, image_size)

@@ -118,6 +118,11 @@ def test_model_costs_match_the_hand_formula_including_attention():
     block = 2 * tokens * dim * (3 * dim + 2 * tokens + dim + 2 * 2 * dim)
     expected = 2 * tokens * dim * 48 + 4 * block + 2 * dim * 10
     assert model_costs("tiny_transformer").forward_flops == expected
+    # models whose first layer depends on the image size are built for it
+    assert model_costs("mlp", image_size=16, hidden=16, depth=1).forward_flops == 2 * (
+        3 * 16 * 16 * 16 + 16 * 10
+    )
+    assert model_costs("tiny_transformer", image_size=16).forward_flops < expected
 
 
 def test_tiny_transformer_blocks_and_parameters():
