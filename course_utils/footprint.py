@@ -13,11 +13,13 @@ Used by notebooks 03 and 04 and by the batch-size sweep.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 
 def budget_exceeded_message(limit_bytes: int) -> str:
@@ -30,9 +32,16 @@ def budget_exceeded_message(limit_bytes: int) -> str:
     )
 
 
-def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None) -> tuple[Any, int]:
+def saved_tensor_bytes(
+    fn: Callable[[], Any],
+    exclude: Iterable[torch.Tensor] = (),
+    *,
+    limit_bytes: int | None = None,
+) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
 
+    Tensors sharing a storage with one of ``exclude`` are not counted (pass the model's
+    parameters to count activations only: a layer saves its weight for backward too).
     With ``limit_bytes``, raise ``RuntimeError("out of memory ...")`` as soon as the
     saved bytes exceed it, as an allocator with that much memory would (a memory budget
     imposed on the CPU; the batch-size finder's benchmarks use it).
@@ -42,7 +51,9 @@ def saved_tensor_bytes(fn: Callable[[], Any], *, limit_bytes: int | None = None)
     >>> saved
     1024
     """
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int]] = {
+        (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in exclude
+    }
     total = 0
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -86,3 +97,243 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str) -> PeakMemory
         return PeakMemory(peak, "CUDA caching allocator: max_memory_allocated above the start")
     _, saved = saved_tensor_bytes(fn)
     return PeakMemory(saved, "CPU: bytes autograd saved for backward (no CPU allocator stats)")
+
+
+# ------------------------------------------------------------- the memory breakdown
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each counted as ``numel * element_size`` (a tensor met twice,
+    such as a shared parameter, counts once).
+
+    >>> tensor_bytes([torch.zeros(10), torch.zeros(3, dtype=torch.float16)])
+    46
+    """
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters.
+
+    >>> parameter_bytes(nn.Linear(10, 5))  # 55 float32 numbers
+    220
+    """
+    return tensor_bytes(model.parameters())
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes the gradients take once backward has run: one gradient per trainable
+    parameter, of the parameter's shape and dtype (under autocast too: the gradient of
+    a float32 weight is float32).
+
+    >>> gradient_bytes(nn.Linear(10, 5))
+    220
+    """
+    return tensor_bytes(p for p in model.parameters() if p.requires_grad)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer keeps between steps (read from its ``state``).
+
+    Empty until the first ``step()``: optimizers create their state lazily.
+    """
+    return tensor_bytes(
+        value
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+
+
+# slots of parameter size per trainable parameter, and whether a step counter is kept
+_OPTIMIZER_SLOTS = {
+    "sgd": (0, False),
+    "momentum": (1, False),
+    "adam": (2, True),
+    "adamw": (2, True),
+}
+
+
+def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
+    """The optimizer state predicted from the parameters alone (see ``OPTIMIZERS`` of
+    :mod:`course_utils.training`):
+
+    * ``"sgd"``: nothing;
+    * ``"momentum"``: one momentum buffer per parameter (1x the parameters);
+    * ``"adam"``, ``"adamw"``: two moving averages (2x the parameters) plus a step
+      counter per parameter tensor, a float32 scalar (4 bytes) in PyTorch 2.
+
+    >>> expected_optimizer_state_bytes(nn.Linear(10, 5), "adam")  # 2 * 220 + 2 tensors * 4
+    448
+    """
+    if optimizer not in _OPTIMIZER_SLOTS:
+        raise ValueError(f"optimizer={optimizer!r}: use one of {', '.join(_OPTIMIZER_SLOTS)}")
+    slots, step_counter = _OPTIMIZER_SLOTS[optimizer]
+    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    counters = 4 * len(trainable) if step_counter else 0
+    return slots * tensor_bytes(trainable) + counters
+
+
+def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
+    """Activation bytes predicted from shapes alone, before running anything for real.
+
+    A copy of the model runs on the ``meta`` device (tensors with shapes and dtypes but
+    no data, so no memory and almost no time); forward hooks add up the bytes of every
+    leaf module's output, plus the input; outputs that are views or in-place results
+    take no new memory and are skipped. That is the rule of thumb "training keeps every
+    layer's output for the backward pass". Self-attention (``nn.MultiheadAttention``)
+    computes its inside with functions no hook sees; it counts as queries, keys,
+    values, the attention output and the result (5 x dim per token) plus the attention
+    probabilities (heads x length per token).
+
+    >>> activation_estimate(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), torch.ones(2, 8))
+    128
+    """
+    meta_model = copy.deepcopy(model).to("meta")
+    meta_model.train()
+    for module in meta_model.modules():  # a forward replaced on the instance (gradient
+        vars(module).pop("forward", None)  # checkpointing) still points at the original
+    total = inputs.numel() * inputs.element_size()
+
+    def add_output(module: nn.Module, args: Any, output: Any) -> None:
+        nonlocal total
+        if not isinstance(output, torch.Tensor):
+            return
+        if output._base is not None or any(output is arg for arg in args):
+            return  # a view (Flatten) or an in-place result (ReLU(inplace=True)): no new memory
+        total += output.numel() * output.element_size()
+
+    def add_attention(module: nn.Module, args: Any, output: Any) -> None:
+        nonlocal total
+        query = args[0]
+        batch_first = getattr(module, "batch_first", False)
+        n, length = (query.shape[0], query.shape[1]) if batch_first else query.shape[1::-1]
+        dim, heads = query.shape[-1], getattr(module, "num_heads", 1)
+        total += n * length * (5 * dim + heads * length) * query.element_size()
+
+    handles = [
+        module.register_forward_hook(add_output)
+        for module in meta_model.modules()
+        if not list(module.children())
+    ]
+    handles += [
+        module.register_forward_hook(add_attention)
+        for module in meta_model.modules()
+        if isinstance(module, nn.MultiheadAttention)
+    ]
+    try:
+        meta_model(inputs.to("meta"))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where one training step's memory goes, in bytes (see :func:`memory_breakdown`)."""
+
+    batch_size: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int  # measured: the peak during forward + backward above the static part
+    activations_estimate: int  # predicted from shapes before running
+    method: str  # how ``activations`` was measured
+
+    @property
+    def static(self) -> int:
+        """Bytes that do not depend on the batch: parameters, gradients, optimizer state."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @property
+    def peak(self) -> int:
+        return self.static + self.activations
+
+    def rows(self) -> list[tuple[str, int]]:
+        """``(part, bytes)`` for a table or a bar chart."""
+        return [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer state", self.optimizer_state),
+            ("activations (measured)", self.activations),
+            ("activations (estimated from shapes)", self.activations_estimate),
+        ]
+
+    def __str__(self) -> str:
+        lines = [f"{part:37} {value / 2**20:10.2f} MiB" for part, value in self.rows()]
+        lines.append(f"{'peak = static + measured activations':37} {self.peak / 2**20:10.2f} MiB")
+        return "\n".join(lines) + f"\n(activations: {self.method})"
+
+
+CUDA_METHOD = (
+    "CUDA caching allocator: max_memory_allocated during forward+backward above the static part"
+)
+CPU_METHOD = (
+    "CPU: bytes autograd saved for backward, parameters excluded (no CPU allocator "
+    "statistics; leaves out temporaries and the block recomputed at a time by checkpointing)"
+)
+
+
+def measure_activations(
+    forward_backward: Callable[[], Any], device: torch.device | str, exclude: Iterable[torch.Tensor]
+) -> tuple[int, str]:
+    """Activation bytes of ``forward_backward()`` and how they were measured.
+
+    On CUDA: the allocator's peak during the call above what was allocated before it (so
+    parameters, gradients and optimizer state allocated before do not count). On the CPU:
+    the bytes saved for backward, ``exclude`` (the parameters) left out.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return peak_memory(forward_backward, device).peak_bytes, CUDA_METHOD
+    _, saved = saved_tensor_bytes(forward_backward, exclude=exclude)
+    return saved, CPU_METHOD
+
+
+def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryBreakdown:
+    """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
+
+    1. Estimate the activations from shapes (:func:`activation_estimate`), before running.
+    2. Run one real step, so that the optimizer creates its state (lazily, at the first
+       step), and give every parameter a zeroed gradient: now the static part (parameters,
+       gradients, optimizer state) is allocated, and is read from the tensors themselves.
+    3. Run forward and backward once more and measure the activations above the static
+       part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
+       channels_last) apply. The gradients are then cleared.
+
+    The step's parameters change (one optimizer step): use a fresh model for training.
+    ``estimate=False`` skips step 1 (``activations_estimate`` is then 0).
+    """
+    from course_utils.device import to_device
+
+    inputs, targets = to_device(tuple(batch[:2]), step.device)
+    if step.config.channels_last and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    predicted = activation_estimate(step.model, inputs) if estimate else 0
+    step((inputs, targets))
+    parameters = list(step.model.parameters())
+    for p in parameters:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    activations, method = measure_activations(
+        lambda: step.forward_backward(inputs, targets), step.device, exclude=parameters
+    )
+    grads = tensor_bytes(p.grad for p in parameters if p.grad is not None)
+    result = MemoryBreakdown(
+        batch_size=len(targets),
+        parameters=parameter_bytes(step.model),
+        gradients=grads,
+        optimizer_state=optimizer_state_bytes(step.optimizer),
+        activations=activations,
+        activations_estimate=predicted,
+        method=method,
+    )
+    step.optimizer.zero_grad(set_to_none=True)
+    return result

@@ -4,6 +4,11 @@
 * ``mlp``: a plain multi-layer perceptron on flattened images.
 * ``resnet18`` and ``mobilenet_v3_small``: torchvision's architectures (``weights=None``,
   no download), the "real" models of the memory and batch-size lessons.
+* ``tiny_transformer``: a small vision transformer: the image cut into 4x4 patches, then
+  pre-norm transformer encoder blocks (self-attention and an MLP), then a classifier.
+
+:func:`model_costs` gives a model's parameter count and FLOPs (forward, and a training
+step) for a batch, counted by :func:`course_utils.flops.count_flops`.
 
 Every model keeps its repeated blocks in a list that :func:`checkpoint_blocks` can wrap
 with gradient checkpointing, without changing the model's ``state_dict`` keys.
@@ -13,13 +18,14 @@ Used by notebooks 03 to 08 through :mod:`course_utils.training`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-MODEL_NAMES = ("small_cnn", "mlp", "resnet18", "mobilenet_v3_small")
+MODEL_NAMES = ("small_cnn", "mlp", "resnet18", "mobilenet_v3_small", "tiny_transformer")
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -95,6 +101,56 @@ class MLP(nn.Module):
         return self.head(self.blocks(self.flatten(x)))
 
 
+class TinyTransformer(nn.Module):
+    """A small vision transformer for 32x32 images (ViT-style, pre-norm).
+
+    The image is cut into ``patch x patch`` patches, each embedded into ``dim`` numbers by
+    one strided convolution; a learned position embedding is added; ``depth`` encoder
+    blocks (multi-head self-attention, then a two-layer MLP, each with a residual) mix
+    the patches; the mean over patches goes to a linear classifier. Dropout is 0 so that
+    a step is deterministic. The blocks live in ``blocks`` for :func:`checkpoint_blocks`.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        image_size: int = 32,
+        patch: int = 4,
+        dim: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_ratio: int = 2,
+        in_channels: int = 3,
+    ) -> None:
+        super().__init__()
+        if image_size % patch:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch {patch}")
+        patches = (image_size // patch) ** 2
+        self.embed = nn.Conv2d(in_channels, dim, kernel_size=patch, stride=patch)
+        self.position = nn.Parameter(torch.zeros(1, patches, dim))
+        nn.init.normal_(self.position, std=0.02)
+        self.blocks = nn.Sequential(
+            *(
+                nn.TransformerEncoderLayer(
+                    dim,
+                    heads,
+                    dim_feedforward=mlp_ratio * dim,
+                    dropout=0.0,
+                    activation="gelu",
+                    batch_first=True,
+                    norm_first=True,
+                )
+                for _ in range(depth)
+            )
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).transpose(1, 2) + self.position  # (N, patches, dim)
+        return self.head(self.norm(self.blocks(tokens)).mean(dim=1))
+
+
 def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     """A fresh model by name (see ``MODEL_NAMES``); ``kwargs`` go to its constructor.
 
@@ -105,6 +161,8 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
         return SmallCNN(num_classes=num_classes, **kwargs)
     if name == "mlp":
         return MLP(num_classes=num_classes, **kwargs)
+    if name == "tiny_transformer":
+        return TinyTransformer(num_classes=num_classes, **kwargs)
     if name in ("resnet18", "mobilenet_v3_small"):
         import torchvision
 
@@ -120,6 +178,62 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     55
     """
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Size and work of a model for one batch: parameters, and FLOPs (2 per multiply-add)."""
+
+    name: str
+    parameters: int
+    batch_size: int
+    forward_flops: int
+    training_flops: int  # forward + backward: about 3x the forward
+
+    @property
+    def training_flops_per_sample(self) -> float:
+        return self.training_flops / self.batch_size
+
+
+def model_costs(
+    name: str,
+    batch_size: int = 1,
+    image_size: int = 32,
+    channels: int = 3,
+    **kwargs: Any,
+) -> ModelCost:
+    """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images.
+
+    The forward FLOPs are counted by :func:`course_utils.flops.count_flops` (matmuls,
+    convolutions, attention; elementwise operations count zero), in training mode so that
+    PyTorch's fused inference path for transformer layers does not hide them from the
+    counter, and with the math attention kernel (the fused CPU kernel is not counted).
+    A training step is counted as 3x the forward (forward, plus gradients for activations
+    and for weights, each about one forward), the usual convention for MFU.
+    Why not count the backward too: the counter of torch 2.14 counts the backward of a
+    grouped (depthwise) convolution as if it were dense, ``groups`` times too many FLOPs,
+    which would inflate MobileNet's count about 20x.
+
+    >>> cost = model_costs("mlp", hidden=16, depth=1)  # 3072*16 + 16*10 multiply-adds
+    >>> cost.parameters, cost.forward_flops, cost.training_flops
+    (49338, 98624, 295872)
+    """
+    from course_utils.flops import count_flops
+
+    if name == "tiny_transformer":  # its position embedding is sized for the image
+        kwargs = {"image_size": image_size, **kwargs}
+    if name == "mlp":  # its first layer is sized for the flattened image
+        kwargs = {"in_features": channels * image_size**2, **kwargs}
+    model = build_model(name, **kwargs)
+    counted = max(batch_size, 2)  # BatchNorm refuses a batch of 1 in training mode
+    inputs = torch.randn(counted, channels, image_size, image_size)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    # the math attention kernel is made of matmuls the counter sees; the fused CPU kernel
+    # is invisible to it (attention would count zero)
+    with sdpa_kernel(SDPBackend.MATH):
+        forward = count_flops(model, inputs) * batch_size // counted  # linear in the batch
+    return ModelCost(name, count_parameters(model), batch_size, forward, 3 * forward)
 
 
 def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:

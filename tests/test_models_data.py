@@ -103,3 +103,31 @@ def test_peaks_mfu_and_a_measured_cpu_peak():
         mfu(1.0, 0.0, 1.0)
     peak = device_peak("cpu")
     assert peak.source.startswith("measured") and 1e8 < peak.flops_per_s < 1e14
+
+
+def test_model_costs_match_the_hand_formula_including_attention():
+    from course_utils.models import model_costs
+
+    mlp = model_costs("mlp", batch_size=3, hidden=16, depth=1)
+    assert mlp.forward_flops == 3 * 2 * (3 * 32 * 32 * 16 + 16 * 10)
+    assert mlp.training_flops == 3 * mlp.forward_flops
+    assert mlp.training_flops_per_sample == mlp.training_flops / 3
+    # tiny_transformer: 64 patch tokens of dim 64; per block: qkv projection, scores and
+    # weighted sum (L x L x E each), output projection, two-layer MLP of width 128
+    tokens, dim = 64, 64
+    block = 2 * tokens * dim * (3 * dim + 2 * tokens + dim + 2 * 2 * dim)
+    expected = 2 * tokens * dim * 48 + 4 * block + 2 * dim * 10
+    assert model_costs("tiny_transformer").forward_flops == expected
+    # models whose first layer depends on the image size are built for it
+    assert model_costs("mlp", image_size=16, hidden=16, depth=1).forward_flops == 2 * (
+        3 * 16 * 16 * 16 + 16 * 10
+    )
+    assert model_costs("tiny_transformer", image_size=16).forward_flops < expected
+
+
+def test_tiny_transformer_blocks_and_parameters():
+    model = build_model("tiny_transformer", depth=2, dim=32, heads=2)
+    assert [name for name, _ in blocks_of(model)] == ["blocks.0", "blocks.1"]
+    assert count_parameters(model) < count_parameters(build_model("small_cnn"))
+    with pytest.raises(ValueError, match="multiple of patch"):
+        build_model("tiny_transformer", image_size=30)

@@ -206,3 +206,25 @@ def test_train_stops_at_max_steps_and_bad_config_is_refused():
     for bad in ({"precision": "fp8"}, {"optimizer": "lion"}, {"accumulation_steps": 0}):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
+
+
+def test_checkpointing_the_transformer_blocks_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = build_model("tiny_transformer", depth=2, dim=32, heads=2)
+    batch = _batch(4)
+    plain = _grads_after_one_backward(TrainConfig(precision="fp32"), model, batch)
+    checkpointed = _grads_after_one_backward(
+        TrainConfig(precision="fp32", checkpointing=True), model, batch
+    )
+    _assert_same(plain, checkpointed, atol=1e-5)
+
+
+def test_accumulation_equals_one_big_batch_for_the_transformer():
+    torch.manual_seed(0)
+    model = build_model("tiny_transformer", depth=1, dim=32, heads=2)  # LayerNorm: per sample
+    batch = _batch(16)
+    whole = _grads_after_one_backward(TrainConfig(precision="fp32"), model, batch)
+    accumulated = _grads_after_one_backward(
+        TrainConfig(precision="fp32", accumulation_steps=4), model, batch
+    )
+    _assert_same(whole, accumulated, atol=1e-5)

@@ -1,0 +1,350 @@
+"""Memory-saving techniques compared: one row per technique, measured the same way.
+
+Notebook 04 asks of each technique what it does to a training step's peak memory, to the
+largest batch that fits, and to throughput (with FLOPs and MFU). :func:`compare_techniques`
+measures every row with the same code:
+
+* peak memory: :func:`course_utils.footprint.memory_breakdown` (static part plus the
+  activations measured during forward and backward; evaluation rows: the forward only);
+* largest batch: :func:`course_utils.batch.find_max_batch_size` with a trial that runs
+  one step at that size. On a GPU a trial that does not fit raises CUDA's real
+  out-of-memory error. A CPU has no such limit worth hitting (the operating system would
+  swap, then kill the process, long before PyTorch raised an error), so there the trial
+  raises an out-of-memory ``RuntimeError`` when the measured peak exceeds a budget you
+  impose (``budget_bytes``), as if the CPU were a device with that much memory;
+* throughput: :func:`course_utils.timing.benchmark` of one step at a fixed batch size,
+  samples per second; MFU from :func:`course_utils.models.model_costs` FLOPs and
+  :func:`course_utils.flops.device_peak` (datasheet on a known GPU, a measured matmul
+  peak on a CPU).
+
+A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_utils.batch import find_max_batch_size
+from course_utils.device import pick_precision
+from course_utils.flops import Peak, device_peak, mfu
+from course_utils.footprint import (
+    memory_breakdown,
+    peak_memory,
+    saved_tensor_bytes,
+    tensor_bytes,
+)
+from course_utils.models import build_model, model_costs
+from course_utils.timing import benchmark
+from course_utils.training import TrainConfig, TrainStep, resolve_precision
+
+
+@dataclass(frozen=True)
+class Technique:
+    """One row: a change to the baseline's config or model, and what it should do."""
+
+    name: str
+    config: TrainConfig
+    model: str | None = None  # None: the baseline's model
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    evaluation: bool = False  # measure evaluation in torch.inference_mode(), not training
+    gpu_only: bool = False  # not measured on a CPU
+    expect: str = ""
+
+
+@dataclass(frozen=True)
+class TechniqueResult:
+    """The measurements of one row; ``None`` where the row was not measured here."""
+
+    name: str
+    measured: bool
+    note: str
+    batch_size: int
+    peak_bytes: int | None = None
+    static_bytes: int | None = None
+    activation_bytes: int | None = None
+    max_batch: int | None = None
+    max_batch_capped: bool = False
+    samples_per_s: float | None = None
+    flops_per_sample: float | None = None
+    mfu: float | None = None
+    peak_source: str = ""
+
+    @property
+    def peak_mib(self) -> float | None:
+        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+
+
+def standard_techniques(
+    device: torch.device | str,
+    smaller_model: str,
+    smaller_kwargs: dict[str, Any] | None = None,
+) -> list[Technique]:
+    """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
+
+    On a CPU, mixed precision is bf16 autocast (it runs on any CPU; fast only with
+    AVX512-BF16 or AMX) and the channels_last and inference_mode rows are GPU-only; on
+    a GPU the mixed precision is :func:`~course_utils.device.pick_precision`'s choice
+    (fp16 with a GradScaler on a T4, bf16 from compute capability 8.0).
+    """
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    amp = pick_precision(device).name if on_gpu else "bf16"
+    base = TrainConfig(precision="fp32", optimizer="adam", lr=1e-3)
+    with_ = partial_config(base)
+    return [
+        Technique("baseline (fp32, Adam)", base, expect="the reference row"),
+        Technique(
+            f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"),
+            with_(precision=amp),
+            expect="activations of matmuls and convolutions in 16 bits: less memory, "
+            "faster on tensor cores",
+        ),
+        Technique(
+            "gradient checkpointing",
+            with_(checkpointing=True),
+            expect="memory down (activations recomputed), time up (one more forward)",
+        ),
+        Technique(
+            "channels_last",
+            with_(channels_last=True),
+            gpu_only=not on_gpu,
+            expect="same memory; faster convolutions on tensor cores (with AMP)",
+        ),
+        Technique(
+            "SGD with momentum instead of Adam",
+            with_(optimizer="momentum", lr=0.05),
+            expect="optimizer state 1x the parameters instead of 2x",
+        ),
+        Technique(
+            "plain SGD instead of Adam",
+            with_(optimizer="sgd", lr=0.05),
+            expect="no optimizer state at all",
+        ),
+        Technique(
+            "evaluation in inference_mode",
+            base,
+            evaluation=True,
+            gpu_only=not on_gpu,
+            expect="no gradients, no optimizer state, no activations kept",
+        ),
+        Technique(
+            f"smaller architecture ({smaller_model})",
+            base,
+            model=smaller_model,
+            model_kwargs=dict(smaller_kwargs or {}),
+            expect="fewer parameters: smaller static part; activations need not shrink",
+        ),
+    ]
+
+
+def partial_config(base: TrainConfig) -> Callable[..., TrainConfig]:
+    """A function that returns ``base`` with some fields changed.
+
+    >>> partial_config(TrainConfig())(optimizer="adam").optimizer
+    'adam'
+    """
+    return lambda **changes: dataclasses.replace(base, **changes)
+
+
+def random_batch(
+    batch_size: int, device: torch.device | str, image_size: int = 32, num_classes: int = 10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random CIFAR-shaped images and labels, made directly on ``device``."""
+    inputs = torch.randn(batch_size, 3, image_size, image_size, device=device)
+    return inputs, torch.randint(0, num_classes, (batch_size,), device=device)
+
+
+def forward_activation_bytes(step: TrainStep, batch: Sequence[torch.Tensor]) -> int:
+    """Bytes saved for backward by the step's forward pass and loss alone (with its
+    precision, checkpointing and layout): on a CPU, the same activation count as
+    :func:`course_utils.footprint.memory_breakdown` at a third of the cost (no backward,
+    no optimizer step)."""
+    inputs, targets = batch[0], batch[1]
+    if step.config.channels_last and inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    precision = step.precision
+
+    def forward() -> torch.Tensor:
+        with torch.autocast(step.device.type, dtype=precision.dtype, enabled=precision.autocast):
+            return step.loss_fn(step.model(inputs), targets)
+
+    _, saved = saved_tensor_bytes(forward, exclude=step.model.parameters())
+    return saved
+
+
+def _evaluation_peak(model: nn.Module, inputs: torch.Tensor, device: torch.device) -> int:
+    model.eval()
+    with torch.inference_mode():
+        peak = peak_memory(lambda: model(inputs), device).peak_bytes
+    model.train()
+    return peak + tensor_bytes(model.parameters())
+
+
+def measure_technique(
+    technique: Technique,
+    device: torch.device | str,
+    *,
+    model: str,
+    model_kwargs: dict[str, Any] | None = None,
+    batch_size: int = 4,
+    image_size: int = 32,
+    budget_bytes: int | None = None,
+    high: int = 64,
+    repeats: int = 3,
+    peaks: dict[torch.dtype, Peak] | None = None,
+) -> TechniqueResult:
+    """Measure one row (see the module documentation). ``budget_bytes`` is required on a
+    CPU (the imposed memory budget); ``peaks`` caches :func:`device_peak` per dtype."""
+    device = torch.device(device)
+    if technique.gpu_only and device.type != "cuda":
+        return TechniqueResult(technique.name, False, "GPU only: not measured here", batch_size)
+    if device.type != "cuda" and budget_bytes is None:
+        raise ValueError("on a CPU, pass budget_bytes: the memory budget the trials obey")
+    name = technique.model or model
+    kwargs = technique.model_kwargs if technique.model else dict(model_kwargs or {})
+    if name == "tiny_transformer":  # its position embedding is sized for the image
+        kwargs = {"image_size": image_size, **kwargs}
+    cost = model_costs(name, batch_size=1, image_size=image_size, **kwargs)
+    dtype = resolve_precision(technique.config.precision, device).dtype
+    peaks = peaks if peaks is not None else {}
+    if dtype not in peaks:
+        peaks[dtype] = device_peak(device, dtype)
+    fresh_step = lambda: TrainStep(build_model(name, **kwargs), device, technique.config)  # noqa: E731
+
+    if technique.evaluation:
+        net = build_model(name, **kwargs).to(device)
+        batch = random_batch(batch_size, device, image_size)
+        peak = _evaluation_peak(net, batch[0], device)
+        static, activations = tensor_bytes(net.parameters()), peak - tensor_bytes(net.parameters())
+
+        def trial(n: int) -> None:
+            _evaluation_peak(net, random_batch(n, device, image_size)[0], device)
+
+        def run() -> None:
+            with torch.inference_mode():
+                net(batch[0])
+
+        net.eval()
+        flops = float(cost.forward_flops)
+    else:
+        step = fresh_step()
+        breakdown = memory_breakdown(step, random_batch(batch_size, device, image_size))
+        peak, static, activations = breakdown.peak, breakdown.static, breakdown.activations
+        trial_step = fresh_step()
+
+        def trial(n: int) -> None:
+            inputs = random_batch(n, device, image_size)
+            if device.type == "cuda":  # the real thing: CUDA raises OutOfMemoryError
+                trial_step(inputs)
+                return
+            needed = static + forward_activation_bytes(trial_step, inputs)
+            if budget_bytes is not None and needed > budget_bytes:
+                raise RuntimeError(
+                    f"out of memory (imposed CPU budget): a batch of {n} needs "
+                    f"{needed / 2**20:.1f} MiB, the budget is {budget_bytes / 2**20:.1f} MiB"
+                )
+
+        batch = random_batch(batch_size, device, image_size)
+
+        def run() -> None:
+            step(batch)
+
+        flops = float(cost.training_flops)
+
+    found = find_max_batch_size(trial, low=min(2, high), high=high)
+    timing = benchmark(run, device=device, warmup=1, repeats=repeats)
+    seconds = timing.median_s
+    return TechniqueResult(
+        name=technique.name,
+        measured=True,
+        note=technique.expect,
+        batch_size=batch_size,
+        peak_bytes=peak,
+        static_bytes=static,
+        activation_bytes=activations,
+        max_batch=found.batch_size,
+        max_batch_capped=found.capped,
+        samples_per_s=batch_size / seconds,
+        flops_per_sample=flops,
+        mfu=mfu(flops * batch_size, seconds, peaks[dtype].flops_per_s),
+        peak_source=peaks[dtype].source,
+    )
+
+
+def compare_techniques(
+    techniques: Sequence[Technique], device: torch.device | str, **options: Any
+) -> list[TechniqueResult]:
+    """:func:`measure_technique` for every row, sharing the measured device peaks.
+
+    The largest-batch finder runs ``gc.collect()`` after every trial that does not fit;
+    with torch imported, one collection scans a few hundred thousand objects (about
+    0.2 s on a small CPU). ``gc.freeze()`` moves the objects that exist already to a
+    generation the collector skips, so each collection looks only at what the trials
+    created; ``gc.unfreeze()`` puts them back afterwards.
+    """
+    peaks: dict[torch.dtype, Peak] = {}
+    gc.freeze()
+    try:
+        return [measure_technique(t, device, peaks=peaks, **options) for t in techniques]
+    finally:
+        gc.unfreeze()
+
+
+def format_table(results: Sequence[TechniqueResult]) -> str:
+    """The technique table as text; rows not measured here say so."""
+    header = (
+        f"{'technique':38} {'peak MiB':>9} {'static':>8} {'activ.':>8} {'max batch':>10} "
+        f"{'samples/s':>10} {'GFLOP/sample':>12} {'MFU':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if not r.measured:
+            lines.append(f"{r.name:38} {r.note}")
+            continue
+        assert r.peak_bytes is not None and r.static_bytes is not None
+        assert r.activation_bytes is not None and r.samples_per_s is not None
+        assert r.flops_per_sample is not None and r.mfu is not None
+        capped = ">=" if r.max_batch_capped else ""
+        lines.append(
+            f"{r.name:38} {r.peak_bytes / 2**20:9.2f} {r.static_bytes / 2**20:8.2f} "
+            f"{r.activation_bytes / 2**20:8.2f} {capped + str(r.max_batch):>10} "
+            f"{r.samples_per_s:10.1f} {r.flops_per_sample / 1e9:12.4f} {r.mfu:7.2%}"
+        )
+    return "\n".join(lines)
+
+
+def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
+    """One chart of the table: peak memory (static and activations), largest batch and
+    throughput per technique; rows not measured here are marked on every panel."""
+    import matplotlib.pyplot as plt
+
+    names = [r.name for r in results]
+    rows = list(range(len(results)))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 0.45 * len(results) + 1.6), sharey=True)
+    memory, batch, speed = axes
+    for y, r in zip(rows, results, strict=True):
+        if not r.measured:
+            for ax in axes:
+                ax.text(0, y, "  GPU only: not measured here", va="center", color="gray")
+            continue
+        assert r.static_bytes is not None and r.activation_bytes is not None
+        memory.barh(y, r.static_bytes / 2**20, color="tab:blue")
+        memory.barh(y, r.activation_bytes / 2**20, left=r.static_bytes / 2**20, color="tab:orange")
+        batch.barh(y, r.max_batch or 0, color="tab:green", hatch="//" if r.max_batch_capped else "")
+        speed.barh(y, r.samples_per_s or 0, color="tab:purple")
+    memory.legend(["static (parameters, gradients, optimizer)", "activations"], fontsize=8)
+    memory.set(xlabel="peak memory of a step (MiB)", yticks=rows, yticklabels=names)
+    batch.set(xlabel="largest batch that fits (hatched: search capped)")
+    speed.set(xlabel="throughput (samples/s)")
+    memory.invert_yaxis()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
