@@ -82,8 +82,12 @@ def gpu_peak(gpu_name: str) -> GpuPeak | None:
     ('A100', 'A10')
     >>> gpu_peak("NVIDIA H100 PCIe").fp32, gpu_peak("NVIDIA GeForce RTX 3090") is None
     (51.0, True)
+    >>> gpu_peak("NVIDIA H100 NVL") is None  # not the SXM part: no datasheet row here
+    True
     """
     words = gpu_name.upper().replace("-", " ").split()
+    if "NVL" in words:  # H100 NVL: other clocks and memory, not in the table
+        return None
     # longest names first, so "H100 PCIe" wins over "H100" and "A100" never matches "A10"
     for peak in sorted(GPU_PEAKS, key=lambda p: -len(p.name)):
         parts = peak.name.upper().split()
