@@ -279,20 +279,25 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _take_reading(self) -> float:
+        began = time.perf_counter()
+        reading = read(self.source, self.gpu_index)
+        self.samples.append(reading)
+        if self._view is not None:
+            try:
+                self._view.update(reading)
+            except Exception:  # a closed notebook view must not kill sampling
+                self._view = None
+        spent = time.perf_counter() - began
+        self.busy_s += spent
+        return spent
+
     def _run(self) -> None:
         while True:
-            began = time.perf_counter()
-            reading = read(self.source, self.gpu_index)
-            self.samples.append(reading)
-            if self._view is not None:
-                try:
-                    self._view.update(reading)
-                except Exception:  # a closed notebook view must not kill sampling
-                    self._view = None
-            spent = time.perf_counter() - began
-            self.busy_s += spent
+            spent = self._take_reading()
             if self._stop.wait(max(0.0, self.interval_s - spent)):
                 break
+        self._take_reading()  # the last reading, at stop: even a short run has two
 
     # -- results -----------------------------------------------------------------
 

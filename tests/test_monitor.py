@@ -123,3 +123,10 @@ def test_monitor_on_a_real_gpu_sees_a_matmul():
     assert m.source == "nvml"
     assert max(v for v in m.series("utilization_gpu_pct") if v is not None) > 50
     assert max(v for v in m.series("memory_used_mib") if v is not None) > 32
+
+
+def test_a_run_shorter_than_the_interval_still_has_a_first_and_a_last_reading():
+    with Monitor(interval_s=30.0, source="cpu") as monitor:
+        pass
+    assert len(monitor.samples) == 2
+    assert monitor.samples[0]["time_s"] <= monitor.samples[1]["time_s"]
