@@ -183,6 +183,28 @@ def make_loggers(root_dir: Path | str, name: str = "course") -> list[Any]:
     return loggers
 
 
+class ForkSafeThreads(Callback):
+    """One PyTorch CPU thread in each process that ``ddp_notebook`` (or ``ddp_fork``) forks.
+
+    A forked child inherits the parent's OpenMP thread pool but not its threads, so its
+    first multi-threaded CPU operation can crash: on a 16-core machine DDP's first
+    broadcast segfaulted in every child (``torch.cat`` inside ``flatten_dense_tensors``).
+    With one thread PyTorch never enters the pool; and N processes share the cores anyway.
+    It acts only in the children (another process ID than where it was created), in
+    ``setup``, which Lightning calls before it wraps the model in DDP.
+    """
+
+    def __init__(self) -> None:
+        self.parent_pid = os.getpid()
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1 and os.getpid() != self.parent_pid:
+            torch.set_num_threads(1)
+
+
+FORK_STRATEGIES = ("ddp_notebook", "ddp_fork")
+
+
 def make_trainer(
     *,
     max_steps: int = -1,
@@ -209,9 +231,13 @@ def make_trainer(
     * ``quiet`` (default :func:`quiet_by_default`): no progress bar, model summary,
       "GPU available" lines or tips.
 
+    * ``strategy="ddp_notebook"`` (or ``"ddp_fork"``) adds :class:`ForkSafeThreads`.
+
     Other keyword arguments go to ``Trainer`` unchanged.
     """
     callbacks = list(callbacks)
+    if overrides.get("strategy") in FORK_STRATEGIES:
+        callbacks.append(ForkSafeThreads())
     quiet = quiet_by_default() if quiet is None else quiet
     if quiet:
         silence_lightning()

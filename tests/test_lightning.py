@@ -187,7 +187,7 @@ def test_comparison_measures_both_ways_from_one_run(loader):
 def test_on_a_gpu_lightning_matches_the_plain_loop_in_mixed_precision(loader, monkeypatch):
     """Same autocast dtype and loss scaling both ways ("auto": fp16 + GradScaler on a T4,
     bf16 from compute capability 8.0). cuDNN may pick different (nondeterministic)
-    kernels per run, so the check is closeness: 1e-3, against weights that moved > 1e-2."""
+    kernels per run, so the check is closeness: within 10% of how far the weights moved."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     config = TrainConfig(precision="auto", lr=0.05)
@@ -201,7 +201,33 @@ def test_on_a_gpu_lightning_matches_the_plain_loop_in_mixed_precision(loader, mo
         max_steps=5, accelerator="gpu", devices=[0], logger=False, callbacks=[callback]
     )
     trainer.fit(module, loader)
-    assert max_difference(initial, plain.model.cpu()) > 1e-2
-    assert max_difference(plain.model.cpu(), module.model.cpu()) <= 1e-3
+    moved = max_difference(initial, plain.model.cpu())  # 0.0079 on an H200 (bf16)
+    assert moved > 1e-3
+    # both ways run the same autocast ops; only kernel choice and order may differ
+    assert max_difference(plain.model.cpu(), module.model.cpu()) <= 0.1 * moved
     assert callback.history and callback.history[0]["source"] == "nvml"
     assert "gpu/memory_used_mib" in callback.history[0]
+
+
+def test_fork_safe_threads_acts_only_in_forked_children(monkeypatch):
+    import os
+    from types import SimpleNamespace
+
+    from course_utils.lightning import ForkSafeThreads, make_trainer
+
+    threads = torch.get_num_threads()
+    callback = ForkSafeThreads()
+    try:
+        callback.setup(SimpleNamespace(world_size=2), None, "fit")  # the kernel itself
+        assert torch.get_num_threads() == threads
+        monkeypatch.setattr(os, "getpid", lambda: callback.parent_pid + 1)  # a forked child
+        callback.setup(SimpleNamespace(world_size=1), None, "fit")
+        assert torch.get_num_threads() == threads
+        callback.setup(SimpleNamespace(world_size=2), None, "fit")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.undo()
+    trainer = make_trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp_notebook",
+                           logger=False)
+    assert any(isinstance(c, ForkSafeThreads) for c in trainer.callbacks)

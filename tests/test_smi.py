@@ -281,3 +281,26 @@ def test_cli_smi_imports_no_torch():
     )
     assert "Tesla T4" in done.stdout
     assert done.stderr.strip().splitlines()[-1] == "False", done.stderr
+
+
+def test_the_recorded_h200_samples_parse_to_what_they_show():
+    """Real outputs recorded on the course's H200 lane (2026-11-29), shipped for notebook 02."""
+    from course_utils.smi import sample_output
+
+    provenance, text = sample_output("h200_table_matmul_load")
+    assert "recorded" in provenance and "not a recording" not in provenance
+    table = parse(text)
+    assert (table["driver_version"], table["cuda_version"]) == ("580.159.04", "13.0")
+    gpu = table["gpus"][0]
+    assert (gpu["name"], gpu["utilization_gpu_pct"], gpu["pstate"]) == ("NVIDIA H200", 99, "P0")
+    assert (gpu["power_draw_w"], gpu["power_limit_w"]) == (694.0, 700.0)
+    assert (gpu["memory_used_mib"], gpu["memory_total_mib"]) == (1011, 143771)
+    assert [(p["pid"], p["type"], p["used_memory_mib"]) for p in table["processes"]] == [
+        (468, "C", 1002)
+    ]
+    idle = parse(sample_output("h200_table_idle")[1])["gpus"][0]
+    assert (idle["utilization_gpu_pct"], idle["memory_used_mib"]) == (0, 0)
+    csv_gpu = parse(sample_output("h200_query_gpu_csv_load")[1])["gpus"][0]
+    assert (csv_gpu["utilization_gpu_pct"], csv_gpu["power_draw_w"]) == (99, 692.82)
+    xml = parse(sample_output("h200_q_x_load")[1])
+    assert xml["format"] == "xml" and xml["gpus"][0]["memory_total_mib"] == 143771
