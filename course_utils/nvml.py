@@ -127,6 +127,19 @@ def nvml_session() -> Iterator[str | None]:
             _shutdown()
 
 
+@contextmanager
+def gpu_handle(index: int) -> Iterator[Any]:
+    """An NVML session and the handle of GPU ``index`` for the body of a ``with`` block;
+    yields ``None`` when NVML or that GPU is not available.
+
+    >>> with gpu_handle(10_000) as handle:
+    ...     handle is None
+    True
+    """
+    with nvml_session() as problem:
+        yield None if problem else nvml_call("nvmlDeviceGetHandleByIndex", index)
+
+
 def nvml_status() -> str:
     """``"ok"`` when NVML answers, otherwise the reason it does not (one line)."""
     with nvml_session() as problem:
@@ -393,10 +406,7 @@ def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
     >>> snapshot(0) is None or snapshot(0).index == 0
     True
     """
-    with nvml_session() as problem:
-        if problem:
-            return None
-        handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+    with gpu_handle(index) as handle:
         if handle is None:
             return None
         total, used, free = read_memory_mib(handle)
@@ -434,10 +444,7 @@ def process_memory_used_mib(index: int, pid: int | None = None) -> int | None:
     True
     """
     wanted = os.getpid() if pid is None else pid
-    with nvml_session() as problem:
-        if problem:
-            return None
-        handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
+    with gpu_handle(index) as handle:
         if handle is None:
             return None
         mine = [p for p in read_processes(handle) if p.pid == wanted]
