@@ -222,18 +222,29 @@ def predict_max_batch_size(
     budget_bytes: int,
     *,
     probes: tuple[int, int] = (2, 4),
+    low: int = 1,
     high: int | None = None,
     margin: float = 0.0,
 ) -> MaxBatchSize:
     """Predict the largest batch from measured memory, then confirm it with a few trials.
 
-    ``memory_of(n)`` runs a step at batch size ``n`` and returns its peak memory in bytes
-    (on a GPU: ``footprint.peak_memory(lambda: trial(n), device).peak_bytes``). It is
+    ``memory_of(n)`` runs a step at batch size ``n`` and returns its peak memory in bytes,
+    measured after a warm-up step at that size so that one-time allocations do not count
+    (:meth:`TrainTrial.peak_bytes`, or on a GPU
+    ``footprint.peak_memory(lambda: trial(n), device, warmup=1).peak_bytes``). It is
     called at the two ``probes``; a straight line through them (fixed bytes + bytes per
     sample x n) gives the batch size that fills ``budget_bytes``. The prediction is then
     confirmed by exponential search around it (+1, +2, +4, ... while trials fit, or -1,
     -2, -4, ... while they do not) and bisection: when memory really grows linearly the
     answer takes 4 or 5 calls instead of about ``2 log2(M)``. The two probes count as trials.
+    ``low`` is where a search starts when it has to fall back to
+    :func:`find_max_batch_size` (2 for a model with BatchNorm: see
+    :attr:`TrainTrial.min_batch_size`), and the smallest prediction.
+
+    On a GPU a convolution's memory is not quite a straight line: cuDNN picks an algorithm
+    for each input shape, and the workspace it allocates during the call can differ by
+    tens of MiB between neighbouring batch sizes. The prediction is then off, and the
+    confirming trials correct it (a network of ``Linear`` layers is close to linear).
 
     >>> limit = lambda n: 1000 + 300 * n           # bytes a step at batch n needs
     >>> def trial(n):
@@ -256,19 +267,21 @@ def predict_max_batch_size(
             if not is_out_of_memory(error):
                 raise
             release_memory()  # even the probes do not fit: search below them
-            fallback = find_max_batch_size(trial, high=max(1, size - 1), margin=margin)
+            fallback = find_max_batch_size(
+                trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
+            )
             fallback.history[:0] = [*history, Trial(size, False, time.perf_counter() - start)]
             fallback.trials = len(fallback.history)
             return fallback
         history.append(Trial(size, True, time.perf_counter() - start))
     per_sample = (measured[1] - measured[0]) / (large - small)
     if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
-        found = find_max_batch_size(trial, low=large, high=high, margin=margin)
+        found = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
         found.history[:0] = history
         found.trials = len(found.history)
         return found
     fixed = measured[0] - per_sample * small
-    predicted = max(1, math.floor((budget_bytes - fixed) / per_sample))
+    predicted = max(low, math.floor((budget_bytes - fixed) / per_sample))
     if high is not None:
         predicted = min(predicted, high)
     good, bad = 0, None  # trust only trials: the probes may have run differently
@@ -325,13 +338,17 @@ class TrainTrial:
     one :class:`~course_utils.training.TrainStep`. With ``budget_bytes`` it imposes a
     memory budget and raises ``RuntimeError("out of memory ...")`` beyond it, as a real
     allocator would: on the CPU as soon as the bytes saved for backward exceed it
-    (mid-forward, :func:`~course_utils.footprint.saved_tensor_bytes`), on a GPU when
-    :func:`~course_utils.footprint.peak_memory` of the step does. ``last_peak_bytes``
-    keeps the last measured peak of a step that fitted.
+    (mid-forward, :func:`~course_utils.footprint.saved_tensor_bytes`); on a GPU when the
+    allocator peak of the step does, measured after an unmeasured warm-up step at the
+    same size (so one-time allocations such as cuBLAS workspaces never count). That is
+    exactly :meth:`peak_bytes`: measure a budget with it and the trial compares like with
+    like. ``last_peak_bytes`` keeps the last measured peak of a step that fitted.
 
     >>> trial = TrainTrial("mlp", budget_bytes=2**24)
     >>> trial(1) is None, trial.last_peak_bytes > 0
     (True, True)
+    >>> trial.peak_bytes(1) == trial.last_peak_bytes, trial.min_batch_size
+    (True, 1)
     """
 
     def __init__(
@@ -371,27 +388,55 @@ class TrainTrial:
             self._step = TrainStep(model, self.device, TrainConfig(precision=self.precision))
         return self._step
 
+    @property
+    def min_batch_size(self) -> int:
+        """2 when the model has a BatchNorm layer, else 1. In training mode BatchNorm needs
+        more than one value per channel: a batch of 1 raises ``ValueError`` where a layer
+        sees a 1 x 1 image (the end of ResNet-18 on 32 x 32 inputs). Start batch-size
+        searches here: ``find_max_batch_size(trial, low=trial.min_batch_size)``
+        (Lightning's finder starts at 2 for the same reason)."""
+        nn = torch.nn
+        norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+        return 2 if any(isinstance(m, norms) for m in self.step().model.modules()) else 1
+
+    def peak_bytes(self, batch_size: int) -> int:
+        """The memory of one step at ``batch_size``, measured as the budget check does:
+        on a GPU the allocator peak (:func:`~course_utils.footprint.peak_memory`) of a
+        step after an unmeasured warm-up step at that size; on the CPU the bytes saved
+        for backward. Use it as ``memory_of`` for :func:`predict_max_batch_size`."""
+        from course_utils.footprint import peak_memory, saved_tensor_bytes
+
+        step = self.step()
+
+        def run() -> None:
+            step(self.batch(batch_size))
+
+        if torch.device(self.device).type != "cuda":
+            return saved_tensor_bytes(run)[1]
+        return peak_memory(run, self.device, warmup=1).peak_bytes
+
     def batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (batch_size, 3, self.image_size, self.image_size)
         inputs = torch.randn(shape, device=self.device)
         return inputs, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
 
     def __call__(self, batch_size: int) -> None:
-        from course_utils.footprint import budget_exceeded_message, peak_memory, saved_tensor_bytes
+        from course_utils.footprint import budget_exceeded_message, saved_tensor_bytes
 
         step = self.step()
         if self.budget_bytes is None:
             step(self.batch(batch_size))
             return
-        if torch.device(self.device).type != "cuda":  # fail mid-forward, as an allocator does
+        device_type = torch.device(self.device).type
+        if device_type != "cuda":  # fail mid-forward, as an allocator does
             _, peak = saved_tensor_bytes(
                 lambda: step(self.batch(batch_size)), limit_bytes=self.budget_bytes
             )
         else:
-            peak = peak_memory(lambda: step(self.batch(batch_size)), self.device).peak_bytes
-        self.last_peak_bytes = peak
+            peak = self.peak_bytes(batch_size)
         if peak > self.budget_bytes:
-            raise RuntimeError(budget_exceeded_message(self.budget_bytes))
+            raise RuntimeError(budget_exceeded_message(self.budget_bytes, device_type))
+        self.last_peak_bytes = peak
 
 
 # ------------------------------------------------------------------------- sweep
@@ -528,13 +573,18 @@ def batch_size_sweep(
     """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
     (default: powers of two up to 4096), stopping at the first out-of-memory error.
 
-    For each size: the first call measures peak memory with
-    :func:`~course_utils.footprint.peak_memory` (CUDA allocator peak; on the CPU the bytes
-    saved for backward, which is what grows with the batch) and warms up; then
+    For each size: an unmeasured warm-up call, then one call measured with
+    :func:`~course_utils.footprint.peak_memory` (``warmup=1``), then
     :func:`~course_utils.timing.benchmark` times ``repeats`` synchronized calls after
-    ``warmup`` more. ``budget_bytes`` treats a peak above it as out of memory (a memory
-    limit imposed on the CPU); ``time_limit_s`` stops before a size (not the first) once
-    the sweep has run that long. Throughput is ``batch_size / median step time``.
+    ``warmup`` more. The peak is what one step at that size needs once everything made
+    once has been made: on CUDA the allocator's peak during the step above the memory
+    allocated before it (the batch, activations, gradients, temporaries and per-call
+    cuDNN workspaces; not the parameters, the optimizer state or the cuBLAS workspaces
+    that the first step of a process allocates and keeps); on the CPU the bytes saved for
+    backward, which is what grows with the batch. ``budget_bytes`` treats a peak above it
+    as out of memory (a memory limit imposed on the CPU); ``time_limit_s`` stops before a
+    size (not the first) once the sweep has run that long. Throughput is
+    ``batch_size / median step time``.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -552,10 +602,10 @@ def batch_size_sweep(
             break
         try:
             run = functools.partial(trial, size)
-            peak = peak_memory(run, device)
+            peak = peak_memory(run, device, warmup=1)
             method = peak.method
             if budget_bytes is not None and peak.peak_bytes > budget_bytes:
-                raise RuntimeError(budget_exceeded_message(budget_bytes))
+                raise RuntimeError(budget_exceeded_message(budget_bytes, device.type))
             timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
         except Exception as error:
             if not is_out_of_memory(error):

@@ -7,6 +7,9 @@
   peak (``torch.cuda.max_memory_allocated``) above what was allocated before. The CPU has
   no allocator statistics, so there it reports the bytes saved for backward, the part of
   a training step's memory that grows with the batch, and says so in ``method``.
+  ``warmup=1`` first calls the function once unmeasured: the first CUDA step of a process
+  or a model allocates things once and keeps them (cuBLAS workspaces, lazily built
+  parameters and optimizer state), which a single measured call would count.
 
 Used by notebooks 03 and 04 and by the batch-size sweep.
 """
@@ -22,10 +25,20 @@ import torch
 from torch import nn
 
 
-def budget_exceeded_message(limit_bytes: int) -> str:
+def budget_exceeded_message(limit_bytes: int, device_type: str = "cpu") -> str:
     """The error message of an imposed memory budget: labelled as simulated, and worded
     so that PyTorch Lightning's, accelerate's and this course's out-of-memory checks all
-    recognize it."""
+    recognize it. ``device_type="cuda"``: worded as a CUDA error, and says that the
+    allocator's peak of a step is what exceeded the budget.
+
+    >>> budget_exceeded_message(2**20, "cuda")[:20]
+    'CUDA out of memory. '
+    """
+    if device_type == "cuda":
+        return (
+            "CUDA out of memory. (simulated: the allocator peak of the step exceeds the "
+            f"imposed budget of {limit_bytes / 2**20:.2f} MiB)"
+        )
     return (
         "DefaultCPUAllocator: can't allocate memory: out of memory. (simulated: the "
         f"imposed budget of {limit_bytes / 2**20:.2f} MiB is exceeded)"
@@ -84,9 +97,28 @@ class PeakMemory:
         return self.peak_bytes / 2**20
 
 
-def peak_memory(fn: Callable[[], Any], device: torch.device | str) -> PeakMemory:
-    """Peak memory of ``fn()`` on ``device`` (see the module documentation)."""
+def peak_memory(
+    fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0
+) -> PeakMemory:
+    """Peak memory of ``fn()`` on ``device`` (see the module documentation).
+
+    On CUDA: the most bytes allocated at once during the call, minus the bytes allocated
+    when it started, so tensors that already existed (parameters, optimizer state) do not
+    count, but everything the call allocates does, even if freed before it returns
+    (activations, gradients, temporaries, per-call cuDNN workspaces). ``warmup`` calls of
+    ``fn`` run first, unmeasured: they make the one-time allocations a first call would
+    add (cuBLAS workspaces, kept for the process; a model or optimizer state built
+    lazily on the first step). Use ``warmup=1`` to measure what every step needs.
+
+    >>> x = torch.ones(256, requires_grad=True)
+    >>> peak_memory(lambda: (x * x).sum(), "cpu", warmup=1).peak_bytes  # CPU: saved bytes
+    1024
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
     device = torch.device(device)
+    for _ in range(warmup):
+        fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)

@@ -128,3 +128,19 @@ def test_a_trial_process_killed_by_a_signal_counts_as_out_of_memory():
 def test_isolation_needs_a_picklable_trial():
     with pytest.raises(TypeError, match="picklable"):
         find_max_batch_size(lambda n: None, isolate=True)
+
+
+def test_a_batchnorm_model_starts_the_search_at_two():
+    """BatchNorm in training mode needs more than one value per channel: small_cnn on
+    8 x 8 images ends at 1 x 1, so a batch of 1 raises ValueError (not out of memory)."""
+    from course_utils.batch import TrainTrial
+
+    trial = TrainTrial("small_cnn", image_size=8, model_kwargs={"width": 4})
+    assert trial.min_batch_size == 2
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        find_max_batch_size(trial, high=4)
+    found = find_max_batch_size(trial, low=trial.min_batch_size, high=4)
+    assert found.batch_size == 4 and [t.batch_size for t in found.history] == [2, 4]
+    no_norm = TrainTrial("small_cnn", image_size=8, model_kwargs={"width": 4, "norm": "group"})
+    assert no_norm.min_batch_size == 1
+    no_norm(1)

@@ -150,12 +150,7 @@ def test_train_trial_budget_is_found_by_the_finder():
     """On a real model the finder returns the largest batch whose saved-for-backward
     bytes stay within the imposed budget."""
     measure = TrainTrial("mlp", model_kwargs={"hidden": 64})
-    from course_utils.footprint import peak_memory
-
-    def bytes_at(n: int) -> int:
-        return peak_memory(lambda: measure.step()(measure.batch(n)), "cpu").peak_bytes
-
-    budget = (bytes_at(5) + bytes_at(6)) // 2
+    budget = (measure.peak_bytes(5) + measure.peak_bytes(6)) // 2
     trial = TrainTrial("mlp", budget_bytes=budget, model_kwargs={"hidden": 64})
     found = find_max_batch_size(trial, high=64)
     assert found.batch_size == 5
@@ -163,6 +158,40 @@ def test_train_trial_budget_is_found_by_the_finder():
         trial(6)
     trial(5)
     assert 0 < trial.last_peak_bytes <= budget
+    assert trial.last_peak_bytes == measure.peak_bytes(5)  # the budget check measures alike
+
+
+def test_warm_up_calls_keep_one_time_allocations_out_of_the_peak():
+    """A function that saves an extra 1 KiB on its first call only (as a first CUDA step
+    allocates workspaces once): the warm-up call takes it, the measured call does not."""
+    from course_utils.footprint import peak_memory
+
+    x = torch.ones(256, requires_grad=True)
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            (x.exp() * 2).sum()  # exp saves its output: 1 KiB, once
+        return (x * x).sum()  # saves x: 1 KiB, every call
+
+    assert peak_memory(step, "cpu").peak_bytes == 2048
+    calls.clear()
+    assert peak_memory(step, "cpu", warmup=1).peak_bytes == 1024 and len(calls) == 2
+    with pytest.raises(ValueError):
+        peak_memory(step, "cpu", warmup=-1)
+
+
+def test_sweep_measures_the_peak_after_a_warm_up_call():
+    calls = []
+
+    def trial(n):
+        calls.append(n)
+        saving_trial(fixed_s=0.0)(n * (4 if len(calls) == 1 else 1))  # a bigger first call
+
+    sweep = batch_size_sweep(trial, [2, 4], repeats=1, warmup=0)
+    assert [row.peak_bytes for row in sweep.rows] == [2048, 4096]
+    assert calls == [2, 2, 2, 4, 4, 4]  # warm-up, measured, timed
 
 
 def test_saved_tensor_limit_raises_out_of_memory_mid_function():
@@ -185,6 +214,9 @@ def test_saved_tensor_limit_raises_out_of_memory_mid_function():
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_sweep_reports_the_allocator_peak():
+    """Each size's peak is measured after a warm-up step at that size: the first step of
+    a process also allocates the cuBLAS workspaces and builds the model, once (on an H200
+    that made batch 8's peak three times batch 32's when it was measured first)."""
     trial = TrainTrial("small_cnn", "cuda")
     sweep = batch_size_sweep(trial, [8, 32, 128], "cuda", repeats=2)
     assert "CUDA" in sweep.memory_method
@@ -194,16 +226,31 @@ def test_on_a_gpu_the_sweep_reports_the_allocator_peak():
 
 @pytest.mark.gpu
 def test_on_a_gpu_prediction_from_measured_memory_agrees_with_the_search():
-    from course_utils.footprint import peak_memory
-
-    measure = TrainTrial("small_cnn", "cuda")
-    budget = peak_memory(lambda: measure(200), "cuda").peak_bytes
-    trial = TrainTrial("small_cnn", "cuda", budget_bytes=budget)
+    """The budget, the trial's check and ``memory_of`` all measure the same thing
+    (``TrainTrial.peak_bytes``: the allocator peak of a step after a warm-up step).
+    An MLP, because its memory is a straight line in the batch size: a conv net's is not
+    on a GPU (cuDNN's per-shape workspaces; on an H200 small_cnn's step at 128 needed
+    more than at 200), and then no search or prediction has a single boundary to find."""
+    measure = TrainTrial("mlp", "cuda")
+    budget = measure.peak_bytes(200)
+    trial = TrainTrial("mlp", "cuda", budget_bytes=budget)
     searched = find_max_batch_size(trial, high=1024)
-
-    def memory_of(n):
-        return peak_memory(lambda: measure(n), "cuda").peak_bytes
-
-    predicted = predict_max_batch_size(trial, memory_of, budget, probes=(16, 32), high=1024)
+    assert abs(searched.batch_size - 200) <= 2 and not searched.capped
+    assert any("CUDA out of memory" in (t.error or "") for t in searched.history)
+    predicted = predict_max_batch_size(
+        trial, measure.peak_bytes, budget, probes=(16, 32), high=1024
+    )
     assert abs(predicted.batch_size - searched.batch_size) <= 2  # allocator rounding
     assert predicted.trials < searched.trials
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_batchnorm_model_is_searched_from_its_smallest_batch():
+    """ResNet-18 on 32 x 32 images ends with 1 x 1 feature maps: BatchNorm cannot train
+    on a batch of 1 (ValueError, rightly not taken for out of memory)."""
+    trial = TrainTrial("resnet18", "cuda")
+    assert trial.min_batch_size == 2
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        find_max_batch_size(trial, high=4)
+    found = find_max_batch_size(trial, low=trial.min_batch_size, high=8)
+    assert found.batch_size == 8 and found.capped
