@@ -194,7 +194,22 @@ def find_max_batch_size(
         else:
             bad = size
             break
-    while bad is not None and bad - good > 1:  # bisect between good and bad
+    return _bisect(trial, good, bad, history, margin, isolate=isolate)
+
+
+def _bisect(
+    trial: Callable[[int], Any],
+    good: int,
+    bad: int | None,
+    history: list[Trial],
+    margin: float,
+    *,
+    isolate: bool = False,
+    predicted: int | None = None,
+) -> MaxBatchSize:
+    """Bisect between the largest size that fitted (``good``) and the smallest that did
+    not (``bad``; ``None`` when the search was capped), then build the result."""
+    while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
         if _attempt(trial, middle, history, isolate):
             good = middle
@@ -206,6 +221,7 @@ def find_max_batch_size(
         trials=len(history),
         history=history,
         capped=bad is None,
+        predicted=predicted,
     )
 
 
@@ -302,20 +318,7 @@ def predict_max_batch_size(
                 good = size
                 break
             bad, step = size, step * 2
-    while bad is not None and bad - good > 1:
-        middle = (good + bad) // 2
-        if _attempt(trial, middle, history):
-            good = middle
-        else:
-            bad = middle
-    return MaxBatchSize(
-        batch_size=_with_margin(good, margin),
-        limit=good,
-        trials=len(history),
-        history=history,
-        capped=bad is None,
-        predicted=predicted,
-    )
+    return _bisect(trial, good, bad, history, margin, predicted=predicted)
 
 
 def cuda_memory_budget(device: torch.device | str) -> int:

@@ -776,7 +776,7 @@ class OomRecovery:
 
 
 def run_with_oom_recovery(
-    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0
+    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0, low: int = 1
 ) -> OomRecovery:
     """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
 
@@ -784,7 +784,8 @@ def run_with_oom_recovery(
     so the traceback and the failed step's tensors die, free memory
     (:func:`release_memory`), then find the largest size below the one that failed with
     :func:`~course_utils.batch.find_max_batch_size` (each trial is a real ``step``).
-    Other errors are raised again; :class:`MemoryError` if not even a batch of 1 fits.
+    Other errors are raised again; :class:`MemoryError` if not even a batch of ``low``
+    fits. Pass ``low=2`` for a model with BatchNorm, which cannot train on one sample.
 
     >>> def step(n):
     ...     if n > 48:
@@ -805,9 +806,9 @@ def run_with_oom_recovery(
     if message is None:
         return OomRecovery(batch_size, batch_size, None)
     release_memory()  # outside the except block: the traceback is gone
-    if batch_size <= 1:
-        raise MemoryError(f"not even a batch of 1 fits: {message}")
-    search = find_max_batch_size(step, low=1, high=batch_size - 1, margin=margin)
+    if batch_size <= low:
+        raise MemoryError(f"not even a batch of {low} fits: {message}")
+    search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)
     if search.batch_size == 0:
-        raise MemoryError(f"not even a batch of 1 fits: {message}")
+        raise MemoryError(f"not even a batch of {low} fits: {message}")
     return OomRecovery(batch_size, search.batch_size, message, search)
