@@ -49,13 +49,22 @@ def profiled_loop(
 def compare(
     batches: list[Any], step: Callable[[Any], Any], device: torch.device, repeats: int
 ) -> dict[str, float]:
-    times: dict[str, list[float]] = {"bare": [], "synchronized": [], "unsynchronized": []}
+    runs: dict[str, Callable[[], float]] = {
+        "bare": lambda: bare_loop(batches, step, device),
+        "synchronized": lambda: profiled_loop(batches, step, device, True),
+        "unsynchronized": lambda: profiled_loop(batches, step, device, False),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
     bare_loop(batches[:3], step, device)  # warm-up
-    for _ in range(repeats):  # alternate, so drifting machine load hits all three alike
-        times["bare"].append(bare_loop(batches, step, device))
-        times["synchronized"].append(profiled_loop(batches, step, device, True))
-        times["unsynchronized"].append(profiled_loop(batches, step, device, False))
-    return {key: statistics.median(values) for key, values in times.items()}
+    names = list(runs)
+    for repeat in range(repeats):  # rotate the order: drift and order effects hit all alike
+        for name in names[repeat % 3 :] + names[: repeat % 3]:
+            times[name].append(runs[name]())
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    for name in ("synchronized", "unsynchronized"):  # per repeat: profiled / bare - 1
+        ratios = [p / b - 1 for p, b in zip(times[name], times["bare"], strict=True)]
+        medians[f"{name}_paired_overhead"] = statistics.median(ratios)
+    return medians
 
 
 def main() -> None:
@@ -69,7 +78,7 @@ def main() -> None:
     torch.manual_seed(0)
     step = TrainStep(build_model("small_cnn"), device, TrainConfig(precision="fp32"))
     batches = [(torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))) for _ in range(20)]
-    real = compare(batches, step, device, repeats=7)
+    real = compare(batches, step, device, repeats=15)
 
     figures: dict[str, Any] = {
         "label": measured_on(device),
@@ -79,8 +88,8 @@ def main() -> None:
         "fixed_profiled_nosync_overhead_us_per_step": (fixed["unsynchronized"] - fixed["bare"])
         * 1e6,
         "train_step_ms": real["bare"] * 1e3,
-        "overhead_percent_synchronized": 100 * (real["synchronized"] / real["bare"] - 1),
-        "overhead_percent_unsynchronized": 100 * (real["unsynchronized"] / real["bare"] - 1),
+        "overhead_percent_synchronized": 100 * real["synchronized_paired_overhead"],
+        "overhead_percent_unsynchronized": 100 * real["unsynchronized_paired_overhead"],
         "fixed_overhead_percent_of_train_step": 100
         * (fixed["synchronized"] - fixed["bare"])
         / real["bare"],
