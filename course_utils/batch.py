@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from course_utils.memory import is_out_of_memory, release_memory
+from course_utils.memory import error_summary, is_out_of_memory, release_memory
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def _attempt(
         if not is_out_of_memory(error):
             raise
         fits = False
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        message = error_summary(error)
         # the exception's traceback refers to the frames that hold the big tensors:
         # drop it before freeing (Python deletes ``error`` at the end of this block).
     if not fits:  # a fitting trial's tensors die when it returns; a failed one's may sit
@@ -613,7 +613,7 @@ def batch_size_sweep(
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            message = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            message = error_summary(error)
             rows.append(SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message))
             release_memory()
             break

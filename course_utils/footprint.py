@@ -97,6 +97,17 @@ class PeakMemory:
         return self.peak_bytes / 2**20
 
 
+def cuda_allocator_peak(fn: Callable[[], Any], device: torch.device) -> tuple[Any, int]:
+    """Run ``fn()``; return its result and the most bytes the CUDA caching allocator had
+    allocated at once during the call, above what was allocated when it started."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    return result, torch.cuda.max_memory_allocated(device) - before
+
+
 def peak_memory(
     fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0
 ) -> PeakMemory:
@@ -120,12 +131,7 @@ def peak_memory(
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
+        _, peak = cuda_allocator_peak(fn, device)
         return PeakMemory(peak, "CUDA caching allocator: max_memory_allocated above the start")
     _, saved = saved_tensor_bytes(fn)
     return PeakMemory(saved, "CPU: bytes autograd saved for backward (no CPU allocator stats)")

@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, nvml
 from course_utils.device import pick_device
+from course_utils.footprint import cuda_allocator_peak
 from course_utils.timing import synchronizer
 from course_utils.training import TrainConfig, TrainStep, make_optimizer, resolve_precision, train
 
@@ -419,12 +420,7 @@ def measure_peak(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any
     """
     device = torch.device(device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        result = fn()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
+        result, peak = cuda_allocator_peak(fn, device)
         return result, PeakUse(peak / 2**20, "CUDA allocator peak above the start")
     process = psutil.Process()
     start = process.memory_info().rss

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from course_utils.device import BF16, FP16, FP32, Precision, pick_precision, to_device
-from course_utils.memory import is_out_of_memory
+from course_utils.memory import error_summary, is_out_of_memory
 from course_utils.models import checkpoint_blocks
 from course_utils.timing import synchronizer
 
@@ -145,8 +145,7 @@ class TrainStep:
     # -- compile guard ---------------------------------------------------------------
 
     def _fall_back(self, error: BaseException) -> None:
-        first_line = (str(error).strip().splitlines() or [""])[0][:200]
-        self.compile_error = f"{type(error).__name__}: {first_line}"
+        self.compile_error = f"{type(error).__name__}: {error_summary(error)}"
         self._compiled = None
         print(f"torch.compile failed ({self.compile_error}); running eagerly instead.")
 
