@@ -183,13 +183,13 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>Course run report</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; margin-bottom: 2em; }}
+table {{ border-collapse: collapse; margin-bottom: 2em; width: 100%; }}
 td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
 tr.failed td {{ background: #fdd; }} tr.ok td:nth-child(2) {{ color: #070; }}
 td.name {{ white-space: nowrap; }}
 td ul {{ margin: 0.2em 0 0.6em; padding-left: 1.2em; }}
 p.label {{ margin: 0; font-style: italic; color: #555; }}
-td.plots img {{ width: 320px; margin: 0 4px 4px 0; border: 1px solid #eee; }}
+td.plots img {{ width: 400px; margin: 0 4px 4px 0; border: 1px solid #eee; }}
 pre {{ white-space: pre-wrap; max-width: 60em; }}
 </style></head><body>
 <h1>Course run report</h1>

@@ -77,5 +77,5 @@ def test_the_report_shows_each_notebooks_plot_in_a_browser(tmp_path):
     shown = screenshot(write_report([with_plot], {}, tmp_path / "a"), tmp_path / "a.png", tmp_path)
     control = screenshot(write_report([without], {}, tmp_path / "b"), tmp_path / "b.png", tmp_path)
     assert magenta_pixels(control) == 0
-    # the plot is drawn 320 px wide (about 240 px tall); its filled area is most of it
-    assert magenta_pixels(shown) > 150 * 100, magenta_pixels(shown)
+    # the plot is drawn 400 px wide (300 px tall); its filled area is most of it
+    assert magenta_pixels(shown) > 200 * 150, magenta_pixels(shown)
