@@ -68,14 +68,14 @@ def test_under_pytest_long_helpers_are_silent(monkeypatch, capsys):
     monkeypatch.delenv(progress.ENV_VAR, raising=False)
     monkeypatch.setenv("COURSE_WORKLOAD", "full")
     assert progress.mode() == "off"
-    assert find_max_batch_size(oom_above(100)).batch_size == 100
+    assert find_max_batch_size(oom_above(12)).batch_size == 12
     batch_size_sweep(lambda n: torch.ones(n, 4).sum(), [1, 2], repeats=1)
     assert capsys.readouterr() == ("", "")
 
 
 def test_in_a_log_each_helper_writes_one_line_at_the_end(outside_tests):
     log = outside_tests(tty=False)
-    found = find_max_batch_size(oom_above(100))
+    found = find_max_batch_size(oom_above(12))
     sweep = batch_size_sweep(lambda n: torch.ones(n, 4).sum(), [1, 2, 4], repeats=1)
     lines = log.getvalue().splitlines()
     assert len(lines) == 2, lines
