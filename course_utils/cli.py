@@ -18,6 +18,7 @@ Wrong arguments print the usage and exit 2; other problems print one line starti
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -100,7 +101,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _badges(args: argparse.Namespace) -> int:
-    from course_utils.colab import is_commit, retarget_course
+    from course_utils.colab import is_commit, retarget_course, script_at_ref
 
     if args.repo and not args.ref:
         raise ValueError("--repo needs --ref: a commit, e.g. --ref $(git rev-parse HEAD)")
@@ -110,7 +111,21 @@ def _badges(args: argparse.Namespace) -> int:
     changes = retarget_course(args.root, repo, args.ref, badge_ref=args.branch)
     cells = f"{changes.setup_cells} setup cell(s)"
     if args.repo:
-        print(f"{changes.badges} badge(s) and {cells} now point at {args.repo}@{args.ref}")
+        print(
+            f"{cells} now install from {args.repo}@{args.ref}; {changes.badges} badge(s) "
+            f"open the notebooks at {args.repo}@{changes.badge_ref}"
+        )
+        committed = script_at_ref(args.root, args.ref)
+        if committed is None:
+            print(
+                f"note: {args.ref} is not in this checkout: make sure colab_setup.sh there "
+                "has the SHA-256 below, or the cells will refuse it"
+            )
+        elif hashlib.sha256(committed).hexdigest() != changes.sha256:
+            print(
+                f"warning: colab_setup.sh at {args.ref} is not this checkout's: the cells "
+                "will refuse it; commit and push it, then use that commit as --ref"
+            )
     for repo_, ref in sorted(changes.settings):
         where = f"{repo_}@{ref}" if repo_ else "no repository (on Colab they say so)"
         if not args.repo:

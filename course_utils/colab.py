@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,20 @@ def script_sha256(root: Path) -> str:
     if not script.is_file():
         raise FileNotFoundError(f"no {SETUP_SCRIPT} in {root}: is --root a checkout?")
     return hashlib.sha256(script.read_bytes()).hexdigest()
+
+
+def script_at_ref(root: Path, ref: str) -> bytes | None:
+    """``colab_setup.sh`` as committed at ``ref`` in the git checkout ``root``; None when
+    git, the ref or the file is not there."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "show", f"{ref}:{SETUP_SCRIPT}"],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
 
 
 def badge_url(repo: str, ref: str, notebook: str) -> str:
@@ -133,6 +148,7 @@ class BadgeChanges:
     setup_cells: int
     sha256: str = ""
     settings: set[tuple[str, str]] = field(default_factory=set)  # (repo, ref) in the cells
+    badge_ref: str | None = None  # where the badges open the notebooks
 
 
 def retarget_notebook(
@@ -200,7 +216,7 @@ def retarget_course(
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
-    changes = BadgeChanges([], 0, 0, sha256)
+    changes = BadgeChanges([], 0, 0, sha256, badge_ref=badge_ref)
     for path in notebooks:
         before = path.read_bytes()
         badges, setups, written = retarget_notebook(path, target, sha256, root, badge_ref)

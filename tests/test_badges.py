@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 
 import nbformat
 import pytest
@@ -147,7 +148,8 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
     assert notebooks, "the course has no notebooks"
     assert main(["badges", "--repo", "teacher/fork", "--ref", "v2", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "now point at teacher/fork@v2" in out
+    assert "setup cell(s) now install from teacher/fork@v2;" in out
+    assert "badge(s) open the notebooks at teacher/fork@v2" in out
     assert "note: v2 is not a commit" in out and "git rev-parse HEAD" in out
     sha = hashlib.sha256((root / "colab_setup.sh").read_bytes()).hexdigest()
     assert sha in out
@@ -159,7 +161,8 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
         assert len(setup) == 1
         assert colab.setup_cell_settings("".join(setup[0]["source"])) == ("teacher/fork", "v2", sha)
     assert main(["badges", "--repo", "teacher/fork", "--ref", COMMIT, "--root", str(tmp_path)]) == 0
-    assert "not a commit" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not a commit" not in out and "open the notebooks at teacher/fork@main" in out
 
 
 @pytest.mark.parametrize(
@@ -177,3 +180,28 @@ def test_cli_refuses_incomplete_settings_in_one_line(tmp_path, root, capsys, arg
 def test_cli_without_a_checkout_says_so(tmp_path, capsys):
     assert main(["badges", "--no-repo", "--root", str(tmp_path)]) == 1
     assert "colab_setup.sh" in capsys.readouterr().err
+
+
+def git(root, *args):
+    done = subprocess.run(
+        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        capture_output=True, text=True, check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_cli_checks_colab_setup_sh_at_the_commit(tmp_path, capsys):
+    if shutil.which("git") is None:
+        pytest.fail("git is needed (the course is a git repository)")
+    make_course(tmp_path)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "course")
+    commit = git(tmp_path, "rev-parse", "HEAD")
+    argv = ["badges", "--repo", "teacher/fork", "--ref", commit, "--root", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "warning:" not in out and "note:" not in out, out
+    (tmp_path / "colab_setup.sh").write_text(SCRIPT + "echo changed, not committed\n")
+    assert main(argv) == 0
+    assert f"warning: colab_setup.sh at {commit} is not this checkout's" in capsys.readouterr().out
