@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from course_utils import progress
 from course_utils.memory import error_summary, is_out_of_memory, release_memory
 
 
@@ -145,9 +146,11 @@ def _attempt(
     if not fits:  # a fitting trial's tensors die when it returns; a failed one's may sit
         release_memory()  # in reference cycles with the traceback, and in the GPU cache
     history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
+    progress.tick()
     return fits
 
 
+@progress.tracked("largest batch size", unit="trial")
 def find_max_batch_size(
     trial: Callable[[int], Any],
     *,
@@ -232,6 +235,7 @@ def _with_margin(good: int, margin: float) -> int:
 # ----------------------------------------------------------- predict, then confirm
 
 
+@progress.tracked("largest batch size", unit="trial")
 def predict_max_batch_size(
     trial: Callable[[int], Any],
     memory_of: Callable[[int], int],
@@ -283,6 +287,7 @@ def predict_max_batch_size(
             if not is_out_of_memory(error):
                 raise
             release_memory()  # even the probes do not fit: search below them
+            progress.tick()
             fallback = find_max_batch_size(
                 trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
             )
@@ -290,6 +295,7 @@ def predict_max_batch_size(
             fallback.trials = len(fallback.history)
             return fallback
         history.append(Trial(size, True, time.perf_counter() - start))
+        progress.tick()
     per_sample = (measured[1] - measured[0]) / (large - small)
     if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
         found = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
@@ -600,7 +606,8 @@ def batch_size_sweep(
     rows: list[SweepRow] = []
     method = ""
     started = time.perf_counter()
-    for size in powers_of_two() if sizes is None else sizes:
+    sizes = powers_of_two() if sizes is None else sizes
+    for size in progress.track(sizes, "batch-size sweep", unit="size"):
         if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
         try:

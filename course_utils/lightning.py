@@ -50,7 +50,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils import monitor, nvml
+from course_utils import monitor, nvml, progress
 from course_utils.device import pick_device
 from course_utils.footprint import cuda_allocator_peak
 from course_utils.timing import synchronizer
@@ -389,9 +389,10 @@ def plot_metrics(
 class EpochTimer(Callback):
     """Record the wall-clock seconds of every training epoch (device synchronized)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_epoch: Callable[[], Any] | None = None) -> None:
         self.seconds: list[float] = []
         self._start = 0.0
+        self.on_epoch = on_epoch  # called after each epoch (progress)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         synchronizer(trainer.strategy.root_device)()
@@ -400,6 +401,8 @@ class EpochTimer(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         synchronizer(trainer.strategy.root_device)()
         self.seconds.append(time.perf_counter() - self._start)
+        if self.on_epoch is not None:
+            self.on_epoch()
 
 
 @dataclass(frozen=True)
@@ -544,13 +547,14 @@ def compare_with_plain_loop(
 
     def plain() -> list[float]:
         step = TrainStep(copy.deepcopy(initial), target, config)
-        return [train(step, loader, epochs=1).seconds for _ in range(epochs)]
+        rounds = progress.track(range(epochs), "plain PyTorch loop", unit="epoch")
+        return [train(step, loader, epochs=1).seconds for _ in rounds]
 
     start = time.perf_counter()
     result.plain_epoch_s, result.plain_peak = measure_peak(plain, target)
     result.plain_total_s = time.perf_counter() - start
 
-    timer = EpochTimer()
+    timer = EpochTimer(on_epoch=progress.tick)
     accelerator = "gpu" if target.type == "cuda" else target.type
 
     def lightning() -> None:
@@ -563,7 +567,8 @@ def compare_with_plain_loop(
             logger=False,
             quiet=True,
         )
-        trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
+        with progress.task("Lightning", total=epochs, unit="epoch"):
+            trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
 
     start = time.perf_counter()
     _, result.lightning_peak = measure_peak(lightning, target)
