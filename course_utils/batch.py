@@ -461,6 +461,14 @@ class SweepRow:
     peak_bytes: int
     out_of_memory: bool = False
     error: str | None = None
+    cpu_step_s: float = 0.0  # this process's CPU seconds per step (mean of the timed calls)
+
+    @property
+    def cpu_samples_per_s(self) -> float:
+        """Samples per CPU-second of this process: on a CPU device, the throughput of the
+        time the cores really spent on the step (wall time on a shared machine also
+        counts other processes' turns). Not the device's time on a GPU."""
+        return self.batch_size / self.cpu_step_s if self.cpu_step_s > 0 else 0.0
 
 
 @dataclass
@@ -593,7 +601,8 @@ def batch_size_sweep(
     backward, which is what grows with the batch. ``budget_bytes`` treats a peak above it
     as out of memory (a memory limit imposed on the CPU); ``time_limit_s`` stops before a
     size (not the first) once the sweep has run that long. Throughput is
-    ``batch_size / median step time``.
+    ``batch_size / median step time``; ``cpu_step_s`` is this process's CPU time per
+    call (``time.process_time``, all threads) over the warm-up and timed calls.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -616,7 +625,9 @@ def batch_size_sweep(
             method = peak.method
             if budget_bytes is not None and peak.peak_bytes > budget_bytes:
                 raise RuntimeError(budget_exceeded_message(budget_bytes, device.type))
+            cpu_start = time.process_time()
             timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
+            cpu_step_s = (time.process_time() - cpu_start) / (warmup + repeats)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -625,7 +636,7 @@ def batch_size_sweep(
             release_memory()
             break
         step_s = timing.median_s
-        rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes))
+        rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes, cpu_step_s=cpu_step_s))
     return BatchSweep(rows, method, str(device), knee_fraction)
 
 

@@ -15,7 +15,7 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -127,6 +127,47 @@ def benchmark(
         times.append((time.perf_counter() - start) / number)
     wait()  # leave no queued work behind, whatever was measured
     return Timing(times, warmup, synchronize, str(torch.device(device)))
+
+
+def time_in_turns(
+    functions: Mapping[str, Callable[[], Any]],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 1,
+    rounds: int = 5,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Timing]:
+    """Time several functions taking turns (A, B, A, B, ...), one :class:`Timing` each.
+
+    Timing all of A and then all of B charges any change in a shared machine's load to
+    one of them; taking turns exposes each to the same moments, so the ratio of their
+    medians is fair. Each function gets ``warmup`` untimed calls first, then one
+    synchronized call per round.
+
+    >>> order = []
+    >>> result = time_in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+    ...                        warmup=0, rounds=2)
+    >>> order, len(result["a"].times_s)
+    (['a', 'b', 'a', 'b'], 2)
+    """
+    if warmup < 0 or rounds < 1:
+        raise ValueError("need warmup >= 0 and rounds >= 1")
+    wait = sync or synchronizer(device)
+    for fn in functions.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            wait()
+            start = time.perf_counter()
+            fn()
+            wait()
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: Timing(values, warmup, True, str(torch.device(device)))
+        for name, values in times.items()
+    }
 
 
 class SimulatedGPU:
