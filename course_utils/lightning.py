@@ -18,8 +18,9 @@ same data and can be compared step for step:
   process memory without a GPU; :func:`read_metrics` and :func:`plot_metrics` show them.
 * :class:`EpochTimer` and :func:`compare_with_plain_loop`: time per epoch and peak memory
   of both ways, from one run.
-* Checkpoints that survive a Colab disconnect: :func:`checkpoint_dir`,
-  :func:`checkpointing`, :class:`SimulatedDisconnect`.
+* Checkpoints that survive a Colab disconnect: :func:`mount_drive` (asks once, never
+  stops "Run all"), :func:`checkpoint_dir`, :func:`checkpointing`,
+  :class:`SimulatedDisconnect`.
 
 Notebook 05 teaches this module.
 """
@@ -682,21 +683,68 @@ class DisconnectAfter(Callback):
             raise SimulatedDisconnect(f"runtime disconnected after step {trainer.global_step}")
 
 
-def checkpoint_dir(name: str, environment: str | None = None) -> Path:
-    """Where to keep checkpoints so that they survive the session.
+DRIVE_MOUNT = Path("/content/drive")
+DRIVE_FOLDER = "MyDrive/pytorch-gpu-course"
+_DRIVE_REFUSED: set[str] = set()  # mount points where mounting failed: ask only once
 
-    On Colab: Google Drive (``/content/drive/MyDrive/pytorch-gpu-course/<name>``; mount it
-    first with ``google.colab.drive.mount("/content/drive")``): the runtime's own disk is
-    lost when it disconnects. Elsewhere: ``build/checkpoints/<name>`` in the course
-    checkout, or a temporary folder when the package is installed elsewhere.
 
-    >>> checkpoint_dir("demo", environment="colab").as_posix()
-    '/content/drive/MyDrive/pytorch-gpu-course/demo'
+def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_MOUNT) -> bool:
+    """Mount Google Drive on Colab for checkpoints that survive a disconnect; never raise.
+
+    On Colab, ``google.colab.drive.mount`` asks the learner for permission. When it is
+    refused (or fails, or times out), this prints one line and returns ``False``, and
+    does not ask again in this session: a notebook's "Run all" goes on, saving to the
+    runtime's own disk. Elsewhere it does nothing and returns ``False``. ``True`` when
+    Drive is mounted (already, or now).
+
+    >>> mount_drive(environment="local")
+    False
     """
     from course_utils.env import where_am_i
 
-    if (environment or where_am_i()) == "colab":
-        return Path("/content/drive/MyDrive/pytorch-gpu-course") / name
+    if (environment or where_am_i()) != "colab":
+        return False
+    mount_point = Path(mount_point)
+    if (mount_point / "MyDrive").is_dir():
+        return True
+    if str(mount_point) in _DRIVE_REFUSED:
+        return False
+    try:
+        from google.colab import drive
+
+        drive.mount(str(mount_point))  # asks for permission once per session
+    except Exception as error:  # refused, timed out, or google.colab missing
+        _DRIVE_REFUSED.add(str(mount_point))
+        print(
+            f"Google Drive not mounted ({type(error).__name__}: {str(error)[:120]}); "
+            "checkpoints go to this runtime's disk and are lost when it disconnects."
+        )
+        return False
+    return (mount_point / "MyDrive").is_dir()
+
+
+def checkpoint_dir(
+    name: str, environment: str | None = None, *, drive_mounted: bool | None = None
+) -> Path:
+    """Where to keep checkpoints so that they survive the session.
+
+    On Colab with Google Drive mounted (:func:`mount_drive`):
+    ``/content/drive/MyDrive/pytorch-gpu-course/<name>``: the runtime's own disk is lost
+    when it disconnects. ``drive_mounted=None`` looks whether it is. Elsewhere, or on
+    Colab without Drive: ``build/checkpoints/<name>`` in the course checkout, or a
+    temporary folder when the package is installed elsewhere.
+
+    >>> checkpoint_dir("demo", environment="colab", drive_mounted=True).as_posix()
+    '/content/drive/MyDrive/pytorch-gpu-course/demo'
+    >>> checkpoint_dir("demo", environment="colab", drive_mounted=False).name
+    'demo'
+    """
+    from course_utils.env import where_am_i
+
+    if drive_mounted is None:
+        drive_mounted = (DRIVE_MOUNT / "MyDrive").is_dir()
+    if (environment or where_am_i()) == "colab" and drive_mounted:
+        return DRIVE_MOUNT / DRIVE_FOLDER / name
     checkout = Path(__file__).resolve().parent.parent
     if (checkout / "pyproject.toml").exists() and os.access(checkout, os.W_OK):
         return checkout / "build" / "checkpoints" / name

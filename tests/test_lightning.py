@@ -4,6 +4,7 @@ utilization callback logs without a GPU."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +16,13 @@ from course_utils.lightning import (
     DisconnectAfter,
     SimulatedDisconnect,
     UtilizationLogger,
+    checkpoint_dir,
     checkpointing,
     compare_with_plain_loop,
     lightning_precision,
     make_trainer,
     metrics_csv,
+    mount_drive,
     plot_metrics,
     quiet_by_default,
     read_metrics,
@@ -306,3 +309,50 @@ def test_fork_safe_threads_acts_only_in_forked_children(monkeypatch):
         max_steps=1, accelerator="cpu", devices=2, strategy="ddp_notebook", logger=False
     )
     assert any(isinstance(c, ForkSafeThreads) for c in trainer.callbacks)
+
+
+class FakeDrive:
+    """Stands in for ``google.colab.drive``: records each request, refuses or mounts."""
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.calls: list[str] = []
+
+    def mount(self, mount_point: str) -> None:
+        self.calls.append(mount_point)
+        if self.refuse:
+            raise RuntimeError("Error: credential propagation was unsuccessful")
+        (Path(mount_point) / "MyDrive").mkdir(parents=True)
+
+
+def fake_colab(monkeypatch, drive: FakeDrive) -> None:
+    import sys
+    import types
+
+    colab = types.ModuleType("google.colab")
+    colab.drive = drive  # type: ignore[attr-defined]
+    google = types.ModuleType("google")
+    google.colab = colab  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+
+
+def test_drive_refused_on_colab_asks_once_and_does_not_raise(monkeypatch, tmp_path, capsys):
+    drive = FakeDrive(refuse=True)
+    fake_colab(monkeypatch, drive)
+    assert mount_drive(environment="colab", mount_point=tmp_path / "drive") is False
+    assert mount_drive(environment="colab", mount_point=tmp_path / "drive") is False
+    assert drive.calls == [str(tmp_path / "drive")], "a refusal must not be asked again"
+    assert "not mounted" in capsys.readouterr().out
+    folder = checkpoint_dir("x", environment="colab", drive_mounted=False)
+    assert "MyDrive" not in folder.as_posix()
+
+
+def test_drive_mounted_on_colab_and_untouched_elsewhere(monkeypatch, tmp_path):
+    drive = FakeDrive(refuse=False)
+    fake_colab(monkeypatch, drive)
+    assert mount_drive(environment="local", mount_point=tmp_path / "d") is False
+    assert drive.calls == [], "outside Colab nothing asks for Drive"
+    assert mount_drive(environment="colab", mount_point=tmp_path / "d") is True
+    assert mount_drive(environment="colab", mount_point=tmp_path / "d") is True
+    assert len(drive.calls) == 1, "an already mounted Drive is not mounted again"
