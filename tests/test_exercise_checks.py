@@ -137,7 +137,7 @@ def test_time_it_check_names_the_mistake(nb01, solution, feedback):
         _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
 
 
-# ----------------------------------------------------------------------------- 02 (d)
+# ----------------------------------------------------------------------------- 02 (c)
 
 
 def good_read_gpu(nvml, index):
