@@ -60,11 +60,11 @@ def good_time_it(fn, device, warmup=2, repeats=5):
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         fn()
         if device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
