@@ -15,10 +15,12 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -202,6 +204,30 @@ class SimulatedGPU:
     def synchronize(self) -> None:
         """Block until every launched piece of work has finished."""
         self._work.join()
+
+
+@contextmanager
+def fake_cuda(gpu: SimulatedGPU) -> Iterator[list[tuple[Any, ...]]]:
+    """For the body of a ``with`` block, ``torch.cuda.synchronize()`` waits for ``gpu``
+    and ``torch.cuda.is_available()`` is ``True``; yields the list of synchronize calls
+    (their arguments). A CPU-only grader uses it to check that a timer synchronizes CUDA.
+
+    >>> gpu = SimulatedGPU()
+    >>> with fake_cuda(gpu) as calls:
+    ...     gpu.launch(0.01); torch.cuda.synchronize(); gpu.completed, len(calls)
+    (1, 1)
+    """
+    calls: list[tuple[Any, ...]] = []
+
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        gpu.synchronize()
+
+    with (
+        mock.patch.object(torch.cuda, "synchronize", synchronize),
+        mock.patch.object(torch.cuda, "is_available", lambda: True),
+    ):
+        yield calls
 
 
 def matmul_gflops(n: int, seconds: float) -> float:
