@@ -30,7 +30,6 @@ from typing import NoReturn
 
 from course_utils import workload
 
-
 PROG = "python -m course_utils"
 BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
 
@@ -84,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("action", choices=("parse", "explain"))
     smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
     smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
+    smi.add_argument(
+        "--query",
+        choices=("gpu", "compute-apps"),
+        help="the query that made a CSV (default: told by its fields)",
+    )
     smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
     advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
     advice.add_argument("--json", action="store_true", help="print the advice as JSON")
@@ -144,7 +148,7 @@ def _smi(args: argparse.Namespace) -> int:
     except OSError as error:  # no such file, a folder, no permission: bad input
         raise ValueError(f"cannot read {args.file}: {error.strerror or error}") from error
     fields = args.fields.split(",") if args.fields else None
-    parsed = smi.parse(text, fields)  # SmiParseError is a ValueError: bad input
+    parsed = smi.parse(text, fields, args.query)  # SmiParseError is a ValueError: bad input
     if args.action == "explain":
         print(smi.explain(parsed))
     elif args.json:
