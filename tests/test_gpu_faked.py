@@ -278,3 +278,20 @@ def test_fp32_never_calls_autocast(monkeypatch):
     assert torch.isfinite(loss)
     with pytest.raises(RuntimeError, match="unsupported autocast"):
         autocast("cpu", training.resolve_precision("bf16", torch.device("cpu"))).__enter__()
+
+
+def test_the_amp_breakdown_counts_optimizer_state_even_when_the_first_step_overflows():
+    # A T4's fp16 first step overflows (scaled gradients ~8e4 > 65504) and GradScaler skips
+    # optimizer.step(): emulated on the CPU (fp16 autocast) with an initial scale of 2**24.
+    from course_utils.footprint import memory_breakdown
+    from course_utils.models import build_model
+
+    torch.manual_seed(0)
+    config = training.TrainConfig(precision="fp16", optimizer="adam")
+    step = training.TrainStep(build_model("mlp"), "cpu", config)
+    step.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    batch = (torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    breakdown = memory_breakdown(step, batch)
+    parameters = sum(p.numel() * p.element_size() for p in step.model.parameters())
+    assert breakdown.optimizer_state >= 2 * parameters  # Adam: exp_avg and exp_avg_sq
+    assert step.scaler.get_scale() < 2.0**24  # the overflow did happen
