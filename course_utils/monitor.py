@@ -59,6 +59,11 @@ class _Fields:
         value = getattr(self, key)
         return default if value is None else value
 
+    def items(self) -> list[tuple[str, Any]]:
+        """``(field, value)`` for the fields that have a value, in order (for printing)."""
+        pairs = ((field.name, getattr(self, field.name)) for field in fields(self))  # type: ignore[arg-type]
+        return [(name, value) for name, value in pairs if value is not None]
+
 
 @dataclass(frozen=True)
 class Reading(_Fields):

@@ -44,6 +44,8 @@ def test_a_reading_refuses_names_it_does_not_have(fake_t4):
     assert reading["utilization_gpu_pct"] == reading.get("utilization_gpu_pct") == 97
     with pytest.raises(KeyError, match="gpu_util_pct"):
         reading.get("gpu_util_pct")  # the name the capstone used to read: "GPU util ?%"
+    shown = dict(reading.items())
+    assert shown["memory_used_mib"] == 5000 and "cpu_util_pct" not in shown  # None left out
 
 
 def test_fake_nvml_readings_reach_every_consumer(fake_t4):
