@@ -10,11 +10,12 @@ PY     := $(VENV)/bin/python
 TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help env course test lint lab gpu-lane bench lock clean student
+.PHONY: help env course test lint lab gpu-lane bench lock clean student colab-check
 
 help:
 	@echo "make course    run every notebook headlessly, write build/report.html"
 	@echo "make test      unit tests, doctests and nbval on every notebook (small workload)"
+	@echo "make colab-check  Colab's versions + colab_setup.sh + every notebook (pip only)"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make gpu-lane  GPU tests and full-size notebooks (on a GPU machine)"
 	@echo "make bench     run benchmarks/, figures as JSON in build/bench/"
@@ -44,6 +45,11 @@ lint: env
 test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \
 	  --ignore=course_utils/__main__.py course_utils tests notebooks
+
+# Colab's torch, torchvision and ipywidgets (.ci/colab-versions.txt) in .venv-colab, then
+# colab_setup.sh against this working tree, then nbval on every notebook (small workload).
+colab-check:
+	bash .ci/colab_check.sh
 
 # JupyterLab refuses to run as root unless told (containers often run as root).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -21,8 +21,7 @@ from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count
 from course_utils.env import measured_on
 from course_utils.models import build_model
-from course_utils.monitor import Monitor
-from course_utils.nvml import visible_gpus
+from course_utils.monitor import Monitor, nvml_index_of
 from course_utils.training import TrainStep, train
 
 INTERVAL_S = 0.5
@@ -50,7 +49,7 @@ def main() -> None:
     cycle = batches * 10_000
     step = TrainStep(model, device)
     steps = steps_per_trial(step, cycle)
-    gpu_index = visible_gpus()[0].index if gpu and visible_gpus() else (0 if gpu else None)
+    gpu_index = nvml_index_of(device)  # NVML's number for the GPU that trains
     without, with_monitor, readings = [], [], []
     for trial in range(TRIALS):
         if trial % 2:  # every other pair runs the monitored trial first: no order effect

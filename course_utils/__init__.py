@@ -31,3 +31,8 @@ try:
     __version__ = version("course-utils")
 except PackageNotFoundError:  # running from a checkout that was not installed
     __version__ = "0+unknown"
+
+from course_utils.nvml import align_cuda_device_order
+
+# CUDA numbers GPUs fastest-first, NVML in PCI order: make them agree before CUDA starts.
+align_cuda_device_order()

@@ -286,7 +286,8 @@ def predict_max_batch_size(
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            release_memory()  # even the probes do not fit: search below them
+        if len(measured) < (1 if size == small else 2):
+            release_memory()  # even the probes do not fit (outside ``except``: see above)
             progress.tick()
             fallback = find_max_batch_size(
                 trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
@@ -619,6 +620,7 @@ def batch_size_sweep(
     for size in progress.track(sizes, "batch-size sweep", unit="size"):
         if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
+        failed: SweepRow | None = None
         try:
             run = functools.partial(trial, size)
             peak = peak_memory(run, device, warmup=1)
@@ -632,7 +634,11 @@ def batch_size_sweep(
             if not is_out_of_memory(error):
                 raise
             message = error_summary(error)
-            rows.append(SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message))
+            failed = SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message)
+        if failed is not None:
+            # Outside ``except``: there the traceback still holds the failed step's
+            # frames and their tensors, so the memory could not be given back.
+            rows.append(failed)
             release_memory()
             break
         step_s = timing.median_s

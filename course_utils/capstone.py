@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from course_utils import progress
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
-from course_utils.monitor import sample
+from course_utils.monitor import Reading, nvml_index_of, sample
 from course_utils.profiling import LoopProfile, StepProfiler
 from course_utils.training import TrainConfig, TrainStep
 
@@ -68,11 +68,13 @@ SLOW = Recipe()
 
 @dataclass
 class RecipeRun:
-    """What :func:`run_recipe` measured: the step profile, and monitor readings."""
+    """What :func:`run_recipe` measured: the step profile, and the monitor's reading at
+    the end of the fastest run (GPU-Util on a GPU, CPU utilization since the run began
+    on a CPU)."""
 
     recipe: Recipe
     profile: LoopProfile
-    monitor: dict[str, Any]
+    monitor: Reading
     device: str
 
     @property
@@ -80,11 +82,13 @@ class RecipeRun:
         return self.profile.samples_per_s
 
     def summary(self) -> str:
-        util = (
-            f"GPU util {self.monitor.get('gpu_util_pct', '?')}%"
-            if self.monitor.get("source") == "nvml"
-            else f"CPU util {self.monitor.get('cpu_util_pct', 0.0):.0f}% (all cores)"
-        )
+        reading = self.monitor
+        if not reading.on_gpu:
+            util = f"CPU util {reading.cpu_util_pct or 0.0:.0f}% (all cores)"
+        elif reading.utilization_gpu_pct is not None:
+            util = f"GPU util {reading.utilization_gpu_pct:.0f}%"
+        else:
+            util = "GPU util N/A" + (" (MIG)" if reading.mig_enabled else "")
         return f"{self.samples_per_s:8.1f} samples/s  {util}\n{self.profile}"
 
 
@@ -139,10 +143,11 @@ def run_recipe(
     steps = max(3, samples // recipe.batch_size)
     batches = _epochs(loader)
     best: LoopProfile | None = None
-    reading: dict[str, Any] = {}
+    gpu_index = nvml_index_of(device)  # NVML's number for the GPU that trains
+    reading = sample(None)
     for _ in range(repeats):
         profiler = StepProfiler(device, warmup=warmup)
-        sample(_gpu_index(device))  # starts the CPU-utilization interval
+        sample(gpu_index)  # starts the CPU-utilization interval
         for inputs, targets in profiler.iterate(batches, max_steps=steps + warmup):
             if recipe.decode == "once":
                 inputs = augment_on_device(inputs, data.image_size)
@@ -153,7 +158,7 @@ def run_recipe(
                 torch.cuda.empty_cache()
         profile = profiler.report()
         if best is None or profile.samples_per_s > best.samples_per_s:
-            best, reading = profile, sample(_gpu_index(device))
+            best, reading = profile, sample(gpu_index)
     assert best is not None
     return RecipeRun(recipe, best, reading, str(device))
 
@@ -162,10 +167,6 @@ def _epochs(loader: DataLoader[Any]) -> Iterator[Any]:
     """The loader's batches, epoch after epoch, for as long as they are asked for."""
     while True:
         yield from loader
-
-
-def _gpu_index(device: torch.device) -> int | None:
-    return (device.index or 0) if device.type == "cuda" else None
 
 
 def largest_phase(profile: LoopProfile) -> str:

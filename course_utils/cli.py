@@ -11,8 +11,14 @@ Commands:
   student        write student versions of the notebooks (``make student``)
   grade          run a submitted notebook on the CPU and score its exercise checks
 
-Wrong arguments print the usage and exit 2; other problems print one line starting with
-``error:`` and exit 1. No command prints a traceback.
+The contract of every command:
+
+* bad arguments or input (an unknown option, a malformed value, a file or folder that
+  does not exist, a file that cannot be parsed, ``COURSE_DEVICE`` naming no device):
+  one line on stderr starting with ``error:``, exit status 2;
+* a failure while running (a notebook or check failed, a package is missing, the
+  machine refused): one line starting with ``error:``, exit status 1;
+* success: exit status 0. No command prints a traceback.
 """
 
 from __future__ import annotations
@@ -22,16 +28,38 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from course_utils import workload
 
+PROG = "python -m course_utils"
+BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
+
+# Optional packages a command may import, and the extra of course-utils that brings each.
+EXTRAS = {
+    "nbformat": "notebooks",
+    "nbclient": "notebooks",
+    "ipykernel": "notebooks",
+    "jupyter_client": "notebooks",
+    "nbconvert": "classroom",
+    "nbgrader": "classroom",
+    "accelerate": "dev",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a wrong argument gives one line (with where to find help), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils",
+    parser = _Parser(
+        prog=PROG,
         description="Helpers for the course 'Make PyTorch use the GPU'.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
     doctor = commands.add_parser("doctor", help="describe this machine for the course")
@@ -71,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("action", choices=("parse", "explain"))
     smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
     smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
+    smi.add_argument(
+        "--query",
+        choices=("gpu", "compute-apps"),
+        help="the query that made a CSV (default: told by its fields)",
+    )
     smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
     advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
     advice.add_argument("--json", action="store_true", help="print the advice as JSON")
@@ -160,11 +193,10 @@ def _smi(args: argparse.Namespace) -> int:
             text = sys.stdin.read()
         else:
             text = Path(args.file).read_text(encoding="utf-8", errors="replace")
-        fields = args.fields.split(",") if args.fields else None
-        parsed = smi.parse(text, fields)
-    except (ValueError, OSError) as error:  # SmiParseError, bad bytes, no file
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    except OSError as error:  # no such file, a folder, no permission: bad input
+        raise ValueError(f"cannot read {args.file}: {error.strerror or error}") from error
+    fields = args.fields.split(",") if args.fields else None
+    parsed = smi.parse(text, fields, args.query)  # SmiParseError is a ValueError: bad input
     if args.action == "explain":
         print(smi.explain(parsed))
     elif args.json:
@@ -237,16 +269,32 @@ HANDLERS = {
 }
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; return the exit code."""
+    """Run the command line; return the exit status (0, 1 or 2: see the module doc)."""
     parser = _parser()
-    args = parser.parse_args(argv)  # exits 2 with the usage on wrong arguments
+    args = parser.parse_args(argv)  # wrong arguments: one line, exit 2
+    command = args.command
     try:
-        return HANDLERS[args.command](args)
+        return HANDLERS[command](args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, RuntimeError) as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+    except ModuleNotFoundError as error:  # an optional package (nbformat, nbgrader...)
+        name = (error.name or "").split(".")[0]
+        extra = EXTRAS.get(name)
+        hint = f": pip install 'course-utils[{extra}]'" if extra else f" ({_one_line(error)})"
+        print(f"error: {command} needs the {name or 'a missing'} package{hint}", file=sys.stderr)
+        return FAILED
+    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as error:
+        print(f"error: {_one_line(error)}", file=sys.stderr)  # bad arguments or input
+        return BAD_INPUT
+    except Exception as error:  # a failure while running, whatever it is: never a traceback
+        text = _one_line(error)
+        if not isinstance(error, OSError | RuntimeError):
+            text = f"{type(error).__name__}: {text}"
+        print(f"error: {text}", file=sys.stderr)
+        return FAILED

@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from course_utils.nvml import nvml_status, visible_gpus
+from course_utils.nvml import cuda_driver_version, gpu_for_cuda_index, nvml_status, visible_gpus
 
 DEVICE_ENV_VAR = "COURSE_DEVICE"
 
@@ -42,11 +43,96 @@ def _count_gpus_in_subprocess(timeout_s: float = 60.0) -> int:
         return 0
 
 
+def _version_tuple(text: str | None) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in (text or "").split(".")[:2])
+    except ValueError:
+        return None
+
+
+def _arch_flags() -> list[str]:
+    """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...).
+
+    Read from the build itself: ``torch.cuda.get_arch_list()`` first asks
+    ``torch.cuda.is_available()``, which creates a driver context (a later ``fork`` fails).
+    """
+    get_flags = getattr(torch._C, "_cuda_getArchFlags", None)
+    try:
+        flags = get_flags() if get_flags else None
+    except Exception:  # the CUDA libraries could not be loaded
+        return []
+    return str(flags or "").split()
+
+
+def _arch_number(flag: str) -> tuple[int, int] | None:
+    """``"sm_86"`` -> ``(8, 6)``, ``"sm_120a"`` -> ``(12, 0)``, ``"compute_90"`` -> ``(9, 0)``."""
+    digits = "".join(ch for ch in flag.split("_", 1)[-1] if ch.isdigit())
+    if len(digits) < 2:
+        return None
+    return int(digits[:-1]), int(digits[-1])
+
+
+def build_runs_on(capability: tuple[int, int], arch_flags: list[str]) -> bool:
+    """Whether a torch built for ``arch_flags`` has kernels for a GPU of ``capability``.
+
+    A GPU runs machine code (``sm_XY``) built for its own major version and an equal or
+    lower minor one, and PTX (``compute_XY``) of an equal or lower version, compiled when
+    loaded. Without a list (the flags cannot be read) the answer is True.
+
+    >>> build_runs_on((6, 0), ["sm_75", "sm_80", "sm_90", "compute_90"])  # P100, CUDA 13
+    False
+    >>> build_runs_on((8, 6), ["sm_75", "sm_80", "sm_90"])  # A10: runs sm_80 code
+    True
+    """
+    if not arch_flags:
+        return True
+    for flag in arch_flags:
+        built = _arch_number(flag)
+        if built is None:
+            continue
+        if flag.startswith("sm_") and built[0] == capability[0] and built[1] <= capability[1]:
+            return True
+        if flag.startswith("compute_") and built <= capability:
+            return True
+    return False
+
+
+def gpu_problems() -> list[str]:
+    """Why GPUs that the driver shows cannot be used by this torch (``[]``: none).
+
+    Checked without initializing CUDA: the driver's newest CUDA version against the one
+    this torch was built with (a CUDA 13 build needs a driver for CUDA 13, 580 or newer),
+    and each visible GPU's compute capability against the build's architecture list
+    (recent builds dropped ``sm_60``: a P100 cannot run them).
+    """
+    if not torch.backends.cuda.is_built():
+        return []
+    problems = []
+    built, driver = _version_tuple(torch.version.cuda), _version_tuple(cuda_driver_version())
+    if built and driver and driver[0] < built[0]:
+        problems.append(
+            f"this torch is built for CUDA {torch.version.cuda}, but the NVIDIA driver "
+            f"supports CUDA up to {cuda_driver_version()}: update the driver, or install a "
+            f"torch built for CUDA {driver[0]}.x"
+        )
+    flags = _arch_flags()
+    for position, gpu in enumerate(visible_gpus()):
+        if gpu.compute_capability and not build_runs_on(gpu.compute_capability, flags):
+            major, minor = gpu.compute_capability
+            problems.append(
+                f"cuda:{position} ({gpu.name}, compute capability {major}.{minor}) is not "
+                f"supported by this torch {torch.__version__} (built for "
+                f"{' '.join(flags)}): use a GPU it supports, or a torch build that "
+                f"includes sm_{major}{minor}"
+            )
+    return problems
+
+
 def cuda_gpu_count() -> int:
     """How many GPUs PyTorch can use, found without initializing CUDA in this process.
 
-    0 when torch is a CPU-only build or no GPU is present. Respects
-    ``CUDA_VISIBLE_DEVICES``.
+    0 when torch is a CPU-only build, no GPU is present, or this torch cannot run on the
+    GPUs there are (:func:`gpu_problems` says why). Respects ``CUDA_VISIBLE_DEVICES``.
 
     >>> cuda_gpu_count() >= 0
     True
@@ -56,7 +142,10 @@ def cuda_gpu_count() -> int:
     if torch.cuda.is_initialized():
         return torch.cuda.device_count()
     if nvml_status() == "ok":
-        return len(visible_gpus())
+        gpus = visible_gpus()
+        if not gpus or gpu_problems():
+            return 0  # the first CUDA operation would fail: the course uses the CPU
+        return len(gpus)
     if not _driver_present():
         return 0
     return _count_gpus_in_subprocess()
@@ -139,6 +228,9 @@ def _no_gpu_reason() -> str:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
     status = nvml_status()
+    problems = gpu_problems() if status == "ok" else []
+    if problems:
+        return "no usable GPU: " + problems[0]
     if status == "ok":
         return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
     return "no GPU: " + status
@@ -198,9 +290,9 @@ BF16 = ("bf16", torch.bfloat16, True, False, "bf16-mixed")
 
 def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
     position = 0 if device.index is None else device.index
-    gpus = visible_gpus()
-    if position < len(gpus) and gpus[position].compute_capability:
-        return gpus[position].compute_capability
+    gpu = gpu_for_cuda_index(position)
+    if gpu is not None and gpu.compute_capability:
+        return gpu.compute_capability
     if torch.cuda.is_available():  # no NVML: ask CUDA (this initializes it)
         return torch.cuda.get_device_capability(position)
     return None
@@ -245,6 +337,22 @@ def pick_precision(
             "fp16 needs a GradScaler",
         )
     return Precision(*FP32, reason=f"{label}: no tensor cores, float32")
+
+
+def autocast(device: torch.device | str, precision: Precision) -> AbstractContextManager[Any]:
+    """``torch.autocast(device.type, precision.dtype)`` when the precision uses autocast,
+    otherwise a context that does nothing.
+
+    Not ``torch.autocast(..., enabled=False)``: that still checks the device type, and
+    raises for ``"mps"`` before torch 2.5 (MPS autocast came in 2.5) and for devices
+    without autocast support (``"meta"``).
+
+    >>> with autocast("meta", pick_precision("cpu")):
+    ...     pass
+    """
+    if not precision.autocast:
+        return nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=precision.dtype)
 
 
 # ------------------------------------------------------------------ moving batches

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 from course_utils import nvml
-from course_utils.device import choose_device, cuda_gpu_count, mps_available, pick_precision
+from course_utils.device import (
+    choose_device,
+    cuda_gpu_count,
+    gpu_problems,
+    mps_available,
+    pick_precision,
+)
 
 # Import name -> distribution name of the packages the course cares about.
 PACKAGES = {
@@ -111,7 +117,8 @@ def gpu_runtime_advice(environment: str | None = None) -> str:
     if environment == "kaggle":
         return (
             "No GPU in this Kaggle session. Open the notebook's Settings > Accelerator and "
-            "choose GPU T4 x2 (or P100), then run again from the first cell."
+            "choose GPU T4 x2 (not P100: current PyTorch builds no longer support it), then run "
+            "again from the first cell."
         )
     if not torch.backends.cuda.is_built():
         return (
@@ -159,7 +166,8 @@ def doctor() -> dict[str, Any]:
     gpu_count = cuda_gpu_count()
     choice = choose_device()
     precision = pick_precision(choice.device)
-    advice = [] if gpu_count else [gpu_runtime_advice(environment)]
+    problems = gpu_problems() if gpus_visible else []
+    advice = list(problems) if problems else [] if gpu_count else [gpu_runtime_advice(environment)]
     stale = stale_imports()
     advice += [
         f"{item['package']} {item['installed']} is installed but {item['in_memory']} is "
@@ -188,6 +196,7 @@ def doctor() -> dict[str, Any]:
         "gpu_count": gpu_count,
         "mps_available": mps_available(),
         "gpus": [_gpu_entry(gpu) for gpu in gpus_visible],
+        "gpu_problems": problems,
         "device": str(choice.device),
         "device_reason": choice.reason,
         "precision": precision.name,
@@ -199,6 +208,7 @@ def doctor() -> dict[str, Any]:
 
 def _gpu_entry(gpu: nvml.GpuInfo) -> dict[str, Any]:
     entry = asdict(gpu)
+    entry["mig_uuids"] = list(gpu.mig_uuids)
     capability = entry.pop("compute_capability")
     entry["compute_capability"] = None if capability is None else f"{capability[0]}.{capability[1]}"
     return entry
@@ -251,8 +261,8 @@ def measured_on(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         position = device.index or 0
-        gpus = nvml.visible_gpus()
-        name = gpus[position].name if position < len(gpus) else None
+        gpu = nvml.gpu_for_cuda_index(position)
+        name = gpu.name if gpu is not None else None
         if name is None and torch.cuda.is_available():
             name = torch.cuda.get_device_name(position)
         return f"measured on this machine (GPU: {name or 'unknown NVIDIA GPU'})"

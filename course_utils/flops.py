@@ -162,13 +162,33 @@ def measured_matmul_peak(
     return Peak(flops, f"measured: best of 5 {n}x{n} {str(dtype).removeprefix('torch.')} matmuls")
 
 
-def device_peak(device: torch.device | str, dtype: torch.dtype = torch.float32) -> Peak:
+def runs_in_tf32(dtype: torch.dtype, convolutions: bool = False) -> bool:
+    """Whether float32 work runs on TF32 tensor cores (Ampere and newer): matmuls when
+    ``torch.backends.cuda.matmul.allow_tf32`` (off by default), convolutions when
+    ``torch.backends.cudnn.allow_tf32`` (on by default).
+
+    >>> runs_in_tf32(torch.float16)
+    False
+    """
+    if dtype != torch.float32:
+        return False
+    matmul = bool(torch.backends.cuda.matmul.allow_tf32)
+    return matmul or (convolutions and bool(torch.backends.cudnn.allow_tf32))
+
+
+def device_peak(
+    device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
+) -> Peak:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
-    otherwise a measured matmul peak (CPU, MPS, GPUs missing from the table)."""
+    otherwise a measured matmul peak (CPU, MPS, GPUs missing from the table).
+
+    In float32 the peak is TF32's when the work runs in TF32 (:func:`runs_in_tf32`): pass
+    ``convolutions=True`` for a CNN, whose convolutions follow ``cudnn.allow_tf32``.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        tf32 = runs_in_tf32(dtype, convolutions)
         tflops = datasheet_tflops(name, dtype, tf32=tf32)
         peak = gpu_peak(name)
         if tflops is not None and peak is not None:
@@ -241,11 +261,35 @@ def matmul_stream(
     b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up: library loading and kernel selection are not measured
     sync()
-    count = 0
+    return launch_for(lambda: a @ b, sync, seconds)
+
+
+def launch_for(
+    launch: Callable[[], object], sync: Callable[[], None], seconds: float
+) -> tuple[int, float]:
+    """Call ``launch`` in groups for about ``seconds`` of *finished* work; return
+    ``(count, elapsed seconds)``.
+
+    A GPU queues launched work and returns at once: a loop that only checks the clock
+    when launching can queue minutes of large matmuls for a budget of seconds (a T4 runs
+    one 8192² fp16 matmul in ~20 ms; launching takes microseconds). Each group is
+    synchronized before the clock is read, and groups grow (1, 2, 4...) while one takes
+    under 20 ms, so tiny kernels are not slowed by synchronizing after each.
+
+    >>> count, elapsed = launch_for(lambda: None, lambda: None, 0.01)
+    >>> count > 0 and elapsed >= 0.01
+    True
+    """
+    count, group = 0, 1
     start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(16):  # check the clock every 16 launches
-            a @ b
-        count += 16
-    sync()
-    return count, time.perf_counter() - start
+    while True:
+        began = time.perf_counter()
+        for _ in range(group):
+            launch()
+        sync()  # read the clock on work done, not on work queued
+        count += group
+        now = time.perf_counter()
+        if now - start >= seconds:
+            return count, now - start
+        if now - began < 0.02 and group < 4096:
+            group *= 2

@@ -335,12 +335,33 @@ def measure_activations(
     return saved, CPU_METHOD
 
 
+def step_until_the_optimizer_steps(step: Any, batch: Any, attempts: int = 32) -> int:
+    """Run ``step(batch)`` until the optimizer really stepped; return how many runs it took.
+
+    With fp16 and a ``GradScaler`` the first steps of a fresh model often overflow (the
+    initial scale is 2**16: on a T4, ResNet-18's scaled gradients reach ~8e4, above
+    fp16's 65504): ``scaler.step`` then skips ``optimizer.step()``, halves the scale,
+    and the optimizer has no state yet. A skipped step shows as a smaller scale.
+    """
+    scaler = getattr(step, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
+        step(batch)
+        return 1
+    for run in range(1, attempts + 1):
+        before = scaler.get_scale()
+        step(batch)
+        if scaler.get_scale() >= before:
+            return run
+    raise RuntimeError(f"the gradients overflowed in {attempts} steps in a row (inf or NaN)")
+
+
 def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryBreakdown:
     """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
 
     1. Estimate the activations from shapes (:func:`activation_estimate`), before running.
     2. Run one real step, so that the optimizer creates its state (lazily, at the first
-       step), and give every parameter a zeroed gradient: now the static part (parameters,
+       step; with fp16 a step the scaler skipped for overflow does not count), and
+       give every parameter a zeroed gradient: now the static part (parameters,
        gradients, optimizer state) is allocated, and is read from the tensors themselves.
     3. Run forward and backward once more and measure the activations above the static
        part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
@@ -355,7 +376,7 @@ def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryB
     if step.config.channels_last and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
-    step((inputs, targets))
+    step_until_the_optimizer_steps(step, (inputs, targets))
     parameters = list(step.model.parameters())
     for p in parameters:
         if p.requires_grad and p.grad is None:

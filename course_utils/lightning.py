@@ -51,7 +51,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils import monitor, nvml, progress
+from course_utils import monitor, progress
 from course_utils.device import pick_device
 from course_utils.footprint import cuda_allocator_peak
 from course_utils.timing import synchronizer
@@ -269,15 +269,6 @@ def make_trainer(
 # ------------------------------------------------------------ utilization callback
 
 
-def _numeric(reading: dict[str, Any]) -> dict[str, float]:
-    skip = {"time_s", "gpu_index"}
-    return {
-        key: float(value)
-        for key, value in reading.items()
-        if key not in skip and isinstance(value, int | float) and not isinstance(value, bool)
-    }
-
-
 class UtilizationLogger(Callback):
     """Log GPU utilization, memory and power every ``every_n_steps`` training steps.
 
@@ -288,7 +279,8 @@ class UtilizationLogger(Callback):
     utilization and this process's resident memory, with the prefix ``cpu/``.
 
     Metrics go to every logger of the Trainer (CSV, TensorBoard) as ``gpu/<field>`` or
-    ``cpu/<field>``, and to :attr:`history` (a list of dicts, each with ``step``).
+    ``cpu/<field>``, and to :attr:`history` (a list of dicts, each with ``step``); the
+    readings themselves (:class:`course_utils.monitor.Reading`) are in :attr:`readings`.
     ``gpu_index`` (NVML numbering) overrides the GPU the Trainer trains on; NVML readings
     are whole-GPU figures, other processes included.
     """
@@ -299,6 +291,7 @@ class UtilizationLogger(Callback):
         self.every_n_steps = every_n_steps
         self.gpu_index = gpu_index
         self.history: list[dict[str, Any]] = []
+        self.readings: list[monitor.Reading] = []
 
     def _index(self, trainer: pl.Trainer) -> int | None:
         if self.gpu_index is not None:
@@ -306,10 +299,7 @@ class UtilizationLogger(Callback):
         root = trainer.strategy.root_device
         if root.type != "cuda":
             return None
-        # CUDA numbers the GPUs CUDA_VISIBLE_DEVICES leaves visible; NVML numbers them all
-        position = root.index or 0
-        visible = nvml.visible_gpus()
-        return visible[position].index if position < len(visible) else position
+        return monitor.nvml_index_of(root)  # NVML numbers the GPUs differently from CUDA
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         monitor.sample(None)  # psutil's CPU percent counts from the previous call: prime it
@@ -326,9 +316,10 @@ class UtilizationLogger(Callback):
         if step % self.every_n_steps != 0:
             return
         reading = monitor.sample(self._index(trainer))
-        prefix = "gpu" if reading["source"] == "nvml" else "cpu"
-        metrics = {f"{prefix}/{key}": value for key, value in _numeric(reading).items()}
-        self.history.append({"step": step, "source": reading["source"], **metrics})
+        self.readings.append(reading)
+        prefix = "gpu" if reading.on_gpu else "cpu"
+        metrics = {f"{prefix}/{key}": value for key, value in reading.numeric().items()}
+        self.history.append({"step": step, "source": reading.source, **metrics})
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 

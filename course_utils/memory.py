@@ -186,13 +186,28 @@ class MemoryReport:
         return "\n".join(parts)
 
 
+def _has_context(index: int) -> bool:
+    """Whether this process already has a CUDA context on ``cuda:index`` (asking creates
+    none; without the private query, the GPUs where it holds memory)."""
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if has_context is not None:
+        try:
+            return bool(has_context(index))
+        except Exception:  # an older or newer torch without it
+            pass
+    return torch.cuda.memory_reserved(index) > 0
+
+
 def _gpus_in_use() -> list[int]:
-    """CUDA indices where this process holds memory (plus the current device)."""
+    """CUDA indices where this process holds memory or has a context.
+
+    Not simply "the current device": a process that trains on ``cuda:1`` has no context on
+    ``cuda:0``, and reading ``mem_get_info(0)`` would create one (about 0.5 GiB there).
+    """
     if not torch.cuda.is_initialized():
         return []
-    current = torch.cuda.current_device()
     count = torch.cuda.device_count()
-    return [i for i in range(count) if i == current or torch.cuda.memory_reserved(i) > 0]
+    return [i for i in range(count) if torch.cuda.memory_reserved(i) > 0 or _has_context(i)]
 
 
 def gpu_memory(index: int) -> GpuMemory:
@@ -200,8 +215,7 @@ def gpu_memory(index: int) -> GpuMemory:
     from course_utils import nvml
 
     free, total = torch.cuda.mem_get_info(index)
-    visible = nvml.visible_gpus()
-    nvml_index = visible[index].index if index < len(visible) else None
+    nvml_index = nvml.nvml_index(index)
     used = None if nvml_index is None else nvml.process_memory_used_mib(nvml_index)
     return GpuMemory(
         device=f"cuda:{index}",
@@ -750,19 +764,38 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block.
 
     Uses ``torch.cuda.set_per_process_memory_fraction``: an allocation past the cap raises
-    ``torch.cuda.OutOfMemoryError`` as a full GPU would. The cap is lifted afterwards.
+    ``torch.cuda.OutOfMemoryError`` as a full GPU would. Afterwards the fraction in force
+    before (1.0, or an enclosing cap's) is restored.
     """
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("memory_cap limits the CUDA caching allocator; got " + str(device))
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
+    previous = _memory_fraction(index)
     torch.cuda.set_per_process_memory_fraction(min(1.0, mib * MIB / total), index)
+    _FRACTIONS[index] = min(1.0, mib * MIB / total)
     try:
         yield
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, index)
+        torch.cuda.set_per_process_memory_fraction(previous, index)
+        _FRACTIONS[index] = previous
         release_memory()
+
+
+# The fractions memory_cap set, for torch versions that cannot read the current one back.
+_FRACTIONS: dict[int, float] = {}
+
+
+def _memory_fraction(index: int) -> float:
+    """The per-process memory fraction in force on ``cuda:index`` (1.0: no cap)."""
+    read_back = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if read_back is not None:
+        try:
+            return float(read_back(index))
+        except Exception:  # not readable on this build: use what memory_cap set
+            pass
+    return _FRACTIONS.get(index, 1.0)
 
 
 @dataclass(frozen=True)

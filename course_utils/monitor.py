@@ -1,7 +1,7 @@
 """Sampling GPU (or, without one, CPU) utilization and memory over time.
 
-* :func:`sample` takes one reading: NVML on a GPU, psutil's CPU utilization and this
-  process's resident memory otherwise (labelled ``"source": "cpu"``).
+* :func:`sample` takes one reading, a :class:`Reading`: NVML on a GPU, psutil's CPU
+  utilization and this process's resident memory otherwise (``source == "cpu"``).
 * :class:`Monitor` samples in a background thread while your code runs: use it as a
   context manager around a training loop. Sources, in order of preference: NVML, the
   ``nvidia-smi --query-gpu`` CSV (when the NVML binding is missing), psutil (no GPU).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import psutil
@@ -39,47 +40,133 @@ SMI_FIELDS = {
 }
 
 
+class _Fields:
+    """``reading["field"]`` and ``reading.get("field")`` for a dataclass, checked: a name
+    that is not a field raises ``KeyError`` instead of quietly giving ``None``."""
+
+    def _check(self, key: str) -> None:
+        names = [field.name for field in fields(self)]  # type: ignore[arg-type]
+        if key not in names:
+            raise KeyError(f"{key!r}: a {type(self).__name__} has {', '.join(names)}")
+
+    def __getitem__(self, key: str) -> Any:
+        self._check(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field's value, or ``default`` when it is ``None`` (not available)."""
+        self._check(key)
+        value = getattr(self, key)
+        return default if value is None else value
+
+    def items(self) -> list[tuple[str, Any]]:
+        """``(field, value)`` for the fields that have a value, in order (for printing)."""
+        pairs = ((field.name, getattr(self, field.name)) for field in fields(self))  # type: ignore[arg-type]
+        return [(name, value) for name, value in pairs if value is not None]
+
+
+@dataclass(frozen=True)
+class Reading(_Fields):
+    """One reading of the device: a GPU's (NVML or nvidia-smi) or, without one, the CPU's.
+
+    GPU fields name their ``nvidia-smi --query-gpu`` counterparts and are ``None`` where
+    the GPU or driver cannot say (utilization under MIG, power on some boards). CPU
+    readings fill the last three fields instead.
+    """
+
+    time_s: float
+    source: str  # "nvml", "nvidia-smi" or "cpu"
+    gpu_index: int | None = None  # index (NVML numbering)
+    utilization_gpu_pct: float | None = None  # utilization.gpu: % of time a kernel ran
+    utilization_memory_pct: float | None = None  # utilization.memory
+    memory_used_mib: float | None = None  # memory.used
+    memory_total_mib: float | None = None  # memory.total
+    memory_free_mib: float | None = None  # memory.free
+    power_draw_w: float | None = None  # power.draw
+    power_limit_w: float | None = None  # power.limit (the enforced limit)
+    temperature_c: float | None = None  # temperature.gpu
+    sm_clock_mhz: float | None = None  # clocks.sm
+    pstate: str | None = None  # pstate
+    name: str | None = None  # name
+    uuid: str | None = None  # uuid
+    bus_id: str | None = None  # pci.bus_id
+    mig_enabled: bool | None = None  # mig.mode.current (utilization is None when True)
+    cpu_util_pct: float | None = None  # every process on the machine, all cores
+    process_cpu_pct: float | None = None  # this process, as a share of all cores
+    process_rss_mib: float | None = None  # this process's resident memory
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.source != "cpu"
+
+    @property
+    def utilization_pct(self) -> float | None:
+        """GPU-Util on a GPU; this process's share of the cores on a CPU."""
+        return self.utilization_gpu_pct if self.on_gpu else self.process_cpu_pct
+
+    @property
+    def memory_mib(self) -> float | None:
+        """Memory used on the GPU; this process's resident memory on a CPU."""
+        return self.memory_used_mib if self.on_gpu else self.process_rss_mib
+
+    def numeric(self) -> dict[str, float]:
+        """The numeric fields that have a value (for loggers), without time and index.
+
+        >>> Reading(1.0, "cpu", cpu_util_pct=50, process_rss_mib=80.5).numeric()
+        {'cpu_util_pct': 50.0, 'process_rss_mib': 80.5}
+        """
+        out = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if field.name in ("time_s", "gpu_index") or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float):
+                out[field.name] = float(value)
+        return out
+
+
 _THIS_PROCESS = psutil.Process()
 _CORES = psutil.cpu_count() or 1
 
 
-def _cpu_reading() -> dict[str, Any]:
-    return {
-        "time_s": time.time(),
-        "source": "cpu",
-        "cpu_util_pct": psutil.cpu_percent(interval=None),  # every process on the machine
-        "process_cpu_pct": _THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
-        "process_rss_mib": _THIS_PROCESS.memory_info().rss / 2**20,
-    }
+def _cpu_reading() -> Reading:
+    return Reading(
+        time_s=time.time(),
+        source="cpu",
+        cpu_util_pct=psutil.cpu_percent(interval=None),  # every process on the machine
+        process_cpu_pct=_THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
+        process_rss_mib=_THIS_PROCESS.memory_info().rss / 2**20,
+    )
 
 
-def _nvml_reading(gpu_index: int) -> dict[str, Any] | None:
-    reading = nvml.snapshot(gpu_index, processes=False)
-    if reading is None:
+def _nvml_reading(gpu_index: int) -> Reading | None:
+    shot = nvml.snapshot(gpu_index, processes=False)
+    if shot is None:
         return None
-    values = {k: v for k, v in vars(reading).items() if k not in ("index", "processes")}
-    return {"time_s": time.time(), "source": "nvml", "gpu_index": gpu_index, **values}
+    values = {k: v for k, v in vars(shot).items() if k not in ("index", "processes")}
+    return Reading(time_s=time.time(), source="nvml", gpu_index=gpu_index, **values)
 
 
-def _smi_reading(gpu_index: int) -> dict[str, Any] | None:
+def _smi_reading(gpu_index: int) -> Reading | None:
     from course_utils.smi import CSV_FIELDS, query_gpus
 
-    fields = list(SMI_FIELDS)
-    for gpu in query_gpus(fields, timeout_s=5.0):
+    names = list(SMI_FIELDS)
+    for gpu in query_gpus(names, timeout_s=5.0):
         if gpu.get("index") == gpu_index:
-            values = {SMI_FIELDS[f]: gpu.get(CSV_FIELDS[f][0]) for f in fields}
-            return {"time_s": time.time(), "source": "nvidia-smi", **values}
+            values = {SMI_FIELDS[f]: gpu.get(CSV_FIELDS[f][0]) for f in names}
+            return Reading(time_s=time.time(), source="nvidia-smi", **values)
     return None
 
 
-def sample(gpu_index: int | None = 0) -> dict[str, Any]:
-    """One reading as a flat dict with ``time_s`` and ``source`` (``"nvml"`` or ``"cpu"``).
+def sample(gpu_index: int | None = 0) -> Reading:
+    """One :class:`Reading` (``source`` is ``"nvml"`` or ``"cpu"``).
 
-    With NVML and a GPU at ``gpu_index``: the fields of :class:`nvml.GpuSnapshot`
-    (without the process list). Otherwise: ``cpu_util_pct`` (all cores, since the
-    previous call) and ``process_rss_mib``.
+    With NVML and a GPU at ``gpu_index`` (NVML numbering: :func:`nvml.nvml_index` maps
+    ``cuda:k``): the fields of :class:`nvml.GpuSnapshot` (without the process list).
+    Otherwise: ``cpu_util_pct`` (all cores, since the previous call) and
+    ``process_rss_mib``.
 
-    >>> sample(gpu_index=None)["source"]
+    >>> sample(gpu_index=None).source
     'cpu'
     """
     reading = _nvml_reading(gpu_index) if gpu_index is not None else None
@@ -101,10 +188,10 @@ def pick_source(gpu_index: int | None = 0) -> str:
     return "cpu"
 
 
-def read(source: str, gpu_index: int | None = 0) -> dict[str, Any]:
+def read(source: str, gpu_index: int | None = 0) -> Reading:
     """One reading from ``source``; falls back to the CPU reading if the GPU stops answering.
 
-    >>> read("cpu")["source"]
+    >>> read("cpu").source
     'cpu'
     """
     if source not in SOURCES:
@@ -117,30 +204,48 @@ def read(source: str, gpu_index: int | None = 0) -> dict[str, Any]:
     return reading if reading is not None else _cpu_reading()
 
 
-def describe(reading: dict[str, Any]) -> str:
+def describe(reading: Reading) -> str:
     """One line for a reading, as the live view shows it.
 
-    >>> describe({"source": "cpu", "cpu_util_pct": 50.0, "process_rss_mib": 812.4})
+    >>> describe(Reading(0.0, "cpu", cpu_util_pct=50.0, process_rss_mib=812.4))
     'CPU (no GPU): utilization 50% | this process 0% of the cores, 812 MiB'
+    >>> describe(Reading(0.0, "nvml", 0, memory_used_mib=59, memory_total_mib=9984,
+    ...                  mig_enabled=True))  # doctest: +ELLIPSIS
+    'GPU 0 (nvml): util N/A (MIG) | memory 59/9984 MiB | ...'
     """
-    if reading.get("source") == "cpu":
+    if not reading.on_gpu:
         return (
-            f"CPU (no GPU): utilization {reading['cpu_util_pct']:.0f}% | "
-            f"this process {reading.get('process_cpu_pct', 0):.0f}% of the cores, "
-            f"{reading['process_rss_mib']:.0f} MiB"
+            f"CPU (no GPU): utilization {reading.cpu_util_pct or 0:.0f}% | "
+            f"this process {reading.process_cpu_pct or 0:.0f}% of the cores, "
+            f"{reading.process_rss_mib or 0:.0f} MiB"
         )
 
-    def show(key: str, unit: str) -> str:
-        value = reading.get(key)
+    def show(value: float | None, unit: str) -> str:
         return "N/A" if value is None else f"{value:.0f}{unit}"
 
+    util = show(reading.utilization_gpu_pct, "%")
+    if reading.utilization_gpu_pct is None and reading.mig_enabled:
+        util = "N/A (MIG)"
     return (
-        f"GPU {reading.get('gpu_index')} ({reading['source']}): "
-        f"util {show('utilization_gpu_pct', '%')} | "
-        f"memory {show('memory_used_mib', '')}/{show('memory_total_mib', ' MiB')} | "
-        f"power {show('power_draw_w', '')}/{show('power_limit_w', ' W')} | "
-        f"SM clock {show('sm_clock_mhz', ' MHz')}"
+        f"GPU {reading.gpu_index} ({reading.source}): util {util} | "
+        f"memory {show(reading.memory_used_mib, '')}/{show(reading.memory_total_mib, ' MiB')} | "
+        f"power {show(reading.power_draw_w, '')}/{show(reading.power_limit_w, ' W')} | "
+        f"SM clock {show(reading.sm_clock_mhz, ' MHz')}"
     )
+
+
+@dataclass(frozen=True)
+class MonitorSummary(_Fields):
+    """What :meth:`Monitor.summary` returns: utilization ``None`` where not available
+    (under MIG, GPU-Util is never available)."""
+
+    source: str
+    samples: int
+    seconds: float
+    mean_util_pct: float | None
+    max_util_pct: float | None
+    peak_memory_mib: float | None
+    sampling_busy_s: float
 
 
 # ----------------------------------------------------------------------------- live view
@@ -154,7 +259,7 @@ class TextView:
         self.write = write
         self._last = -float("inf")
 
-    def update(self, reading: dict[str, Any]) -> None:
+    def update(self, reading: Reading) -> None:
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
@@ -174,7 +279,7 @@ class WidgetView:
         self.widget = ipywidgets.HTML(value="<code>monitor starting…</code>")
         display(self.widget)
 
-    def update(self, reading: dict[str, Any]) -> None:
+    def update(self, reading: Reading) -> None:
         self.widget.value = f"<code>{describe(reading)}</code>"
 
     def close(self, final: str) -> None:
@@ -233,7 +338,7 @@ class Monitor:
         self.requested_source = source
         self.source = "cpu" if gpu_index is None else source
         self.live = live
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Reading] = []
         self.busy_s = 0.0
         self.started_s = 0.0
         self.stopped_s = 0.0
@@ -301,9 +406,9 @@ class Monitor:
 
     # -- results -----------------------------------------------------------------
 
-    def series(self, key: str) -> list[float | None]:
-        """The values of ``key`` over time (``None`` where not available)."""
-        return [reading.get(key) for reading in self.samples]
+    def series(self, key: str) -> list[Any]:
+        """The values of field ``key`` over time (``None`` where not available)."""
+        return [reading[key] for reading in self.samples]
 
     @property
     def utilization_key(self) -> str:
@@ -315,44 +420,46 @@ class Monitor:
         return "process_rss_mib" if self._is_cpu() else "memory_used_mib"
 
     def _is_cpu(self) -> bool:
-        return bool(self.samples) and self.samples[-1].get("source") == "cpu"
+        return bool(self.samples) and not self.samples[-1].on_gpu
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> MonitorSummary:
         """Samples, seconds, mean and max utilization, peak memory, sampling cost."""
-        util = [v for v in self.series(self.utilization_key) if v is not None]
-        memory = [v for v in self.series(self.memory_key) if v is not None]
+        util = [r.utilization_pct for r in self.samples if r.utilization_pct is not None]
+        memory = [r.memory_mib for r in self.samples if r.memory_mib is not None]
         seconds = (self.stopped_s or time.time()) - self.started_s
-        return {
-            "source": self.samples[-1]["source"] if self.samples else self.source,
-            "samples": len(self.samples),
-            "seconds": seconds,
-            "mean_util_pct": sum(util) / len(util) if util else None,
-            "max_util_pct": max(util) if util else None,
-            "peak_memory_mib": max(memory) if memory else None,
-            "sampling_busy_s": self.busy_s,
-        }
+        return MonitorSummary(
+            source=self.samples[-1].source if self.samples else self.source,
+            samples=len(self.samples),
+            seconds=seconds,
+            mean_util_pct=sum(util) / len(util) if util else None,
+            max_util_pct=max(util) if util else None,
+            peak_memory_mib=max(memory) if memory else None,
+            sampling_busy_s=self.busy_s,
+        )
 
     def summary_line(self) -> str:
         """The summary in one line (the live view's final text)."""
         s = self.summary()
-        if s["source"] == "cpu":
+        if s.source == "cpu":
             what, util = "CPU (no GPU)", "this process's share of the cores"
         else:
-            what, util = f"GPU {self.gpu_index} ({s['source']})", "GPU-Util"
-        if s["mean_util_pct"] is None:
-            return f"{what}: {s['samples']} samples in {s['seconds']:.1f} s"
+            what, util = f"GPU {self.gpu_index} ({s.source})", "GPU-Util"
+        if s.mean_util_pct is None or s.max_util_pct is None:
+            mig = any(r.mig_enabled for r in self.samples)
+            note = ", GPU-Util not available under MIG" if mig else ""
+            return f"{what}: {s.samples} samples in {s.seconds:.1f} s{note}"
         return (
-            f"{what}: {s['samples']} samples in {s['seconds']:.1f} s, {util} "
-            f"mean {s['mean_util_pct']:.0f}% max {s['max_util_pct']:.0f}%, "
-            f"peak memory {s['peak_memory_mib'] or 0:.0f} MiB"
+            f"{what}: {s.samples} samples in {s.seconds:.1f} s, {util} "
+            f"mean {s.mean_util_pct:.0f}% max {s.max_util_pct:.0f}%, "
+            f"peak memory {s.peak_memory_mib or 0:.0f} MiB"
         )
 
     def timeline(self, title: str | None = None) -> Any:
         """A matplotlib figure: utilization (top) and memory (bottom) against time."""
         import matplotlib.pyplot as plt
 
-        start = self.samples[0]["time_s"] if self.samples else 0.0
-        times = [reading["time_s"] - start for reading in self.samples]
+        start = self.samples[0].time_s if self.samples else 0.0
+        times = [reading.time_s - start for reading in self.samples]
         cpu = self._is_cpu()
         figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4))
         top.plot(times, [_nan(v) for v in self.series(self.utilization_key)], marker=".")
@@ -398,17 +505,16 @@ def utilization_experiment(
     device = torch.device(device)
     dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
     peak = device_peak(device, dtype)
-    gpu_index = (device.index or 0) if device.type == "cuda" else None
-    if gpu_index is not None:  # NVML numbers GPUs in PCI order, CUDA may not
-        visible = nvml.visible_gpus()
-        gpu_index = visible[gpu_index].index if gpu_index < len(visible) else gpu_index
+    gpu_index = nvml_index_of(device)
     rows = []
     workloads: list[tuple[str, Callable[[], tuple[float, float]]]] = [
         (f"tiny {tiny_n}x{tiny_n} matmuls", lambda: _flops_of(device, tiny_n, seconds, dtype)),
         (f"large {large_n}x{large_n} matmuls", lambda: _flops_of(device, large_n, seconds, dtype)),
     ]
     if spin and device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
-        workloads.append(("one thread spinning (torch.cuda._sleep)", lambda: _spin(seconds)))
+        workloads.append(
+            ("one thread spinning (torch.cuda._sleep)", lambda: _spin(device, seconds))
+        )
     for name, run in workloads:
         with Monitor(interval_s=interval_s, gpu_index=gpu_index) as monitor:
             flops, elapsed = run()
@@ -417,7 +523,7 @@ def utilization_experiment(
         rows.append(
             {
                 "workload": name,
-                "source": monitor.summary()["source"],
+                "source": monitor.summary().source,
                 "mean_util_pct": sum(util) / len(util) if util else None,
                 "achieved_flops_per_s": result.flops_per_s if result else 0.0,
                 "mfu": result.mfu if result else 0.0,
@@ -435,15 +541,37 @@ def _flops_of(device: Any, n: int, seconds: float, dtype: Any) -> tuple[float, f
     return 2.0 * n**3 * count, elapsed
 
 
-def _spin(seconds: float) -> tuple[float, float]:
+def _spin(device: Any, seconds: float) -> tuple[float, float]:
+    """One thread spinning in a kernel on ``device`` (not the current device) for
+    ``seconds``."""
     import torch
 
     start = time.perf_counter()
     cycles = 50_000_000  # about 30 ms at 1.6 GHz: a kernel of one thread doing nothing useful
-    while time.perf_counter() - start < seconds:
-        torch.cuda._sleep(cycles)
-        torch.cuda.synchronize()
+    with torch.cuda.device(device):
+        while time.perf_counter() - start < seconds:
+            torch.cuda._sleep(cycles)
+            torch.cuda.synchronize(device)
     return 0.0, time.perf_counter() - start
+
+
+def nvml_index_of(device: Any) -> int | None:
+    """The NVML index of a CUDA ``device`` (``None`` for other devices): the GPU a
+    :class:`Monitor` must read to watch ``device``.
+
+    >>> nvml_index_of("cpu") is None
+    True
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = device.index
+    if index is None:  # the current device; without CUDA running, that is cuda:0
+        index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    found = nvml.nvml_index(index)
+    return index if found is None else found
 
 
 def format_experiment(rows: list[dict[str, Any]]) -> str:

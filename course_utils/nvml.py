@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class GpuInfo:
     memory_used_mib: int | None
     memory_free_mib: int | None
     compute_capability: tuple[int, int] | None
+    mig_uuids: tuple[str, ...] = ()  # UUIDs of its MIG devices ("MIG-..."), when MIG is on
 
 
 def binding_problem() -> str | None:
@@ -208,7 +210,22 @@ def _gpu_info(index: int) -> GpuInfo | None:
         memory_used_mib=mib("used"),
         memory_free_mib=mib("free"),
         compute_capability=tuple(capability) if capability else None,
+        mig_uuids=_mig_uuids(handle),
     )
+
+
+def _mig_uuids(handle: Any) -> tuple[str, ...]:
+    """The UUIDs of the MIG devices carved out of a GPU (``()`` when MIG is off)."""
+    modes = nvml_call("nvmlDeviceGetMigMode", handle)
+    if not modes or not modes[0]:
+        return ()
+    found = []
+    for slot in range(int(nvml_call("nvmlDeviceGetMaxMigDeviceCount", handle, default=0) or 0)):
+        mig = nvml_call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        uuid = None if mig is None else _text(nvml_call("nvmlDeviceGetUUID", mig))
+        if uuid:
+            found.append(uuid)
+    return tuple(found)
 
 
 def list_gpus() -> list[GpuInfo]:
@@ -225,16 +242,30 @@ def list_gpus() -> list[GpuInfo]:
         return [gpu for gpu in gpus if gpu is not None]
 
 
+def _matches(entry: str, gpu: GpuInfo) -> bool:
+    """Whether a ``CUDA_VISIBLE_DEVICES`` entry that is not an index names ``gpu``."""
+    if entry.startswith("MIG-"):
+        # A MIG device (what Slurm and Kubernetes set): "MIG-<uuid>" names a slice of the
+        # GPU; the old form "MIG-GPU-<uuid>/<gi>/<ci>" names its parent GPU.
+        parent = entry[len("MIG-") :].split("/")[0]
+        if parent.startswith("GPU-"):
+            return bool(gpu.uuid and gpu.uuid.startswith(parent))
+        return any(uuid.startswith(entry) for uuid in gpu.mig_uuids)
+    return bool(gpu.uuid and gpu.uuid.startswith(entry))
+
+
 def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInfo]:
     """The GPUs CUDA will use, in CUDA's numbering, given ``CUDA_VISIBLE_DEVICES``.
 
     ``value`` is the variable's text (``None`` when unset: every GPU). Entries are
-    indices (``"1,0"``) or UUID prefixes (``"GPU-3f2a"``). Like CUDA, the list stops at
-    the first entry that names no GPU, and ``"-1"`` or ``""`` hides every GPU.
+    indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
+    (``"MIG-<uuid>"``, matched to the GPU that holds the slice). Like CUDA, the list
+    stops at the first entry that names no GPU, and ``"-1"`` or ``""`` hides every GPU.
     Position ``k`` in the result is ``cuda:k``.
 
     CUDA numbers GPUs fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML uses
-    PCI order. On machines with identical GPUs the two orders agree.
+    PCI order. The course sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when it is imported
+    before CUDA starts (:func:`align_cuda_device_order`), so the two orders agree.
 
     >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
@@ -250,7 +281,7 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
             number = int(entry)
             match = next((gpu for gpu in gpus if gpu.index == number), None)
         elif entry:
-            match = next((gpu for gpu in gpus if gpu.uuid and gpu.uuid.startswith(entry)), None)
+            match = next((gpu for gpu in gpus if _matches(entry, gpu)), None)
         if match is None or match in chosen:
             break
         chosen.append(match)
@@ -260,6 +291,82 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
 def visible_gpus() -> list[GpuInfo]:
     """The GPUs CUDA can use (NVML's list filtered by ``CUDA_VISIBLE_DEVICES``)."""
     return parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus())
+
+
+def align_cuda_device_order() -> bool:
+    """Make CUDA number GPUs in PCI order, as NVML and nvidia-smi do.
+
+    CUDA's default order is fastest-first: on a machine with different GPUs, ``cuda:0``
+    may then be NVML's GPU 1, and the course would read another card's capability and
+    utilization. Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is already set or CUDA
+    has started in this process (too late: CUDA reads it once); returns whether the
+    order is now PCI order. ``import course_utils`` calls it.
+    """
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    if order is not None:
+        return order == "PCI_BUS_ID"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return False
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return True
+
+
+def _bare_uuid(uuid: str) -> str:
+    for prefix in ("MIG-", "GPU-"):
+        if uuid.startswith(prefix):
+            uuid = uuid[len(prefix) :]
+    return uuid.lower()
+
+
+def _cuda_uuid(cuda_index: int) -> str | None:
+    """The UUID CUDA reports for ``cuda:k``, only when CUDA is already initialized."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    try:
+        uuid = getattr(cuda.get_device_properties(cuda_index), "uuid", None)
+    except Exception:  # no such device, or an old torch
+        return None
+    return None if uuid is None else str(uuid)
+
+
+def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> GpuInfo | None:
+    """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it).
+
+    The one place the course maps CUDA's numbering to NVML's. When CUDA is already
+    running, the device's UUID decides (exact in any order, MIG included); otherwise
+    ``cuda:k`` is the k-th GPU that ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order (see
+    :func:`align_cuda_device_order`). ``gpus`` defaults to :func:`list_gpus`.
+
+    >>> gpus = [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
+    ...         GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)]
+    >>> import os; os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"
+    >>> gpu_for_cuda_index(0, gpus).index
+    1
+    >>> del os.environ["CUDA_VISIBLE_DEVICES"]
+    """
+    every = list_gpus() if gpus is None else gpus
+    uuid = _cuda_uuid(cuda_index)
+    if uuid:
+        bare = _bare_uuid(uuid)
+        for gpu in every:
+            if any(_bare_uuid(u) == bare for u in (gpu.uuid or "", *gpu.mig_uuids) if u):
+                return gpu
+    visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), every)
+    return visible[cuda_index] if 0 <= cuda_index < len(visible) else None
+
+
+def nvml_index(cuda_index: int) -> int | None:
+    """NVML's (and nvidia-smi's) index of ``cuda:<cuda_index>``; ``None`` when unknown.
+
+    >>> nvml_index(10_000) is None
+    True
+    """
+    gpu = gpu_for_cuda_index(cuda_index)
+    return None if gpu is None else gpu.index
 
 
 # ----------------------------------------------------------------------------- accessors

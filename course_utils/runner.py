@@ -65,7 +65,17 @@ def run_notebook(
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    notebook = nbformat.read(path, as_version=4)
+    try:
+        notebook = nbformat.read(path, as_version=4)
+    except Exception as failure:  # not JSON, not a notebook, an unknown format version
+        reason = " ".join(str(failure).split())[:300] or type(failure).__name__
+        return NotebookResult(
+            path=str(path),
+            status="failed",
+            seconds=0.0,
+            error=f"not a valid notebook ({type(failure).__name__}: {reason})",
+            figures=[],
+        )
     code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
     done = 0
 

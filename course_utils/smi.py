@@ -185,10 +185,11 @@ def detect_format(text: str) -> str:
     )
 
 
-def parse(text: str, fields: list[str] | None = None) -> dict[str, Any]:
+def parse(text: str, fields: list[str] | None = None, query: str | None = None) -> dict[str, Any]:
     """Parse any nvidia-smi output into one structure (see the module documentation).
 
-    ``fields`` is the queried field list, needed for ``--format=csv,noheader``.
+    ``fields`` is the queried field list, needed for ``--format=csv,noheader``; ``query``
+    says which query made a CSV (``"gpu"`` or ``"compute-apps"``, see :func:`parse_csv`).
     A leading provenance line (``# source: ...``) is ignored. The result has the keys
     ``format``, ``driver_version``, ``cuda_version``, ``gpus`` (dicts with
     :data:`GPU_KEYS` and more), ``processes`` (dicts with :data:`PROCESS_KEYS`) and
@@ -206,7 +207,7 @@ def parse(text: str, fields: list[str] | None = None) -> dict[str, Any]:
         "dmon": parse_dmon,
         "version": parse_version,
     }.get(form)
-    result = parse_csv(body, fields) if parser is None else parser(body)
+    result = parse_csv(body, fields, query) if parser is None else parser(body)
     result["diagnostics"] = result["diagnostics"] + diagnose(result)
     return result
 
@@ -362,7 +363,7 @@ def _table_gpu_line2(gpu: dict[str, Any], cells: list[str]) -> None:
 # ----------------------------------------------------------------------------- CSV
 
 # --query-gpu field -> key of a GPU entry (several fields may feed one key: first wins)
-CSV_FIELDS: dict[str, tuple[str, str]] = {
+_GPU_FIELDS: dict[str, tuple[str, str]] = {
     "index": ("index", "int"),
     "name": ("name", "str"),
     "uuid": ("uuid", "str"),
@@ -387,7 +388,7 @@ CSV_FIELDS: dict[str, tuple[str, str]] = {
     "compute_mode": ("compute_mode", "str"),
     "timestamp": ("timestamp", "str"),
 }
-PROCESS_FIELDS: dict[str, tuple[str, str]] = {
+_PROCESS_FIELDS: dict[str, tuple[str, str]] = {
     "pid": ("pid", "int"),
     "process_name": ("name", "str"),
     "name": ("name", "str"),
@@ -397,6 +398,78 @@ PROCESS_FIELDS: dict[str, tuple[str, str]] = {
     "gpu_bus_id": ("gpu_bus_id", "str"),
     "gpu_name": ("gpu_name", "str"),
 }
+
+# Names that mean the same field, as ``nvidia-smi --help-query-gpu`` lists them
+# ("name" or "gpu_name", ...): nvidia-smi accepts either in --query-gpu, and a CSV header
+# shows the first. Driver 530 renamed clocks_throttle_reasons.* to clocks_event_reasons.*.
+_REASONS = (
+    "supported", "active", "gpu_idle", "applications_clocks_setting", "sw_power_cap",
+    "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown",
+    "sync_boost",
+)  # fmt: skip
+GPU_FIELD_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("name", "gpu_name"),
+    ("serial", "gpu_serial"),
+    ("uuid", "gpu_uuid"),
+    ("pci.bus_id", "gpu_bus_id"),
+    ("inforom.img", "inforom.image"),
+    ("inforom.pwr", "inforom.power"),
+    ("gom.current", "gpu_operation_mode.current"),
+    ("gom.pending", "gpu_operation_mode.pending"),
+    *((f"clocks_event_reasons.{r}", f"clocks_throttle_reasons.{r}") for r in _REASONS),
+    ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"),
+    ("retired_pages.double_bit.count", "retired_pages.dbe"),
+    ("clocks.current.graphics", "clocks.gr"),
+    ("clocks.current.sm", "clocks.sm"),
+    ("clocks.current.memory", "clocks.mem"),
+    ("clocks.current.video", "clocks.video"),
+    ("clocks.applications.graphics", "clocks.applications.gr"),
+    ("clocks.applications.memory", "clocks.applications.mem"),
+    ("clocks.default_applications.graphics", "clocks.default_applications.gr"),
+    ("clocks.default_applications.memory", "clocks.default_applications.mem"),
+    ("clocks.max.graphics", "clocks.max.gr"),
+    ("clocks.max.memory", "clocks.max.mem"),
+)
+# The same for ``nvidia-smi --help-query-compute-apps``. There the gpu_* fields describe
+# the GPU the process runs on, and "name" is the process's name, not the GPU's.
+PROCESS_FIELD_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("process_name", "name"),
+    ("used_gpu_memory", "used_memory"),
+)
+# Fields only --query-compute-apps has: they tell the two queries apart.
+PROCESS_ONLY_FIELDS = frozenset({"pid", "process_name", "used_gpu_memory", "used_memory"})
+
+
+def canonical_field(name: str, query: str = "gpu") -> str:
+    """The name nvidia-smi prints in a CSV header for a queried field (its first alias),
+    in the context of ``query`` (``"gpu"`` or ``"compute-apps"``).
+
+    >>> canonical_field("gpu_uuid"), canonical_field("clocks.sm")
+    ('uuid', 'clocks.current.sm')
+    >>> canonical_field("name", "compute-apps"), canonical_field("gpu_uuid", "compute-apps")
+    ('process_name', 'gpu_uuid')
+    """
+    groups = PROCESS_FIELD_ALIASES if query == "compute-apps" else GPU_FIELD_ALIASES
+    return next((group[0] for group in groups if name in group), name)
+
+
+def _with_aliases(
+    table: dict[str, tuple[str, str]], groups: tuple[tuple[str, ...], ...]
+) -> dict[str, tuple[str, str]]:
+    """``table`` with every alias of a field it knows mapped like that field."""
+    out = dict(table)
+    for group in groups:
+        known = next((table[name] for name in group if name in table), None)
+        if known is not None:
+            for name in group:
+                out.setdefault(name, known)
+    return out
+
+
+# --query-gpu field (any alias) -> key of a GPU entry; --query-compute-apps field -> key of
+# a process entry. Several fields may feed one key: the first that has a value wins.
+CSV_FIELDS = _with_aliases(_GPU_FIELDS, GPU_FIELD_ALIASES)
+PROCESS_FIELDS = _with_aliases(_PROCESS_FIELDS, PROCESS_FIELD_ALIASES)
 _FIELD = re.compile(r"^[A-Za-z_][\w.]*(?: \[[^\]]+\])?$")
 
 
@@ -415,8 +488,19 @@ def _looks_like_header(cells: list[str]) -> bool:
     )
 
 
-def parse_csv(text: str, fields: list[str] | None = None) -> dict[str, Any]:
-    """Parse ``--query-gpu`` or ``--query-compute-apps`` CSV (see :func:`parse`)."""
+def parse_csv(
+    text: str, fields: list[str] | None = None, query: str | None = None
+) -> dict[str, Any]:
+    """Parse ``--query-gpu`` or ``--query-compute-apps`` CSV (see :func:`parse`).
+
+    ``query`` (``"gpu"`` or ``"compute-apps"``) says which query made the CSV; by default
+    a field only ``--query-compute-apps`` has (``pid``, ``process_name``,
+    ``used_memory``...) means compute apps, anything else a GPU query. It decides what an
+    ambiguous field means: ``gpu_uuid`` is the GPU's UUID in a GPU query and the UUID of
+    the process's GPU in a compute-apps query; ``name`` is the GPU's or the process's.
+    """
+    if query not in (None, "gpu", "compute-apps"):
+        raise ValueError(f"query={query!r}: use 'gpu' or 'compute-apps'")
     lines = [line for line in text.strip().splitlines() if line.strip()]
     rows = [[cell.strip() for cell in row] for row in csv.reader(lines, skipinitialspace=True)]
     cut = [line.rstrip().endswith(",") for line in lines]  # a capture cut off mid-line
@@ -453,10 +537,11 @@ def parse_csv(text: str, fields: list[str] | None = None) -> dict[str, Any]:
         complete.append(dict(zip(names, row, strict=True)))
     if not complete:
         raise SmiParseError(f"no CSV line has the {len(names)} fields {', '.join(names)}")
-    known = set(names) & (set(CSV_FIELDS) | set(PROCESS_FIELDS) | {"driver_version"})
+    aliases = {name for group in GPU_FIELD_ALIASES + PROCESS_FIELD_ALIASES for name in group}
+    known = set(names) & (set(CSV_FIELDS) | set(PROCESS_FIELDS) | aliases | {"driver_version"})
     if not known:
         raise SmiParseError("none of the CSV fields is an nvidia-smi query field")
-    if "pid" in names:  # --query-compute-apps
+    if query == "compute-apps" or (query is None and PROCESS_ONLY_FIELDS & set(names)):
         result["query"] = "compute-apps"
         result["processes"] = [_csv_entry(row, PROCESS_FIELDS, PROCESS_KEYS) for row in complete]
         for process in result["processes"]:

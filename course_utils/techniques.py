@@ -33,7 +33,7 @@ from torch import nn
 
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
-from course_utils.device import pick_precision
+from course_utils.device import autocast, pick_precision
 from course_utils.flops import Peak, device_peak, mfu
 from course_utils.footprint import (
     memory_breakdown,
@@ -173,7 +173,7 @@ def forward_activation_bytes(step: TrainStep, batch: Sequence[torch.Tensor]) -> 
     precision = step.precision
 
     def forward() -> torch.Tensor:
-        with torch.autocast(step.device.type, dtype=precision.dtype, enabled=precision.autocast):
+        with autocast(step.device, precision):
             return step.loss_fn(step.model(inputs), targets)
 
     _, saved = saved_tensor_bytes(forward, exclude=step.model.parameters())
@@ -216,7 +216,7 @@ def measure_technique(
     dtype = resolve_precision(technique.config.precision, device).dtype
     peaks = peaks if peaks is not None else {}
     if dtype not in peaks:
-        peaks[dtype] = device_peak(device, dtype)
+        peaks[dtype] = device_peak(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
     fresh_step = lambda: TrainStep(build_model(name, **kwargs), device, technique.config)  # noqa: E731
 
     if technique.evaluation:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_utils.device import BF16, FP16, FP32, Precision, pick_precision, to_device
+from course_utils.device import BF16, FP16, FP32, Precision, autocast, pick_precision, to_device
 from course_utils.memory import error_summary, is_out_of_memory
 from course_utils.models import checkpoint_blocks
 from course_utils.timing import synchronizer
@@ -151,9 +151,7 @@ class TrainStep:
 
     def _forward_backward(self, inputs: Any, targets: Any, weight: float) -> torch.Tensor:
         forward = self._compiled or self.model
-        with torch.autocast(
-            self.device.type, dtype=self.precision.dtype, enabled=self.precision.autocast
-        ):
+        with autocast(self.device, self.precision):
             outputs = forward(inputs)
             loss = self.loss_fn(outputs, targets)
         self.scaler.scale(loss * weight).backward()

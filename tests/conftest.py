@@ -28,3 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture
+def no_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process sees a machine without an NVIDIA driver, whatever the real hardware:
+    no NVML library, no device files, CUDA not started, no Apple GPU, no COURSE_DEVICE."""
+    import torch
+
+    from course_utils import device, nvml
+
+    monkeypatch.setattr(nvml, "_pynvml", None)
+    monkeypatch.setattr(device, "_driver_present", lambda: False)
+    monkeypatch.setattr(device, "mps_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+
+
+#: For a child process: no GPU visible, on any machine (the driver may still answer).
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": ""}

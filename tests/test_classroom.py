@@ -160,5 +160,5 @@ def test_student_command_writes_versions_that_run_under_nbval(tmp_path):
 
 
 def test_student_command_refuses_to_overwrite_the_instructor_notebooks(capsys):
-    assert main(["student", str(ROOT / "notebooks"), "--out", str(ROOT / "notebooks")]) == 1
+    assert main(["student", str(ROOT / "notebooks"), "--out", str(ROOT / "notebooks")]) == 2
     assert "overwrite" in capsys.readouterr().err

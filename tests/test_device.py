@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_utils import device as dev
+from course_utils import nvml
 from course_utils.nvml import GpuInfo
 
 
@@ -20,6 +21,7 @@ def no_gpu(monkeypatch):
     monkeypatch.delenv("COURSE_DEVICE", raising=False)
     monkeypatch.setattr(dev, "cuda_gpu_count", lambda: 0)
     monkeypatch.setattr(dev, "mps_available", lambda: False)
+    monkeypatch.setattr(dev, "nvml_status", lambda: "NVML is not available (faked)")
 
 
 def test_cpu_when_nothing_else(no_gpu):
@@ -72,10 +74,78 @@ def test_asking_for_a_gpu_index_that_exists(monkeypatch):
         dev.pick_device("cuda:2")
 
 
-def test_cuda_gpu_count_is_zero_here_without_initializing_cuda():
-    # This machine (and CI) has no NVIDIA driver: the count is 0 and CUDA stays untouched.
+def test_cuda_gpu_count_is_zero_without_a_driver_and_leaves_cuda_untouched(monkeypatch):
+    # Fake "no NVIDIA driver" (the library is missing, no device files), on any machine.
+    monkeypatch.setattr(nvml, "_pynvml", None)
+    monkeypatch.setattr(dev, "_driver_present", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(dev, "_count_gpus_in_subprocess", lambda: pytest.fail("no driver"))
     assert dev.cuda_gpu_count() == 0
-    assert not torch.cuda.is_initialized()
+    assert dev.choose_device("cpu").device == torch.device("cpu")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A CUDA build of torch on a machine whose driver (faked) shows the GPUs given."""
+
+    def setup(gpus, *, built="13.0", driver="13.0", arch="sm_75 sm_80 sm_90 compute_90"):
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        monkeypatch.setattr(torch.version, "cuda", built)
+        monkeypatch.setattr(dev, "nvml_status", lambda: "ok")
+        monkeypatch.setattr(dev, "visible_gpus", lambda: gpus)
+        monkeypatch.setattr(dev, "cuda_driver_version", lambda: driver)
+        monkeypatch.setattr(dev, "_arch_flags", lambda: arch.split())
+
+    return setup
+
+
+def test_gpus_this_torch_can_run_on_are_counted(fake_cuda):
+    fake_cuda([gpu(0, 1, cc=(7, 5)), gpu(1, 1, cc=(8, 6))])  # sm_86 runs sm_80 code
+    assert dev.cuda_gpu_count() == 2 and dev.gpu_problems() == []
+
+
+def test_a_p100_is_not_counted_by_a_build_without_sm_60(fake_cuda):
+    fake_cuda([gpu(0, 1, cc=(6, 0), name="Tesla P100-PCIE-16GB")])
+    assert dev.cuda_gpu_count() == 0
+    (problem,) = dev.gpu_problems()
+    assert "Tesla P100-PCIE-16GB, compute capability 6.0" in problem and "sm_60" in problem
+    assert "compute capability 6.0" in dev.choose_device().reason
+
+
+def test_ptx_runs_on_newer_gpus_only(fake_cuda):
+    fake_cuda([gpu(0, 1, cc=(10, 0))], arch="sm_80 sm_90 compute_90")
+    assert dev.cuda_gpu_count() == 1
+    fake_cuda([gpu(0, 1, cc=(7, 5))], arch="sm_80 sm_90 compute_90")
+    assert dev.cuda_gpu_count() == 0
+
+
+def test_a_driver_too_old_for_the_build_counts_no_gpu(fake_cuda):
+    # The locked torch is a CUDA 13 build; Colab's driver is built around CUDA 12.8.
+    fake_cuda([gpu(0, 1, cc=(7, 5))], built="13.0", driver="12.8")
+    assert dev.cuda_gpu_count() == 0
+    assert "supports CUDA up to 12.8" in dev.gpu_problems()[0]
+    fake_cuda([gpu(0, 1, cc=(7, 5))], built="12.8", driver="12.4")  # minor-version compatible
+    assert dev.cuda_gpu_count() == 1
+
+
+def test_the_doctor_says_why_a_gpu_is_not_used(fake_cuda, monkeypatch):
+    from course_utils import env
+
+    fake_cuda([gpu(0, 1, cc=(6, 0), name="Tesla P100-PCIE-16GB")])
+    monkeypatch.setattr(nvml, "visible_gpus", lambda: [gpu(0, 1, cc=(6, 0))])
+    monkeypatch.delenv("COURSE_DEVICE", raising=False)
+    report = env.doctor()
+    assert report["gpu_count"] == 0 and report["device"] == "cpu"
+    assert any("sm_60" in item for item in report["advice"]) and report["gpu_problems"]
+    assert "or P100" not in env.gpu_runtime_advice("kaggle")
+
+
+def test_arch_flags_are_read_without_initializing_cuda():
+    flags = dev._arch_flags()
+    assert all(flag.startswith(("sm_", "compute_")) for flag in flags)
+    assert not torch.cuda.is_initialized() or torch.cuda.device_count() > 0
 
 
 @pytest.mark.parametrize(
@@ -101,7 +171,9 @@ def test_precision_follows_compute_capability(capability, name, scaler, lightnin
 
 
 def test_precision_reads_the_gpu_capability_through_nvml(monkeypatch):
-    monkeypatch.setattr(dev, "visible_gpus", lambda: [gpu(0, 1, cc=(7, 5)), gpu(1, 1, cc=(9, 0))])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(nvml, "list_gpus", lambda: [gpu(0, 1, cc=(7, 5)), gpu(1, 1, cc=(9, 0))])
     assert dev.pick_precision("cuda:0").name == "fp16"
     assert dev.pick_precision("cuda:1").name == "bf16"
 

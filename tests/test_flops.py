@@ -53,9 +53,9 @@ def test_achieved_and_mfu_agree_and_refuse_nonsense():
         achieved(1.0, 0.0, peak)
 
 
-def test_matmul_stream_runs_for_the_asked_time_in_batches_of_16():
+def test_matmul_stream_runs_for_the_asked_time():
     count, elapsed = matmul_stream("cpu", 16, 0.05)
-    assert count % 16 == 0 and count >= 16 and 0.05 <= elapsed < 2.0
+    assert count >= 16 and 0.05 <= elapsed < 2.0
 
 
 

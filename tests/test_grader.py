@@ -129,9 +129,9 @@ def test_grade_command_scores_a_solved_notebook_in_json(tmp_path, source, capsys
 def test_grade_command_rejects_a_file_that_is_not_a_notebook(tmp_path, source, capsys):
     bad = tmp_path / "bad.ipynb"
     bad.write_text("not json")
-    assert main(["grade", str(bad), "--source", str(source)]) == 1
+    assert main(["grade", str(bad), "--source", str(source)]) == 2  # bad input: exit 2
     assert capsys.readouterr().err.startswith("error:")
-    assert main(["grade", str(tmp_path / "nope.ipynb")]) == 1  # no instructor notebook
+    assert main(["grade", str(tmp_path / "nope.ipynb")]) == 2  # no instructor notebook
 
 
 def test_notebook_01_unsolved_fails_each_check_as_not_answered(tmp_path):

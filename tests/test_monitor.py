@@ -18,9 +18,10 @@ matplotlib.use("Agg")
 
 def test_sample_keeps_its_flat_shape_on_cpu():
     reading = monitor.sample(gpu_index=None)
-    assert reading["source"] == "cpu"
-    assert {"time_s", "cpu_util_pct", "process_cpu_pct", "process_rss_mib"} <= set(reading)
-    assert reading["process_rss_mib"] > 10  # a Python process with numpy loaded
+    assert isinstance(reading, monitor.Reading) and reading.source == "cpu"
+    assert reading.cpu_util_pct is not None and reading.process_cpu_pct is not None
+    assert reading.process_rss_mib > 10  # a Python process with numpy loaded
+    assert reading.utilization_gpu_pct is None and reading.memory_mib == reading.process_rss_mib
 
 
 def test_cpu_monitor_collects_labelled_samples_and_plots_them():
@@ -30,13 +31,13 @@ def test_cpu_monitor_collects_labelled_samples_and_plots_them():
             sum(range(10_000))
     assert running.source == "cpu"
     assert 3 <= len(running.samples) <= 20  # about 13 at 0.02 s; fewer on a loaded machine
-    assert all(s["source"] == "cpu" for s in running.samples)
+    assert all(s.source == "cpu" for s in running.samples)
     times = running.series("time_s")
     assert times == sorted(times)
     summary = running.summary()
-    assert summary["samples"] == len(running.samples) and summary["peak_memory_mib"] > 10
-    assert 0 <= summary["mean_util_pct"] <= 100
-    assert summary["sampling_busy_s"] < summary["seconds"]
+    assert summary.samples == len(running.samples) and summary.peak_memory_mib > 10
+    assert 0 <= summary.mean_util_pct <= 100
+    assert summary.sampling_busy_s < summary.seconds
     figure = running.timeline()
     assert len(figure.axes) == 2 and "CPU" in figure.axes[0].get_ylabel()
 
@@ -47,8 +48,8 @@ def test_monitor_reads_nvml_and_shows_text_lines(monkeypatch):
     with Monitor(interval_s=0.02, gpu_index=0, live=TextView(every_s=0, write=lines.append)) as m:
         time.sleep(0.1)
     assert m.source == "nvml"
-    assert all(s["source"] == "nvml" and s["utilization_gpu_pct"] == 97 for s in m.samples)
-    assert "processes" not in m.samples[0]  # flat readings
+    assert all(s.source == "nvml" and s.utilization_gpu_pct == 97 for s in m.samples)
+    assert m.samples[0].name == "Tesla T4" and m.samples[0].memory_used_mib == 5000
     assert lines[0].startswith("GPU 0 (nvml): util 97% | memory 5000/15360 MiB")
     assert lines[-1].startswith("GPU 0 (nvml):") and "GPU-Util mean 97%" in lines[-1]
     assert "GPU-Util" in m.timeline().axes[0].get_ylabel()
@@ -65,8 +66,8 @@ def test_monitor_falls_back_to_nvidia_smi_without_nvml(monkeypatch, tmp_path):
         time.sleep(0.15)
     assert m.source == "nvidia-smi"
     reading = m.samples[0]
-    assert (reading["utilization_gpu_pct"], reading["memory_used_mib"]) == (45, 1200)
-    assert (reading["power_draw_w"], reading["pstate"]) == (50.5, "P0")
+    assert (reading.utilization_gpu_pct, reading.memory_used_mib) == (45, 1200)
+    assert (reading.power_draw_w, reading.pstate, reading.gpu_index) == (50.5, "P0", 0)
     assert monitor.pick_source(3) == "cpu"  # no GPU 3 in that output
 
 
@@ -76,12 +77,12 @@ def test_without_any_gpu_source_auto_means_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr("course_utils.smi.COLAB_PATH", str(tmp_path / "none"))
     with Monitor(interval_s=0.05) as m:
         time.sleep(0.06)
-    assert m.source == "cpu" and m.samples[0]["source"] == "cpu"
+    assert m.source == "cpu" and m.samples[0].source == "cpu"
 
 
 def test_widget_view_updates_in_place(capsys):
     view = WidgetView()  # ipywidgets 8 here; the HTML widget exists in 7 as well
-    view.update({"source": "cpu", "cpu_util_pct": 12.0, "process_rss_mib": 100.0})
+    view.update(monitor.Reading(0.0, "cpu", cpu_util_pct=12.0, process_rss_mib=100.0))
     assert "CPU (no GPU): utilization 12%" in view.widget.value
     view.close("done")
     assert view.widget.value == "<code>done</code>"
@@ -115,7 +116,7 @@ def test_monitor_on_a_real_gpu_sees_a_matmul():
     import torch
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    with Monitor(interval_s=0.1, gpu_index=nvml.visible_gpus()[0].index) as m:
+    with Monitor(interval_s=0.1, gpu_index=monitor.nvml_index_of("cuda:0")) as m:
         end = time.perf_counter() + 2.0
         while time.perf_counter() < end:
             a @ a
@@ -129,4 +130,4 @@ def test_a_run_shorter_than_the_interval_still_has_a_first_and_a_last_reading():
     with Monitor(interval_s=30.0, source="cpu") as monitor:
         pass
     assert len(monitor.samples) == 2
-    assert monitor.samples[0]["time_s"] <= monitor.samples[1]["time_s"]
+    assert monitor.samples[0].time_s <= monitor.samples[1].time_s

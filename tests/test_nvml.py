@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import types
 
 import pytest
@@ -227,3 +229,83 @@ def test_every_accessor_names_its_query_gpu_field():
     for accessor in accessors:
         assert re.search(r"--query-(gpu|compute-apps)=[a-z_.]+", accessor.__doc__), (
             accessor.__name__)
+
+
+MIG_GPUS = [
+    GpuInfo(0, "NVIDIA A100-SXM4-40GB", "GPU-aaaa-1111", None, 1, 0, 1, (8, 0),
+            mig_uuids=("MIG-1111-aaaa", "MIG-2222-bbbb")),
+    GpuInfo(1, "NVIDIA A100-SXM4-40GB", "GPU-bbbb-2222", None, 1, 0, 1, (8, 0),
+            mig_uuids=("MIG-3333-cccc",)),
+]
+
+
+@pytest.mark.parametrize(
+    ("value", "indices"),
+    [
+        ("MIG-3333-cccc", [1]),  # what Slurm and Kubernetes set: a slice of GPU 1
+        ("MIG-2222", [0]),  # a prefix, as for GPU UUIDs
+        ("MIG-GPU-bbbb-2222/1/0", [1]),  # the CUDA 11 form names the parent GPU
+        ("MIG-9999", []),  # no such slice: nothing visible, as in CUDA
+    ],
+)
+def test_mig_devices_in_cuda_visible_devices_match_their_gpu(value, indices):
+    assert [gpu.index for gpu in parse_visible_devices(value, MIG_GPUS)] == indices
+
+
+def test_mig_uuids_are_read_from_nvml(monkeypatch):
+    fake = fake_pynvml(TWO_GPUS)
+    migs = {("mig", 0, 0): "MIG-1111-aaaa", ("mig", 0, 1): "MIG-2222-bbbb"}
+    fake.nvmlDeviceGetMigMode = lambda handle: (1, 1) if handle == 0 else (0, 0)
+    fake.nvmlDeviceGetMaxMigDeviceCount = lambda handle: 7
+    real_uuid = fake.nvmlDeviceGetUUID
+
+    def mig_handle(handle, slot):
+        if ("mig", handle, slot) not in migs:
+            raise NVMLError("Not Found")
+        return ("mig", handle, slot)
+
+    fake.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
+    fake.nvmlDeviceGetUUID = lambda h: migs[h] if isinstance(h, tuple) else real_uuid(h)
+    monkeypatch.setattr(nvml, "_pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-2222-bbbb")
+    gpus = nvml.list_gpus()
+    assert gpus[0].mig_uuids == ("MIG-1111-aaaa", "MIG-2222-bbbb") and gpus[1].mig_uuids == ()
+    assert [gpu.index for gpu in nvml.visible_gpus()] == [0]
+    assert nvml.nvml_index(0) == 0 and nvml.nvml_index(1) is None
+
+
+def test_cuda_index_maps_through_cuda_visible_devices(monkeypatch):
+    monkeypatch.setattr(nvml, "list_gpus", lambda: list(GPUS))
+    for value, expected in [("2,0", [2, 0, None]), ("GPU-bbbb", [1, None, None]),
+                            (None, [0, 1, 2])]:
+        if value is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert [nvml.nvml_index(k) for k in range(3)] == expected
+
+
+def test_once_cuda_runs_the_uuid_decides(monkeypatch):
+    # CUDA already started (fastest-first order, say): cuda:0 reports GPU 2's UUID.
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_initialized=lambda: True,
+        get_device_properties=lambda k: types.SimpleNamespace(uuid=["cccc-3333", "aaaa-1111"][k]),
+    ))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml.gpu_for_cuda_index(0, GPUS).index == 2
+    assert nvml.gpu_for_cuda_index(1, GPUS).index == 0
+
+
+def test_cuda_device_order_is_set_to_pci_order_before_cuda_starts(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert nvml.align_cuda_device_order() is False  # too late: CUDA read it already
+    assert "CUDA_DEVICE_ORDER" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert nvml.align_cuda_device_order() is True
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # a user's choice stays
+    assert nvml.align_cuda_device_order() is False

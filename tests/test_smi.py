@@ -304,3 +304,64 @@ def test_the_recorded_h200_samples_parse_to_what_they_show():
     assert (csv_gpu["utilization_gpu_pct"], csv_gpu["power_draw_w"]) == (99, 692.82)
     xml = parse(sample_output("h200_q_x_load")[1])
     assert xml["format"] == "xml" and xml["gpus"][0]["memory_total_mib"] == 143771
+
+
+# --------------------------------------------------------------- field names and aliases
+
+ALIAS_CSV = "Tesla T4, GPU-1111-aaaa, 00000000:00:04.0, 1590, 585, 45\n"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        "name,uuid,pci.bus_id,clocks.current.sm,clocks.current.memory,utilization.gpu",
+        "gpu_name,gpu_uuid,gpu_bus_id,clocks.sm,clocks.mem,utilization.gpu",
+    ],
+)
+def test_every_alias_of_a_gpu_field_reads_the_same(fields):
+    (gpu,) = smi.parse(ALIAS_CSV, fields.split(","))["gpus"]
+    assert (gpu["name"], gpu["uuid"], gpu["bus_id"]) == (
+        "Tesla T4", "GPU-1111-aaaa", "00000000:00:04.0")
+    assert (gpu["sm_clock_mhz"], gpu["utilization_gpu_pct"]) == (1590, 45)
+
+
+def test_the_alias_tables_map_both_names_of_every_known_field():
+    for groups, table in [(smi.GPU_FIELD_ALIASES, smi.CSV_FIELDS),
+                          (smi.PROCESS_FIELD_ALIASES, smi.PROCESS_FIELDS)]:
+        for group in groups:
+            assert len(group) >= 2
+            mapped = {table.get(name) for name in group}
+            assert len(mapped) == 1, group  # all unknown, or all the same key
+    assert smi.CSV_FIELDS["gpu_uuid"] == smi.CSV_FIELDS["uuid"]
+    assert smi.canonical_field("clocks_throttle_reasons.active") == "clocks_event_reasons.active"
+    # a field the parser does not map is still a query field: kept, not refused
+    parsed = smi.parse("1323121035405, 0x2f00\n", ["gpu_serial", "pci.bus"])
+    assert parsed["fields"] == ["gpu_serial", "pci.bus"] and len(parsed["gpus"]) == 1
+
+
+def test_in_compute_apps_the_gpu_fields_describe_the_process_gpu():
+    text = "GPU-2222-bbbb, 4242, python3, 812 MiB\nGPU-3333-cccc, 77, [N/A], 100 MiB\n"
+    parsed = smi.parse(text, ["gpu_uuid", "pid", "name", "used_memory"])
+    assert parsed["query"] == "compute-apps" and parsed["gpus"] == []
+    first, second = parsed["processes"]
+    assert (first["pid"], first["name"], first["used_memory_mib"]) == (4242, "python3", 812)
+    assert first["gpu_uuid"] == "GPU-2222-bbbb" and second["gpu_uuid"] == "GPU-3333-cccc"
+    assert second["name"] is None
+
+
+def test_the_query_decides_what_an_ambiguous_field_means():
+    text = "GPU-2222-bbbb, Tesla T4\n"
+    as_gpu = smi.parse(text, ["gpu_uuid", "gpu_name"])
+    assert as_gpu["query"] == "gpu" and as_gpu["gpus"][0]["uuid"] == "GPU-2222-bbbb"
+    as_apps = smi.parse("GPU-2222-bbbb, python3\n", ["gpu_uuid", "name"], query="compute-apps")
+    (process,) = as_apps["processes"]
+    assert (process["gpu_uuid"], process["name"]) == ("GPU-2222-bbbb", "python3")
+    with pytest.raises(ValueError, match="query="):
+        smi.parse(text, ["gpu_uuid", "gpu_name"], query="apps")
+
+
+def test_a_header_with_the_printed_names_is_read_in_its_query():
+    # nvidia-smi --query-compute-apps=name,pid --format=csv prints the first alias
+    parsed = smi.parse("process_name, pid\n/cuda-samples/sample, 1895238\n")
+    assert parsed["processes"][0]["name"] == "/cuda-samples/sample"
+    assert smi.canonical_field("used_memory", "compute-apps") == "used_gpu_memory"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# make colab-check: the course as a new user gets it on Google Colab, and with pip alone.
+#
+#   1. an environment with Colab's own versions (.ci/colab-versions.txt) and nothing else,
+#      in .venv-colab (rebuilt only when that file changes);
+#   2. colab_setup.sh, as the notebooks' first cell runs it on Colab, installing this
+#      working tree (COURSE_SOURCE) with pip: whatever the package does not declare is
+#      missing here too;
+#   3. every notebook under nbval with the small workload, importing the installed
+#      package (not the checkout).
+#
+# Settings: COLAB_PYTHON (the interpreter; default: Python 3.13 as on Colab when this
+# machine has it, else python3.11), COLAB_VENV (default .venv-colab), NOTEBOOKS (default
+# notebooks/*.ipynb).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+PINS=.ci/colab-versions.txt
+VENV="${COLAB_VENV:-.venv-colab}"
+case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac  # colab_setup.sh runs elsewhere
+ME="colab-check"
+say() { printf '%s: %s\n' "$ME" "$*"; }
+die() {
+    printf '%s: error: %s\n' "$ME" "$*" >&2
+    exit 1
+}
+started=$SECONDS
+
+# --- the interpreter: Colab's Python version when this machine has it ---------------------
+want="$(sed -n 's/^# python: *//p' "$PINS")"
+runs() { [ -n "$1" ] && "$1" -c 'import ssl, venv' >/dev/null 2>&1; }
+python="${COLAB_PYTHON:-}"
+if [ -z "$python" ]; then
+    for candidate in "python$want" "$(pyenv root 2>/dev/null)/versions/$want"*/bin/python3 python3.11 python3; do
+        if runs "$candidate"; then python="$candidate" && break; fi
+    done
+fi
+runs "$python" || die "no usable Python (set COLAB_PYTHON)"
+version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+note=""
+[ "$version" = "$want" ] || note=" (Colab has $want; not found here)"
+say "Python $version$note: $python"
+
+# --- 1. Colab's versions, nothing more ------------------------------------------------------
+if ! cmp -s "$PINS" "$VENV/colab-versions.txt" || [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV with $(grep -v '^#' "$PINS" | tr '\n' ' ')(about 5 GB the first time)"
+    rm -rf "$VENV"
+    "$python" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off -r "$PINS" \
+        || { rm -rf "$VENV"; die "could not install Colab's versions"; }
+    cp "$PINS" "$VENV/colab-versions.txt"
+    say "environment ready after $((SECONDS - started)) s"
+else
+    say "reusing $VENV (same $PINS)"
+fi
+
+# --- 2. colab_setup.sh against this working tree --------------------------------------------
+# COURSE_FORCE=1: the working tree may have changed since the last check; the stamp goes
+# inside the environment, not to ~/.cache.
+setup_started=$SECONDS
+COURSE_SOURCE="$ROOT" PYTHON="$VENV/bin/python" COURSE_FORCE=1 XDG_CACHE_HOME="$VENV/cache" \
+    bash colab_setup.sh
+say "colab_setup.sh took $((SECONDS - setup_started)) s"
+
+# The test runner only (Colab has its own kernel): nothing a notebook may import.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off \
+    pytest nbval ipykernel
+
+# --- 3. every notebook, small workload, the installed package -------------------------------
+nbval_started=$SECONDS
+# shellcheck disable=SC2086
+(
+    unset PYTHONPATH
+    COURSE_WORKLOAD=small "$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs \
+        --nbval-lax --nbval-current-env -o addopts= ${NOTEBOOKS:-notebooks/*.ipynb}
+)
+say "notebooks took $((SECONDS - nbval_started)) s; colab-check passed in $((SECONDS - started)) s"
