@@ -335,6 +335,28 @@ def measure_activations(
     return saved, CPU_METHOD
 
 
+def step_until_taken(step: Any, batch: Any, *, max_steps: int = 30) -> int:
+    """Run ``step(batch)`` (a :class:`~course_utils.training.TrainStep`) until its
+    optimizer really stepped; return how many steps ran.
+
+    With fp16 and a ``GradScaler``, a step whose scaled gradients overflow (inf or nan) is
+    skipped: ``scaler.step`` does not call ``optimizer.step()``, so a fresh optimizer
+    still has no state, and ``scaler.update()`` halves the scale. At the default initial
+    scale of 2**16 the first step of a fresh model often overflows (fp16's largest number
+    is 65504). A skipped step is seen as the scale going down; without a scaler (fp32,
+    bf16) the first step is always taken.
+    """
+    for attempt in range(1, max_steps + 1):
+        scale = step.scaler.get_scale() if step.scaler.is_enabled() else None
+        step(batch)
+        if scale is None or step.scaler.get_scale() >= scale:
+            return attempt
+    raise RuntimeError(
+        f"the gradient scaler skipped all {max_steps} steps (scale now "
+        f"{step.scaler.get_scale():g}): the loss or the gradients are not finite"
+    )
+
+
 def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryBreakdown:
     """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
 
@@ -342,11 +364,14 @@ def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryB
     2. Run one real step, so that the optimizer creates its state (lazily, at the first
        step), and give every parameter a zeroed gradient: now the static part (parameters,
        gradients, optimizer state) is allocated, and is read from the tensors themselves.
+       With fp16 the gradient scaler may skip the first steps (an overflow): steps run
+       until one is taken (:func:`step_until_taken`).
     3. Run forward and backward once more and measure the activations above the static
        part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
        channels_last) apply. The gradients are then cleared.
 
-    The step's parameters change (one optimizer step): use a fresh model for training.
+    The step's parameters change (one optimizer step, more if fp16 skipped some): use a
+    fresh model for training.
     ``estimate=False`` skips step 1 (``activations_estimate`` is then 0).
     """
     from course_utils.device import to_device
@@ -355,7 +380,7 @@ def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryB
     if step.config.channels_last and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
-    step((inputs, targets))
+    step_until_taken(step, (inputs, targets))
     parameters = list(step.model.parameters())
     for p in parameters:
         if p.requires_grad and p.grad is None:
