@@ -22,6 +22,7 @@ A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 from collections.abc import Callable, Sequence
@@ -432,3 +433,73 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------- checking a learner's mixed-precision step
+
+
+@dataclass(frozen=True)
+class AmpStepRun:
+    """One mixed-precision step compared with a float32 reference step
+    (:func:`run_amp_step_against_fp32`)."""
+
+    loss: float
+    reference_loss: float
+    update: torch.Tensor  # how the weights moved, flattened
+    reference_update: torch.Tensor
+    forward_dtypes: list[torch.dtype]  # output dtype of the first layer at each call
+    scale_before: float
+    scale_after: float
+    gradients_cleared: bool
+
+    @property
+    def update_error(self) -> float:
+        """Distance between the two updates, relative to the reference update's size."""
+        reference = self.reference_update.norm().item()
+        return (self.update - self.reference_update).norm().item() / max(reference, 1e-12)
+
+
+def run_amp_step_against_fp32(
+    amp_step: Callable[..., Any],
+    device: torch.device | str = "cpu",
+    *,
+    init_scale: float = 2.0**12,
+    max_norm: float = 0.1,
+    lr: float = 0.1,
+    dtype: torch.dtype = torch.float16,
+) -> AmpStepRun:
+    """Run ``amp_step(model, optimizer, scaler, inputs, targets, dtype, max_norm)`` once
+    on a small MLP with SGD and a fresh ``GradScaler(init_scale=...)``, and the same step
+    in float32 without a scaler (cross-entropy, gradients clipped to ``max_norm``, SGD)
+    from the same weights. A huge ``init_scale`` (2**100) makes the scaled fp16 gradients
+    overflow, so a correct step is skipped. Used by notebook 04's exercise check."""
+    device = torch.device(device)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    start, reference = copy.deepcopy(net), copy.deepcopy(net)
+    inputs = torch.randn(16, 32, device=device)
+    targets = torch.randint(0, 10, (16,), device=device)
+    dtypes: list[torch.dtype] = []
+    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    loss = amp_step(net, optimizer, scaler, inputs, targets, dtype, max_norm)
+    reference_loss = nn.functional.cross_entropy(reference(inputs), targets)
+    reference_loss.backward()
+    nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+    torch.optim.SGD(reference.parameters(), lr=lr).step()
+
+    def moved(model: nn.Module) -> torch.Tensor:
+        pairs = zip(model.parameters(), start.parameters(), strict=True)
+        return torch.cat([(p - s).detach().flatten().float().cpu() for p, s in pairs])
+
+    return AmpStepRun(
+        loss=float(torch.as_tensor(loss).float().item()),
+        reference_loss=reference_loss.item(),
+        update=moved(net),
+        reference_update=moved(reference),
+        forward_dtypes=dtypes,
+        scale_before=init_scale,
+        scale_after=scaler.get_scale(),
+        gradients_cleared=all(p.grad is None for p in net.parameters()),
+    )
