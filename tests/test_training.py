@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader
 
 from course_utils.classroom import CheckFailed, check, check_close, passed
@@ -248,7 +247,6 @@ def _notebook_04_cells(*ids, **names):
     namespace = {
         "torch": torch,
         "nn": torch.nn,
-        "checkpoint": checkpoint,
         "build_model": build_model,
         "device": torch.device("cpu"),
         "LOOP_WIDTH": 8,
