@@ -335,24 +335,28 @@ def measure_activations(
     return saved, CPU_METHOD
 
 
-def step_until_the_optimizer_steps(step: Any, batch: Any, attempts: int = 32) -> int:
-    """Run ``step(batch)`` until the optimizer really stepped; return how many runs it took.
+def step_until_taken(step: Any, batch: Any, *, max_steps: int = 30) -> int:
+    """Run ``step(batch)`` (a :class:`~course_utils.training.TrainStep`) until its
+    optimizer really stepped; return how many steps ran.
 
-    With fp16 and a ``GradScaler`` the first steps of a fresh model often overflow (the
-    initial scale is 2**16: on a T4, ResNet-18's scaled gradients reach ~8e4, above
-    fp16's 65504): ``scaler.step`` then skips ``optimizer.step()``, halves the scale,
-    and the optimizer has no state yet. A skipped step shows as a smaller scale.
+    With fp16 and a ``GradScaler``, a step whose scaled gradients overflow (inf or nan) is
+    skipped: ``scaler.step`` does not call ``optimizer.step()``, so a fresh optimizer
+    still has no state, and ``scaler.update()`` halves the scale. At the default initial
+    scale of 2**16 the first step of a fresh model often overflows (fp16's largest number
+    is 65504). A skipped step is seen as the scale going down; without a scaler (fp32,
+    bf16) the first step is always taken.
     """
     scaler = getattr(step, "scaler", None)
-    if scaler is None or not scaler.is_enabled():
+    for attempt in range(1, max_steps + 1):
+        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
         step(batch)
-        return 1
-    for run in range(1, attempts + 1):
-        before = scaler.get_scale()
-        step(batch)
-        if scaler.get_scale() >= before:
-            return run
-    raise RuntimeError(f"the gradients overflowed in {attempts} steps in a row (inf or NaN)")
+        if scale is None or scaler is None or scaler.get_scale() >= scale:
+            return attempt
+    raise RuntimeError(
+        f"the gradient scaler skipped all {max_steps} steps (scale now "
+        f"{scaler.get_scale() if scaler is not None else 1:g}): the loss or the gradients "
+        "are not finite"
+    )
 
 
 def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryBreakdown:
@@ -363,11 +367,14 @@ def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryB
        step; with fp16 a step the scaler skipped for overflow does not count), and
        give every parameter a zeroed gradient: now the static part (parameters,
        gradients, optimizer state) is allocated, and is read from the tensors themselves.
+       With fp16 the gradient scaler may skip the first steps (an overflow): steps run
+       until one is taken (:func:`step_until_taken`).
     3. Run forward and backward once more and measure the activations above the static
        part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
        channels_last) apply. The gradients are then cleared.
 
-    The step's parameters change (one optimizer step): use a fresh model for training.
+    The step's parameters change (one optimizer step, more if fp16 skipped some): use a
+    fresh model for training.
     ``estimate=False`` skips step 1 (``activations_estimate`` is then 0).
     """
     from course_utils.device import to_device
@@ -376,7 +383,7 @@ def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryB
     if step.config.channels_last and inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=torch.channels_last)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
-    step_until_the_optimizer_steps(step, (inputs, targets))
+    step_until_taken(step, (inputs, targets))
     parameters = list(step.model.parameters())
     for p in parameters:
         if p.requires_grad and p.grad is None:

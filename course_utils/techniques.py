@@ -22,6 +22,7 @@ A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 from collections.abc import Callable, Sequence
@@ -36,9 +37,11 @@ from course_utils.batch import find_max_batch_size
 from course_utils.device import autocast, pick_precision
 from course_utils.flops import Peak, device_peak, mfu
 from course_utils.footprint import (
+    measure_activations,
     memory_breakdown,
     peak_memory,
     saved_tensor_bytes,
+    step_until_taken,
     tensor_bytes,
 )
 from course_utils.models import build_model, model_costs
@@ -239,6 +242,9 @@ def measure_technique(
         breakdown = memory_breakdown(step, random_batch(batch_size, device, image_size))
         peak, static, activations = breakdown.peak, breakdown.static, breakdown.activations
         trial_step = fresh_step()
+        if device.type == "cuda":  # the trials' memory includes the optimizer state, which
+            # exists after the first step that was taken (fp16 may skip the first ones)
+            step_until_taken(trial_step, random_batch(min(2, high), device, image_size))
 
         def trial(n: int) -> None:
             inputs = random_batch(n, device, image_size)
@@ -277,6 +283,85 @@ def measure_technique(
         mfu=mfu(flops * batch_size, seconds, peaks[dtype].flops_per_s),
         peak_source=peaks[dtype].source,
     )
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """Time and memory of a training step written out in a notebook (:func:`measure_step`)."""
+
+    name: str
+    batch_size: int
+    seconds: float  # median time of one step
+    memory_bytes: int | None  # None: not measured (see ``method``)
+    method: str
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch_size / self.seconds
+
+    def __str__(self) -> str:
+        memory = (
+            "not measured" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.2f} MiB"
+        )
+        return (
+            f"{self.name}: {self.seconds * 1e3:.1f} ms/step ({self.samples_per_s:.0f} samples/s), "
+            f"memory {memory} ({self.method})"
+        )
+
+
+def measure_step(
+    name: str,
+    step_fn: Callable[[], Any],
+    batch_size: int,
+    device: torch.device | str,
+    *,
+    exclude: Any = (),
+    optimizer: torch.optim.Optimizer | None = None,
+    memory: bool = True,
+    repeats: int = 3,
+) -> StepMeasurement:
+    """Measure ``step_fn()``, one training step as a notebook writes it out.
+
+    1. Warm-up, unmeasured: one call, or with ``optimizer`` calls until it has state (at
+       most 10; an fp16 step that a ``GradScaler`` skips creates none), so that one-time
+       allocations (optimizer state, cuBLAS workspaces, compilation) are not measured.
+       Pass ``optimizer`` only for one that keeps state (not plain SGD).
+    2. Memory (``memory=True``): :func:`course_utils.footprint.measure_activations` of one
+       call. On CUDA the allocator's peak during the step above what was allocated
+       before it; on a CPU the bytes autograd saved for backward, ``exclude`` (the
+       parameters) left out.
+    3. Time: :func:`course_utils.timing.benchmark`, the median of ``repeats`` calls.
+    """
+    device = torch.device(device)
+    step_fn()
+    for _ in range(9):
+        if optimizer is None or optimizer.state:
+            break
+        step_fn()
+    used, method = None, "memory not measured"
+    if memory:
+        used, _ = measure_activations(step_fn, device, exclude=list(exclude))
+        on_gpu = device.type == "cuda"
+        method = "CUDA allocator peak" if on_gpu else "CPU: bytes saved for backward"
+    timing = benchmark(step_fn, device=device, warmup=0, repeats=repeats)
+    return StepMeasurement(name, batch_size, timing.median_s, used, method)
+
+
+def format_steps(rows: Sequence[StepMeasurement]) -> str:
+    """The measured steps as a table, each compared with the first row."""
+    base = rows[0]
+    lines = [f"{'step':44} {'ms/step':>8} {'x time':>7} {'memory MiB':>11} {'x memory':>9}"]
+    for r in rows:
+        memory, ratio = "-", ""
+        if r.memory_bytes is not None:
+            memory = f"{r.memory_bytes / 2**20:.2f}"
+            if base.memory_bytes:
+                ratio = f"{r.memory_bytes / base.memory_bytes:.2f}"
+        lines.append(
+            f"{r.name:44} {r.seconds * 1e3:8.1f} {r.seconds / base.seconds:7.2f} "
+            f"{memory:>11} {ratio:>9}"
+        )
+    return "\n".join(lines)
 
 
 def compare_techniques(
@@ -350,3 +435,73 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------- checking a learner's mixed-precision step
+
+
+@dataclass(frozen=True)
+class AmpStepRun:
+    """One mixed-precision step compared with a float32 reference step
+    (:func:`run_amp_step_against_fp32`)."""
+
+    loss: float
+    reference_loss: float
+    update: torch.Tensor  # how the weights moved, flattened
+    reference_update: torch.Tensor
+    forward_dtypes: list[torch.dtype]  # output dtype of the first layer at each call
+    scale_before: float
+    scale_after: float
+    gradients_cleared: bool
+
+    @property
+    def update_error(self) -> float:
+        """Distance between the two updates, relative to the reference update's size."""
+        reference = self.reference_update.norm().item()
+        return (self.update - self.reference_update).norm().item() / max(reference, 1e-12)
+
+
+def run_amp_step_against_fp32(
+    amp_step: Callable[..., Any],
+    device: torch.device | str = "cpu",
+    *,
+    init_scale: float = 2.0**12,
+    max_norm: float = 0.1,
+    lr: float = 0.1,
+    dtype: torch.dtype = torch.float16,
+) -> AmpStepRun:
+    """Run ``amp_step(model, optimizer, scaler, inputs, targets, dtype, max_norm)`` once
+    on a small MLP with SGD and a fresh ``GradScaler(init_scale=...)``, and the same step
+    in float32 without a scaler (cross-entropy, gradients clipped to ``max_norm``, SGD)
+    from the same weights. A huge ``init_scale`` (2**100) makes the scaled fp16 gradients
+    overflow, so a correct step is skipped. Used by notebook 04's exercise check."""
+    device = torch.device(device)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    start, reference = copy.deepcopy(net), copy.deepcopy(net)
+    inputs = torch.randn(16, 32, device=device)
+    targets = torch.randint(0, 10, (16,), device=device)
+    dtypes: list[torch.dtype] = []
+    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    loss = amp_step(net, optimizer, scaler, inputs, targets, dtype, max_norm)
+    reference_loss = nn.functional.cross_entropy(reference(inputs), targets)
+    reference_loss.backward()
+    nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+    torch.optim.SGD(reference.parameters(), lr=lr).step()
+
+    def moved(model: nn.Module) -> torch.Tensor:
+        pairs = zip(model.parameters(), start.parameters(), strict=True)
+        return torch.cat([(p - s).detach().flatten().float().cpu() for p, s in pairs])
+
+    return AmpStepRun(
+        loss=float(torch.as_tensor(loss).float().item()),
+        reference_loss=reference_loss.item(),
+        update=moved(net),
+        reference_update=moved(reference),
+        forward_dtypes=dtypes,
+        scale_before=init_scale,
+        scale_after=scaler.get_scale(),
+        gradients_cleared=all(p.grad is None for p in net.parameters()),
+    )

@@ -181,3 +181,49 @@ def test_breakdown_on_a_gpu_uses_the_allocator_and_static_bytes_stay_exact():
     ratio = breakdown.activations / breakdown.activations_estimate
     # the allocator also sees temporaries and gradients of activations: a wider band
     assert 0.5 <= ratio <= 3.0, ratio
+
+
+def _overflowing_loss(logits, targets):
+    """d loss / d logit = 1: scaled by a GradScaler's initial 2**16, above fp16's largest
+    number (65504), so the fp16 gradient of the logits is inf, as a T4's first steps of
+    a fresh model often are (scaled gradients of 7.7e4 to 8.1e4 in ResNet-18's conv1)."""
+    return logits.float().sum()
+
+
+def test_fp16_optimizer_state_is_measured_after_a_step_that_was_taken():
+    torch.manual_seed(0)
+    batch = random_batch(4, "cpu", image_size=8)
+    config = TrainConfig(precision="fp16", optimizer="adam", lr=1e-3)
+    # the fault: on the first step the scaled fp16 gradients overflow and the scaler skips
+    # optimizer.step(), so the optimizer has no state yet and the scale is halved
+    skipped = TrainStep(
+        build_model("mlp", in_features=192, hidden=8), "cpu", config, loss_fn=_overflowing_loss
+    )
+    skipped(batch)
+    assert optimizer_state_bytes(skipped.optimizer) == 0 and skipped.scaler.get_scale() == 2**15
+    # the breakdown steps until a step is taken and reads the state then
+    model = build_model("mlp", in_features=192, hidden=8)
+    step = TrainStep(model, "cpu", config, loss_fn=_overflowing_loss)
+    breakdown = memory_breakdown(step, batch, estimate=False)
+    assert step.scaler.get_scale() < 2**16 and step.steps >= 2, "skipped steps, then one taken"
+    assert breakdown.optimizer_state == expected_optimizer_state_bytes(model, "adam") > 0
+
+
+def test_step_until_taken_gives_up_when_every_step_overflows():
+    from course_utils.footprint import step_until_taken
+
+    step = TrainStep(
+        build_model("mlp", in_features=192, hidden=8),
+        "cpu",
+        TrainConfig(precision="fp16", optimizer="adam"),
+        loss_fn=lambda logits, targets: logits.float().sum() * float("inf"),
+    )
+    with pytest.raises(RuntimeError, match="skipped all 3 steps"):
+        step_until_taken(step, random_batch(2, "cpu", image_size=8), max_steps=3)
+    assert optimizer_state_bytes(step.optimizer) == 0
+    fp32 = TrainStep(
+        build_model("mlp", in_features=192, hidden=8),
+        "cpu",
+        TrainConfig(precision="fp32", optimizer="adam"),
+    )
+    assert step_until_taken(fp32, random_batch(2, "cpu", image_size=8)) == 1

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from course_utils.classroom import CheckFailed, check, check_close, passed
 from course_utils.data import SyntheticImages
 from course_utils.models import build_model, checkpoint_blocks, uncheckpoint_blocks
 from course_utils.training import TrainConfig, TrainStep, evaluate, train
@@ -228,3 +230,182 @@ def test_accumulation_equals_one_big_batch_for_the_transformer():
         TrainConfig(precision="fp32", accumulation_steps=4), model, batch
     )
     _assert_same(whole, accumulated, atol=1e-5)
+
+
+# ------------------------------------------- notebook 04's written-out steps = TrainStep
+
+NOTEBOOK_04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_memory_efficient_models.ipynb"
+
+
+def _notebook_04_cells(*ids, **names):
+    """Run notebook 04's cells ``ids`` in a fresh namespace (with ``names``); return it."""
+    import nbformat
+
+    from course_utils.techniques import run_amp_step_against_fp32
+
+    cells = {c.get("id"): c.source for c in nbformat.read(NOTEBOOK_04, as_version=4).cells}
+    namespace = {
+        "torch": torch,
+        "nn": torch.nn,
+        "build_model": build_model,
+        "device": torch.device("cpu"),
+        "LOOP_WIDTH": 8,
+        "check": check,
+        "check_close": check_close,
+        "passed": passed,
+        "run_amp_step_against_fp32": run_amp_step_against_fp32,
+        **names,
+    }
+    for cell_id in ids:
+        exec(compile(cells[cell_id], f"notebook 04, cell {cell_id}", "exec"), namespace)
+    return namespace
+
+
+def _after_one_sgd_step(step_fn, model, batch):
+    """The loss and the weights after ``step_fn(model, SGD, inputs, targets)``."""
+    model = copy.deepcopy(model)
+    loss = step_fn(model, torch.optim.SGD(model.parameters(), lr=0.05), *batch)
+    return loss, [p.detach().clone() for p in model.parameters()], model
+
+
+def _same_step(cell_step, config, atol, model=None, batch=None, steps=1):
+    torch.manual_seed(0)
+    model = model or build_model("small_cnn", width=8)
+    batch = batch or _batch(8)
+    mine, reference = copy.deepcopy(model), copy.deepcopy(model)
+    optimizer = torch.optim.SGD(mine.parameters(), lr=0.05)
+    package = TrainStep(reference, "cpu", config)
+    for _ in range(steps):
+        loss = cell_step(mine, optimizer, *batch)
+        package_loss = package(batch)
+        assert abs(loss.item() - package_loss.item()) <= atol, (loss, package_loss)
+    # one SGD step moves each weight by -lr * its gradient: same weights, same gradients
+    for (name, a), b in zip(mine.named_parameters(), package.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=atol, rtol=0), name
+    assert all(p.grad is None for p in mine.parameters()), "zero_grad(set_to_none=True)"
+    return mine, package
+
+
+def test_notebook_04_plain_loop_is_train_step_in_fp32():
+    ns = _notebook_04_cells("nb04-41")
+    _same_step(ns["train_step"], TrainConfig(precision="fp32", optimizer="sgd", lr=0.05), 1e-6)
+
+
+def test_notebook_04_amp_cell_is_train_step_in_bf16_and_fp16():
+    ns = _notebook_04_cells("nb04-44")
+    assert ns["amp_dtype"] == torch.bfloat16 and not ns["scaler"].is_enabled()  # on a CPU
+    _same_step(ns["amp_train_step"], TrainConfig(precision="bf16", optimizer="sgd", lr=0.05), 1e-6)
+    # the T4 branch of the cell, run on the CPU: fp16 with a GradScaler, two steps
+    ns["amp_dtype"], ns["scaler"] = torch.float16, torch.amp.GradScaler("cpu")
+    _, package = _same_step(
+        ns["amp_train_step"], TrainConfig(precision="fp16", optimizer="sgd", lr=0.05), 1e-5, steps=2
+    )
+    assert ns["scaler"].get_scale() == package.scaler.get_scale()
+
+
+def test_notebook_04_checkpoint_cell_is_train_step_with_checkpointing():
+    ns = _notebook_04_cells("nb04-47")
+    config = TrainConfig(precision="fp32", optimizer="sgd", lr=0.05, checkpointing=True)
+    mine, package = _same_step(ns["checkpointed_train_step"], config, 1e-6)
+    assert package.checkpointed == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+    # and the same as the plain loop: checkpointing changes memory, not the result
+    plain, _ = _same_step(
+        _notebook_04_cells("nb04-41")["train_step"], TrainConfig(precision="fp32", lr=0.05), 1e-6
+    )
+    for a, b in zip(mine.parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_notebook_04_channels_last_cell_is_train_step_with_channels_last():
+    ns = _notebook_04_cells("nb04-41")
+    torch.manual_seed(0)
+    model = build_model("small_cnn", width=8).to(memory_format=torch.channels_last)
+    inputs, targets = _batch(8)
+    batch = (inputs.to(memory_format=torch.channels_last), targets)
+    config = TrainConfig(precision="fp32", optimizer="sgd", lr=0.05, channels_last=True)
+    mine, _ = _same_step(ns["train_step"], config, 1e-5, model=model, batch=batch)
+    assert mine.blocks[0][0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def _wrong_amp_steps():
+    """Common mistakes in notebook 04's exercise (c), each with the feedback it gets."""
+    ce = torch.nn.functional.cross_entropy
+
+    def no_autocast(model, optimizer, scaler, x, y, dtype, max_norm):
+        loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def clip_scaled(model, optimizer, scaler, x, y, dtype, max_norm):
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # before unscale_
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def unscaled_loss(model, optimizer, scaler, x, y, dtype, max_norm):
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = ce(model(x), y)
+        loss.backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def optimizer_step_itself(model, optimizer, scaler, x, y, dtype, max_norm):
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def no_update(model, optimizer, scaler, x, y, dtype, max_norm):
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def no_clipping(model, optimizer, scaler, x, y, dtype, max_norm):
+        with torch.autocast(x.device.type, dtype=dtype):
+            loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return [
+        (no_autocast, CheckFailed, "torch.autocast"),
+        (clip_scaled, CheckFailed, "unscale_"),
+        (unscaled_loss, AssertionError, "scaler.scale"),  # GradScaler's own: _scale is None
+        (no_clipping, CheckFailed, "away from a float32 step"),
+        (optimizer_step_itself, CheckFailed, "must be skipped"),
+        (no_update, CheckFailed, "scale must be halved"),
+    ]
+
+
+def test_notebook_04_amp_exercise_passes_the_solution_and_fails_each_mistake():
+    ns = _notebook_04_cells("nb04-62", "nb04-63")  # the solution, then its check
+    solution = ns["amp_step"]
+    for wrong, error, feedback in _wrong_amp_steps():
+        with pytest.raises(error, match=feedback):
+            _notebook_04_cells("nb04-63", amp_step=wrong)
+    assert ns["amp_step"] is solution
