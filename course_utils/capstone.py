@@ -129,6 +129,7 @@ def run_recipe(
     warmup: int = 1,
     width: int = 32,
     repeats: int = 1,
+    cpu_threads: int | None = None,
 ) -> RecipeRun:
     """Train a ``small_cnn`` with ``recipe`` on ``data`` for about ``samples`` samples (plus
     ``warmup`` untimed steps) and return the profile. ``width`` is the model's width
@@ -138,8 +139,28 @@ def run_recipe(
 
     The decoding of ``decode="once"`` happens before the loop and is not timed: it is paid
     once per training run, not once per epoch (the notebook measures it separately).
+    ``cpu_threads`` sets PyTorch's CPU threads for the run on a CPU (``None``: unchanged;
+    see :func:`run_loop` for why a loaded machine is better measured with one).
     """
     device = torch.device(device)
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _run_recipe(recipe, data, device, samples, warmup, width, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_recipe(
+    recipe: Recipe,
+    data: EncodedImages,
+    device: torch.device,
+    samples: int,
+    warmup: int,
+    width: int,
+    repeats: int,
+) -> RecipeRun:
     torch.manual_seed(0)
     step = TrainStep(
         build_model("small_cnn", width=width), device, TrainConfig(precision=recipe.precision)
@@ -285,6 +306,7 @@ def run_loop(
     samples: int = 512,
     width: int = 32,
     warmup: int = 1,
+    cpu_threads: int | None = 1,
 ) -> LoopRun:
     """Run ``loop`` on a fresh ``small_cnn`` (seed 0) for about ``samples`` samples (at
     least 3 steps, after ``warmup`` untimed steps) and measure it.
@@ -293,6 +315,12 @@ def run_loop(
     (on the CPU: the loop copies them itself), timing the wait for each; the loop's body is
     not synchronized per step, and the device is synchronized at the end, so the wall time
     is honest on a GPU too.
+
+    On a CPU the loop runs with ``cpu_threads`` PyTorch threads (``None``: leave the
+    setting alone). One is the default because on a machine whose cores are busy with
+    other programs, multi-threaded kernels wait for each other: on a loaded 2-core machine
+    the same loops ran many times slower with two threads than with one, and their ratio
+    swung with the load.
     """
     device = torch.device(device)
     torch.manual_seed(0)
@@ -313,11 +341,17 @@ def run_loop(
         steps = max(3, samples // batch_size)
         return profiler.iterate(_epochs(loader), max_steps=steps + warmup)
 
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
     sample(_gpu_index(device))  # starts the CPU-utilization interval
     start = time.perf_counter()
-    with _spies() as counts:
-        losses = loop(data, model, device, timed)
-    sync()
+    try:
+        with _spies() as counts:
+            losses = loop(data, model, device, timed)
+        sync()
+    finally:
+        torch.set_num_threads(threads)
     total = time.perf_counter() - start
     reading = sample(_gpu_index(device))
     values = [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses or []]
@@ -343,13 +377,16 @@ def compare_loops(
     samples: int = 512,
     width: int = 32,
     rounds: int = 3,
+    cpu_threads: int | None = 1,
 ) -> list[LoopRun]:
     """The fastest of ``rounds`` runs of each loop, taken in turns (A, B, A, B, ...), as
     :func:`compare_recipes` does for recipes."""
     best: list[LoopRun | None] = [None] * len(loops)
     for _ in range(rounds):
         for index, loop in enumerate(loops):
-            run = run_loop(loop, data, device, samples=samples, width=width)
+            run = run_loop(
+                loop, data, device, samples=samples, width=width, cpu_threads=cpu_threads
+            )
             kept = best[index]
             if kept is None or run.samples_per_s > kept.samples_per_s:
                 best[index] = run
