@@ -28,8 +28,11 @@ with an error. Logging and checkpoints happen on rank 0 only.
 
 Also here: :func:`equivalence_check` (DDP on W processes with per-rank batch B ends with the
 same parameters as one process with batch W*B), :func:`measure_scaling`,
-:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline) and
-:class:`SplitModel`. Notebook 06 ("Multi-GPU") teaches this module.
+:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline),
+:class:`SplitModel`, :func:`launch_nodes` (several torchrun "nodes" at once, a multi-node
+job on one machine) and :func:`run_as_ranks` (a function run as N forked gloo ranks with
+torchrun's environment, for the notebook's DDP exercise). Notebook 06 ("Multi-GPU")
+teaches this module.
 """
 
 from __future__ import annotations
@@ -655,6 +658,8 @@ def run_as_ranks(
     Fork (Linux) lets ``fn`` be a function defined in a notebook. When one rank fails the
     others are stopped (as torchrun does), and all are after ``timeout_s``. The spies record
     which ranks call ``torch.save`` and what they pass to ``DistributedSampler.set_epoch``.
+    A ``NotImplementedError`` in a rank (an exercise not answered yet) is raised here too,
+    so that a grader reports it as such.
     """
     import multiprocessing
 
@@ -696,6 +701,8 @@ def run_as_ranks(
         files = sorted(report.glob("error-*.txt"), key=lambda path: path.stat().st_mtime_ns)
         errors = {int(path.stem.split("-")[1]): path.read_text() for path in files}
         errors.update({rank: why for rank, why in stopped.items() if rank not in errors})
+        if any(text.split(": ", 2)[1:2] == ["NotImplementedError"] for text in errors.values()):
+            raise NotImplementedError(next(iter(errors.values())))
         return RanksRun(
             exit_codes=codes,
             errors=errors,

@@ -124,6 +124,12 @@ def test_run_as_ranks_stops_the_others_when_one_rank_fails(tmp_path):
     assert not run.ok and run.exit_codes[1] == 1
     assert run.first_error() == "rank 1: ValueError: rank 1 fails on purpose"
     assert time.monotonic() - start < 30  # not the gloo timeout (30 min by default)
+    with pytest.raises(NotImplementedError, match="rank 0"):  # an unanswered exercise
+        run_as_ranks(_not_answered, 2, timeout_s=SAFETY_NET_S)
+
+
+def _not_answered():
+    raise NotImplementedError()
 
 
 def test_ddp_check_cli_runs_torchrun_and_prints_the_difference_last():
