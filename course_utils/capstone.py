@@ -312,9 +312,9 @@ def run_loop(
     least 3 steps, after ``warmup`` untimed steps) and measure it.
 
     ``timed(loader)`` hands the loop the loader's batches, epoch after epoch, as they come
-    (on the CPU: the loop copies them itself), timing the wait for each; the loop's body is
-    not synchronized per step, and the device is synchronized at the end, so the wall time
-    is honest on a GPU too.
+    (on the CPU: the loop copies them itself), timing the wait for each. On a GPU the
+    loop's steps are not synchronized one by one (a per-step ``.item()`` must show its
+    cost), and the device is synchronized at the end, so the wall time is honest.
 
     On a CPU the loop runs with ``cpu_threads`` PyTorch threads (``None``: leave the
     setting alone). One is the default because on a machine whose cores are busy with
@@ -334,7 +334,9 @@ def run_loop(
     )
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
-    profiler = StepProfiler("cpu", warmup=warmup, synchronize=False, sync=sync)
+    # batches stay where the loader puts them ("cpu": the loop copies them itself); on a GPU
+    # the steps are not synchronized one by one (that would hide the cost of .item())
+    profiler = StepProfiler("cpu", warmup=warmup, synchronize=device.type == "cpu", sync=sync)
 
     def timed(loader: Any) -> Iterator[Any]:
         batch_size = getattr(loader, "batch_size", None) or 1
@@ -355,9 +357,11 @@ def run_loop(
     total = time.perf_counter() - start
     reading = sample(_gpu_index(device))
     values = [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses or []]
+    profile = profiler.report()
+    profile.device = str(device)
     return LoopRun(
         name=getattr(loop, "__name__", "loop"),
-        profile=profiler.report(),
+        profile=profile,
         losses=values,
         loss_before=before,
         loss_after=_fixed_batch_loss(model, fixed, device),
