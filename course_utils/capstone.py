@@ -20,12 +20,23 @@ habit from real code:
 and times every step with :class:`~course_utils.profiling.StepProfiler` (data wait, copy,
 compute), reading :func:`~course_utils.monitor.sample` around the run. On a CPU the
 GPU-only knobs change nothing, and the run says so.
+
+:func:`run_loop` and :func:`compare_loops` measure a training loop written in the notebook
+(the slow loop of the lesson, the learner's fixed loop): a loop is a function
+``loop(data, model, device, timed)`` that builds its own DataLoader and optimizer and
+iterates ``for inputs, targets in timed(loader)``; ``timed`` stops after the run's sample
+budget and times the wait for each batch. Spies count ``.item()`` on autograd results (the
+loss) and ``torch.cuda.empty_cache()`` calls, and the loss on a fixed batch is taken before
+and after, so a check can see what a CPU cannot time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+import copy
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,6 +47,7 @@ from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
 from course_utils.profiling import LoopProfile, StepProfiler
+from course_utils.timing import synchronizer
 from course_utils.training import TrainConfig, TrainStep
 
 
@@ -122,6 +134,7 @@ def run_recipe(
     warmup: int = 1,
     width: int = 32,
     repeats: int = 1,
+    cpu_threads: int | None = None,
 ) -> RecipeRun:
     """Train a ``small_cnn`` with ``recipe`` on ``data`` for about ``samples`` samples (plus
     ``warmup`` untimed steps) and return the profile. ``width`` is the model's width
@@ -131,8 +144,28 @@ def run_recipe(
 
     The decoding of ``decode="once"`` happens before the loop and is not timed: it is paid
     once per training run, not once per epoch (the notebook measures it separately).
+    ``cpu_threads`` sets PyTorch's CPU threads for the run on a CPU (``None``: unchanged;
+    see :func:`run_loop` for why a loaded machine is better measured with one).
     """
     device = torch.device(device)
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _run_recipe(recipe, data, device, samples, warmup, width, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_recipe(
+    recipe: Recipe,
+    data: EncodedImages,
+    device: torch.device,
+    samples: int,
+    warmup: int,
+    width: int,
+    repeats: int,
+) -> RecipeRun:
     torch.manual_seed(0)
     step = TrainStep(
         build_model("small_cnn", width=width), device, TrainConfig(precision=recipe.precision)
@@ -198,6 +231,168 @@ def compare_recipes(
     for _ in progress.track(range(rounds), "capstone recipes", unit="round"):
         for index, recipe in enumerate(recipes):
             run = run_recipe(recipe, data, device, samples=samples, width=width)
+            kept = best[index]
+            if kept is None or run.samples_per_s > kept.samples_per_s:
+                best[index] = run
+    return [run for run in best if run is not None]
+
+
+# --------------------------------------------------------------------------- loops
+
+
+#: A training loop to measure: ``loop(data, model, device, timed) -> losses``.
+Loop = Callable[[EncodedImages, torch.nn.Module, torch.device, Callable[[Any], Any]], Any]
+
+
+@dataclass
+class LoopRun:
+    """What :func:`run_loop` measured for one training loop."""
+
+    name: str
+    profile: LoopProfile
+    losses: list[float]
+    loss_before: float  # mean loss on a fixed batch of the training images, before ...
+    loss_after: float  # ... and after the loop
+    item_calls: int  # ``.item()`` on tensors with a grad_fn (the loss), during the loop
+    empty_cache_calls: int
+    total_s: float  # the whole call, one-time work (pre-decoding, workers) included
+    monitor: Any = field(default=None)  # a monitor reading taken at the end
+    device: str = "cpu"
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput of the timed steps (after the warm-up step)."""
+        return self.profile.samples_per_s
+
+
+@contextmanager
+def _spies() -> Iterator[dict[str, int]]:
+    """Count ``Tensor.item`` on autograd results and ``torch.cuda.empty_cache`` calls."""
+    counts = {"item": 0, "empty_cache": 0}
+    item, empty_cache = torch.Tensor.item, torch.cuda.empty_cache
+
+    def counting_item(tensor: torch.Tensor) -> Any:
+        if tensor.grad_fn is not None:  # a loss, not a GradScaler's internal flag
+            counts["item"] += 1
+        return item(tensor)
+
+    def counting_empty_cache() -> None:
+        counts["empty_cache"] += 1
+        empty_cache()
+
+    torch.Tensor.item = counting_item  # type: ignore[method-assign,assignment]
+    torch.cuda.empty_cache = counting_empty_cache
+    try:
+        yield counts
+    finally:
+        torch.Tensor.item = item  # type: ignore[method-assign]
+        torch.cuda.empty_cache = empty_cache
+
+
+def _fixed_batch_loss(
+    model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
+) -> float:
+    model.eval()
+    with torch.no_grad():
+        logits = model(batch[0].to(device)).float()
+        loss = torch.nn.functional.cross_entropy(logits, batch[1].to(device))
+    model.train()
+    return float(loss.cpu())
+
+
+def run_loop(
+    loop: Loop,
+    data: EncodedImages,
+    device: torch.device | str = "cpu",
+    *,
+    samples: int = 512,
+    width: int = 32,
+    warmup: int = 1,
+    cpu_threads: int | None = 1,
+) -> LoopRun:
+    """Run ``loop`` on a fresh ``small_cnn`` (seed 0) for about ``samples`` samples (at
+    least 3 steps, after ``warmup`` untimed steps) and measure it.
+
+    ``timed(loader)`` hands the loop the loader's batches, epoch after epoch, as they come
+    (on the CPU: the loop copies them itself), timing the wait for each. On a GPU the
+    loop's steps are not synchronized one by one (a per-step ``.item()`` must show its
+    cost), and the device is synchronized at the end, so the wall time is honest.
+
+    On a CPU the loop runs with ``cpu_threads`` PyTorch threads (``None``: leave the
+    setting alone). One is the default because on a machine whose cores are busy with
+    other programs, multi-threaded kernels wait for each other: on a loaded 2-core machine
+    the same loops ran many times slower with two threads than with one, and their ratio
+    swung with the load.
+    """
+    device = torch.device(device)
+    torch.manual_seed(0)
+    model = build_model("small_cnn", width=width).to(device)
+    plain = copy.copy(data)  # the same images, centre crop, no flip
+    plain.augment = False
+    count = min(len(data), 64)
+    fixed = (
+        torch.stack([plain[i][0] for i in range(count)]),
+        torch.tensor(data.labels[:count]),
+    )
+    before = _fixed_batch_loss(model, fixed, device)
+    sync = synchronizer(device)
+    # batches stay where the loader puts them ("cpu": the loop copies them itself); on a GPU
+    # the steps are not synchronized one by one (that would hide the cost of .item())
+    profiler = StepProfiler("cpu", warmup=warmup, synchronize=device.type == "cpu", sync=sync)
+
+    def timed(loader: Any) -> Iterator[Any]:
+        batch_size = getattr(loader, "batch_size", None) or 1
+        steps = max(3, samples // batch_size)
+        return profiler.iterate(_epochs(loader), max_steps=steps + warmup)
+
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    sample(_gpu_index(device))  # starts the CPU-utilization interval
+    start = time.perf_counter()
+    try:
+        with _spies() as counts:
+            losses = loop(data, model, device, timed)
+        sync()
+    finally:
+        torch.set_num_threads(threads)
+    total = time.perf_counter() - start
+    reading = sample(_gpu_index(device))
+    values = [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses or []]
+    profile = profiler.report()
+    profile.device = str(device)
+    return LoopRun(
+        name=getattr(loop, "__name__", "loop"),
+        profile=profile,
+        losses=values,
+        loss_before=before,
+        loss_after=_fixed_batch_loss(model, fixed, device),
+        item_calls=counts["item"],
+        empty_cache_calls=counts["empty_cache"],
+        total_s=total,
+        monitor=reading,
+        device=str(device),
+    )
+
+
+def compare_loops(
+    loops: list[Loop],
+    data: EncodedImages,
+    device: torch.device | str = "cpu",
+    *,
+    samples: int = 512,
+    width: int = 32,
+    rounds: int = 3,
+    cpu_threads: int | None = 1,
+) -> list[LoopRun]:
+    """The fastest of ``rounds`` runs of each loop, taken in turns (A, B, A, B, ...), as
+    :func:`compare_recipes` does for recipes."""
+    best: list[LoopRun | None] = [None] * len(loops)
+    for _ in range(rounds):
+        for index, loop in enumerate(loops):
+            run = run_loop(
+                loop, data, device, samples=samples, width=width, cpu_threads=cpu_threads
+            )
             kept = best[index]
             if kept is None or run.samples_per_s > kept.samples_per_s:
                 best[index] = run

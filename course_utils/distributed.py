@@ -28,8 +28,11 @@ with an error. Logging and checkpoints happen on rank 0 only.
 
 Also here: :func:`equivalence_check` (DDP on W processes with per-rank batch B ends with the
 same parameters as one process with batch W*B), :func:`measure_scaling`,
-:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline) and
-:class:`SplitModel`. Notebook 06 ("Multi-GPU") teaches this module.
+:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline),
+:class:`SplitModel`, :func:`launch_nodes` (several torchrun "nodes" at once, a multi-node
+job on one machine) and :func:`run_as_ranks` (a function run as N forked gloo ranks with
+torchrun's environment, for the notebook's DDP exercise). Notebook 06 ("Multi-GPU")
+teaches this module.
 """
 
 from __future__ import annotations
@@ -197,6 +200,57 @@ def launch(
                 f"torchrun did not finish in {timeout_s:g} s; last: {failure_summary(output)}"
             ) from None
         return subprocess.CompletedProcess(list(command), process.returncode, output, "")
+
+
+def launch_nodes(
+    commands: Sequence[Sequence[str]], timeout_s: float, env: dict[str, str] | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start several torchrun agents at once (one per "node", here all on this machine)
+    and wait for all of them; kill every one of them if they outlive ``timeout_s``.
+
+    Multi-node on one machine: each command is ``torchrun --nnodes=N ...`` with the same
+    c10d rendezvous endpoint; they meet there and agree on the ranks. Each agent writes to
+    its own file, not a pipe (a full pipe would stall one node and so the whole job).
+    Raises ``RuntimeError`` on timeout, with the end of every node's output.
+    """
+    timed_out = False
+    with tempfile.TemporaryDirectory(prefix="nodes-") as folder, contextlib.ExitStack() as stack:
+        logs = [
+            stack.enter_context(open(Path(folder) / f"node-{n}.txt", "w+"))
+            for n in range(len(commands))
+        ]
+        agents = [
+            subprocess.Popen(
+                list(command),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,  # its own process group: the workers die with it
+            )
+            for command, log in zip(commands, logs, strict=True)
+        ]
+        deadline = time.monotonic() + timeout_s
+        while any(agent.poll() is None for agent in agents):
+            if time.monotonic() > deadline:
+                timed_out = True
+                for agent in agents:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(agent.pid, signal.SIGKILL)
+                    agent.wait()
+                break
+            time.sleep(0.05)
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+    if timed_out:
+        tails = "; ".join(f"node {n}: {failure_summary(out)}" for n, out in enumerate(outputs))
+        raise RuntimeError(f"the {len(agents)} nodes did not finish in {timeout_s:g} s ({tails})")
+    return [
+        subprocess.CompletedProcess(list(command), agent.returncode, output, "")
+        for command, agent, output in zip(commands, agents, outputs, strict=True)
+    ]
 
 
 def failure_summary(output: str) -> str:
@@ -494,6 +548,7 @@ def measure_scaling(
                 "processes": count,
                 "device": summary["device"],
                 "samples_per_s": summary["samples_per_s"],
+                "global_batch": summary["global_batch"],  # per-process batch x processes
             }
         )
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
@@ -521,6 +576,145 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
     ax.set_title(f"DDP scaling, {label}", fontsize=9)
     ax.legend()
     return ax
+
+
+# --------------------------------------------------------------------------- ranks by fork
+
+
+@dataclass
+class RanksRun:
+    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: killed when it ran
+    too long or when another rank failed), error and output, and two spies: which ranks
+    called ``torch.save`` and the epochs each rank passed to ``sampler.set_epoch``."""
+
+    exit_codes: list[int | None]
+    errors: dict[int, str]
+    outputs: dict[int, str]
+    saved_by: list[int]
+    set_epoch_calls: dict[int, list[int]]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.exit_codes)
+
+    def first_error(self) -> str:
+        """The first failed rank's error (or why it was stopped), one line."""
+        if self.errors:
+            return next(iter(self.errors.values()))
+        failed = [rank for rank, code in enumerate(self.exit_codes) if code != 0]
+        return (
+            f"rank {failed[0]} ended with exit code {self.exit_codes[failed[0]]}" if failed else ""
+        )
+
+
+def _rank_main(
+    fn: Any, rank: int, world_size: int, port: int, folder: str, args: tuple[Any, ...]
+) -> None:
+    """One forked rank: torchrun's environment variables, one thread, the spies, ``fn``."""
+    report = Path(folder)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
+    with open(report / f"output-{rank}.txt", "w") as log:
+        sys.stdout = sys.stderr = log
+        original_save, original_set_epoch = torch.save, DistributedSampler.set_epoch
+
+        def save(*save_args: Any, **kwargs: Any) -> Any:
+            (report / f"saved-by-{rank}").touch()
+            return original_save(*save_args, **kwargs)
+
+        def set_epoch(sampler: Any, epoch: int) -> None:
+            with open(report / f"set-epoch-{rank}.txt", "a") as calls:
+                calls.write(f"{epoch}\n")
+            original_set_epoch(sampler, epoch)
+
+        torch.save = save
+        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign,assignment]
+        code = 0
+        try:
+            fn(*args)
+        except BaseException as error:  # reported to the parent, which decides
+            (report / f"error-{rank}.txt").write_text(
+                f"rank {rank}: {type(error).__name__}: {error}"
+            )
+            code = 1
+        log.flush()
+    os._exit(code)  # skip the parent's exit handlers (a Jupyter kernel's, for example)
+
+
+def run_as_ranks(
+    fn: Any, world_size: int = 2, args: Sequence[Any] = (), timeout_s: float = 60.0
+) -> RanksRun:
+    """Run ``fn(*args)`` in ``world_size`` forked CPU processes, as torchrun would start a
+    script: each gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``PORT``
+    (127.0.0.1, a free port), so ``dist.init_process_group("gloo")`` works unchanged.
+
+    Fork (Linux) lets ``fn`` be a function defined in a notebook. When one rank fails the
+    others are stopped (as torchrun does), and all are after ``timeout_s``. The spies record
+    which ranks call ``torch.save`` and what they pass to ``DistributedSampler.set_epoch``.
+    A ``NotImplementedError`` in a rank (an exercise not answered yet) is raised here too,
+    so that a grader reports it as such.
+    """
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
+        port = free_port()
+        ranks = [
+            context.Process(
+                target=_rank_main, args=(fn, rank, world_size, port, folder, tuple(args))
+            )
+            for rank in range(world_size)
+        ]
+        for process in ranks:
+            process.start()
+        deadline = time.monotonic() + timeout_s
+        while any(p.exitcode is None for p in ranks) and time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for p in ranks):
+                break  # one failed: stop the rest instead of letting them wait for it
+            time.sleep(0.02)
+        stopped = {}
+        for rank, process in enumerate(ranks):
+            if process.exitcode is None:
+                process.kill()
+                stopped[rank] = (
+                    f"rank {rank} was stopped after {timeout_s:g} s (still waiting?)"
+                    if time.monotonic() >= deadline
+                    else f"rank {rank} was stopped because another rank failed"
+                )
+            process.join()
+        report = Path(folder)
+
+        def read(name: str) -> str | None:
+            path = report / name
+            return path.read_text() if path.exists() else None
+
+        codes = [None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)]
+        # the errors in the order they happened: the first is the cause, the rest follow
+        files = sorted(report.glob("error-*.txt"), key=lambda path: path.stat().st_mtime_ns)
+        errors = {int(path.stem.split("-")[1]): path.read_text() for path in files}
+        errors.update({rank: why for rank, why in stopped.items() if rank not in errors})
+        if any(text.split(": ", 2)[1:2] == ["NotImplementedError"] for text in errors.values()):
+            raise NotImplementedError(next(iter(errors.values())))
+        return RanksRun(
+            exit_codes=codes,
+            errors=errors,
+            outputs={rank: read(f"output-{rank}.txt") or "" for rank in range(world_size)},
+            saved_by=[rank for rank in range(world_size) if (report / f"saved-by-{rank}").exists()],
+            set_epoch_calls={
+                rank: [int(x) for x in (read(f"set-epoch-{rank}.txt") or "").split()]
+                for rank in range(world_size)
+            },
+            seconds=time.perf_counter() - start,
+        )
 
 
 # --------------------------------------------------------------------------- DataParallel

@@ -4,15 +4,21 @@ names the largest phase."""
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
 
 from course_utils.capstone import (
     SLOW,
     Recipe,
+    compare_loops,
     compare_recipes,
     largest_phase,
     make_data,
+    run_loop,
     run_recipe,
 )
+from course_utils.data import PreDecodedImages, augment_on_device
 from course_utils.profiling import LoopProfile, StepTimes
 
 
@@ -55,3 +61,58 @@ def test_compare_recipes_keeps_the_best_run_of_each_in_order():
                                  data, "cpu", samples=8, width=4, rounds=2)
     assert slow.recipe.batch_size == 4 and fast.recipe.decode == "once"
     assert slow.profile.num_steps == 3 and fast.profile.num_steps == 3
+
+
+def _habits_loop(data, model, device, timed):
+    """The notebook's slow loop, in short: per-sample decoding, .item(), empty_cache()."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for inputs, targets in timed(DataLoader(data, batch_size=4, shuffle=True)):
+        loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        torch.cuda.empty_cache()
+    return losses
+
+
+def _fixed_loop(data, model, device, timed, lr=0.05):
+    decoded = PreDecodedImages.from_encoded(data)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for images, labels in timed(DataLoader(decoded, batch_size=8, shuffle=True)):
+        images = augment_on_device(images.to(device), data.image_size)
+        loss = nn.functional.cross_entropy(model(images), labels.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def test_run_loop_times_the_data_wait_and_spies_on_the_habits():
+    data = make_data(24, stored_size=36)
+    threads = torch.get_num_threads()
+    slow = run_loop(_habits_loop, data, "cpu", samples=12, width=4)
+    assert torch.get_num_threads() == threads  # one thread during the run only
+    assert slow.profile.num_steps == 3 and slow.profile.samples == 12  # + 1 warm-up step
+    assert len(slow.losses) == 4 and slow.item_calls == 4 and slow.empty_cache_calls == 4
+    assert slow.profile.data_s > 0 and slow.name == "_habits_loop"
+    fast = run_loop(_fixed_loop, data, "cpu", samples=8 * 16, width=4)
+    assert fast.item_calls == 0 and fast.empty_cache_calls == 0
+    assert fast.profile.num_steps == 16 and len(fast.losses) == 17
+    # decoding left the loop: far less waiting per sample
+    assert fast.profile.data_s / fast.profile.samples < slow.profile.data_s / slow.profile.samples
+    assert fast.loss_after < 0.99 * fast.loss_before  # it trains ...
+    frozen = run_loop(lambda *args: _fixed_loop(*args, lr=0.0), data, "cpu", samples=32, width=4)
+    # ... and the notebook's check can fail: BatchNorm's running statistics still move
+    assert not frozen.loss_after < 0.99 * frozen.loss_before
+
+
+def test_compare_loops_keeps_the_best_run_of_each_in_order():
+    data = make_data(16, stored_size=36)
+    slow, fast = compare_loops([_habits_loop, _fixed_loop], data, "cpu", samples=8, width=4,
+                               rounds=2)
+    assert (slow.name, fast.name) == ("_habits_loop", "_fixed_loop")
+    assert slow.profile.samples == 12 and fast.profile.samples == 24  # at least 3 steps each

@@ -24,8 +24,10 @@ from course_utils.distributed import (
     data_parallel_report,
     free_port,
     launch,
+    launch_nodes,
     max_parameter_difference,
     reference_model,
+    run_as_ranks,
     split_batch_gradient_difference,
     split_model,
     torchrun_command,
@@ -41,16 +43,9 @@ def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
     rank 0 alone logs and saves, and the result equals one process on the 2x batch."""
     config = RunConfig(steps=4, batch_size=8, dataset_size=32, out=str(tmp_path))  # 2 epochs
     endpoint = f"localhost:{free_port()}"
-    agents = [
-        subprocess.Popen(
-            torchrun_command(train_command(config, "cpu"), 1, nnodes=2, rdzv_endpoint=endpoint),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    outputs = [agent.communicate(timeout=SAFETY_NET_S)[0] for agent in agents]
+    node = torchrun_command(train_command(config, "cpu"), 1, nnodes=2, rdzv_endpoint=endpoint)
+    agents = launch_nodes([node, node], SAFETY_NET_S)
+    outputs = [agent.stdout for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     logs = "\n".join(outputs)
     assert logs.count("[rank 0] step") == 4 and "[rank 1]" not in logs  # rank 0 logs, once
@@ -63,6 +58,78 @@ def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
     # and the check can fail: fewer steps in the reference give different parameters
     fewer = RunConfig(**{**config.__dict__, "steps": 3})
     assert max_parameter_difference(state, reference_model(fewer, world_size=2)) > 1e-4
+
+
+def test_launch_nodes_kills_every_node_when_they_outlive_the_timeout():
+    sleeper = [sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(60)"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="2 nodes did not finish in 1 s"):
+        launch_nodes([sleeper, sleeper], timeout_s=1)
+    assert time.monotonic() - start < 30
+
+
+def _ddp_setup(out_dir, epochs=2, batch_size=8, save_on_every_rank=False, set_epoch=True):
+    """The notebook's exercise: a DDP script's set-up, as a function (and two mistakes)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(build_model("mlp"))
+    data = SyntheticImages(size=64, seed=0)
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    if save_on_every_rank or dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), f"{out_dir}/ddp_model.pt")
+    dist.destroy_process_group()
+
+
+def _fails_on_rank_one(out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.barrier()  # rank 0 waits here for a rank that never comes
+
+
+def test_run_as_ranks_runs_a_ddp_function_in_two_processes_and_spies_on_it(tmp_path):
+    run = run_as_ranks(_ddp_setup, 2, (str(tmp_path),), timeout_s=SAFETY_NET_S)
+    assert run.ok, run.first_error()
+    assert run.saved_by == [0] and run.set_epoch_calls == {0: [0, 1], 1: [0, 1]}
+    state = torch.load(tmp_path / "ddp_model.pt", weights_only=True)
+    config = RunConfig(model="mlp", steps=8, batch_size=8, dataset_size=64, lr=0.05)
+    assert max_parameter_difference(state, reference_model(config, world_size=2)) < 1e-5
+    # the spies see the mistakes the notebook's check names
+    wrong = run_as_ranks(_ddp_setup, 2, (str(tmp_path), 2, 8, True, False), SAFETY_NET_S)
+    assert wrong.ok and wrong.saved_by == [0, 1]
+    assert wrong.set_epoch_calls == {0: [], 1: []}
+    # and without set_epoch the second epoch repeats the first's order: other weights
+    state = torch.load(tmp_path / "ddp_model.pt", weights_only=True)
+    assert max_parameter_difference(state, reference_model(config, world_size=2)) > 1e-4
+
+
+def test_run_as_ranks_stops_the_others_when_one_rank_fails(tmp_path):
+    start = time.monotonic()
+    run = run_as_ranks(_fails_on_rank_one, 2, (str(tmp_path),), timeout_s=SAFETY_NET_S)
+    assert not run.ok and run.exit_codes[1] == 1
+    assert run.first_error() == "rank 1: ValueError: rank 1 fails on purpose"
+    assert time.monotonic() - start < 30  # not the gloo timeout (30 min by default)
+    with pytest.raises(NotImplementedError, match="rank 0"):  # an unanswered exercise
+        run_as_ranks(_not_answered, 2, timeout_s=SAFETY_NET_S)
+
+
+def _not_answered():
+    raise NotImplementedError()
 
 
 def test_ddp_check_cli_runs_torchrun_and_prints_the_difference_last():
