@@ -256,7 +256,7 @@ class LoopRun:
     item_calls: int  # ``.item()`` on tensors with a grad_fn (the loss), during the loop
     empty_cache_calls: int
     total_s: float  # the whole call, one-time work (pre-decoding, workers) included
-    monitor: Any = field(default=None)  # a monitor reading taken at the end
+    monitor: Reading | None = field(default=None)  # a monitor reading taken at the end
     device: str = "cpu"
 
     @property
@@ -348,7 +348,8 @@ def run_loop(
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
-    sample(_gpu_index(device))  # starts the CPU-utilization interval
+    gpu_index = nvml_index_of(device)  # NVML's number for the GPU that trains
+    sample(gpu_index)  # starts the CPU-utilization interval
     start = time.perf_counter()
     try:
         with _spies() as counts:
@@ -357,7 +358,7 @@ def run_loop(
     finally:
         torch.set_num_threads(threads)
     total = time.perf_counter() - start
-    reading = sample(_gpu_index(device))
+    reading = sample(gpu_index)
     values = [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses or []]
     profile = profiler.report()
     profile.device = str(device)
