@@ -172,13 +172,13 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
 )
 def test_cli_refuses_incomplete_settings_in_one_line(tmp_path, root, capsys, argv):
     copy_course(root, tmp_path)
-    assert main(["badges", *argv, "--root", str(tmp_path)]) == 1
+    assert main(["badges", *argv, "--root", str(tmp_path)]) == 2  # bad input: exit 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
 
 
 def test_cli_without_a_checkout_says_so(tmp_path, capsys):
-    assert main(["badges", "--no-repo", "--root", str(tmp_path)]) == 1
+    assert main(["badges", "--no-repo", "--root", str(tmp_path)]) == 2
     assert "colab_setup.sh" in capsys.readouterr().err
 
 
