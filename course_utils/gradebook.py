@@ -208,11 +208,12 @@ def grade_tasks(
     *,
     out: Path | None,
     jobs: int,
-    progress: TextIO = sys.stdout,
+    progress: TextIO | None = None,
     resume: bool = True,
 ) -> list[dict[str, Any]]:
     """Grade the tasks, ``jobs`` at a time, keeping unchanged results found in ``out``;
     one progress line per submission. Returns the results in the order of ``tasks``."""
+    progress = progress or sys.stdout
     results: dict[int, dict[str, Any]] = {}
     if out is not None and resume:
         for number, task in enumerate(tasks):
@@ -324,11 +325,12 @@ def grade_class(
     sandbox: str = "auto",
     limits: sandboxes.Limits | None = None,
     resume: bool = True,
-    progress: TextIO = sys.stdout,
+    progress: TextIO | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Grade every learner's notebooks in ``submissions`` into ``out`` (see the module's
     documentation); return the results. Raises :class:`InputError` for bad folders."""
+    progress = progress or sys.stdout
     sources = instructor_notebooks(source)
     learners = find_submissions(submissions)
     jobs = jobs or cpu_count()
@@ -385,6 +387,8 @@ def grade_notebooks(
     for path in paths:
         read_notebook(path)
         instructor = source or default_source(path)
+        if instructor.is_dir():
+            instructor = instructor / path.name
         instructor_notebooks(instructor)  # a readable notebook with checks
         tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
     jobs = jobs or cpu_count()

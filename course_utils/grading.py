@@ -484,6 +484,8 @@ def grade_notebook(
     notebook of the same name in the course's ``notebooks/`` folder), in a sandbox when
     ``sandbox`` is ``auto`` (when bubblewrap works) or ``bwrap``."""
     source = source or default_source(submission)
+    if source.is_dir():
+        source = source / submission.name
     hidden = (str(submission.parent), str(source.parent))
     box = find_sandbox(sandbox, hidden, limits)
     report, _ = grade_submission(
@@ -510,9 +512,9 @@ def grade_submission(
     Raises :class:`~course_utils.student.InputError` for a file that is not a notebook or
     an instructor notebook without checks.
     """
+    learner = read_notebook(submission)
     if not source.is_file():
         raise InputError(f"no instructor notebook {source}: pass --source")
-    learner = read_notebook(submission)
     reference = read_notebook(source)
     expected = check_cells(reference)
     if not expected:

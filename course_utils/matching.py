@@ -10,8 +10,8 @@ grader then finds each exercise cell of the instructor's notebook in the submiss
      learner saw it (hidden parts removed), at least :data:`CHECK_ALIKE` alike;
    - a **solution** cell by the names it defines (``def``, ``class``, assignments): every
      name the instructor's solution defines;
-   - either, when it is the only candidate code cell left between the same two lesson
-     cells as in the instructor's notebook, by that place.
+   - a solution also by its place: the only code cell left between the same two lesson
+     (or exercise) cells as in the instructor's notebook.
    A cell between the same lesson cells as the instructor's is preferred; elsewhere a
    check must be :data:`CHECK_ALIKE_ELSEWHERE` alike.
 
@@ -148,6 +148,8 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
                 continue
             matches[gid] = Match(gid, role, index, how)
             free.discard(index)
+        if role == "check":  # a check is found by its text only: its place says nothing
+            continue
         for gid, gap in gaps.items():  # the only code cell left where it should be
             left = sorted(gap & free)
             alone = [g for g, other in gaps.items() if g not in matches and other == gap]
