@@ -74,7 +74,8 @@ def test_escapes_fail_and_the_rest_is_graded(tmp_path, bwrap):
         f"# write outside scratch\nopen({str(written)!r}, 'w').write('pwned')",
         f"# delete outside scratch\nimport os\nos.remove({str(canary)!r})",
         f"# the network\nimport socket\nsocket.create_connection(('127.0.0.1', {port}), 3)",
-        "# scratch is writable\nopen('notes.txt', 'w').write('mine')\nprint(open('notes.txt').read())",
+        "# scratch is writable\nopen('notes.txt', 'w').write('mine')\n"
+        "print(open('notes.txt').read())",
     ]
     learner = _submit(klass / "alice", _hostile(attempts))
     hidden = (str(klass), str(source.parent))
@@ -92,6 +93,8 @@ def test_escapes_fail_and_the_rest_is_graded(tmp_path, bwrap):
     assert errors["# write outside scratch"] in ("FileNotFoundError", "PermissionError", "OSError")
     assert errors["# delete outside scratch"] in ("FileNotFoundError", "PermissionError", "OSError")
     assert canary.read_text() == "still here" and not written.exists()
+    scratch = next(c for c in feedback.cells if c.source.startswith("# scratch"))
+    assert scratch.outputs[0]["text"] == "mine\n"
     with pytest.raises(BlockingIOError):  # nobody ever connected
         server.accept()
     server.close()
