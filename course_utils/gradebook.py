@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -182,6 +183,15 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     return result
 
 
+def _worker_start() -> None:
+    """Ctrl-C ends a worker at once, quietly: its sandbox dies with it (bubblewrap's
+    --die-with-parent), an unsandboxed kernel notices its parent is gone, and results are
+    written atomically, so the next run resumes cleanly."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     """The stored result of an unchanged submission, or None."""
     try:
@@ -245,13 +255,22 @@ def grade_tasks(
         for number in todo:
             report(number, grade_task(tasks[number], options, out))
     else:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        spawn = get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_worker_start) as pool:
             futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
             try:
                 for future in as_completed(futures):
                     report(futures[future], future.result())
-            except BaseException:
+            except BrokenProcessPool:
+                raise RuntimeError(
+                    f"a grading process was stopped (interrupted, or killed for memory) after "
+                    f"{done} of {len(tasks)}: run the same command again to resume"
+                ) from None
+            except BaseException:  # Ctrl-C, or an error: stop the workers now
+                workers = list(getattr(pool, "_processes", {}).values())
                 pool.shutdown(wait=False, cancel_futures=True)
+                for worker in workers:
+                    worker.terminate()
                 raise
     return [results[number] for number in range(len(tasks))]
 
