@@ -216,7 +216,7 @@ def _student(args: argparse.Namespace) -> int:
         return _bad_input(f"no such file or folder: {missing[0]}")
     try:
         written = make_student_versions(args.paths, args.out)
-    except InputError as error:
+    except (InputError, FileNotFoundError) as error:  # not a notebook; no notebooks
         return _bad_input(str(error))
     print(f"{len(written)} student notebook(s) written to {args.out}")
     return 0

@@ -68,10 +68,11 @@ def test_grade_class_in_parallel_then_resumes(course, tmp_path, capsys):
     assert main(args) == 0
     assert "3 unchanged since the last run (kept), 0 to grade" in capsys.readouterr().out
     write_notebook(_instructor(), klass / "bob" / "01_ex.ipynb")
+    (out / "results" / "alice" / "01_ex.json").unlink()  # as if interrupted before alice
     assert main(args) == 0
     out_text = capsys.readouterr().out
-    assert "2 unchanged since the last run (kept), 1 to grade" in out_text
-    assert "bob  01_ex.ipynb  3/3" in out_text
+    assert "1 unchanged since the last run (kept), 2 to grade" in out_text
+    assert "bob  01_ex.ipynb  3/3" in out_text and "alice  01_ex.ipynb  3/3" in out_text
     assert {row["learner"]: row["total"] for row in _rows(out / "gradebook.csv")} == \
         {"alice": "3", "bob": "3", "carol": "0"}
 
@@ -133,12 +134,15 @@ def test_bad_notebooks_are_one_line_and_exit_2(command, kind, course, tmp_path, 
         (["grade-class", "{klass}", "--source", "{missing}"], "no such file or folder"),
         (["grade", "{missing}/01_ex.ipynb"], "no such file"),
         (["student", "{missing}"], "no such file or folder"),
+        (["student", "{notes}"], "not a notebook"),
+        (["grade", "{notes}"], "not a notebook: broken JSON"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(args, message, course, tmp_path, capsys):
     source, klass = course
     names = {"sub": klass / "alice" / "01_ex.ipynb", "klass": klass,
-             "missing": tmp_path / "missing"}
+             "missing": tmp_path / "missing", "notes": tmp_path / "notes.txt"}
+    names["notes"].write_text("my notes, not a notebook")
     args = [arg.format(**names) for arg in args]
     if args[0] != "student" and "--source" not in args:
         args += ["--source", str(source)]
