@@ -169,7 +169,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     except InputError as error:
         result["error"] = str(error)
     except (RuntimeError, OSError) as error:  # the kernel did not start, a full disk
-        result["error"] = f"not graded: {' '.join(str(error).split())}"
+        result["error"] = " ".join(str(error).split())
     else:
         result["report"] = report.to_dict()
         if out is not None:
@@ -333,6 +333,23 @@ def write_gradebook(
     return book, checks
 
 
+def _options(
+    cell_timeout_s: float,
+    total_timeout_s: float,
+    sandbox: str,
+    limits: sandboxes.Limits | None,
+    jobs: int,
+    hidden: tuple[str, ...],
+) -> Options:
+    """The run's options: the sandbox found once here (said once if there is none), and
+    each kernel's share of the CPU threads."""
+    limits = limits or sandboxes.Limits()
+    box = find_sandbox(sandbox, hidden, limits)
+    threads = max(1, cpu_count() // jobs)
+    mode = "bwrap" if box else "none"
+    return Options(cell_timeout_s, total_timeout_s, mode, limits, threads, hidden)
+
+
 def grade_class(
     submissions: Path,
     source: Path,
@@ -354,15 +371,7 @@ def grade_class(
     learners = find_submissions(submissions)
     jobs = jobs or cpu_count()
     hidden = tuple(str(p) for p in (submissions, out, source, *sources.values()))
-    box = find_sandbox(sandbox, hidden, limits or sandboxes.Limits())
-    options = Options(
-        cell_timeout_s,
-        total_timeout_s,
-        "bwrap" if box else "none",
-        limits or sandboxes.Limits(),
-        max(1, cpu_count() // jobs),
-        hidden,
-    )
+    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
     tasks: list[Task] = []
     notes: dict[str, list[str]] = {}
     for learner, paths in learners.items():
@@ -411,19 +420,9 @@ def grade_notebooks(
         instructor_notebooks(instructor)  # a readable notebook with checks
         tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
     jobs = jobs or cpu_count()
-    hidden = tuple(
-        str(p)
-        for p in {*(Path(t.path).parent for t in tasks), *(Path(t.source).parent for t in tasks)}
-    )
-    box = find_sandbox(sandbox, hidden, limits or sandboxes.Limits())
-    options = Options(
-        cell_timeout_s,
-        total_timeout_s,
-        "bwrap" if box else "none",
-        limits or sandboxes.Limits(),
-        max(1, cpu_count() // jobs),
-        hidden + ((str(out),) if out else ()),
-    )
+    folders = {Path(path).parent for task in tasks for path in (task.path, task.source)}
+    hidden = tuple(str(folder) for folder in [*folders, *([out] if out else [])])
+    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
     results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=sys.stderr, resume=False)
     if out is not None:
         learners = list(dict.fromkeys(task.learner for task in tasks))
