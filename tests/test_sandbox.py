@@ -66,11 +66,11 @@ def test_escapes_fail_and_the_rest_is_graded(tmp_path, bwrap):
     server.listen()
     server.setblocking(False)
     port = server.getsockname()[1]
+    solutions = sorted((ROOT / "notebooks").glob("*.ipynb"))[0]  # exists out here
     attempts = [
         f"# read another learner's submission\nprint(open({str(other)!r}).read()[:80])",
         f"# read the instructor's notebook\nprint(open({str(source)!r}).read()[:80])",
-        "# read the course's solutions\nprint(open("
-        f"{str(ROOT / 'notebooks' / '01_runtime_and_devices.ipynb')!r}).read()[:80])",
+        f"# read the course's solutions\nprint(open({str(solutions)!r}).read()[:80])",
         f"# write outside scratch\nopen({str(written)!r}, 'w').write('pwned')",
         f"# delete outside scratch\nimport os\nos.remove({str(canary)!r})",
         f"# the network\nimport socket\nsocket.create_connection(('127.0.0.1', {port}), 3)",
