@@ -209,6 +209,8 @@ def _hide(hidden: tuple[str, ...], binds: list[tuple[str, str]]) -> list[str]:
     options: list[str] = []
     for path in hidden:
         real = os.path.realpath(path)
+        if not os.path.exists(real):  # nothing there to see (yet)
+            continue
         for source, destination in binds:
             if _inside(real, source):
                 inside = destination + real[len(source) :]
