@@ -152,3 +152,12 @@ def test_without_a_sandbox_grading_says_so_once(monkeypatch, capsys):
     with pytest.raises(RuntimeError, match="bwrap is not installed"):
         sandbox.find("bwrap")
     assert sandbox.find("auto") is None
+
+
+def test_hidden_paths_under_a_shown_folder_are_covered(tmp_path):
+    (tmp_path / "shown" / "submissions").mkdir(parents=True)
+    (tmp_path / "shown" / "solution.ipynb").write_text("{}")
+    shown = str(tmp_path / "shown")
+    hidden = (f"{shown}/submissions", f"{shown}/solution.ipynb", f"{shown}/not-yet", "/elsewhere")
+    assert sandbox._hide(hidden, [(shown, "/inside")]) == [
+        "--tmpfs", "/inside/submissions", "--ro-bind", "/dev/null", "/inside/solution.ipynb"]
