@@ -86,12 +86,19 @@ def test_nbgrader_layout_is_found(tmp_path):
         {"ann": ["01_ex.ipynb"], "ben": ["01_ex.ipynb"]}
 
 
-def test_grade_with_several_paths_prints_each_report(course, tmp_path, capsys):
+def test_grade_with_several_paths_unsandboxed_says_so_once(course, monkeypatch, capsys):
+    import course_utils.grading as grading
+
+    monkeypatch.setattr(grading, "_warned_unsandboxed", False)
     source, klass = course
     paths = [str(klass / name / "01_ex.ipynb") for name in ("alice", "bob")]
-    assert main(["grade", *paths, "--source", str(source / "01_ex.ipynb"), "--json"]) == 0
-    reports = json.loads(capsys.readouterr().out)
-    assert [(r["score"], r["max_score"]) for r in reports] == [(3, 3), (0, 3)]
+    args = ["grade", *paths, "--source", str(source), "--json", "--sandbox", "none", "--jobs", "1"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    reports = json.loads(captured.out)
+    assert [(r["score"], r["max_score"], r["sandbox"]) for r in reports] == [
+        (3, 3, "none"), (0, 3, "none")]
+    assert captured.err.count("UNSANDBOXED") == 1
 
 
 BAD_NOTEBOOKS = {
