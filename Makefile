@@ -6,8 +6,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# The small workload for tests: every notebook runs quickly on a 2-core CPU.
-TEST_ENV := COURSE_WORKLOAD=small
+# The small workload for tests: every notebook runs quickly on a 2-core CPU; no progress bars.
+TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help env course test lint lab gpu-lane bench lock clean student

@@ -14,8 +14,11 @@
 #      source in a stamp file, so a second run (another notebook) returns at once.
 #
 # Settings (environment variables):
-#   COURSE_REPO, COURSE_REF  the GitHub repository and ref (defaults just below; an
-#                            instructor's fork: `python -m course_utils badges --repo ...`)
+#   COURSE_REPO, COURSE_REF  the GitHub repository and ref (best a commit) to install the
+#                            course package from; the notebook's setup cell passes its own
+#                            (written by `python -m course_utils badges`). There are no
+#                            defaults: this file is the same in every fork, so the SHA-256
+#                            that the setup cell checks it against is too.
 #   COURSE_SOURCE            any pip requirement or local path to install instead of
 #                            git+https://github.com/$COURSE_REPO.git@$COURSE_REF
 #   PYTHON                   the interpreter to install into (default: python3)
@@ -23,13 +26,9 @@
 #   XDG_CACHE_HOME           where the stamp lives (default: ~/.cache)
 set -Eeuo pipefail
 
-# The one place the course's repository and ref are configured (rewritten for a fork).
-DEFAULT_REPO="pytorch-gpu-course/course"
-DEFAULT_REF="main"
-
-COURSE_REPO="${COURSE_REPO:-$DEFAULT_REPO}"
-COURSE_REF="${COURSE_REF:-$DEFAULT_REF}"
-COURSE_SOURCE="${COURSE_SOURCE:-git+https://github.com/${COURSE_REPO}.git@${COURSE_REF}}"
+COURSE_REPO="${COURSE_REPO:-}"
+COURSE_REF="${COURSE_REF:-}"
+COURSE_SOURCE="${COURSE_SOURCE:-}"
 PYTHON="${PYTHON:-python3}"
 COURSE_FORCE="${COURSE_FORCE:-0}"
 CACHE_DIR="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/course_utils"
@@ -118,6 +117,14 @@ py() { "$PYTHON" -c "$PROBE" "$@"; }
 dist_version() { py version "$1"; }
 
 # --- 1. Where to install from, and into which Python --------------------------------------
+STEP="reading COURSE_REPO and COURSE_REF"
+if [ -z "$COURSE_SOURCE" ]; then
+    if [ -z "$COURSE_REPO" ] || [ -z "$COURSE_REF" ]; then
+        die "COURSE_REPO and COURSE_REF are not set: run the notebook's first cell, which sets them (or set COURSE_SOURCE)"
+    fi
+    COURSE_SOURCE="git+https://github.com/${COURSE_REPO}.git@${COURSE_REF}"
+fi
+
 STEP="checking PYTHON=$PYTHON"
 if ! PYVER="$("$PYTHON" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)"; then
     die "cannot run PYTHON=$PYTHON (set PYTHON to the notebook's interpreter)"

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from course_utils import progress
 from course_utils.memory import error_summary, is_out_of_memory, release_memory
 
 
@@ -145,9 +146,11 @@ def _attempt(
     if not fits:  # a fitting trial's tensors die when it returns; a failed one's may sit
         release_memory()  # in reference cycles with the traceback, and in the GPU cache
     history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
+    progress.tick()
     return fits
 
 
+@progress.tracked("largest batch size", unit="trial")
 def find_max_batch_size(
     trial: Callable[[int], Any],
     *,
@@ -232,6 +235,7 @@ def _with_margin(good: int, margin: float) -> int:
 # ----------------------------------------------------------- predict, then confirm
 
 
+@progress.tracked("largest batch size", unit="trial")
 def predict_max_batch_size(
     trial: Callable[[int], Any],
     memory_of: Callable[[int], int],
@@ -283,6 +287,7 @@ def predict_max_batch_size(
             if not is_out_of_memory(error):
                 raise
             release_memory()  # even the probes do not fit: search below them
+            progress.tick()
             fallback = find_max_batch_size(
                 trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
             )
@@ -290,6 +295,7 @@ def predict_max_batch_size(
             fallback.trials = len(fallback.history)
             return fallback
         history.append(Trial(size, True, time.perf_counter() - start))
+        progress.tick()
     per_sample = (measured[1] - measured[0]) / (large - small)
     if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
         found = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
@@ -455,6 +461,14 @@ class SweepRow:
     peak_bytes: int
     out_of_memory: bool = False
     error: str | None = None
+    cpu_step_s: float = 0.0  # this process's CPU seconds per step (mean of the timed calls)
+
+    @property
+    def cpu_samples_per_s(self) -> float:
+        """Samples per CPU-second of this process: on a CPU device, the throughput of the
+        time the cores really spent on the step (wall time on a shared machine also
+        counts other processes' turns). Not the device's time on a GPU."""
+        return self.batch_size / self.cpu_step_s if self.cpu_step_s > 0 else 0.0
 
 
 @dataclass
@@ -587,7 +601,8 @@ def batch_size_sweep(
     backward, which is what grows with the batch. ``budget_bytes`` treats a peak above it
     as out of memory (a memory limit imposed on the CPU); ``time_limit_s`` stops before a
     size (not the first) once the sweep has run that long. Throughput is
-    ``batch_size / median step time``.
+    ``batch_size / median step time``; ``cpu_step_s`` is this process's CPU time per
+    call (``time.process_time``, all threads) over the warm-up and timed calls.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -600,7 +615,8 @@ def batch_size_sweep(
     rows: list[SweepRow] = []
     method = ""
     started = time.perf_counter()
-    for size in powers_of_two() if sizes is None else sizes:
+    sizes = powers_of_two() if sizes is None else sizes
+    for size in progress.track(sizes, "batch-size sweep", unit="size"):
         if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
         try:
@@ -609,7 +625,9 @@ def batch_size_sweep(
             method = peak.method
             if budget_bytes is not None and peak.peak_bytes > budget_bytes:
                 raise RuntimeError(budget_exceeded_message(budget_bytes, device.type))
+            cpu_start = time.process_time()
             timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
+            cpu_step_s = (time.process_time() - cpu_start) / (warmup + repeats)
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
@@ -618,7 +636,7 @@ def batch_size_sweep(
             release_memory()
             break
         step_s = timing.median_s
-        rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes))
+        rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes, cpu_step_s=cpu_step_s))
     return BatchSweep(rows, method, str(device), knee_fraction)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from course_utils import progress
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import sample
@@ -193,7 +194,7 @@ def compare_recipes(
     their ratio is fairer than timing all of one and then all of the other.
     """
     best: list[RecipeRun | None] = [None] * len(recipes)
-    for _ in range(rounds):
+    for _ in progress.track(range(rounds), "capstone recipes", unit="round"):
         for index, recipe in enumerate(recipes):
             run = run_recipe(recipe, data, device, samples=samples, width=width)
             kept = best[index]

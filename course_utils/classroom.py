@@ -9,7 +9,10 @@ grader count a check cell that raises as zero points.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -74,3 +77,52 @@ def check_close(
 def passed(exercise: str) -> None:
     """Print the success line of a check cell."""
     print(f"✓ {exercise}: all checks passed")
+
+
+@dataclass(frozen=True)
+class TensorMove:
+    """One call of ``Tensor.to`` seen by :func:`record_tensor_to`."""
+
+    source_device: str
+    pinned: bool  # the source tensor was in pinned (page-locked) memory
+    non_blocking: bool  # the call asked for an asynchronous copy
+    target: str  # the device (or dtype) asked for, as text
+
+
+def _asks_non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    # positional forms: to(device, dtype, non_blocking) or to(dtype, non_blocking)
+    return any(arg is True for arg in args)
+
+
+@contextlib.contextmanager
+def record_tensor_to() -> Iterator[list[TensorMove]]:
+    """Record every ``Tensor.to(...)`` call made inside the ``with`` block (a spy: the
+    calls still run). Exercise checks use it to see *how* a learner moved a batch.
+
+    >>> with record_tensor_to() as moves:
+    ...     _ = torch.ones(2).to("cpu", non_blocking=True)
+    >>> [(move.source_device, move.non_blocking) for move in moves]
+    [('cpu', True)]
+    """
+    original = torch.Tensor.to
+    own = "to" in vars(torch.Tensor)  # defined on Tensor itself, or inherited from TensorBase
+    moves: list[TensorMove] = []
+
+    def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        target = kwargs.get("device", kwargs.get("dtype", args[0] if args else ""))
+        pinned = self.device.type == "cpu" and self.is_pinned()
+        moves.append(
+            TensorMove(str(self.device), pinned, _asks_non_blocking(args, kwargs), str(target))
+        )
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.to = spy  # type: ignore[method-assign,assignment]
+    try:
+        yield moves
+    finally:
+        if own:
+            torch.Tensor.to = original  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.to

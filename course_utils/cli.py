@@ -2,7 +2,8 @@
 
 Commands:
   doctor         describe this machine for the course (``--json`` for JSON)
-  badges         point the Colab badges and setup cells at a fork
+  badges         point the Colab badges and setup cells at a repository, with the
+                 SHA-256 of colab_setup.sh
   run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
   smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
   loader-advice  DataLoader settings for this machine, with the reason for each
@@ -20,6 +21,7 @@ exit 1. No command prints a traceback.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -39,9 +41,23 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="describe this machine for the course")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    badges = commands.add_parser("badges", help="point Colab badges and setup cells at a fork")
-    badges.add_argument("--repo", required=True, help="the fork, as OWNER/NAME")
-    badges.add_argument("--ref", default="main", help="branch, tag or commit (default: main)")
+    badges = commands.add_parser(
+        "badges",
+        help="point Colab badges and setup cells at a repository",
+        description="Write every notebook's Colab setup cell: the repository and ref to "
+        "install from and the SHA-256 of colab_setup.sh (a script that does not match never "
+        "runs). Without --repo or --no-repo, each cell keeps its repository and ref.",
+    )
+    where = badges.add_mutually_exclusive_group()
+    where.add_argument("--repo", help="the repository, as OWNER/NAME")
+    where.add_argument(
+        "--no-repo", action="store_true", help="point the setup cells at no repository"
+    )
+    badges.add_argument("--ref", help="best a commit (git checks it by its hash); or a branch/tag")
+    badges.add_argument(
+        "--branch",
+        help="where the badges open the notebooks (default: --ref, or main for a commit)",
+    )
     badges.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
     run = commands.add_parser("run-notebooks", help="execute notebooks and write a report")
@@ -136,12 +152,44 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _badges(args: argparse.Namespace) -> int:
-    from course_utils.colab import retarget_course
+    from course_utils.colab import is_commit, retarget_course, script_at_ref
 
-    changes = retarget_course(args.root, args.repo, args.ref)
+    if args.repo and not args.ref:
+        raise ValueError("--repo needs --ref: a commit, e.g. --ref $(git rev-parse HEAD)")
+    if not args.repo and (args.ref or args.branch):
+        raise ValueError("--ref and --branch go with --repo")
+    repo = "" if args.no_repo else args.repo
+    changes = retarget_course(args.root, repo, args.ref, badge_ref=args.branch)
+    cells = f"{changes.setup_cells} setup cell(s)"
+    if args.repo:
+        print(
+            f"{cells} now install from {args.repo}@{args.ref}; {changes.badges} badge(s) "
+            f"open the notebooks at {args.repo}@{changes.badge_ref}"
+        )
+        committed = script_at_ref(args.root, args.ref)
+        if committed is None:
+            print(
+                f"note: {args.ref} is not in this checkout: make sure colab_setup.sh there "
+                "has the SHA-256 below, or the cells will refuse it"
+            )
+        elif hashlib.sha256(committed).hexdigest() != changes.sha256:
+            print(
+                f"warning: colab_setup.sh at {args.ref} is not this checkout's: the cells "
+                "will refuse it; commit and push it, then use that commit as --ref"
+            )
+    for repo_, ref in sorted(changes.settings):
+        where = f"{repo_}@{ref}" if repo_ else "no repository (on Colab they say so)"
+        if not args.repo:
+            print(f"{cells}: {where}")
+        if repo_ and not is_commit(ref):
+            print(
+                f"note: {ref} is not a commit: the cells check colab_setup.sh by its SHA-256, "
+                f"but pip installs whatever {ref} holds when a learner runs them; for a class, "
+                "use a commit: --ref $(git rev-parse HEAD)"
+            )
     print(
-        f"{changes.badges} badge(s) and {changes.setup_cells} setup cell(s) now point at "
-        f"{args.repo}@{args.ref}; files changed: {', '.join(changes.files) or 'none'}"
+        f"colab_setup.sh SHA-256 {changes.sha256}; files changed: "
+        f"{', '.join(changes.files) or 'none'}"
     )
     return 0
 

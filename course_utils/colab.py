@@ -1,29 +1,42 @@
-"""Colab badges and setup cells, and rewriting them for a fork of the course.
+"""Colab badges and setup cells, and pointing them at the repository that hosts the course.
 
 Every notebook starts with an "Open in Colab" badge and a setup cell that, on Colab
-only, downloads ``colab_setup.sh`` from the course repository and runs it. Instructors
-who fork the course run ``python -m course_utils badges --repo OWNER/NAME [--ref REF]``
-to point every badge, every setup cell, the README badge and the defaults in
-``colab_setup.sh`` at their fork.
+only, downloads ``colab_setup.sh`` from the course's repository and runs it. The cell
+carries three settings written by ``python -m course_utils badges``: the repository, the
+ref (best a commit) and the SHA-256 of ``colab_setup.sh``. It runs the downloaded script
+only when its hash matches, so a repository taken over by someone else, or a script
+changed after the notebooks were made, cannot run code in a learner's runtime.
+
+The script takes the repository and ref from the cell (environment variables), so its
+content, and so its hash, are the same in every fork. A copy never pointed at a
+repository (``COURSE_REPO`` empty, how the course is committed) says so in one line on
+Colab instead of downloading anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_REPO = "pytorch-gpu-course/course"
-DEFAULT_REF = "main"
 SETUP_TAG = "colab-setup"
+SETUP_SCRIPT = "colab_setup.sh"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 _REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _REF_PATTERN = re.compile(r"^[A-Za-z0-9_./-]+$")
+_COMMIT_PATTERN = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _BADGE_URL = re.compile(
     r"https://colab\.research\.google\.com/github/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/blob/"
     r"[A-Za-z0-9_./-]+?/(notebooks/[A-Za-z0-9_.-]+\.ipynb)"
+)
+_SETTINGS = re.compile(
+    r'^COURSE_REPO, COURSE_REF = "([^"\n]*)", "([^"\n]*)"\nSETUP_SHA256 = "([0-9a-f]*)"$',
+    re.MULTILINE,
 )
 
 
@@ -34,6 +47,37 @@ def check_repo_and_ref(repo: str, ref: str) -> None:
         raise ValueError(f"--repo must look like OWNER/NAME, got {repo!r}")
     if not _REF_PATTERN.match(ref) or ref.startswith("-") or ".." in ref:
         raise ValueError(f"--ref must be a branch, tag or commit, got {ref!r}")
+
+
+def is_commit(ref: str) -> bool:
+    """Whether ``ref`` is a full commit hash (git checks a commit's content by it).
+
+    >>> is_commit("main"), is_commit("3f2a" * 10)
+    (False, True)
+    """
+    return bool(_COMMIT_PATTERN.match(ref))
+
+
+def script_sha256(root: Path) -> str:
+    """The SHA-256 of ``colab_setup.sh`` in the course checkout ``root``."""
+    script = root / SETUP_SCRIPT
+    if not script.is_file():
+        raise FileNotFoundError(f"no {SETUP_SCRIPT} in {root}: is --root a checkout?")
+    return hashlib.sha256(script.read_bytes()).hexdigest()
+
+
+def script_at_ref(root: Path, ref: str) -> bytes | None:
+    """``colab_setup.sh`` as committed at ``ref`` in the git checkout ``root``; None when
+    git, the ref or the file is not there."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "show", f"{ref}:{SETUP_SCRIPT}"],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
 
 
 def badge_url(repo: str, ref: str, notebook: str) -> str:
@@ -50,23 +94,49 @@ def badge_markdown(repo: str, ref: str, notebook: str) -> str:
     return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
 
 
-def setup_cell_source(repo: str, ref: str) -> str:
-    """The first code cell of every notebook: Colab setup on Colab, nothing elsewhere."""
+def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
+    """The first code cell of every notebook: on Colab, fetch ``colab_setup.sh`` from
+    ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256``; elsewhere, nothing.
+
+    ``repo`` and ``ref`` empty: a copy of the course pointed at no repository, which says
+    so on Colab and downloads nothing.
+    """
+    if bool(repo) != bool(ref):
+        raise ValueError("give both a repository and a ref, or neither")
+    if repo:
+        check_repo_and_ref(repo, ref)
+    if not _SHA256_PATTERN.match(sha256):
+        raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return (
         "# Colab only: install the course package without touching Colab's torch.\n"
         "# Elsewhere this cell does nothing (use `make lab` or environment.yml locally).\n"
-        "# COURSE_REPO and COURSE_REF are set by: python -m course_utils badges\n"
-        "import os\n"
-        "import sys\n"
+        "# `python -m course_utils badges` writes the repository and commit to install from\n"
+        "# and the SHA-256 of their colab_setup.sh: a script that does not match never runs.\n"
+        "import hashlib, os, sys, tempfile, urllib.request\n"
         "\n"
         f'COURSE_REPO, COURSE_REF = "{repo}", "{ref}"\n'
-        'SETUP_URL = f"https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"\n'
+        f'SETUP_SHA256 = "{sha256}"\n'
         'if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:\n'
-        "    !curl -fsSL {SETUP_URL} -o /tmp/colab_setup.sh\n"
-        "    !COURSE_REPO={COURSE_REPO} COURSE_REF={COURSE_REF} bash /tmp/colab_setup.sh\n"
+        "    if not COURSE_REPO:\n"
+        '        raise RuntimeError("Colab setup: this copy of the course names no repository'
+        ' to install from (see docs/instructor-guide.md)")\n'
+        '    url = f"https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"\n'
+        "    script = urllib.request.urlopen(url, timeout=60).read()\n"
+        "    if hashlib.sha256(script).hexdigest() != SETUP_SHA256:\n"
+        '        raise RuntimeError(f"Colab setup: refused to run {url}:'
+        ' its SHA-256 is not SETUP_SHA256")\n'
+        '    with tempfile.NamedTemporaryFile(suffix="_colab_setup.sh", delete=False) as file:\n'
+        "        file.write(script)\n"
+        "    !COURSE_REPO={COURSE_REPO} COURSE_REF={COURSE_REF} bash {file.name}\n"
         "    if _exit_code != 0:  # noqa: F821 (IPython sets it after each ! command)\n"
         '        raise RuntimeError("Colab setup failed: read the messages above")'
     )
+
+
+def setup_cell_settings(source: str) -> tuple[str, str, str] | None:
+    """(repository, ref, SHA-256) written in a setup cell's source; None if absent."""
+    found = _SETTINGS.search(source)
+    return (found.group(1), found.group(2), found.group(3)) if found else None
 
 
 @dataclass
@@ -76,25 +146,44 @@ class BadgeChanges:
     files: list[str]
     badges: int
     setup_cells: int
+    sha256: str = ""
+    settings: set[tuple[str, str]] = field(default_factory=set)  # (repo, ref) in the cells
+    badge_ref: str | None = None  # where the badges open the notebooks
 
 
-def retarget_notebook(path: Path, repo: str, ref: str, root: Path) -> tuple[int, int]:
-    """Point one notebook's badges and setup cell at ``repo``/``ref``; save if changed.
+def retarget_notebook(
+    path: Path,
+    target: tuple[str, str] | None,
+    sha256: str,
+    root: Path,
+    badge_ref: str | None = None,
+) -> tuple[int, int, set[tuple[str, str]]]:
+    """Rewrite one notebook's setup cell (and badges) and save it if it changed.
 
-    Returns (badges rewritten, setup cells rewritten). The notebook's own path inside
-    the repository is used for its badge, so a renamed notebook gets a right badge.
+    ``target`` is (repository, ref) for the setup cell, ("", "") for none, or None to
+    keep the cell's own; the cell always gets the current template and ``sha256``.
+    Badges are rewritten (to ``target``'s repository at ``badge_ref``) only for a
+    repository. Returns (badges rewritten, setup cells rewritten, settings written).
+    The notebook's own path inside the repository is used for its badge, so a renamed
+    notebook gets a right badge.
     """
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     own_path = path.resolve().relative_to(root.resolve()).as_posix()
     badges = setups = 0
+    written: set[tuple[str, str]] = set()
     for cell in notebook.get("cells", []):
         source = "".join(cell.get("source", []))
         if cell.get("cell_type") == "markdown":
-            new, count = _BADGE_URL.subn(badge_url(repo, ref, own_path), source)
+            if not (target and target[0] and badge_ref):
+                continue
+            new, count = _BADGE_URL.subn(badge_url(target[0], badge_ref, own_path), source)
             badges += count
         elif SETUP_TAG in cell.get("metadata", {}).get("tags", []):
-            new = setup_cell_source(repo, ref)
+            old = setup_cell_settings(source)
+            repo, ref = target if target is not None else (old[:2] if old else ("", ""))
+            new = setup_cell_source(repo, ref, sha256)
+            written.add((repo, ref))
             setups += 1
         else:
             continue
@@ -102,41 +191,46 @@ def retarget_notebook(path: Path, repo: str, ref: str, root: Path) -> tuple[int,
     new_text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if new_text != text:
         path.write_text(new_text, encoding="utf-8")
-    return badges, setups
+    return badges, setups, written
 
 
-def retarget_course(root: Path, repo: str, ref: str) -> BadgeChanges:
-    """Rewrite badges and setup cells of every notebook, the README badges and the
-    repository defaults in ``colab_setup.sh`` under ``root`` (a checkout of the course).
+def retarget_course(
+    root: Path, repo: str | None, ref: str | None = None, *, badge_ref: str | None = None
+) -> BadgeChanges:
+    """Write every notebook's setup cell under ``root`` (a checkout of the course) with
+    the SHA-256 of its ``colab_setup.sh``, and point it at ``repo``/``ref``.
+
+    ``repo`` None keeps each cell's repository and ref (after ``colab_setup.sh``
+    changed); ``repo`` "" points the cells at no repository. For a repository, the
+    notebooks' and README's badges open the notebooks at ``badge_ref`` (default: ``ref``,
+    or ``main`` when ``ref`` is a commit, whose notebooks predate the new cells).
     """
-    check_repo_and_ref(repo, ref)
+    target: tuple[str, str] | None = None
+    if repo is not None:
+        target = (repo, ref or "")
+        if repo or ref:
+            check_repo_and_ref(repo, ref or "")
+            badge_ref = badge_ref or ("main" if is_commit(ref or "") else ref)
+            check_repo_and_ref(repo, badge_ref or "")
+    sha256 = script_sha256(root)
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
-    changes = BadgeChanges([], 0, 0)
+    changes = BadgeChanges([], 0, 0, sha256, badge_ref=badge_ref)
     for path in notebooks:
         before = path.read_bytes()
-        badges, setups = retarget_notebook(path, repo, ref, root)
+        badges, setups, written = retarget_notebook(path, target, sha256, root, badge_ref)
         changes.badges += badges
         changes.setup_cells += setups
+        changes.settings |= written
         if path.read_bytes() != before:
             changes.files.append(str(path.relative_to(root)))
     readme = root / "README.md"
-    if readme.exists():
+    if repo and badge_ref and readme.exists():
         text = readme.read_text(encoding="utf-8")
-        new, count = _BADGE_URL.subn(lambda m: badge_url(repo, ref, m.group(1)), text)
+        new, count = _BADGE_URL.subn(lambda m: badge_url(repo, badge_ref, m.group(1)), text)
         changes.badges += count
-        _save_if_changed(readme, text, new, root, changes)
-    script = root / "colab_setup.sh"
-    if script.exists():
-        text = script.read_text(encoding="utf-8")
-        new = re.sub(r'(?m)^DEFAULT_REPO="[^"]*"', f'DEFAULT_REPO="{repo}"', text)
-        new = re.sub(r'(?m)^DEFAULT_REF="[^"]*"', f'DEFAULT_REF="{ref}"', new)
-        _save_if_changed(script, text, new, root, changes)
+        if new != text:
+            readme.write_text(new, encoding="utf-8")
+            changes.files.append(str(readme.relative_to(root)))
     return changes
-
-
-def _save_if_changed(path: Path, old: str, new: str, root: Path, changes: BadgeChanges) -> None:
-    if new != old:
-        path.write_text(new, encoding="utf-8")
-        changes.files.append(str(path.relative_to(root)))

@@ -438,8 +438,9 @@ def suggest_loader_kwargs(
 
     kwargs["pin_memory"] = gpus > 0
     reasons["pin_memory"] = (
-        f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster and allow "
-        "non_blocking copies that overlap compute"
+        f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster, and "
+        "non_blocking=True returns to the host at once (overlap with compute needs a "
+        "second stream or the loader's look-ahead)"
         if gpus
         else "no CUDA GPU: pinning only costs time"
     )

@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from course_utils import progress
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count
 from course_utils.models import build_model
@@ -480,7 +481,7 @@ def measure_scaling(
     """
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
     rows: list[dict[str, Any]] = []
-    for count in process_counts:
+    for count in progress.track(process_counts, "DDP scaling", unit="run"):
         with tempfile.TemporaryDirectory(prefix="ddp-scaling-") as folder:
             run = RunConfig(**{**asdict(config), "out": folder, "log_every": 10**9})
             command = torchrun_command(train_command(run, device), count)

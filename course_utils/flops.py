@@ -45,7 +45,19 @@ def count_flops(
 
 # ------------------------------------------------------------------ peaks and MFU
 
-DATASHEET = "NVIDIA datasheets, dense figures (../shared/docs/facts.md)"
+# The primary source of each row of GPU_PEAKS: NVIDIA's datasheets (for the L4, NVIDIA's
+# Ada architecture whitepaper, the source Lightning's throughput utilities cite too).
+_T4 = "NVIDIA T4 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
+_V100 = "NVIDIA V100 Tensor Core GPU datasheet, https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_A10 = "NVIDIA A10 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf"
+_L4 = "NVIDIA Ada GPU architecture whitepaper v2.1 (L4), https://images.nvidia.com/aem-dam/Solutions/Data-Center/l4/nvidia-ada-gpu-architecture-whitepaper-v2.1.pdf"
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core"
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet, https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446"
+DATASHEET = (
+    "NVIDIA datasheets, dense figures (Ampere and newer datasheets quote tensor-core "
+    "TFLOPS with 2:4 sparsity; the dense figure is half)"
+)
 
 
 @dataclass(frozen=True)
@@ -58,18 +70,19 @@ class GpuPeak:
     tf32: float | None
     fp16: float
     bf16: float | None
+    source: str = DATASHEET  # the document the figures come from
 
 
 # Ampere and newer datasheets quote tensor figures with 2:4 sparsity; these are dense.
 GPU_PEAKS: tuple[GpuPeak, ...] = (
-    GpuPeak("T4", (7, 5), 8.1, None, 65.0, None),
-    GpuPeak("V100", (7, 0), 15.7, None, 125.0, None),
-    GpuPeak("A100", (8, 0), 19.5, 156.0, 312.0, 312.0),
-    GpuPeak("A10", (8, 6), 31.2, 62.5, 125.0, 125.0),
-    GpuPeak("L4", (8, 9), 30.3, 60.0, 121.0, 121.0),
-    GpuPeak("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0),
-    GpuPeak("H100", (9, 0), 67.0, 495.0, 989.0, 989.0),  # SXM
-    GpuPeak("H200", (9, 0), 67.0, 495.0, 989.0, 989.0),  # SXM
+    GpuPeak("T4", (7, 5), 8.1, None, 65.0, None, _T4),
+    GpuPeak("V100", (7, 0), 15.7, None, 125.0, None, _V100),  # SXM2
+    GpuPeak("A100", (8, 0), 19.5, 156.0, 312.0, 312.0, _A100),
+    GpuPeak("A10", (8, 6), 31.2, 62.5, 125.0, 125.0, _A10),
+    GpuPeak("L4", (8, 9), 30.3, 60.0, 121.0, 121.0, _L4),
+    GpuPeak("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0, _H100),
+    GpuPeak("H100", (9, 0), 67.0, 495.0, 989.0, 989.0, _H100),  # SXM
+    GpuPeak("H200", (9, 0), 67.0, 495.0, 989.0, 989.0, _H200),  # SXM
 )
 
 
@@ -157,9 +170,29 @@ def device_peak(device: torch.device | str, dtype: torch.dtype = torch.float32) 
         name = torch.cuda.get_device_name(device)
         tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         tflops = datasheet_tflops(name, dtype, tf32=tf32)
-        if tflops is not None:
-            return Peak(tflops * 1e12, f"{name}: {DATASHEET}")
+        peak = gpu_peak(name)
+        if tflops is not None and peak is not None:
+            column = peak_column(dtype, tf32)
+            return Peak(tflops * 1e12, f"{name}: dense {column} peak, {peak.source}")
     return measured_matmul_peak(device, dtype)
+
+
+def peak_column(dtype: torch.dtype, tf32: bool = False) -> str:
+    """Which datasheet figure a matmul in ``dtype`` runs at: MFU must name it, since
+    float32 work runs on TF32 tensor cores on Ampere and newer when TF32 is allowed
+    (``torch.backends.cuda.matmul.allow_tf32`` for matmuls, off by default;
+    ``torch.backends.cudnn.allow_tf32`` for convolutions, on by default).
+
+    >>> peak_column(torch.float32), peak_column(torch.float32, tf32=True)
+    ('fp32 (no tensor cores)', 'TF32 tensor-core')
+    >>> peak_column(torch.bfloat16)
+    'bf16 tensor-core'
+    """
+    if dtype == torch.float16:
+        return "fp16 tensor-core"
+    if dtype == torch.bfloat16:
+        return "bf16 tensor-core"
+    return "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)"
 
 
 @dataclass(frozen=True)

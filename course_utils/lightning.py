@@ -18,8 +18,9 @@ same data and can be compared step for step:
   process memory without a GPU; :func:`read_metrics` and :func:`plot_metrics` show them.
 * :class:`EpochTimer` and :func:`compare_with_plain_loop`: time per epoch and peak memory
   of both ways, from one run.
-* Checkpoints that survive a Colab disconnect: :func:`checkpoint_dir`,
-  :func:`checkpointing`, :class:`SimulatedDisconnect`.
+* Checkpoints that survive a Colab disconnect: :func:`mount_drive` (asks once, never
+  stops "Run all"), :func:`checkpoint_dir`, :func:`checkpointing`,
+  :class:`SimulatedDisconnect`.
 
 Notebook 05 teaches this module.
 """
@@ -50,7 +51,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils import monitor, nvml
+from course_utils import monitor, nvml, progress
 from course_utils.device import pick_device
 from course_utils.footprint import cuda_allocator_peak
 from course_utils.timing import synchronizer
@@ -389,9 +390,10 @@ def plot_metrics(
 class EpochTimer(Callback):
     """Record the wall-clock seconds of every training epoch (device synchronized)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_epoch: Callable[[], Any] | None = None) -> None:
         self.seconds: list[float] = []
         self._start = 0.0
+        self.on_epoch = on_epoch  # called after each epoch (progress)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         synchronizer(trainer.strategy.root_device)()
@@ -400,6 +402,8 @@ class EpochTimer(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         synchronizer(trainer.strategy.root_device)()
         self.seconds.append(time.perf_counter() - self._start)
+        if self.on_epoch is not None:
+            self.on_epoch()
 
 
 @dataclass(frozen=True)
@@ -442,43 +446,108 @@ def measure_peak(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any
     return result, PeakUse((highest[0] - start) / 2**20, "CPU: process RSS peak above the start")
 
 
+def _kept(seconds: Sequence[float]) -> list[float]:
+    """A run's epoch times without its first epoch (warm-up) when it has 3 or more."""
+    return list(seconds[1:]) if len(seconds) >= 3 else list(seconds)
+
+
 def _typical(seconds: Sequence[float]) -> float:
     """Median epoch time, leaving out the first epoch (warm-up) when there are 3 or more."""
-    kept = list(seconds[1:]) if len(seconds) >= 3 else list(seconds)
-    return statistics.median(kept)
+    return statistics.median(_kept(seconds))
+
+
+PLAIN, LIGHTNING = "plain", "lightning"
+
+
+def turn_order(rounds: int) -> list[str]:
+    """The order of the runs: the two ways take turns, and each round starts with the way
+    the previous round ended with (plain, Lightning, Lightning, plain, ...), so that a
+    machine that slows down or speeds up during the runs favours neither way.
+
+    >>> turn_order(2)
+    ['plain', 'lightning', 'lightning', 'plain']
+    """
+    order: list[str] = []
+    for index in range(rounds):
+        order += [PLAIN, LIGHTNING] if index % 2 == 0 else [LIGHTNING, PLAIN]
+    return order
 
 
 @dataclass
 class Comparison:
-    """Plain loop vs Lightning on the same model, data and settings, from one run."""
+    """Plain loop vs Lightning on the same model, data and settings, taking turns.
+
+    ``plain_runs`` and ``lightning_runs`` hold each run's epoch times (one run of each
+    way per round, in :attr:`order`); ``plain_epoch_s`` and ``lightning_epoch_s`` are all
+    of them in one list. Totals are medians over the runs; peaks are the first run's.
+    """
 
     device: str
     precision: str
     epochs: int
-    plain_epoch_s: list[float] = field(default_factory=list)
-    lightning_epoch_s: list[float] = field(default_factory=list)
-    plain_total_s: float = 0.0  # building the step + all epochs
+    steps_per_epoch: int = 0
+    order: list[str] = field(default_factory=list)
+    plain_runs: list[list[float]] = field(default_factory=list)
+    lightning_runs: list[list[float]] = field(default_factory=list)
+    plain_total_s: float = 0.0  # building the step + all epochs (median over runs)
     lightning_total_s: float = 0.0  # building the Trainer + fit(), setup included
     plain_peak: PeakUse | None = None
     lightning_peak: PeakUse | None = None
 
     @property
+    def rounds(self) -> int:
+        return min(len(self.plain_runs), len(self.lightning_runs))
+
+    @property
+    def plain_epoch_s(self) -> list[float]:
+        return [s for run in self.plain_runs for s in run]
+
+    @property
+    def lightning_epoch_s(self) -> list[float]:
+        return [s for run in self.lightning_runs for s in run]
+
+    @property
     def plain_s_per_epoch(self) -> float:
-        return _typical(self.plain_epoch_s)
+        """Median epoch time of the plain loop, warm-up epochs left out."""
+        return statistics.median([s for run in self.plain_runs for s in _kept(run)])
 
     @property
     def lightning_s_per_epoch(self) -> float:
-        return _typical(self.lightning_epoch_s)
+        return statistics.median([s for run in self.lightning_runs for s in _kept(run)])
+
+    def _pairs(self) -> list[tuple[float, float]]:
+        return [
+            (_typical(p), _typical(q))
+            for p, q in zip(self.plain_runs, self.lightning_runs, strict=False)
+        ]
 
     @property
     def overhead_ratio(self) -> float:
-        """Lightning's time per epoch divided by the plain loop's (1.0: no overhead)."""
-        return self.lightning_s_per_epoch / self.plain_s_per_epoch
+        """Lightning's time per epoch divided by the plain loop's (1.0: no overhead): the
+        median of the ratios of each round, whose two runs are adjacent in time."""
+        return statistics.median(q / p for p, q in self._pairs())
 
     @property
     def overhead_s_per_epoch(self) -> float:
-        """Extra seconds per epoch in Lightning (Lightning's parity test allows 0.05 s)."""
-        return self.lightning_s_per_epoch - self.plain_s_per_epoch
+        """Extra seconds per epoch in Lightning, median over rounds (Lightning's parity
+        test allows its small RNN case 0.05 s per epoch)."""
+        return statistics.median(q - p for p, q in self._pairs())
+
+    @property
+    def overhead_s_per_step(self) -> float:
+        """Extra seconds per training step in Lightning (median over rounds)."""
+        return self.overhead_s_per_epoch / max(self.steps_per_epoch, 1)
+
+    @property
+    def noise(self) -> float:
+        """How much the same way's epochs differ on this machine: the larger, over the two
+        ways, of (slowest - fastest) / median of the epochs kept (warm-ups left out).
+        0.1 means that repeating the same work varied by 10%."""
+        spreads = []
+        for runs in (self.plain_runs, self.lightning_runs):
+            kept = [s for run in runs for s in _kept(run)]
+            spreads.append((max(kept) - min(kept)) / statistics.median(kept))
+        return max(spreads)
 
     def rows(self) -> list[dict[str, Any]]:
         """The side-by-side table: one row per way of training."""
@@ -509,8 +578,10 @@ class Comparison:
             )
         lines.append(
             f"Lightning / plain: {self.overhead_ratio:.3f}x per epoch "
-            f"({self.overhead_s_per_epoch * 1000:+.1f} ms per epoch), {self.epochs} epochs, "
-            f"{self.device}, precision {self.precision}"
+            f"({self.overhead_s_per_epoch * 1000:+.1f} ms per epoch, "
+            f"{self.overhead_s_per_step * 1000:+.2f} ms per step), {self.epochs} epochs of "
+            f"{self.steps_per_epoch} steps, {self.rounds} rounds ({', '.join(self.order)}), "
+            f"noise {self.noise:.0%}, {self.device}, precision {self.precision}"
         )
         return "\n".join(lines)
 
@@ -523,37 +594,41 @@ def compare_with_plain_loop(
     config: TrainConfig | None = None,
     device: torch.device | str | None = None,
     seed: int = 0,
+    rounds: int = 2,
 ) -> Comparison:
-    """Train ``build()`` for ``epochs`` with the plain loop, then with Lightning.
+    """Train ``build()`` for ``epochs`` with the plain loop and with Lightning, taking turns.
 
-    Both start from the same weights (``seed``), see the same ``loader`` and use the same
-    optimizer and precision; one untimed training step runs first (warm-up). Returns each
-    epoch's time, the whole run's time (Lightning's includes building the Trainer and its
-    setup) and the peak memory of each run. Lightning's module also logs the loss every
-    step, as a real run would.
+    Each of ``rounds`` rounds runs both ways once, in the order of :func:`turn_order`
+    (plain, Lightning, then Lightning, plain, ...), so neither way always runs first on a
+    machine whose speed drifts. Every run starts from the same weights (``seed``), sees
+    the same ``loader`` and uses the same optimizer and precision; one untimed training
+    step runs first (warm-up). Returns each run's epoch times, the runs' total time
+    (Lightning's includes building the Trainer and its setup) and the peak memory of the
+    first run of each way. Lightning's module also logs the loss every step, as a real
+    run would.
     """
+    if rounds < 1 or epochs < 1:
+        raise ValueError("rounds and epochs must be at least 1")
     config = config or TrainConfig()
     target = torch.device(device) if device is not None else pick_device()
     precision = lightning_precision(config.precision, target)
     torch.manual_seed(seed)
     initial = build()
-    result = Comparison(device=str(target), precision=precision, epochs=epochs)
+    result = Comparison(
+        device=str(target), precision=precision, epochs=epochs, steps_per_epoch=len(loader)
+    )
     # one untimed step first, so neither measured run pays for the first use of the device,
     # its kernels and the memory allocator's growth
     TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
+    accelerator = "gpu" if target.type == "cuda" else target.type
 
     def plain() -> list[float]:
         step = TrainStep(copy.deepcopy(initial), target, config)
-        return [train(step, loader, epochs=1).seconds for _ in range(epochs)]
+        each_epoch = progress.track(range(epochs), "plain PyTorch loop", unit="epoch")
+        return [train(step, loader, epochs=1).seconds for _ in each_epoch]
 
-    start = time.perf_counter()
-    result.plain_epoch_s, result.plain_peak = measure_peak(plain, target)
-    result.plain_total_s = time.perf_counter() - start
-
-    timer = EpochTimer()
-    accelerator = "gpu" if target.type == "cuda" else target.type
-
-    def lightning() -> None:
+    def lightning() -> list[float]:
+        timer = EpochTimer(on_epoch=progress.tick)
         trainer = make_trainer(
             max_epochs=epochs,
             precision=precision,
@@ -563,12 +638,24 @@ def compare_with_plain_loop(
             logger=False,
             quiet=True,
         )
-        trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
+        with progress.task("Lightning", total=epochs, unit="epoch"):
+            trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
+        return timer.seconds
 
-    start = time.perf_counter()
-    _, result.lightning_peak = measure_peak(lightning, target)
-    result.lightning_total_s = time.perf_counter() - start
-    result.lightning_epoch_s = timer.seconds
+    totals: dict[str, list[float]] = {PLAIN: [], LIGHTNING: []}
+    for way in turn_order(rounds):
+        start = time.perf_counter()
+        seconds, peak = measure_peak(plain if way == PLAIN else lightning, target)
+        totals[way].append(time.perf_counter() - start)
+        result.order.append(way)
+        if way == PLAIN:
+            result.plain_runs.append(seconds)
+            result.plain_peak = result.plain_peak or peak
+        else:
+            result.lightning_runs.append(seconds)
+            result.lightning_peak = result.lightning_peak or peak
+    result.plain_total_s = statistics.median(totals[PLAIN])
+    result.lightning_total_s = statistics.median(totals[LIGHTNING])
     return result
 
 
@@ -601,21 +688,68 @@ class DisconnectAfter(Callback):
             raise SimulatedDisconnect(f"runtime disconnected after step {trainer.global_step}")
 
 
-def checkpoint_dir(name: str, environment: str | None = None) -> Path:
-    """Where to keep checkpoints so that they survive the session.
+DRIVE_MOUNT = Path("/content/drive")
+DRIVE_FOLDER = "MyDrive/pytorch-gpu-course"
+_DRIVE_REFUSED: set[str] = set()  # mount points where mounting failed: ask only once
 
-    On Colab: Google Drive (``/content/drive/MyDrive/pytorch-gpu-course/<name>``; mount it
-    first with ``google.colab.drive.mount("/content/drive")``): the runtime's own disk is
-    lost when it disconnects. Elsewhere: ``build/checkpoints/<name>`` in the course
-    checkout, or a temporary folder when the package is installed elsewhere.
 
-    >>> checkpoint_dir("demo", environment="colab").as_posix()
-    '/content/drive/MyDrive/pytorch-gpu-course/demo'
+def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_MOUNT) -> bool:
+    """Mount Google Drive on Colab for checkpoints that survive a disconnect; never raise.
+
+    On Colab, ``google.colab.drive.mount`` asks the learner for permission. When it is
+    refused (or fails, or times out), this prints one line and returns ``False``, and
+    does not ask again in this session: a notebook's "Run all" goes on, saving to the
+    runtime's own disk. Elsewhere it does nothing and returns ``False``. ``True`` when
+    Drive is mounted (already, or now).
+
+    >>> mount_drive(environment="local")
+    False
     """
     from course_utils.env import where_am_i
 
-    if (environment or where_am_i()) == "colab":
-        return Path("/content/drive/MyDrive/pytorch-gpu-course") / name
+    if (environment or where_am_i()) != "colab":
+        return False
+    mount_point = Path(mount_point)
+    if (mount_point / "MyDrive").is_dir():
+        return True
+    if str(mount_point) in _DRIVE_REFUSED:
+        return False
+    try:
+        from google.colab import drive
+
+        drive.mount(str(mount_point))  # asks for permission once per session
+    except Exception as error:  # refused, timed out, or google.colab missing
+        _DRIVE_REFUSED.add(str(mount_point))
+        print(
+            f"Google Drive not mounted ({type(error).__name__}: {str(error)[:120]}); "
+            "checkpoints go to this runtime's disk and are lost when it disconnects."
+        )
+        return False
+    return (mount_point / "MyDrive").is_dir()
+
+
+def checkpoint_dir(
+    name: str, environment: str | None = None, *, drive_mounted: bool | None = None
+) -> Path:
+    """Where to keep checkpoints so that they survive the session.
+
+    On Colab with Google Drive mounted (:func:`mount_drive`):
+    ``/content/drive/MyDrive/pytorch-gpu-course/<name>``: the runtime's own disk is lost
+    when it disconnects. ``drive_mounted=None`` looks whether it is. Elsewhere, or on
+    Colab without Drive: ``build/checkpoints/<name>`` in the course checkout, or a
+    temporary folder when the package is installed elsewhere.
+
+    >>> checkpoint_dir("demo", environment="colab", drive_mounted=True).as_posix()
+    '/content/drive/MyDrive/pytorch-gpu-course/demo'
+    >>> checkpoint_dir("demo", environment="colab", drive_mounted=False).name
+    'demo'
+    """
+    from course_utils.env import where_am_i
+
+    if drive_mounted is None:
+        drive_mounted = (DRIVE_MOUNT / "MyDrive").is_dir()
+    if (environment or where_am_i()) == "colab" and drive_mounted:
+        return DRIVE_MOUNT / DRIVE_FOLDER / name
     checkout = Path(__file__).resolve().parent.parent
     if (checkout / "pyproject.toml").exists() and os.access(checkout, os.W_OK):
         return checkout / "build" / "checkpoints" / name

@@ -291,8 +291,9 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
     3. ``del`` it (on a GPU its memory stays reserved, cached); 4. a new tensor of the same
     size (reuses the cache: reserved does not grow); 5. ``empty_cache()`` while that tensor
     is alive (frees nothing); 6. ``del`` and ``empty_cache()`` (reserved back to baseline).
-    On a CPU only the RSS column has numbers: PyTorch has no cache there (the C library
-    may keep freed pages resident; the CPU run asks it to trim them after ``del``).
+    On a CPU only the RSS column has numbers: PyTorch has no cache there, but the C
+    library may keep freed pages resident, so on a CPU stage 3 runs ``del`` and then
+    glibc's ``malloc_trim`` (its label says so).
     """
     device = torch.device(device)
     elements = mib * MIB // 4
@@ -307,9 +308,11 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
     tensor = torch.ones(elements, device=device)
     readings.append(read_memory(device, f"2 tensor of {mib} MiB allocated"))
     del tensor
+    stage = "3 del tensor"
     if device.type == "cpu":  # PyTorch keeps nothing; glibc may, until asked to trim
         _trim_c_heap()
-    readings.append(read_memory(device, "3 del tensor"))
+        stage = "3 del tensor + malloc_trim (CPU)"
+    readings.append(read_memory(device, stage))
     again = torch.ones(elements, device=device)
     readings.append(read_memory(device, "4 same size again (no empty_cache)"))
     cache_release()

@@ -68,6 +68,9 @@ class LoopProfile:
     data wait to the end of the last one's compute (followed by a device
     synchronization even when ``synchronized`` is False, so it is always honest).
     ``warmup_s`` is the time of the excluded warm-up steps (worker start-up shows there).
+    ``cpu_s`` is this process's CPU time (all its threads, ``time.process_time``) over
+    the same steps: with ``num_workers=0`` it includes decoding the data, with workers
+    that work moves to other processes; on a GPU it also counts spinning while waiting.
     """
 
     steps: list[StepTimes] = field(default_factory=list)
@@ -76,6 +79,7 @@ class LoopProfile:
     warmup_s: float = 0.0
     synchronized: bool = True
     device: str = "cpu"
+    cpu_s: float = 0.0
 
     # -- totals ---------------------------------------------------------------------
     @property
@@ -106,6 +110,11 @@ class LoopProfile:
 
     def _fraction(self, seconds: float) -> float:
         return seconds / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_per_step_s(self) -> float:
+        """Mean CPU seconds of this process per measured step (see ``cpu_s``)."""
+        return self.cpu_s / self.num_steps if self.steps else 0.0
 
     @property
     def data_wait_fraction(self) -> float:
@@ -223,15 +232,17 @@ class StepProfiler:
             synchronized=self.synchronize, device=str(self.device)
         )
         sync, clock, synchronize = self._sync, time.perf_counter, self.synchronize
+        cpu_clock = time.process_time
         sync()  # work queued before the loop must not be charged to the first step
         iterator = iter(loader)
         done = 0
         measured_start = warm_start = clock()
+        cpu_start = cpu_clock()
         try:
             while max_steps is None or done < max_steps:
                 if done == self.warmup:  # the first measured step starts here
                     sync()
-                    measured_start = clock()
+                    measured_start, cpu_start = clock(), cpu_clock()
                     profile.warmup_s = measured_start - warm_start
                 start = clock()
                 try:
@@ -256,6 +267,7 @@ class StepProfiler:
                             StepTimes(fetched - start, copied - fetched, end - copied, samples)
                         )
                         profile.wall_s = end - measured_start
+                        profile.cpu_s = cpu_clock() - cpu_start
                     else:
                         profile.warmup_steps = done
         finally:

@@ -4,7 +4,9 @@ A notebook states a measured number with :func:`record_figure`. The figure is sh
 the notebook as a line of text and also carried in the cell output under its own MIME
 type, so ``make course`` can collect every notebook's figures from the executed copies
 (:func:`figures_in_notebook`) and put them in ``build/report.html``
-(:func:`write_report`) beside the doctor's description of the machine.
+(:func:`write_report`) beside the doctor's description of the machine. The report also
+shows each notebook's plots (:func:`plots_in_notebook`, embedded in the page) and links
+the HTML rendering of each executed notebook.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass
+import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 FIGURE_MIME = "application/vnd.course-utils.figure+json"
+PLOT_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,14 @@ class Figure:
     label: str  # e.g. "measured on this machine (CPU)"
 
     def __str__(self) -> str:
+        return f"{self.without_label()} [{self.label}]"
+
+    def without_label(self) -> str:
+        """``name: value unit``, for a list that states the label once."""
         value = self.value
         shown = f"{value:.4g}" if isinstance(value, float) else str(value)
         unit = f" {self.unit}" if self.unit else ""
-        return f"{self.name}: {shown}{unit} [{self.label}]"
+        return f"{self.name}: {shown}{unit}"
 
 
 def record_figure(name: str, value: float | int | str, unit: str = "", *, label: str) -> Figure:
@@ -77,14 +85,47 @@ def figures_in_notebook(notebook: dict[str, Any]) -> list[Figure]:
 
 
 @dataclass(frozen=True)
+class Plot:
+    """An image a notebook cell displayed: its MIME type and data (base64 for PNG and
+    JPEG, the markup for SVG), as stored in the ``.ipynb``."""
+
+    mime: str
+    data: str
+
+    def data_uri(self) -> str:
+        if self.mime == "image/svg+xml":
+            return "data:image/svg+xml;charset=utf-8," + urllib.parse.quote(self.data)
+        return f"data:{self.mime};base64,{''.join(self.data.split())}"
+
+
+def plots_in_notebook(notebook: dict[str, Any]) -> list[Plot]:
+    """The images (plots) in an executed notebook's outputs, in order; one per output."""
+    plots = []
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []) or []:
+            data = output.get("data", {}) if isinstance(output, dict) else {}
+            for mime in PLOT_MIMES:
+                value = data.get(mime)
+                if isinstance(value, list):  # a multi-line string as a list of lines
+                    value = "".join(value)
+                if isinstance(value, str) and value.strip():
+                    plots.append(Plot(mime, value))
+                    break
+    return plots
+
+
+@dataclass(frozen=True)
 class NotebookResult:
-    """How one notebook fared in a course run."""
+    """How one notebook fared in a course run. ``rendering``: the executed notebook as
+    HTML, relative to the report (None if it could not be written)."""
 
     path: str
     status: str  # "ok" or "failed"
     seconds: float
     error: str | None
     figures: list[Figure]
+    plots: list[Plot] = field(default_factory=list)
+    rendering: str | None = None
 
 
 def write_report(results: list[NotebookResult], environment: dict[str, Any], out_dir: Path) -> Path:
@@ -93,7 +134,11 @@ def write_report(results: list[NotebookResult], environment: dict[str, Any], out
     as_json = {
         "environment": environment,
         "notebooks": [
-            {**result.__dict__, "figures": [figure.__dict__ for figure in result.figures]}
+            {
+                **result.__dict__,
+                "figures": [figure.__dict__ for figure in result.figures],
+                "plots": len(result.plots),  # the images themselves are in report.html
+            }
             for result in results
         ],
     }
@@ -111,14 +156,24 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
     )
     nb_rows = []
     for result in results:
-        figures = "".join(f"<li>{esc(str(figure))}</li>" for figure in result.figures)
+        name = Path(result.path).name
+        executed = "notebooks/" + name  # the executed copy beside this report
+        title = (
+            f"<a href='{esc(result.rendering)}'>{esc(result.path)}</a>"
+            if (result.rendering)
+            else esc(result.path)
+        )
         error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
-        executed = "notebooks/" + Path(result.path).name  # the copy beside this report
+        plots = "".join(
+            f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {esc(name)}'>"
+            for number, plot in enumerate(result.plots, start=1)
+        )
         nb_rows.append(
             f"<tr class='{esc(result.status)}'>"
-            f"<td><a href='{esc(executed)}'>{esc(result.path)}</a></td>"
+            f"<td class='name'>{title}<br><small><a href='{esc(executed)}'>.ipynb</a></small></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
-            f"<td><ul>{figures}</ul>{error}</td></tr>"
+            f"<td>{_figures_html(result.figures)}{error}</td>"
+            f"<td class='plots'>{plots or '<small>none</small>'}</td></tr>"
         )
     failed = sum(result.status != "ok" for result in results)
     summary = f"{len(results) - failed} of {len(results)} notebooks ran without error"
@@ -128,21 +183,39 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>Course run report</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; margin-bottom: 2em; }}
+table {{ border-collapse: collapse; margin-bottom: 2em; width: 100%; }}
 td, th {{ border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }}
 tr.failed td {{ background: #fdd; }} tr.ok td:nth-child(2) {{ color: #070; }}
+td.name {{ white-space: nowrap; }}
+td ul {{ margin: 0.2em 0 0.6em; padding-left: 1.2em; }}
+p.label {{ margin: 0; font-style: italic; color: #555; }}
+td.plots img {{ width: 400px; margin: 0 4px 4px 0; border: 1px solid #eee; }}
 pre {{ white-space: pre-wrap; max-width: 60em; }}
 </style></head><body>
 <h1>Course run report</h1>
-<p>{esc(summary)}.</p>
+<p>{esc(summary)}. Each notebook's name opens its executed copy as a web page.</p>
 <h2>Notebooks</h2>
-<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key figures</th></tr>
+<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key figures</th>
+<th>plots</th></tr>
 {"".join(nb_rows)}
 </table>
 <h2>Environment (from <code>python -m course_utils doctor</code>)</h2>
 <table>{env_rows}</table>
 </body></html>
 """
+
+
+def _figures_html(figures: list[Figure]) -> str:
+    """Figures grouped by where they were measured: each label once, then its figures."""
+    groups: dict[str, list[Figure]] = {}
+    for figure in figures:
+        groups.setdefault(figure.label, []).append(figure)
+    return "".join(
+        f"<p class='label'>{html.escape(label)}</p><ul>"
+        + "".join(f"<li>{html.escape(figure.without_label())}</li>" for figure in group)
+        + "</ul>"
+        for label, group in groups.items()
+    )
 
 
 def _show(value: Any) -> str:

@@ -1,14 +1,17 @@
 """Run the course's notebooks headlessly and write the report (``make course``).
 
 Each notebook is executed in a fresh kernel on whatever hardware is present. The
-executed copies go to ``<out>/notebooks/``; ``<out>/report.html`` lists each notebook's
-status, run time and key figures (see :mod:`course_utils.report`) beside the doctor's
+executed copies go to ``<out>/notebooks/``, each with an HTML rendering beside it
+(nbconvert); ``<out>/report.html`` lists each notebook's status, run time, key figures
+and plots (see :mod:`course_utils.report`), links the renderings, and shows the doctor's
 description of the machine. A failing notebook does not stop the others; the run
-returns the number of failures.
+returns the number of failures. Long helpers print one line when done
+(``COURSE_PROGRESS=line``, unless set) rather than drawing widgets in the copies.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -18,7 +21,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from course_utils import workload
-from course_utils.report import NotebookResult, figures_in_notebook, write_report
+from course_utils.progress import ENV_VAR as PROGRESS_VAR
+from course_utils.report import (
+    NotebookResult,
+    figures_in_notebook,
+    plots_in_notebook,
+    write_report,
+)
 
 
 def find_notebooks(paths: Sequence[Path]) -> list[Path]:
@@ -99,7 +108,27 @@ def run_notebook(
         seconds=seconds,
         error=error,
         figures=figures_in_notebook(notebook),
+        plots=plots_in_notebook(notebook),
+        rendering=render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent),
     )
+
+
+def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
+    """Write ``notebook`` as a web page (nbconvert's lab template, images embedded);
+    return its path relative to ``relative_to``, or None if nbconvert failed."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    level = exporter.log.level
+    exporter.log.setLevel(logging.ERROR)  # not "alternative text is missing" for every plot
+    try:
+        body, _ = exporter.from_notebook_node(notebook)
+        target.write_text(body, encoding="utf-8")
+    except Exception:  # a rendering problem must not hide the run's results
+        return None
+    finally:
+        exporter.log.setLevel(level)
+    return target.relative_to(relative_to).as_posix()
 
 
 def _short_error(failure: Exception) -> str:
@@ -123,6 +152,7 @@ def run_course(
     if not notebooks:
         raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
     updates = {workload.ENV_VAR: workload_name} if workload_name else {}
+    updates[PROGRESS_VAR] = os.environ.get(PROGRESS_VAR) or "line"  # no widgets in copies
     results = []
     with _environment(updates):
         size = workload.workload()

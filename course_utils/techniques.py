@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_utils import progress
 from course_utils.batch import find_max_batch_size
 from course_utils.device import pick_precision
 from course_utils.flops import Peak, device_peak, mfu
@@ -292,7 +293,8 @@ def compare_techniques(
     peaks: dict[torch.dtype, Peak] = {}
     gc.freeze()
     try:
-        return [measure_technique(t, device, peaks=peaks, **options) for t in techniques]
+        rows = progress.track(techniques, "techniques", unit="technique")
+        return [measure_technique(t, device, peaks=peaks, **options) for t in rows]
     finally:
         gc.unfreeze()
 

@@ -15,10 +15,12 @@ import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -129,6 +131,47 @@ def benchmark(
     return Timing(times, warmup, synchronize, str(torch.device(device)))
 
 
+def time_in_turns(
+    functions: Mapping[str, Callable[[], Any]],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 1,
+    rounds: int = 5,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Timing]:
+    """Time several functions taking turns (A, B, A, B, ...), one :class:`Timing` each.
+
+    Timing all of A and then all of B charges any change in a shared machine's load to
+    one of them; taking turns exposes each to the same moments, so the ratio of their
+    medians is fair. Each function gets ``warmup`` untimed calls first, then one
+    synchronized call per round.
+
+    >>> order = []
+    >>> result = time_in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+    ...                        warmup=0, rounds=2)
+    >>> order, len(result["a"].times_s)
+    (['a', 'b', 'a', 'b'], 2)
+    """
+    if warmup < 0 or rounds < 1:
+        raise ValueError("need warmup >= 0 and rounds >= 1")
+    wait = sync or synchronizer(device)
+    for fn in functions.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(rounds):
+        for name, fn in functions.items():
+            wait()
+            start = time.perf_counter()
+            fn()
+            wait()
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: Timing(values, warmup, True, str(torch.device(device)))
+        for name, values in times.items()
+    }
+
+
 class SimulatedGPU:
     """A stand-in for a GPU stream on a CPU-only machine, to show asynchronous timing.
 
@@ -161,6 +204,30 @@ class SimulatedGPU:
     def synchronize(self) -> None:
         """Block until every launched piece of work has finished."""
         self._work.join()
+
+
+@contextmanager
+def fake_cuda(gpu: SimulatedGPU) -> Iterator[list[tuple[Any, ...]]]:
+    """For the body of a ``with`` block, ``torch.cuda.synchronize()`` waits for ``gpu``
+    and ``torch.cuda.is_available()`` is ``True``; yields the list of synchronize calls
+    (their arguments). A CPU-only grader uses it to check that a timer synchronizes CUDA.
+
+    >>> gpu = SimulatedGPU()
+    >>> with fake_cuda(gpu) as calls:
+    ...     gpu.launch(0.01); torch.cuda.synchronize(); gpu.completed, len(calls)
+    (1, 1)
+    """
+    calls: list[tuple[Any, ...]] = []
+
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        gpu.synchronize()
+
+    with (
+        mock.patch.object(torch.cuda, "synchronize", synchronize),
+        mock.patch.object(torch.cuda, "is_available", lambda: True),
+    ):
+        yield calls
 
 
 def matmul_gflops(n: int, seconds: float) -> float:

@@ -254,3 +254,21 @@ def test_on_a_gpu_a_batchnorm_model_is_searched_from_its_smallest_batch():
         find_max_batch_size(trial, high=4)
     found = find_max_batch_size(trial, low=trial.min_batch_size, high=8)
     assert found.batch_size == 8 and found.capped
+
+
+def test_sweep_records_cpu_time_per_step_apart_from_waiting():
+    """The saving trial sleeps (wall time, no CPU time) for 20 ms: CPU time stays far
+    below the step time, and a busy trial's CPU time is counted."""
+    sweep = batch_size_sweep(saving_trial(fixed_s=0.02), [1, 8], repeats=2)
+    for row in sweep.fitted:
+        assert 0 < row.cpu_step_s < 0.5 * row.step_s
+        assert row.cpu_samples_per_s == pytest.approx(row.batch_size / row.cpu_step_s)
+
+    def busy(batch_size):
+        total = 0
+        for i in range(20_000 * batch_size):
+            total += i
+
+    busy_sweep = batch_size_sweep(busy, [1, 8], repeats=2)
+    one, eight = busy_sweep.fitted
+    assert eight.cpu_step_s > 2 * one.cpu_step_s  # 8x the work, with room for noise

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
-from course_utils.classroom import CheckFailed, check, check_close, passed
+from course_utils.classroom import CheckFailed, check, check_close, passed, record_tensor_to
 from course_utils.cli import main
 from course_utils.student import RAISES_TAG, nbgrader_role, student_version
 
@@ -50,6 +51,38 @@ def test_checks_give_the_feedback_they_were_given(capsys):
         check_close(1.0, 2.0, "the speed-up")
     passed("demo")
     assert "demo: all checks passed" in capsys.readouterr().out
+
+
+def test_record_tensor_to_sees_how_each_tensor_was_moved():
+    original = torch.Tensor.to
+    x = torch.ones(3)
+    with record_tensor_to() as moves:
+        moved = x.to("cpu", non_blocking=True)
+        x.to("cpu")
+        x.to(torch.device("cpu"), torch.float64, True)  # positional non_blocking
+        x.to(dtype=torch.float16)
+    assert torch.equal(moved, x)  # the spy still runs the real call
+    assert [m.non_blocking for m in moves] == [True, False, True, False]
+    assert [m.source_device for m in moves] == ["cpu"] * 4
+    assert not any(m.pinned for m in moves)  # nothing here is pinned
+    assert moves[0].target == "cpu" and "float16" in moves[3].target
+    assert torch.Tensor.to is original
+    x.to("cpu", non_blocking=True)
+    assert len(moves) == 4  # nothing recorded after the block
+
+
+def test_record_tensor_to_restores_the_method_after_an_error():
+    original = torch.Tensor.to
+    with pytest.raises(RuntimeError), record_tensor_to():
+        raise RuntimeError("the learner's code failed")
+    assert torch.Tensor.to is original
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs a CUDA GPU")
+def test_record_tensor_to_sees_pinned_sources():
+    with record_tensor_to() as moves:
+        torch.ones(4).pin_memory().to("cuda", non_blocking=True)
+    assert moves[-1].pinned and moves[-1].non_blocking
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -48,8 +48,9 @@ def test_wrong_arguments_print_usage_and_exit_2(args):
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["badges", "--repo", "not a repo"], {}, "error: --repo must look like OWNER/NAME"),
-        (["badges", "--repo", "me/fork", "--root", "/nonexistent"], {}, "error: no notebooks"),
+        (["badges", "--repo", "not a repo", "--ref", "v1"], {}, "error: --repo must look like"),
+        (["badges", "--repo", "me/fork"], {}, "error: --repo needs --ref: a commit"),
+        (["badges", "--no-repo", "--root", "/nonexistent"], {}, "error: no colab_setup.sh in"),
         (["run-notebooks", "/nonexistent/x.ipynb"], {}, "error: not a notebook"),
         (["doctor"], {"COURSE_DEVICE": "tpu"}, "error: unknown device 'tpu'"),
         (["doctor"], {"COURSE_DEVICE": "cuda:1"}, "error: asked for cuda:1"),

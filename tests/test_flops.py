@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from torch import nn
 
-from course_utils.flops import Peak, achieved, count_flops, gpu_peak, matmul_stream, mfu
+from course_utils.flops import (
+    GPU_PEAKS,
+    Peak,
+    achieved,
+    count_flops,
+    device_peak,
+    gpu_peak,
+    matmul_stream,
+    mfu,
+)
 
 
 def test_a_training_step_costs_about_three_forward_passes():
@@ -46,3 +57,30 @@ def test_matmul_stream_runs_for_the_asked_time_in_batches_of_16():
     count, elapsed = matmul_stream("cpu", 16, 0.05)
     assert count % 16 == 0 and count >= 16 and 0.05 <= elapsed < 2.0
 
+
+
+def test_every_datasheet_row_cites_its_primary_source_inside_the_package():
+    for peak in GPU_PEAKS:
+        assert "https://" in peak.source and "../" not in peak.source, peak
+        assert peak.name.split()[0] in peak.source or (peak.name == "L4" and "Ada" in peak.source)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "tf32", "tflops", "column"),
+    [("Tesla T4", torch.float16, False, 65.0, "fp16 tensor-core"),
+     ("NVIDIA A100-SXM4-80GB", torch.float32, False, 19.5, "fp32 (no tensor cores)"),
+     ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0, "TF32 tensor-core"),
+     ("NVIDIA H200", torch.bfloat16, False, 989.0, "bf16 tensor-core")],
+)
+def test_a_gpu_peak_names_the_column_it_divides_by_and_its_datasheet(
+    name, dtype, tf32, tflops, column
+):
+    before = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        with patch("torch.cuda.get_device_name", return_value=name):
+            peak = device_peak("cuda", dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert peak.flops_per_s == tflops * 1e12
+    assert f"dense {column} peak" in peak.source and gpu_peak(name).source in peak.source

@@ -4,6 +4,7 @@ utilization callback logs without a GPU."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,11 +16,13 @@ from course_utils.lightning import (
     DisconnectAfter,
     SimulatedDisconnect,
     UtilizationLogger,
+    checkpoint_dir,
     checkpointing,
     compare_with_plain_loop,
     lightning_precision,
     make_trainer,
     metrics_csv,
+    mount_drive,
     plot_metrics,
     quiet_by_default,
     read_metrics,
@@ -174,13 +177,62 @@ def test_trainer_is_quiet_under_tests():
 
 def test_comparison_measures_both_ways_from_one_run(loader):
     result = compare_with_plain_loop(
-        tiny_cnn, loader, epochs=2, config=TrainConfig(precision="fp32"), device="cpu"
+        tiny_cnn, loader, epochs=2, config=TrainConfig(precision="fp32"), device="cpu", rounds=1
     )
     assert len(result.plain_epoch_s) == len(result.lightning_epoch_s) == 2
+    assert result.steps_per_epoch == STEPS_PER_EPOCH
     assert result.overhead_ratio > 0
     assert result.lightning_total_s >= sum(result.lightning_epoch_s)
     assert result.plain_peak is not None and result.plain_peak.method.startswith("CPU")
     assert "Lightning / plain" in str(result)
+
+
+def test_comparison_takes_turns(loader, monkeypatch):
+    """The two ways alternate (plain, Lightning, Lightning, plain, plain, Lightning): a
+    machine whose speed drifts during the runs must not always favour the same way.
+    The order is recorded from what actually ran, not from the result's own field."""
+    import course_utils.lightning as lightning
+
+    ran: list[str] = []
+    real_train, real_trainer = lightning.train, lightning.make_trainer
+
+    def spy_train(*args, **kwargs):  # one call per plain run of one epoch
+        ran.append("plain")
+        return real_train(*args, **kwargs)
+
+    def spy_trainer(*args, **kwargs):
+        ran.append("lightning")
+        return real_trainer(*args, **kwargs)
+
+    monkeypatch.setattr(lightning, "train", spy_train)
+    monkeypatch.setattr(lightning, "make_trainer", spy_trainer)
+    result = compare_with_plain_loop(
+        tiny_cnn, loader, epochs=1, config=TrainConfig(precision="fp32"), device="cpu", rounds=3
+    )
+    expected = ["plain", "lightning", "lightning", "plain", "plain", "lightning"]
+    assert ran == expected
+    assert result.order == expected
+    assert len(result.plain_runs) == len(result.lightning_runs) == 3
+    assert all(len(run) == 1 for run in result.plain_runs + result.lightning_runs)
+
+
+def test_comparison_statistics_pair_the_runs_of_each_round():
+    from course_utils.lightning import Comparison
+
+    result = Comparison(
+        "cpu",
+        "32-true",
+        epochs=3,
+        steps_per_epoch=10,
+        plain_runs=[[9.0, 1.0, 1.0], [9.0, 2.0, 2.0]],
+        lightning_runs=[[9.0, 1.5, 1.5], [9.0, 2.2, 2.2]],
+    )
+    # warm-up epochs left out; ratios per round: 1.5 and 1.1, differences 0.5 and 0.2
+    assert result.overhead_ratio == pytest.approx(1.3)
+    assert result.overhead_s_per_epoch == pytest.approx(0.35)
+    assert result.overhead_s_per_step == pytest.approx(0.035)
+    # plain epochs kept: 1, 1, 2, 2 (spread 1 / median 1.5); Lightning: 1.5..2.2 / 1.85
+    assert result.noise == pytest.approx(1 / 1.5)
 
 
 @pytest.mark.gpu
@@ -201,8 +253,14 @@ def test_on_a_gpu_lightning_matches_the_plain_loop_in_fp32(loader, monkeypatch):
     train(plain, loader, max_steps=5)
     module = CourseModule(copy.deepcopy(initial), config)
     callback = UtilizationLogger(every_n_steps=1)
-    trainer = make_trainer(max_steps=5, accelerator="gpu", devices=[0], precision="fp32",
-                           logger=False, callbacks=[callback])
+    trainer = make_trainer(
+        max_steps=5,
+        accelerator="gpu",
+        devices=[0],
+        precision="fp32",
+        logger=False,
+        callbacks=[callback],
+    )
     trainer.fit(module, loader)
     assert max_difference(initial, plain.model.cpu()) > 1e-3
     assert max_difference(plain.model.cpu(), module.model.cpu()) <= 1e-5
@@ -212,7 +270,7 @@ def test_on_a_gpu_lightning_matches_the_plain_loop_in_fp32(loader, monkeypatch):
 
 @pytest.mark.gpu
 def test_on_a_gpu_auto_precision_is_the_same_both_ways_and_trains(loader):
-    """"auto": fp16 + GradScaler on a T4, bf16 from compute capability 8.0, for both."""
+    """ "auto": fp16 + GradScaler on a T4, bf16 from compute capability 8.0, for both."""
     from course_utils.device import pick_precision
     from course_utils.lightning import lightning_precision
 
@@ -247,6 +305,54 @@ def test_fork_safe_threads_acts_only_in_forked_children(monkeypatch):
     finally:
         torch.set_num_threads(threads)
     monkeypatch.undo()
-    trainer = make_trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp_notebook",
-                           logger=False)
+    trainer = make_trainer(
+        max_steps=1, accelerator="cpu", devices=2, strategy="ddp_notebook", logger=False
+    )
     assert any(isinstance(c, ForkSafeThreads) for c in trainer.callbacks)
+
+
+class FakeDrive:
+    """Stands in for ``google.colab.drive``: records each request, refuses or mounts."""
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.calls: list[str] = []
+
+    def mount(self, mount_point: str) -> None:
+        self.calls.append(mount_point)
+        if self.refuse:
+            raise RuntimeError("Error: credential propagation was unsuccessful")
+        (Path(mount_point) / "MyDrive").mkdir(parents=True)
+
+
+def fake_colab(monkeypatch, drive: FakeDrive) -> None:
+    import sys
+    import types
+
+    colab = types.ModuleType("google.colab")
+    colab.drive = drive  # type: ignore[attr-defined]
+    google = types.ModuleType("google")
+    google.colab = colab  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+
+
+def test_drive_refused_on_colab_asks_once_and_does_not_raise(monkeypatch, tmp_path, capsys):
+    drive = FakeDrive(refuse=True)
+    fake_colab(monkeypatch, drive)
+    assert mount_drive(environment="colab", mount_point=tmp_path / "drive") is False
+    assert mount_drive(environment="colab", mount_point=tmp_path / "drive") is False
+    assert drive.calls == [str(tmp_path / "drive")], "a refusal must not be asked again"
+    assert "not mounted" in capsys.readouterr().out
+    folder = checkpoint_dir("x", environment="colab", drive_mounted=False)
+    assert "MyDrive" not in folder.as_posix()
+
+
+def test_drive_mounted_on_colab_and_untouched_elsewhere(monkeypatch, tmp_path):
+    drive = FakeDrive(refuse=False)
+    fake_colab(monkeypatch, drive)
+    assert mount_drive(environment="local", mount_point=tmp_path / "d") is False
+    assert drive.calls == [], "outside Colab nothing asks for Drive"
+    assert mount_drive(environment="colab", mount_point=tmp_path / "d") is True
+    assert mount_drive(environment="colab", mount_point=tmp_path / "d") is True
+    assert len(drive.calls) == 1, "an already mounted Drive is not mounted again"

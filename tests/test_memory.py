@@ -209,6 +209,7 @@ def test_empty_cache_experiment_on_the_cpu_frees_at_del():
     dropped = readings[1].rss_mib - readings[2].rss_mib
     assert grew > 32, f"RSS grew by only {grew:.1f} MiB for a 64 MiB tensor"
     assert dropped > 32, f"del gave back only {dropped:.1f} MiB: there is no cache on a CPU"
+    assert "malloc_trim" in readings[2].stage, "the CPU row runs del and malloc_trim: say so"
 
 
 def test_oom_recovery_finds_a_smaller_batch_and_reraises_other_errors():

@@ -114,3 +114,16 @@ def test_on_a_gpu_synchronizing_charges_kernels_to_compute():
     assert synced.compute_s > 2 * unsynced.compute_s  # unsynchronized: launches only
     assert synced.wall_s == pytest.approx(unsynced.wall_s, rel=0.5)  # same work either way
     assert synced.starved_fraction < 0.5
+
+
+def test_cpu_time_counts_this_process_working_not_waiting():
+    def busy(_batch):
+        total = 0
+        for i in range(200_000):
+            total += i
+
+    sleeping = profile_loop(SleepyLoader(4, 0.03), lambda b: None, warmup=1)
+    working = profile_loop(SleepyLoader(4, 0.0), busy, warmup=1)
+    # waiting (here: sleep, as for a worker's batch) costs wall time but almost no CPU time
+    assert sleeping.wall_s >= 3 * 0.03 and sleeping.cpu_s < 0.5 * sleeping.wall_s
+    assert working.cpu_s > 0 and working.cpu_per_step_s == working.cpu_s / 3

@@ -73,13 +73,22 @@ def test_notebook_is_committed_clean(path):
 def test_notebook_opens_with_a_badge_and_the_colab_setup_cell(path):
     cells = json.loads(path.read_text())["cells"]
     first_markdown = "".join(cells[0]["source"])
-    own_url = colab.badge_url(colab.DEFAULT_REPO, colab.DEFAULT_REF, f"notebooks/{path.name}")
-    assert own_url in first_markdown
+    assert re.search(
+        r"https://colab\.research\.google\.com/github/[^/\s]+/[^/\s]+/blob/[^\s)]+/notebooks/"
+        + re.escape(path.name),
+        first_markdown,
+    ), "the first markdown cell has an Open in Colab badge for this notebook"
     first_code = next(cell for cell in cells if cell["cell_type"] == "code")
     assert colab.SETUP_TAG in first_code["metadata"].get("tags", [])
-    assert "".join(first_code["source"]) == colab.setup_cell_source(
-        colab.DEFAULT_REPO, colab.DEFAULT_REF
+    source = "".join(first_code["source"])
+    settings = colab.setup_cell_settings(source)
+    assert settings, "the setup cell names COURSE_REPO, COURSE_REF and SETUP_SHA256"
+    repo, ref, sha256 = settings
+    assert sha256 == colab.script_sha256(ROOT), (
+        "the setup cell's SHA-256 is not colab_setup.sh's: "
+        "run python -m course_utils badges (it keeps the repository and ref)"
     )
+    assert source == colab.setup_cell_source(repo, ref, sha256), "written by the badges command"
 
 
 def test_readme_documents_the_two_commands_and_the_workload_variable():

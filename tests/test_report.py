@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -11,7 +12,9 @@ from course_utils.report import (
     FIGURE_MIME,
     Figure,
     NotebookResult,
+    Plot,
     figures_in_notebook,
+    plots_in_notebook,
     record_figure,
     write_report,
 )
@@ -58,7 +61,7 @@ def test_report_lists_notebooks_figures_and_environment(tmp_path):
     path = write_report(results, environment, tmp_path / "build")
     page = path.read_text()
     assert "1 of 2 notebooks ran without error" in page
-    assert "notebooks/01.ipynb" in page and "f: 2 x [CPU]" in page
+    assert "notebooks/01.ipynb" in page and "<li>f: 2 x</li>" in page
     assert "ZeroDivisionError: &lt;boom&gt;" in page  # escaped, not raw HTML
     assert "<th>torch</th><td>2.14.1</td>" in page
     assert "<th>gpus</th><td>none</td>" in page and "<td>not available</td>" in page
@@ -67,3 +70,46 @@ def test_report_lists_notebooks_figures_and_environment(tmp_path):
     data = json.loads((tmp_path / "build" / "report.json").read_text())
     assert data["notebooks"][0]["figures"][0]["name"] == "f"
     assert data["notebooks"][1]["status"] == "failed"
+
+
+def test_the_hardware_label_shows_once_per_notebook_and_per_place(tmp_path):
+    cpu, t4 = "measured on this machine (CPU)", "published: NVIDIA T4 datasheet"
+    figures = [Figure("a", 1.0, "s", cpu), Figure("b", 2, "", cpu), Figure("c", 65, "TFLOPS", t4)]
+    results = [NotebookResult("notebooks/01.ipynb", "ok", 1.0, None, figures)]
+    page = write_report(results, {}, tmp_path).read_text()
+    assert page.count(cpu) == 1 and page.count(t4) == 1
+    assert f"<p class='label'>{cpu}</p><ul><li>a: 1 s</li><li>b: 2</li></ul>" in page
+    assert f"<p class='label'>{t4}</p><ul><li>c: 65 TFLOPS</li></ul>" in page
+
+
+def test_plots_are_found_and_embedded_and_the_rendering_is_linked(tmp_path):
+    png = base64.b64encode(b"\x89PNG not really").decode()
+    svg = "<svg xmlns='http://www.w3.org/2000/svg'><rect width='1' height='1'/></svg>"
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown", "source": "![x](data:image/png;base64,AAAA)"},
+            {"cell_type": "code", "outputs": [
+                {"output_type": "display_data", "data": {"image/png": png + "\n",
+                                                         "text/plain": "<Figure>"}},
+                {"output_type": "stream", "text": "hello"},
+            ]},
+            {"cell_type": "code", "outputs": [
+                {"output_type": "execute_result", "data": {"image/svg+xml": [svg[:20], svg[20:]]}},
+                {"output_type": "display_data", "data": {"image/png": ""}},
+            ]},
+        ]
+    }
+    plots = plots_in_notebook(notebook)
+    assert plots == [Plot("image/png", png + "\n"), Plot("image/svg+xml", svg)]
+    assert plots[0].data_uri() == f"data:image/png;base64,{png}"
+    results = [
+        NotebookResult("notebooks/01_x.ipynb", "ok", 1.0, None, [], plots, "notebooks/01_x.html"),
+        NotebookResult("notebooks/02_y.ipynb", "failed", 1.0, "boom", []),
+    ]
+    page = write_report(results, {}, tmp_path).read_text()
+    assert "<a href='notebooks/01_x.html'>notebooks/01_x.ipynb</a>" in page
+    assert f"<img src='data:image/png;base64,{png}' alt='plot 1 of 01_x.ipynb'>" in page
+    assert "src='data:image/svg+xml;charset=utf-8,%3Csvg" in page
+    assert page.count("<img ") == 2
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [nb["plots"] for nb in data["notebooks"]] == [2, 0]

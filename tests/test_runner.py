@@ -18,7 +18,8 @@ def write_notebook(path, *sources):
     nbformat.write(notebook, path)
 
 
-def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path):
+def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatch):
+    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     write_notebook(
@@ -26,6 +27,8 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path):
         "from course_utils.report import record_figure\nimport os",
         "record_figure('answer', 42, 'units', label='measured here')",
         "assert os.environ['COURSE_WORKLOAD'] == 'small'",
+        "assert os.environ['COURSE_PROGRESS'] == 'line'  # one line per long helper, no widget",
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()",
     )
     write_notebook(notebooks / "02_fails.ipynb", "1 / 0", "print('never')")
     write_notebook(notebooks / "03_after.ipynb", "x = 1")
@@ -45,7 +48,18 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path):
         {"name": "answer", "value": 42, "unit": "units", "label": "measured here"}
     ]
     assert report["environment"]["workload"] == "small"
-    assert "02_fails.ipynb" in (tmp_path / "build" / "report.html").read_text()
+    page = (tmp_path / "build" / "report.html").read_text()
+    assert "02_fails.ipynb" in page
+    # each executed notebook is rendered as a web page, linked from its row
+    assert [nb["rendering"] for nb in report["notebooks"]] == [
+        f"notebooks/{name}.html" for name in ("01_ok", "02_fails", "03_after")
+    ]
+    rendered = (tmp_path / "build" / "notebooks" / "01_ok.html").read_text()
+    assert "record_figure" in rendered and "data:image/png;base64," in rendered
+    assert "<a href='notebooks/01_ok.html'>" in page
+    # the plot is embedded in the report
+    assert [nb["plots"] for nb in report["notebooks"]] == [1, 0, 0]
+    assert page.count("<img src='data:image/png;base64,") == 1
 
 
 def test_find_notebooks_refuses_a_missing_path(tmp_path):

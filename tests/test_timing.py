@@ -100,3 +100,26 @@ def test_gpu_matmul_needs_synchronization_to_be_timed():
     synced = benchmark(lambda: a @ a, device="cuda", warmup=2, repeats=5)
     naive = benchmark(lambda: a @ a, device="cuda", warmup=2, repeats=5, synchronize=False)
     assert naive.median_s < synced.median_s
+
+
+def test_time_in_turns_alternates_and_synchronizes_around_each_call():
+    events = []
+    result = timing.time_in_turns(
+        {"a": lambda: events.append("a"), "b": lambda: events.append("b")},
+        warmup=1, rounds=2, sync=lambda: events.append("sync"),
+    )
+    assert events == ["a", "b"] + ["sync", "a", "sync", "sync", "b", "sync"] * 2
+    assert [len(t.times_s) for t in result.values()] == [2, 2]
+    assert result["a"].warmup == 1 and result["a"].synchronized
+
+
+def test_time_in_turns_charges_each_function_its_own_time():
+    result = timing.time_in_turns({"fast": lambda: None, "slow": lambda: time.sleep(0.02)},
+                                  warmup=0, rounds=3)
+    assert result["slow"].median_s >= 0.02 > result["fast"].median_s
+
+
+@pytest.mark.parametrize("kwargs", [{"rounds": 0}, {"warmup": -1}])
+def test_time_in_turns_refuses_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        timing.time_in_turns({"a": lambda: None}, **kwargs)

@@ -1,0 +1,267 @@
+"""The PyTorch exercises of notebooks 01 and 02: their checks pass the instructor's solution
+and fail the usual mistakes, with feedback that names the mistake.
+
+Each check cell is run as the grader runs it: after the notebook's imports and knobs, with
+the learner's function defined in the same namespace.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_utils.classroom import CheckFailed
+from course_utils.fake_nvml import FakeGpu, FakeNvml, gpu_from_sample
+from course_utils.nvml import snapshot
+
+ROOT = Path(__file__).resolve().parent.parent
+NB01 = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
+NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
+
+
+def _cells(path) -> dict[str, str]:
+    notebook = nbformat.read(path, as_version=4)
+    return {cell.get("id"): cell.source for cell in notebook.cells if cell.cell_type == "code"}
+
+
+def _grade_cell(path, grade_id: str) -> str:
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+def _namespace(path, setup_ids: list[str], monkeypatch) -> dict:
+    monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    cells = _cells(path)
+    namespace: dict = {}
+    for cell_id in setup_ids:
+        exec(cells[cell_id], namespace)
+    return namespace
+
+
+def _run_check(path, grade_id: str, namespace: dict, name: str, solution) -> None:
+    namespace[name] = solution
+    exec(_grade_cell(path, grade_id), namespace)
+
+
+# ----------------------------------------------------------------------------- 01 (c)
+
+
+def good_time_it(fn, device, warmup=2, repeats=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def no_sync_time_it(fn, device, warmup=2, repeats=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def sync_after_only_time_it(fn, device, warmup=2, repeats=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def no_warmup_time_it(fn, device, warmup=2, repeats=5):
+    return good_time_it(fn, device, warmup=0, repeats=warmup + repeats)
+
+
+def available_only_time_it(fn, device, warmup=2, repeats=5):
+    """Synchronizes whenever CUDA is available, whatever the device: still correct."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@pytest.fixture
+def nb01(monkeypatch):
+    return _namespace(NB01, ["nb01-04", "nb01-05"], monkeypatch)
+
+
+@pytest.mark.parametrize("solution", [good_time_it, available_only_time_it])
+def test_time_it_check_passes_correct_timers(nb01, solution, capsys):
+    _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (no_sync_time_it, "torch.cuda.synchronize()"),
+        (sync_after_only_time_it, "synchronize before the clock"),
+        (no_warmup_time_it, "warm-up calls were timed"),
+    ],
+)
+def test_time_it_check_names_the_mistake(nb01, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback.replace("(", r"\(").replace(")", r"\)")):
+        _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
+
+
+# ----------------------------------------------------------------------------- 02 (c)
+
+
+def good_read_gpu(nvml, index):
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        except nvml.NVMLError_NotSupported:
+            util = None
+        return util, memory.used // 2**20, memory.total // 2**20
+    finally:
+        nvml.nvmlShutdown()
+
+
+def gpu0_read_gpu(nvml, index):
+    return good_read_gpu(nvml, 0)
+
+
+def bytes_read_gpu(nvml, index):
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+    nvml.nvmlShutdown()
+    return util, memory.used, memory.total
+
+
+def no_mig_read_gpu(nvml, index):
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        return util, memory.used // 2**20, memory.total // 2**20
+    finally:
+        nvml.nvmlShutdown()
+
+
+def no_finally_read_gpu(nvml, index):
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+    except nvml.NVMLError_NotSupported:
+        util = None
+    nvml.nvmlShutdown()
+    return util, memory.used // 2**20, memory.total // 2**20
+
+
+def no_shutdown_read_gpu(nvml, index):
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+    except nvml.NVMLError_NotSupported:
+        util = None
+    return util, memory.used // 2**20, memory.total // 2**20
+
+
+@pytest.fixture
+def nb02(monkeypatch):
+    return _namespace(NB02, ["nb02-03"], monkeypatch)
+
+
+def test_read_gpu_check_passes_the_solution(nb02, capsys):
+    _run_check(NB02, "02-read-gpu-check", nb02, "read_gpu", good_read_gpu)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (gpu0_read_gpu, "the busy H200"),
+        (bytes_read_gpu, "the busy H200"),
+        (no_mig_read_gpu, "under MIG"),
+        (no_finally_read_gpu, "try/finally"),
+        (no_shutdown_read_gpu, "nvmlShutdown"),
+    ],
+)
+def test_read_gpu_check_names_the_mistake(nb02, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run_check(NB02, "02-read-gpu-check", nb02, "read_gpu", solution)
+
+
+# ----------------------------------------------------------------------------- the fake
+
+
+def test_the_fake_answers_the_package_reader_like_the_recording(monkeypatch):
+    """The course's own NVML reader, given the fake, reads what nvidia-smi recorded."""
+    from course_utils import nvml
+
+    busy = gpu_from_sample("h200_query_gpu_csv_load")
+    monkeypatch.setattr(nvml, "_pynvml", FakeNvml([gpu_from_sample("h200_table_idle"), busy]))
+    reading = snapshot(1, processes=False)
+    assert reading is not None
+    assert (reading.utilization_gpu_pct, reading.memory_used_mib, reading.memory_total_mib) == (
+        99,
+        1011,
+        143771,
+    )
+    assert reading.memory_free_mib == 143771 - 1011
+    assert nvml._pynvml.init_calls == nvml._pynvml.shutdown_calls == 1
+
+
+def test_the_fake_refuses_what_pynvml_refuses():
+    fake = FakeNvml([FakeGpu(None, 1, 2)])
+    with pytest.raises(FakeNvml.NVMLError_Uninitialized):
+        fake.nvmlDeviceGetHandleByIndex(0)
+    fake.nvmlInit()
+    with pytest.raises(FakeNvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetMemoryInfo(0)  # an index is not a handle
+    with pytest.raises(FakeNvml.NVMLError_InvalidArgument):
+        fake.nvmlDeviceGetHandleByIndex(1)
+    with pytest.raises(FakeNvml.NVMLError_NotSupported):  # MIG: no utilization
+        fake.nvmlDeviceGetUtilizationRates(fake.nvmlDeviceGetHandleByIndex(0))
+    other = FakeNvml([FakeGpu(1, 1, 2)])
+    other.nvmlInit()
+    with pytest.raises(FakeNvml.NVMLError_InvalidArgument):  # another library's handle
+        fake.nvmlDeviceGetMemoryInfo(other.nvmlDeviceGetHandleByIndex(0))
+    fake.nvmlShutdown()
+    assert not fake.initialized
+    with pytest.raises(FakeNvml.NVMLError_Uninitialized):
+        fake.nvmlShutdown()
