@@ -6,8 +6,10 @@ with three exercises that use torch (as the course's do): solved, unsolved, half
 and one in five re-saved without its nbgrader metadata (found by content). Every
 submission runs in its own kernel, sandboxed with bubblewrap when it works here. The runs
 alternate (sequential, parallel, sequential, parallel) and the figures are medians; the
-load average before and after is recorded, since other work on the machine slows the
-parallel runs most. Ideal speed-up: the number of cores. Writes grade_class.json.
+load average before and after is recorded, and the share of the machine's CPU time left
+idle during each run: other work on the machine (none idle during a sequential run) caps
+what a parallel run can gain. Ideal speed-up: the number of cores. Writes
+grade_class.json.
 """
 
 from __future__ import annotations
@@ -89,12 +91,28 @@ def make_class(root: Path) -> tuple[Path, Path]:
     return root / "class", source.parent
 
 
-def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float]:
+def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float | None, float]:
+    """Wall seconds, the share of the machine's CPU time left idle meanwhile, and the
+    class's total score."""
+    before = _idle_and_total()
     start = time.perf_counter()
     results = grade_class(klass, source, out, jobs=jobs, resume=False, progress=io.StringIO())
     seconds = time.perf_counter() - start
+    after = _idle_and_total()
     assert all("report" in result for result in results), results
-    return seconds, sum(result["report"]["score"] for result in results)
+    idle = None
+    if before and after and after[1] > before[1]:
+        idle = (after[0] - before[0]) / (after[1] - before[1])
+    return seconds, idle, sum(r["report"]["score"] for r in results)
+
+
+def _idle_and_total() -> tuple[int, int] | None:
+    """Idle and total CPU ticks of the whole machine so far (Linux's /proc/stat)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields[:8])  # idle + iowait; all but guest time
 
 
 def main() -> None:
@@ -102,15 +120,17 @@ def main() -> None:
     cores = cpu_count()
     load_before = os.getloadavg()
     times: dict[int, list[float]] = {1: [], cores: []}
+    idle_shares: dict[int, list[float | None]] = {1: [], cores: []}
     with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
         klass, source = make_class(Path(tmp))
         scores = set()
         for round_ in range(ROUNDS):
             for jobs in (1, cores):
-                seconds, score = run(klass, source, Path(tmp) / f"out{round_}-{jobs}", jobs)
+                seconds, idle, score = run(klass, source, Path(tmp) / f"out{round_}-{jobs}", jobs)
                 times[jobs].append(seconds)
+                idle_shares[jobs].append(idle)
                 scores.add(score)
-                print(f"round {round_ + 1}: --jobs {jobs}: {seconds:.1f} s")
+                print(f"round {round_ + 1}: --jobs {jobs}: {seconds:.1f} s, machine idle {idle}")
     sequential, parallel = statistics.median(times[1]), statistics.median(times[cores])
     figures = {
         "label": measured_on("cpu"),
@@ -122,6 +142,10 @@ def main() -> None:
         "sequential_median_s": sequential,
         "parallel_median_s": parallel,
         "seconds_per_submission_sequential": sequential / CLASS_SIZE,
+        # The machine's CPU time left idle during each run: near 0 during the sequential
+        # runs means other work used the second core, so parallel could not gain much.
+        "machine_idle_share_sequential": idle_shares[1],
+        "machine_idle_share_parallel": idle_shares[cores],
         "speed_up": sequential / parallel,
         "parallel_efficiency": sequential / parallel / cores,
         "same_scores_every_run": len(scores) == 1,
