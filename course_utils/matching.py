@@ -59,8 +59,12 @@ def _normal(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
 
 
-def _alike(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, _normal(a), _normal(b), autojunk=False).ratio()
+def _alike(a: str, b: str, at_least: float = 0.0) -> float:
+    """difflib's ratio of two sources (0 when a quick upper bound is below ``at_least``)."""
+    matcher = difflib.SequenceMatcher(None, _normal(a), _normal(b), autojunk=False)
+    if matcher.real_quick_ratio() < at_least or matcher.quick_ratio() < at_least:
+        return 0.0
+    return matcher.ratio()
 
 
 def defined_names(source: str, *, imports: bool = True) -> set[str]:
@@ -172,8 +176,9 @@ def _score(cell: Any, theirs: str, role: str, in_gap: bool) -> tuple[float, str]
     """How well a submission cell (source ``theirs``) matches an instructor cell."""
     if role == "check":
         visible = _HIDDEN.sub("", cell.source)
-        alike = max(_alike(visible, theirs), _alike(cell.source, theirs))
-        if alike >= (CHECK_ALIKE if in_gap else CHECK_ALIKE_ELSEWHERE):
+        needed = CHECK_ALIKE if in_gap else CHECK_ALIKE_ELSEWHERE
+        alike = max(_alike(visible, theirs, needed), _alike(cell.source, theirs, needed))
+        if alike >= needed:
             return alike + (1 if in_gap else 0), f"by its source ({alike:.0%} like the check)"
         return None
     if "passed(" in theirs:  # a check pasted as a cell of its own is no solution

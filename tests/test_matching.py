@@ -90,3 +90,15 @@ def test_partial_loss_and_unmatched_checks_are_graded(tmp_path, source):
     scores = _scores(report)
     assert scores["t-greet-check"] == (2, "") and scores["t-double-check"][0] == 0
     assert [line.split(":")[0] for line in report.matched] == ["t-greet-check"]
+
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_course_exercises_are_found_in_a_student_copy_without_metadata(path):
+    instructor = nbformat.read(path, as_version=4)
+    expected = {cell.metadata["nbgrader"]["grade_id"]: index
+                for index, cell in enumerate(instructor.cells) if "nbgrader" in cell.metadata}
+    matches = match_cells(_strip(student_version(instructor)), instructor)
+    assert {gid: match.index for gid, match in matches.items()} == expected
