@@ -23,6 +23,9 @@ One module per concept, so a learner finds the code of a lesson in one place:
 * :mod:`course_utils.lightning`: the same training in PyTorch Lightning.
 * :mod:`course_utils.distributed`: DDP with torchrun, and the equivalence check.
 * :mod:`course_utils.classroom`: exercise checks, student versions, the grader.
+* :mod:`course_utils.sandbox`: the bubblewrap sandbox that graded submissions run in.
+* :mod:`course_utils.matching`: exercise cells found by content when metadata is lost.
+* :mod:`course_utils.gradebook`: grade a class in parallel into a gradebook.
 """
 
 from importlib.metadata import PackageNotFoundError, version

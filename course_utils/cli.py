@@ -10,6 +10,7 @@ Commands:
   ddp-check      DDP on N CPU processes (torchrun, gloo) ends where one process does
   student        write student versions of the notebooks (``make student``)
   grade          run a submitted notebook on the CPU and score its exercise checks
+  grade-class    grade a folder of learners' submissions in parallel into a gradebook
 
 The contract of every command:
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from course_utils import workload
+from course_utils.sandbox import GIB, Limits  # the standard library only: starts fast
 
 PROG = "python -m course_utils"
 BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
@@ -117,12 +119,59 @@ def _parser() -> argparse.ArgumentParser:
     student.add_argument("--out", type=Path, default=Path("build/student"), help="output folder")
 
     grade = commands.add_parser("grade", help="score a submitted notebook's exercise checks")
-    grade.add_argument("submission", type=Path, help="the learner's .ipynb")
+    grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or several)")
     grade.add_argument("--source", type=Path, help="instructor notebook (default: same name)")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
-    grade.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
-    grade.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
+    grade.add_argument("--out", type=Path, help="also write gradebook, checks and feedback here")
+    _grading_options(grade)
+
+    klass = commands.add_parser("grade-class", help="grade a folder of submissions in parallel")
+    klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
+    klass.add_argument(
+        "--source", type=Path, default=_COURSE_NOTEBOOKS, help="instructor notebooks (folder)"
+    )
+    klass.add_argument("--out", type=Path, default=Path("grades"), help="output folder")
+    klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
+    _grading_options(klass)
     return parser
+
+
+_COURSE_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _grading_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
+    parser.add_argument("--jobs", type=int, help="submissions at once (default: CPU cores)")
+    parser.add_argument(
+        "--sandbox",
+        choices=("auto", "bwrap", "none"),
+        default="auto",
+        help="run each submission in bubblewrap (auto: when it works here)",
+    )
+    parser.add_argument("--memory", type=float, default=4, help="GiB per sandboxed process")
+    parser.add_argument("--processes", type=int, default=512, help="processes and threads")
+
+
+def _bad_input(message: str) -> int:
+    """Bad input named on the command line: one line on stderr, exit 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _grading_limits(args: argparse.Namespace) -> str | None:
+    """Why the grading limits make no sense, or None."""
+    import math
+
+    for name in ("cell_timeout", "timeout", "memory"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            return f"--{name.replace('_', '-')} must be a positive number, not {value:g}"
+    if args.jobs is not None and args.jobs < 1:
+        return f"--jobs must be at least 1, not {args.jobs}"
+    if args.processes < 16:
+        return f"--processes must be at least 16 (a kernel has threads), not {args.processes}"
+    return None
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -238,23 +287,81 @@ def _ddp_check(args: argparse.Namespace) -> int:
 
 
 def _student(args: argparse.Namespace) -> int:
-    from course_utils.student import make_student_versions
+    from course_utils.student import InputError, make_student_versions
 
-    written = make_student_versions(args.paths, args.out)
+    missing = [path for path in args.paths if not path.exists()]
+    if missing:
+        return _bad_input(f"no such file or folder: {missing[0]}")
+    try:
+        written = make_student_versions(args.paths, args.out)
+    except (InputError, FileNotFoundError) as error:  # not a notebook; no notebooks
+        return _bad_input(str(error))
     print(f"{len(written)} student notebook(s) written to {args.out}")
     return 0
 
 
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(memory_bytes=int(args.memory * GIB), processes=args.processes)
+
+
 def _grade(args: argparse.Namespace) -> int:
     from course_utils.grading import main_grade
+    from course_utils.student import InputError
 
-    return main_grade(
-        args.submission,
-        args.source,
-        as_json=args.json,
-        cell_timeout_s=args.cell_timeout,
-        total_timeout_s=args.timeout,
-    )
+    problem = _grading_limits(args)
+    if problem:
+        return _bad_input(problem)
+    try:
+        if len(args.submission) == 1 and args.out is None:
+            return main_grade(
+                args.submission[0],
+                args.source,
+                as_json=args.json,
+                cell_timeout_s=args.cell_timeout,
+                total_timeout_s=args.timeout,
+                sandbox=args.sandbox,
+                limits=_limits(args),
+            )
+        from course_utils.gradebook import grade_notebooks
+
+        return grade_notebooks(
+            args.submission,
+            args.source,
+            args.out,
+            as_json=args.json,
+            jobs=args.jobs,
+            cell_timeout_s=args.cell_timeout,
+            total_timeout_s=args.timeout,
+            sandbox=args.sandbox,
+            limits=_limits(args),
+        )
+    except InputError as error:
+        return _bad_input(str(error))
+
+
+def _grade_class(args: argparse.Namespace) -> int:
+    from course_utils.gradebook import grade_class
+    from course_utils.student import InputError
+
+    problem = _grading_limits(args)
+    if problem:
+        return _bad_input(problem)
+    try:
+        grade_class(
+            args.submissions,
+            args.source,
+            args.out,
+            jobs=args.jobs,
+            cell_timeout_s=args.cell_timeout,
+            total_timeout_s=args.timeout,
+            sandbox=args.sandbox,
+            limits=_limits(args),
+            resume=not args.regrade,
+            warn=lambda line: print(f"warning: {line}", file=sys.stderr),
+        )
+    except InputError as error:
+        return _bad_input(str(error))
+    return 0
 
 
 HANDLERS = {
@@ -266,6 +373,7 @@ HANDLERS = {
     "ddp-check": _ddp_check,
     "student": _student,
     "grade": _grade,
+    "grade-class": _grade_class,
 }
 
 

@@ -21,14 +21,23 @@ How a submission is graded:
    the reason: the :class:`~course_utils.classroom.CheckFailed` message, the exception,
    ``timed out``, ``kernel died`` or ``not run``.
 
-This stops accidents and casual tampering, not a determined attacker: the learner's code
-runs in the same Python process as the checks (as it does with nbgrader), so it could
-replace the check functions. Read a suspicious submission.
+5. **Lost metadata**: a check or solution cell without its ``grade_id`` (retyped, or
+   re-saved by another editor) is found by content (:mod:`course_utils.matching`); the
+   report says which cells were found that way.
+6. **The kernel runs in a sandbox** when bubblewrap is available
+   (:mod:`course_utils.sandbox`): no network, a private scratch folder, no view of the
+   other submissions or the instructor's notebooks, limits on memory and processes.
+   Without one, grading says once that submissions run unsandboxed.
+
+The checks still run in the learner's Python process (as with nbgrader), so a determined
+learner could replace the check functions: the sandbox protects the machine, the other
+learners and the instructor's files, not the score. Read a suspicious submission.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import subprocess
 import sys
@@ -40,13 +49,19 @@ from typing import Any
 
 import nbformat
 
-from course_utils.student import nbgrader_role
+from course_utils import sandbox as sandboxes
+from course_utils.matching import Match, grade_id, match_cells
+from course_utils.student import InputError, nbgrader_role, read_notebook
 
 #: Defaults of the CLI: seconds per cell and for the whole run.
 CELL_TIMEOUT_S = 120
 TOTAL_TIMEOUT_S = 900
 #: Seconds a fresh kernel may take to import torch and the checks (not counted per cell).
 WARM_UP_S = 120
+#: Changes whenever the same submission could score differently (class runs regrade).
+GRADER_VERSION = "2"
+#: Characters of one output kept in a feedback notebook.
+FEEDBACK_OUTPUT_CHARS = 20_000
 
 _COURSE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +86,8 @@ class CheckResult:
     max_points: float
     passed: bool
     reason: str
+    #: How the check cell was found when its grade_id was missing ("" when it was not).
+    matched: str = ""
 
 
 @dataclass
@@ -82,6 +99,10 @@ class GradeReport:
     checks: list[CheckResult]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: "bwrap" or "none"
+    sandbox: str = "none"
+    #: Exercise cells found by content, not by grade_id: "grade_id: cell N, how".
+    matched: list[str] = field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -100,7 +121,23 @@ class GradeReport:
             "seconds": round(self.seconds, 2),
             "checks": [asdict(check) for check in self.checks],
             "notes": self.notes,
+            "sandbox": self.sandbox,
+            "matched": self.matched,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GradeReport:
+        """The report :meth:`to_dict` wrote."""
+        checks = [CheckResult(**check) for check in data["checks"]]
+        return cls(
+            data["submission"],
+            data["source"],
+            checks,
+            data["seconds"],
+            list(data.get("notes", [])),
+            data.get("sandbox", "none"),
+            list(data.get("matched", [])),
+        )
 
     def format(self) -> str:
         """A table: one line per check, then the total."""
@@ -116,7 +153,10 @@ class GradeReport:
             f"  {'total':<{width}}  {_points(self.score)}/{_points(self.max_score)}"
             f"  ({self.seconds:.1f} s)"
         )
+        lines += [f"  found without grade_id: {match}" for match in self.matched]
         lines += [f"  note: {note}" for note in self.notes]
+        if self.sandbox == "none":
+            lines.append("  note: the submission ran unsandboxed")
         return "\n".join(lines)
 
 
@@ -124,18 +164,13 @@ def _points(value: float) -> str:
     return f"{value:g}"
 
 
-def _grade_id(cell: Any) -> str | None:
-    grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-    return str(grade_id) if grade_id else None
-
-
 def check_cells(notebook: Any) -> dict[str, Any]:
     """The check cells (nbgrader ``grade: true``) of a notebook, by ``grade_id``, in order."""
     checks: dict[str, Any] = {}
     for cell in notebook.cells:
-        grade_id = _grade_id(cell)
-        if cell.cell_type == "code" and nbgrader_role(cell) == "check" and grade_id:
-            checks.setdefault(grade_id, cell)
+        found = grade_id(cell)
+        if cell.cell_type == "code" and nbgrader_role(cell) == "check" and found:
+            checks.setdefault(found, cell)
     return checks
 
 
@@ -143,48 +178,104 @@ def assemble(submission: Any, source: Any) -> tuple[list[Any], dict[int, str]]:
     """The code cells to run: the submission's, with each check replaced by the source's.
 
     Returns the cells and, for the position of each check cell among them, its grade_id.
-    A cell that claims a check's grade_id a second time is left out; a check the source
-    does not have is run as an ordinary cell and not scored.
+    Check cells are found by grade_id, or by content when it is missing
+    (:func:`course_utils.matching.match_cells`). A cell that claims a check's grade_id a
+    second time is left out; a check the source does not have is run as an ordinary
+    cell and not scored.
     """
-    reference = check_cells(source)
-    cells: list[Any] = []
-    checks_at: dict[int, str] = {}
-    for cell in submission.cells:
-        if cell.cell_type != "code":
-            continue
-        grade_id = _grade_id(cell)
-        if grade_id in reference and nbgrader_role(cell) == "check":
-            if grade_id in checks_at.values():
-                continue
-            checks_at[len(cells)] = grade_id
-            cell = nbformat.v4.new_code_cell(reference[grade_id].source)
-        else:
-            cell = nbformat.v4.new_code_cell(cell.source, metadata=dict(cell.metadata))
-        cells.append(cell)
+    cells, checks_at, _ = _assemble(submission, source, match_cells(submission, source))
     return cells, checks_at
 
 
-def kernel_environment() -> dict[str, str]:
-    """The grading kernel's environment: small sizes, no GPU, the course importable."""
+def _assemble(
+    submission: Any, source: Any, matches: dict[str, Match]
+) -> tuple[list[Any], dict[int, str], list[int]]:
+    """:func:`assemble`, plus the submission cell each cell to run comes from."""
+    reference = {grade_id(cell): cell for cell in source.cells if grade_id(cell)}
+    at = {match.index: match for match in matches.values()}
+    checks = set(check_cells(source))
+    cells: list[Any] = []
+    checks_at: dict[int, str] = {}
+    origin: list[int] = []
+    for index, cell in enumerate(submission.cells):
+        if cell.cell_type != "code":
+            continue
+        match = at.get(index)
+        if match is None and grade_id(cell) in checks and nbgrader_role(cell) == "check":
+            continue  # a second cell claiming a check's grade_id
+        if match is not None and match.role == "check":
+            checks_at[len(cells)] = match.grade_id
+            cell = nbformat.v4.new_code_cell(reference[match.grade_id].source)
+        else:
+            metadata = dict(cell.metadata)
+            if match is not None:  # a solution found by content is a solution again
+                metadata["nbgrader"] = dict(reference[match.grade_id].metadata["nbgrader"])
+            cell = nbformat.v4.new_code_cell(cell.source, metadata=metadata)
+        cells.append(cell)
+        origin.append(index)
+    return cells, checks_at, origin
+
+
+def _course_environment(threads: int | None = None) -> dict[str, str]:
+    """What the grading kernel is told: small sizes, no GPU, and its share of the CPU."""
+    env = {
+        "COURSE_WORKLOAD": "small",
+        "CUDA_VISIBLE_DEVICES": "",
+        "COURSE_DEVICE": "cpu",
+        "MPLBACKEND": "Agg",
+    }
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def kernel_environment(threads: int | None = None) -> dict[str, str]:
+    """The unsandboxed kernel's environment: small sizes, no GPU, the course importable."""
     env = dict(os.environ)
-    env.update(
-        {
-            "COURSE_WORKLOAD": "small",
-            "CUDA_VISIBLE_DEVICES": "",
-            "COURSE_DEVICE": "cpu",
-            "MPLBACKEND": "Agg",
-            "PYTHONPATH": os.pathsep.join(
-                [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        }
+    env.update(_course_environment(threads))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
     return env
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    """Where and how grading kernels run: the sandbox (None: none) and CPU threads."""
+
+    sandbox: sandboxes.Sandbox | None = None
+    threads: int | None = None
+
+
+def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
+    """A kernel manager; with a sandbox, one that starts the kernel inside bubblewrap and
+    talks to it through Unix sockets in the scratch folder (the kernel has no network)."""
+    from jupyter_client import AsyncKernelManager  # nbclient needs the async client
+
+    if sandbox is None:
+        return AsyncKernelManager(kernel_name="python3")
+
+    class SandboxedKernelManager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+            command: list[str] = super().format_kernel_cmd(extra_arguments)
+            assert sandbox is not None
+            sandbox.prepare(cwd, Path(self.connection_file))
+            return sandbox.command(command, cwd)
+
+    return SandboxedKernelManager(
+        kernel_name="python3",
+        transport="ipc",
+        ip=str(cwd / f".kernel{time.monotonic_ns() % 10**6}"),
+        connection_file=str(cwd / ".kernel.json"),
+    )
 
 
 class _Kernel:
     """One kernel running cells for the grader; replaced when it hangs or dies."""
 
-    def __init__(self, cwd: str, warm_up_s: float = WARM_UP_S) -> None:
+    def __init__(
+        self, cwd: str, warm_up_s: float = WARM_UP_S, settings: KernelSettings = KernelSettings()
+    ) -> None:
         from nbclient import NotebookClient
 
         self._scratch = nbformat.v4.new_notebook()
@@ -197,12 +288,26 @@ class _Kernel:
             iopub_timeout=4,
         )
         self._cwd = cwd
-        self._client.km = self._client.create_kernel_manager()
+        sandbox = settings.sandbox
+        self._client.km = _kernel_manager(Path(cwd), sandbox)
+        course = _course_environment(settings.threads)
+        env = (
+            kernel_environment(settings.threads)
+            if sandbox is None
+            else (sandbox.environment(Path(cwd), course))
+        )
         # The kernel's own start-up warnings are noise here; cell output is captured.
         self._client.start_new_kernel(
-            env=kernel_environment(), cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        self._client.start_new_kernel_client()
+        try:
+            self._client.start_new_kernel_client()
+        except RuntimeError as error:
+            self.close()
+            where = " in its sandbox (--sandbox none tells whether the sandbox is why)"
+            raise RuntimeError(
+                f"the grading kernel did not start{where if sandbox else ''}: {error}"
+            ) from error
         # Import torch and the checks before the first timed cell: a cell's time limit is
         # for the learner's code, not for the kernel's start-up.
         self.run(nbformat.v4.new_code_cell("import course_utils.classroom"), warm_up_s)
@@ -231,13 +336,17 @@ class _Kernel:
 
 
 def run_cells(
-    cells: list[Any], *, cell_timeout_s: float, total_timeout_s: float
+    cells: list[Any],
+    *,
+    cell_timeout_s: float,
+    total_timeout_s: float,
+    settings: KernelSettings = KernelSettings(),
 ) -> tuple[list[CellOutcome], list[str]]:
     """Run the cells in order in a fresh kernel; one outcome per cell, and notes.
 
     A cell that times out or kills the kernel gets that outcome; a new kernel then replays
     the cells that had succeeded and the run goes on. Cells left when the whole run's time
-    is up are ``not-run``.
+    is up are ``not-run``. The kernel's working folder is a fresh scratch folder.
     """
     deadline = time.monotonic() + total_timeout_s
     outcomes: list[CellOutcome] = []
@@ -246,8 +355,8 @@ def run_cells(
     def remaining() -> float:
         return deadline - time.monotonic()
 
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as cwd:
-        kernel: _Kernel | None = _Kernel(cwd, min(WARM_UP_S, total_timeout_s))
+    with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as cwd:
+        kernel: _Kernel | None = _Kernel(cwd, min(WARM_UP_S, total_timeout_s), settings)
         try:
             for index, cell in enumerate(cells):
                 if kernel is None or remaining() < 1:
@@ -258,7 +367,9 @@ def run_cells(
                 if outcome.status in ("timeout", "dead"):
                     kernel.close()
                     kernel = None  # closed: not closed again if restoring fails
-                    kernel = _restore(cells[:index], outcomes, cwd, remaining, cell_timeout_s)
+                    kernel = _restore(
+                        cells[:index], outcomes, cwd, remaining, cell_timeout_s, settings
+                    )
                     what = "timed out" if outcome.status == "timeout" else "killed the kernel"
                     then = (
                         "a fresh kernel replayed the cells that had run without error"
@@ -280,17 +391,21 @@ def _restore(
     cwd: str,
     remaining: Any,
     cell_timeout_s: float,
+    settings: KernelSettings,
 ) -> _Kernel | None:
     """A fresh kernel in the state the cells that succeeded left, or None if that fails."""
     if remaining() < 1:
         return None
-    kernel = _Kernel(cwd, min(WARM_UP_S, remaining()))
+    try:
+        kernel = _Kernel(cwd, min(WARM_UP_S, remaining()), settings)
+    except RuntimeError:
+        return None
     for cell, outcome in zip(done, outcomes, strict=False):
         if outcome.status != "ok":
             continue
         # A replayed cell gets more than its first run took: a fresh kernel is slower.
         limit = min(max(cell_timeout_s, 2 * outcome.seconds + 5), remaining())
-        if limit < 1 or kernel.run(cell, limit).status in ("timeout", "dead"):
+        if limit < 1 or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead"):
             kernel.close()
             return None
     return kernel
@@ -331,52 +446,185 @@ def _what(outcome: CellOutcome) -> str:
     )
 
 
+def default_source(submission: Path) -> Path:
+    """The instructor's notebook of the same name in the course's ``notebooks/`` folder."""
+    return _COURSE_ROOT / "notebooks" / submission.name
+
+
+_warned_unsandboxed = False
+
+
+def find_sandbox(
+    mode: str = "auto",
+    hidden: tuple[str, ...] = (),
+    limits: sandboxes.Limits | None = None,
+    *,
+    warn: bool = True,
+) -> sandboxes.Sandbox | None:
+    """The sandbox for ``mode`` (see :func:`course_utils.sandbox.find`); without one,
+    say once per process, on stderr, that submissions run unsandboxed."""
+    global _warned_unsandboxed
+    box = sandboxes.find(mode, hidden, limits or sandboxes.Limits())
+    if box is None and warn and not _warned_unsandboxed:
+        _warned_unsandboxed = True
+        print(sandboxes.unsandboxed_warning(), file=sys.stderr)
+    return box
+
+
 def grade_notebook(
     submission: Path,
     source: Path | None = None,
     *,
     cell_timeout_s: float = CELL_TIMEOUT_S,
     total_timeout_s: float = TOTAL_TIMEOUT_S,
+    sandbox: str = "auto",
+    limits: sandboxes.Limits | None = None,
 ) -> GradeReport:
     """Grade ``submission`` against the checks of ``source`` (default: the instructor's
-    notebook of the same name in the course's ``notebooks/`` folder)."""
-    source = source or _COURSE_ROOT / "notebooks" / submission.name
+    notebook of the same name in the course's ``notebooks/`` folder), in a sandbox when
+    ``sandbox`` is ``auto`` (when bubblewrap works) or ``bwrap``."""
+    source = source or default_source(submission)
+    if source.is_dir():
+        source = source / submission.name
+    hidden = (str(submission.parent), str(source.parent))
+    box = find_sandbox(sandbox, hidden, limits)
+    report, _ = grade_submission(
+        submission,
+        source,
+        cell_timeout_s=cell_timeout_s,
+        total_timeout_s=total_timeout_s,
+        settings=KernelSettings(box),
+    )
+    return report
+
+
+def grade_submission(
+    submission: Path,
+    source: Path,
+    *,
+    cell_timeout_s: float = CELL_TIMEOUT_S,
+    total_timeout_s: float = TOTAL_TIMEOUT_S,
+    settings: KernelSettings = KernelSettings(),
+) -> tuple[GradeReport, Any]:
+    """Grade a submission; return the report and the feedback notebook (the learner's
+    notebook with the outputs of the run and each check's result in its check cell).
+
+    Raises :class:`~course_utils.student.InputError` for a file that is not a notebook or
+    an instructor notebook without checks.
+    """
+    learner = read_notebook(submission)
     if not source.is_file():
-        raise FileNotFoundError(f"no instructor notebook {source}: pass --source")
-    try:
-        learner = nbformat.read(submission, as_version=4)
-    except (ValueError, KeyError, TypeError) as error:  # not JSON, not a notebook
-        raise ValueError(f"{submission} is not a readable notebook ({error})") from error
-    reference = nbformat.read(source, as_version=4)
+        raise InputError(f"no instructor notebook {source}: pass --source")
+    reference = read_notebook(source)
     expected = check_cells(reference)
     if not expected:
-        raise ValueError(f"{source} has no check cells (nbgrader grade: true)")
-    cells, checks_at = assemble(learner, reference)
+        raise InputError(f"{source} has no check cells (nbgrader grade: true)")
+    matches = match_cells(learner, reference)
+    cells, checks_at, origin = _assemble(learner, reference, matches)
     start = time.perf_counter()
     outcomes, notes = run_cells(
-        cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s
+        cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s, settings=settings
     )
     seconds = time.perf_counter() - start
-    found = {grade_id: outcomes[index] for index, grade_id in checks_at.items()}
+    found = {gid: outcomes[index] for index, gid in checks_at.items()}
     results = []
-    for grade_id, cell in expected.items():
+    for gid, cell in expected.items():
         max_points = float(cell.metadata["nbgrader"].get("points", 0) or 0)
-        outcome = found.get(grade_id)
+        outcome = found.get(gid)
+        how = matches[gid].how if gid in matches else ""
         if outcome is None:
-            results.append(
-                CheckResult(
-                    grade_id, 0.0, max_points, False, "cell missing: deleted from the submission"
-                )
+            reason = (
+                "cell missing: deleted from the submission (no cell has its grade_id or is like it)"
             )
+            results.append(CheckResult(gid, 0.0, max_points, False, reason))
         elif outcome.status == "ok":
-            results.append(CheckResult(grade_id, max_points, max_points, True, ""))
+            results.append(CheckResult(gid, max_points, max_points, True, "", how))
         else:
             reason = _reason(outcome, cell_timeout_s)
-            solution = _solution_before(cells, outcomes, checks_at, grade_id)
+            solution = _solution_before(cells, outcomes, checks_at, gid)
             if solution is not None and solution.status != "ok":
                 reason += f" (your solution cell above failed first: {_what(solution)})"
-            results.append(CheckResult(grade_id, 0.0, max_points, False, reason))
-    return GradeReport(str(submission), str(source), results, seconds, notes)
+            results.append(CheckResult(gid, 0.0, max_points, False, reason, how))
+    matched = [
+        f"{match.grade_id}: cell {match.index + 1}, {match.how}"
+        for match in sorted(matches.values(), key=lambda m: m.index)
+        if match.by_content
+    ]
+    for cell in reference.cells:
+        solution_id = grade_id(cell)
+        if nbgrader_role(cell) == "solution" and solution_id and solution_id not in matches:
+            notes.append(f"solution cell {solution_id} not found (no grade_id, no cell like it)")
+    report = GradeReport(
+        str(submission),
+        str(source),
+        results,
+        seconds,
+        notes,
+        sandbox="bwrap" if settings.sandbox else "none",
+        matched=matched,
+    )
+    feedback = _feedback(learner, cells, origin, checks_at, report)
+    return report, feedback
+
+
+def _trimmed(outputs: list[Any]) -> list[Any]:
+    """Outputs with long texts cut to :data:`FEEDBACK_OUTPUT_CHARS`."""
+    kept = []
+    for output in outputs:
+        output = copy.deepcopy(output)
+        text = output.get("text")
+        if isinstance(text, str) and len(text) > FEEDBACK_OUTPUT_CHARS:
+            cut = len(text) - FEEDBACK_OUTPUT_CHARS
+            output["text"] = text[:FEEDBACK_OUTPUT_CHARS] + f"\n[... {cut} characters cut]\n"
+        kept.append(output)
+    return kept
+
+
+def _feedback(
+    learner: Any, cells: list[Any], origin: list[int], checks_at: dict[int, str], report: Any
+) -> Any:
+    """The learner's notebook, graded: outputs of the run, each check's result in its
+    check cell (never the instructor's hidden code), and a summary at the top."""
+    notebook = copy.deepcopy(learner)
+    position = {index: at for at, index in enumerate(origin)}
+    results = {check.grade_id: check for check in report.checks}
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        cell.execution_count = None
+        at = position.get(index)
+        if at is None:
+            text, name = "not run: another cell already claims this check's grade_id\n", "stderr"
+            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
+        elif at in checks_at:
+            check = results[checks_at[at]]
+            mark = "passed" if check.passed else f"failed: {check.reason}"
+            text = f"{check.grade_id}: {_points(check.points)}/{_points(check.max_points)} {mark}\n"
+            name = "stdout" if check.passed else "stderr"
+            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
+        else:
+            cell.outputs = _trimmed(cells[at].get("outputs", []))
+    rows = [
+        f"| {check.grade_id} | {_points(check.points)}/{_points(check.max_points)} | "
+        + ("passed" if check.passed else "failed: " + check.reason).replace("|", "\\|")
+        + " |"
+        for check in report.checks
+    ]
+    summary = [
+        f"**Grade: {_points(report.score)}/{_points(report.max_score)}**",
+        "",
+        "| check | points | result |",
+        "|---|---|---|",
+        *rows,
+        "",
+        *[f"- found without its grade_id: {match}" for match in report.matched],
+        *[f"- note: {note}" for note in report.notes],
+    ]
+    cell = nbformat.v4.new_markdown_cell("\n".join(summary).strip())
+    if (notebook.get("nbformat"), notebook.get("nbformat_minor", 0)) < (4, 5):
+        cell.pop("id", None)
+    notebook.cells.insert(0, cell)
+    return notebook
 
 
 def main_grade(
@@ -386,12 +634,19 @@ def main_grade(
     as_json: bool,
     cell_timeout_s: float,
     total_timeout_s: float,
+    sandbox: str = "auto",
+    limits: sandboxes.Limits | None = None,
 ) -> int:
     """The ``grade`` command: print the scores (a table, or JSON); 0 once a score exists."""
     import json
 
     report = grade_notebook(
-        submission, source, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s
+        submission,
+        source,
+        cell_timeout_s=cell_timeout_s,
+        total_timeout_s=total_timeout_s,
+        sandbox=sandbox,
+        limits=limits,
     )
     text = json.dumps(report.to_dict(), indent=2) if as_json else report.format()
     sys.stdout.write(text + "\n")

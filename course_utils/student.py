@@ -32,6 +32,59 @@ import nbformat
 RAISES_TAG = "raises-exception"
 
 
+class InputError(ValueError):
+    """A file or folder the user named cannot be used (the CLI exits 2 with one line)."""
+
+
+class NotANotebook(InputError):
+    """A file that is not a Jupyter notebook."""
+
+
+def read_notebook(path: Path) -> Any:
+    """Read a notebook (converted to nbformat 4), or raise :class:`NotANotebook` with one
+    line that says what is wrong: no such file, broken JSON, JSON that is no notebook."""
+    import json
+    import logging
+    import warnings
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise NotANotebook(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise NotANotebook(f"{path} is a folder, not a notebook") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise NotANotebook(f"{path} cannot be read: {error}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise NotANotebook(f"{path} is not a notebook: broken JSON ({error})") from None
+    if not isinstance(data, dict):
+        kind = type(data).__name__.replace("NoneType", "null")
+        raise NotANotebook(f"{path} is not a notebook: its JSON is a {kind}, not an object")
+    cells = data.get("cells", data.get("worksheets"))
+    if not isinstance(cells, list):
+        raise NotANotebook(f"{path} is not a notebook: it has no list of cells")
+    logger = logging.getLogger("NotebookApp")  # nbformat logs validation errors there
+    level = logger.level
+    try:
+        logger.setLevel(logging.CRITICAL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            notebook = nbformat.reads(text, as_version=4)
+    except Exception as error:  # nbformat raises many kinds on malformed notebooks
+        message = " ".join(str(error).split())[:200]
+        raise NotANotebook(f"{path} is not a readable notebook: {message}") from None
+    finally:
+        logger.setLevel(level)
+    for number, cell in enumerate(notebook.cells, 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            raise NotANotebook(f"{path} is not a notebook: cell {number} is not a cell")
+        if not isinstance(cell.get("source"), str):
+            raise NotANotebook(f"{path} is not a notebook: cell {number} has no source")
+    return notebook
+
+
 def nbgrader_role(cell: Any) -> str | None:
     """``"solution"``, ``"check"`` or ``None`` for a cell, from its nbgrader metadata."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -86,7 +139,7 @@ def make_student_versions(paths: Sequence[Path], out_dir: Path) -> list[Path]:
         raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
     written = []
     for path in notebooks:
-        notebook = nbformat.read(path, as_version=4)
+        notebook = read_notebook(path)
         target = out_dir / path.name
         if target.resolve() == path.resolve():
             raise ValueError(f"the student version would overwrite the instructor's {path}")

@@ -1,0 +1,161 @@
+"""How long grade-class takes for a class of generated submissions, sequentially
+(``--jobs 1``) and in parallel (one job per CPU core), in one run.
+
+The class: CLASS_SIZE learners, one notebook each, against a generated instructor notebook
+with three exercises that use torch (as the course's do): solved, unsolved, half solved,
+and one in five re-saved without its nbgrader metadata (found by content). Every
+submission runs in its own kernel, sandboxed with bubblewrap when it works here. The runs
+alternate (sequential, parallel, sequential, parallel) and the figures are medians; the
+load average before and after is recorded, and the share of the machine's CPU time left
+idle during each run: other work on the machine (none idle during a sequential run) caps
+what a parallel run can gain. Ideal speed-up: the number of cores. Writes
+grade_class.json.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from common import parse_out, write_figures
+
+from course_utils.env import measured_on
+from course_utils.gradebook import cpu_count, grade_class
+from course_utils.sandbox import unavailable_reason
+from course_utils.student import student_version, write_notebook
+
+CLASS_SIZE = 20
+ROUNDS = 2  # pairs of (sequential, parallel)
+
+EXERCISES = [
+    (
+        "def scale(x, k):\n    ### BEGIN SOLUTION\n    return x * k\n    ### END SOLUTION",
+        "import torch\nfrom course_utils.classroom import check_close, passed\n"
+        "check_close(scale(torch.ones(3), 2.0), torch.full((3,), 2.0), 'scale')\n"
+        "### BEGIN HIDDEN TESTS\ncheck_close(scale(torch.arange(4.0), -1), -torch.arange(4.0),"
+        " 'scale')\n### END HIDDEN TESTS\npassed('scale')",
+    ),
+    (
+        "def matmul_sum(a, b):\n    ### BEGIN SOLUTION\n    return (a @ b).sum()\n"
+        "    ### END SOLUTION",
+        "import torch\nfrom course_utils.classroom import check_close, passed\n"
+        "a = torch.randn(64, 64)\ncheck_close(matmul_sum(a, a.T), (a @ a.T).sum(), 'the sum',"
+        " rtol=1e-4)\npassed('matmul_sum')",
+    ),
+    (
+        "def count_params(model):\n    ### BEGIN SOLUTION\n"
+        "    return sum(p.numel() for p in model.parameters())\n    ### END SOLUTION",
+        "import torch\nfrom course_utils.classroom import check, passed\n"
+        "check(count_params(torch.nn.Linear(10, 5)) == 55, 'Linear(10, 5) has 55')\n"
+        "passed('count_params')",
+    ),
+]
+
+
+def instructor() -> nbformat.NotebookNode:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    notebook.cells.append(nbformat.v4.new_markdown_cell("# Generated exercises"))
+    for number, (solution, check) in enumerate(EXERCISES, 1):
+        notebook.cells.append(nbformat.v4.new_markdown_cell(f"## Exercise {number}"))
+        base = {"schema_version": 3, "task": False, "grade_id": f"b-{number}"}
+        notebook.cells.append(nbformat.v4.new_code_cell(solution, metadata={"nbgrader": {
+            **base, "solution": True, "grade": False, "locked": False}}))
+        notebook.cells.append(nbformat.v4.new_code_cell(check, metadata={"nbgrader": {
+            **base, "grade_id": f"b-{number}-check", "solution": False, "grade": True,
+            "locked": True, "points": 1}}))
+    return notebook
+
+
+def make_class(root: Path) -> tuple[Path, Path]:
+    source = root / "source" / "ex.ipynb"
+    write_notebook(instructor(), source)
+    solved, unsolved = instructor(), student_version(instructor())
+    for number in range(CLASS_SIZE):
+        kind = number % 5
+        notebook = unsolved if kind == 1 else nbformat.from_dict(solved)
+        if kind == 2:  # half solved
+            notebook = nbformat.from_dict(solved)
+            notebook.cells[2].source = unsolved.cells[2].source
+        if kind == 4:  # re-saved without metadata
+            notebook = nbformat.from_dict(solved)
+            for cell in notebook.cells:
+                cell.metadata.pop("nbgrader", None)
+        write_notebook(notebook, root / "class" / f"learner{number:02d}" / "ex.ipynb")
+    return root / "class", source.parent
+
+
+def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float | None, float]:
+    """Wall seconds, the share of the machine's CPU time left idle meanwhile, and the
+    class's total score."""
+    before = _idle_and_total()
+    start = time.perf_counter()
+    results = grade_class(klass, source, out, jobs=jobs, resume=False, progress=io.StringIO())
+    seconds = time.perf_counter() - start
+    after = _idle_and_total()
+    assert all("report" in result for result in results), results
+    idle = None
+    if before and after and after[1] > before[1]:
+        idle = (after[0] - before[0]) / (after[1] - before[1])
+    return seconds, idle, sum(r["report"]["score"] for r in results)
+
+
+def _idle_and_total() -> tuple[int, int] | None:
+    """Idle and total CPU ticks of the whole machine so far (Linux's /proc/stat)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields[:8])  # idle + iowait; all but guest time
+
+
+def main() -> None:
+    out = parse_out(__doc__ or "")
+    cores = cpu_count()
+    load_before = os.getloadavg()
+    times: dict[int, list[float]] = {1: [], cores: []}
+    idle_shares: dict[int, list[float | None]] = {1: [], cores: []}
+    with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
+        klass, source = make_class(Path(tmp))
+        scores = set()
+        for round_ in range(ROUNDS):
+            for jobs in (1, cores):
+                seconds, idle, score = run(klass, source, Path(tmp) / f"out{round_}-{jobs}", jobs)
+                times[jobs].append(seconds)
+                idle_shares[jobs].append(idle)
+                scores.add(score)
+                print(f"round {round_ + 1}: --jobs {jobs}: {seconds:.1f} s, machine idle {idle}")
+    sequential, parallel = statistics.median(times[1]), statistics.median(times[cores])
+    figures = {
+        "label": measured_on("cpu"),
+        "class_size": CLASS_SIZE,
+        "cores": cores,
+        "sandbox": "bwrap" if unavailable_reason() is None else "none",
+        "sequential_s": times[1],
+        "parallel_s": times[cores],
+        "sequential_median_s": sequential,
+        "parallel_median_s": parallel,
+        "seconds_per_submission_sequential": sequential / CLASS_SIZE,
+        # The machine's CPU time left idle during each run: near 0 during the sequential
+        # runs means other work used the second core, so parallel could not gain much.
+        "machine_idle_share_sequential": idle_shares[1],
+        "machine_idle_share_parallel": idle_shares[cores],
+        "speed_up": sequential / parallel,
+        "parallel_efficiency": sequential / parallel / cores,
+        "same_scores_every_run": len(scores) == 1,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+    write_figures(out, "grade_class", figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+"""Grade a class: a folder of submissions, in parallel, into a gradebook
+(``python -m course_utils grade-class SUBMISSIONS_DIR --source notebooks/ --out grades/``).
+
+- **Finding submissions**: one folder per learner (``SUBMISSIONS_DIR/LEARNER/*.ipynb``),
+  or nbgrader's layout (``submitted/STUDENT/ASSIGNMENT/*.ipynb``, the course folder or its
+  ``submitted/`` folder). A notebook is graded against the instructor notebook of the same
+  file name in ``--source``; notebooks without one are listed and skipped.
+- **In parallel**: up to ``jobs`` submissions at once (default: one per CPU core), each in
+  its own process and kernel, the kernel's threads shared out among the jobs. Progress is
+  one line per submission: learner, notebook, score.
+- **Outputs** (in ``--out``): ``gradebook.csv`` (one row per learner, one column per
+  notebook, the total and the maximum, and notes), ``checks.csv`` (learner, notebook,
+  check, points, max_points, reason, matched), ``feedback/LEARNER/NOTEBOOK.ipynb`` (the
+  learner's notebook with the run's outputs and each check's result, to hand back), and
+  ``results/LEARNER/NOTEBOOK.json`` (the report, and the key below).
+- **Resuming**: a result is kept when its key, a SHA-256 of the submission, the
+  instructor notebook, the grader's version and the grading options, is unchanged, so an
+  interrupted run (or one after a few late submissions) grades only what is missing or
+  changed.
+- **Bad files** (not a notebook, broken JSON) get a row that says why; the others are
+  graded.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, TextIO
+
+from course_utils import sandbox as sandboxes
+from course_utils.grading import (
+    CELL_TIMEOUT_S,
+    GRADER_VERSION,
+    TOTAL_TIMEOUT_S,
+    KernelSettings,
+    check_cells,
+    find_sandbox,
+    grade_submission,
+)
+from course_utils.student import InputError, read_notebook, write_notebook
+
+
+@dataclass(frozen=True)
+class Task:
+    """One submission to grade: a learner's notebook and the instructor's."""
+
+    learner: str
+    notebook: str
+    path: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Options:
+    """How every submission of a run is graded (part of each result's key)."""
+
+    cell_timeout_s: float = CELL_TIMEOUT_S
+    total_timeout_s: float = TOTAL_TIMEOUT_S
+    sandbox: str = "none"  # "bwrap" or "none", as found by the parent process
+    limits: sandboxes.Limits = field(default_factory=sandboxes.Limits)
+    threads: int | None = None
+    hidden: tuple[str, ...] = ()
+
+
+def cpu_count() -> int:
+    """The CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def instructor_notebooks(source: Path) -> dict[str, Path]:
+    """The instructor notebooks with checks in ``source`` (a notebook or a folder), by
+    file name. Raises :class:`InputError` when there is none."""
+    if source.is_dir():
+        paths = sorted(p for p in source.glob("*.ipynb") if p.is_file())
+    elif source.exists():
+        paths = [source]
+    else:
+        raise InputError(f"no such file or folder: {source} (--source)")
+    found = {path.name: path for path in paths if check_cells(read_notebook(path))}
+    if not found:
+        raise InputError(f"no instructor notebook with check cells in {source}")
+    return found
+
+
+def _visible(path: Path) -> bool:
+    return not path.name.startswith(".")
+
+
+def find_submissions(root: Path) -> dict[str, list[Path]]:
+    """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
+    (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``). Raises :class:`InputError` for a
+    missing folder or one without any learner's notebook."""
+    if not root.is_dir():
+        raise InputError(f"no such folder: {root}")
+    if (root / "submitted").is_dir():  # an nbgrader course folder
+        root = root / "submitted"
+    learners: dict[str, list[Path]] = {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and _visible(p)):
+        notebooks = [p for p in folder.glob("*.ipynb") if p.is_file()]
+        for assignment in folder.iterdir():
+            if assignment.is_dir() and _visible(assignment):
+                notebooks += [p for p in assignment.glob("*.ipynb") if p.is_file()]
+        if notebooks:
+            learners[folder.name] = sorted(notebooks)
+    if not learners:
+        raise InputError(
+            f"no submissions in {root}: expected LEARNER/NOTEBOOK.ipynb folders "
+            "(or nbgrader's submitted/STUDENT/ASSIGNMENT/)"
+        )
+    return learners
+
+
+def result_key(task: Task, options: Options) -> str:
+    """What a result depends on: submission, instructor notebook, grader and options."""
+    digest = hashlib.sha256()
+    digest.update(GRADER_VERSION.encode())
+    settings = {k: v for k, v in asdict(options).items() if k != "hidden"}
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    for path in (task.path, task.source):
+        digest.update(b"\0")
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError as error:
+            digest.update(str(error).encode())
+    return digest.hexdigest()
+
+
+def _result_path(out: Path, task: Task) -> Path:
+    return out / "results" / task.learner / f"{Path(task.notebook).stem}.json"
+
+
+def _feedback_path(out: Path, task: Task) -> Path:
+    return out / "feedback" / task.learner / task.notebook
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
+def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]:
+    """Grade one submission (in a worker process); write its result and feedback."""
+    start = time.perf_counter()
+    result: dict[str, Any] = {"key": result_key(task, options), **asdict(task)}
+    try:
+        box = sandboxes.find(options.sandbox, options.hidden, options.limits)
+        report, feedback = grade_submission(
+            Path(task.path),
+            Path(task.source),
+            cell_timeout_s=options.cell_timeout_s,
+            total_timeout_s=options.total_timeout_s,
+            settings=KernelSettings(box, options.threads),
+        )
+    except InputError as error:
+        result["error"] = str(error)
+    except (RuntimeError, OSError) as error:  # the kernel did not start, a full disk
+        result["error"] = " ".join(str(error).split())
+    else:
+        result["report"] = report.to_dict()
+        if out is not None:
+            path = _feedback_path(out, task)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_notebook(feedback, path.with_name(path.name + ".partial"))
+            path.with_name(path.name + ".partial").replace(path)
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    if out is not None:  # written last: a result on disk means the feedback is too
+        _write_atomically(_result_path(out, task), json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _worker_start() -> None:
+    """Ctrl-C ends a worker at once, quietly: its sandbox dies with it (bubblewrap's
+    --die-with-parent), an unsandboxed kernel notices its parent is gone, and results are
+    written atomically, so the next run resumes cleanly."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
+    """The stored result of an unchanged submission, or None."""
+    try:
+        result = json.loads(_result_path(out, task).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("key") != result_key(task, options):
+        return None
+    if "report" in result and not _feedback_path(out, task).is_file():
+        return None
+    return result
+
+
+def _score(result: dict[str, Any]) -> str:
+    if "report" not in result:
+        return f"not graded: {result.get('error', '?')}"
+    report = result["report"]
+    return f"{report['score']:g}/{report['max_score']:g}"
+
+
+def grade_tasks(
+    tasks: Sequence[Task],
+    options: Options,
+    *,
+    out: Path | None,
+    jobs: int,
+    progress: TextIO | None = None,
+    resume: bool = True,
+) -> list[dict[str, Any]]:
+    """Grade the tasks, ``jobs`` at a time, keeping unchanged results found in ``out``;
+    one progress line per submission. Returns the results in the order of ``tasks``."""
+    progress = progress or sys.stdout
+    results: dict[int, dict[str, Any]] = {}
+    if out is not None and resume:
+        for number, task in enumerate(tasks):
+            kept = _kept(out, task, options)
+            if kept is not None:
+                results[number] = kept
+    todo = [number for number in range(len(tasks)) if number not in results]
+    print(
+        f"{len(tasks)} submission(s): {len(results)} unchanged since the last run (kept), "
+        f"{len(todo)} to grade, {min(jobs, max(1, len(todo)))} at a time",
+        file=progress,
+        flush=True,
+    )
+    done = len(results)
+
+    def report(number: int, result: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
+        results[number] = result
+        task = tasks[number]
+        print(
+            f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {_score(result)}"
+            f"  ({result.get('seconds', 0):.1f} s)",
+            file=progress,
+            flush=True,
+        )
+
+    if jobs <= 1 or len(todo) <= 1:
+        for number in todo:
+            report(number, grade_task(tasks[number], options, out))
+    else:
+        spawn = get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_worker_start) as pool:
+            futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
+            try:
+                for future in as_completed(futures):
+                    report(futures[future], future.result())
+            except BrokenProcessPool:
+                raise RuntimeError(
+                    f"a grading process was stopped (interrupted, or killed for memory) after "
+                    f"{done} of {len(tasks)}: run the same command again to resume"
+                ) from None
+            except BaseException:  # Ctrl-C, or an error: stop the workers now
+                workers = list(getattr(pool, "_processes", {}).values())
+                pool.shutdown(wait=False, cancel_futures=True)
+                for worker in workers:
+                    worker.terminate()
+                raise
+    return [results[number] for number in range(len(tasks))]
+
+
+def write_gradebook(
+    out: Path,
+    learners: Sequence[str],
+    notebooks: Sequence[str],
+    results: Sequence[dict[str, Any]],
+    notes: dict[str, list[str]],
+) -> tuple[Path, Path]:
+    """Write ``gradebook.csv`` and ``checks.csv``; return their paths."""
+    by_cell = {(r["learner"], r["notebook"]): r for r in results}
+    out.mkdir(parents=True, exist_ok=True)
+    book, checks = out / "gradebook.csv", out / "checks.csv"
+    with book.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["learner", *notebooks, "total", "max", "notes"])
+        for learner in learners:
+            row, total, most = [], 0.0, 0.0
+            learner_notes = list(notes.get(learner, []))
+            for notebook in notebooks:
+                result = by_cell.get((learner, notebook))
+                report = (result or {}).get("report")
+                if report is None:
+                    row.append("0")
+                    why = result.get("error", "?") if result else "not submitted"
+                    learner_notes.append(f"{notebook}: {why}")
+                    continue
+                row.append(f"{report['score']:g}")
+                total += report["score"]
+                most += report["max_score"]
+                learner_notes += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
+            writer.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
+    with checks.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
+        )
+        for learner in learners:
+            for notebook in notebooks:
+                result = by_cell.get((learner, notebook))
+                if result is None:
+                    writer.writerow([learner, notebook, "", 0, "", "not submitted", ""])
+                elif "report" not in result:
+                    writer.writerow([learner, notebook, "", 0, "", result.get("error", ""), ""])
+                else:
+                    for check in result["report"]["checks"]:
+                        writer.writerow(
+                            [
+                                learner,
+                                notebook,
+                                check["grade_id"],
+                                f"{check['points']:g}",
+                                f"{check['max_points']:g}",
+                                check["reason"],
+                                check.get("matched", ""),
+                            ]
+                        )
+    return book, checks
+
+
+def _options(
+    cell_timeout_s: float,
+    total_timeout_s: float,
+    sandbox: str,
+    limits: sandboxes.Limits | None,
+    jobs: int,
+    hidden: tuple[str, ...],
+) -> Options:
+    """The run's options: the sandbox found once here (said once if there is none), and
+    each kernel's share of the CPU threads."""
+    limits = limits or sandboxes.Limits()
+    box = find_sandbox(sandbox, hidden, limits)
+    threads = max(1, cpu_count() // jobs)
+    mode = "bwrap" if box else "none"
+    return Options(cell_timeout_s, total_timeout_s, mode, limits, threads, hidden)
+
+
+def grade_class(
+    submissions: Path,
+    source: Path,
+    out: Path,
+    *,
+    jobs: int | None = None,
+    cell_timeout_s: float = CELL_TIMEOUT_S,
+    total_timeout_s: float = TOTAL_TIMEOUT_S,
+    sandbox: str = "auto",
+    limits: sandboxes.Limits | None = None,
+    resume: bool = True,
+    progress: TextIO | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Grade every learner's notebooks in ``submissions`` into ``out`` (see the module's
+    documentation); return the results. Raises :class:`InputError` for bad folders."""
+    progress = progress or sys.stdout
+    sources = instructor_notebooks(source)
+    learners = find_submissions(submissions)
+    jobs = jobs or cpu_count()
+    hidden = tuple(str(p) for p in (submissions, out, source, *sources.values()))
+    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
+    tasks: list[Task] = []
+    notes: dict[str, list[str]] = {}
+    for learner, paths in learners.items():
+        for path in paths:
+            if path.name in sources:
+                tasks.append(Task(learner, path.name, str(path), str(sources[path.name])))
+            else:
+                notes.setdefault(learner, []).append(
+                    f"{path.name}: skipped (no instructor notebook of that name)"
+                )
+    seen = [name for name in sources if any(task.notebook == name for task in tasks)]
+    if not tasks:
+        raise InputError(f"no submitted notebook has an instructor notebook in {source}")
+    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=progress, resume=resume)
+    book, checks = write_gradebook(out, list(learners), seen, results, notes)
+    failed = sum("report" not in result for result in results)
+    print(f"wrote {book}, {checks} and feedback/ for {len(learners)} learner(s)", file=progress)
+    if failed and warn is not None:
+        warn(f"{failed} submission(s) could not be graded: see the notes in {book}")
+    return results
+
+
+def grade_notebooks(
+    paths: Sequence[Path],
+    source: Path | None,
+    out: Path | None,
+    *,
+    as_json: bool = False,
+    jobs: int | None = None,
+    cell_timeout_s: float = CELL_TIMEOUT_S,
+    total_timeout_s: float = TOTAL_TIMEOUT_S,
+    sandbox: str = "auto",
+    limits: sandboxes.Limits | None = None,
+) -> int:
+    """``grade`` with several notebooks: grade them in parallel, print each report (a
+    table, or a JSON list), and write the gradebook into ``out`` when given. Every path
+    is checked first: one that is not a notebook raises :class:`InputError`."""
+    from course_utils.grading import default_source
+
+    tasks = []
+    for path in paths:
+        read_notebook(path)
+        instructor = source or default_source(path)
+        if instructor.is_dir():
+            instructor = instructor / path.name
+        instructor_notebooks(instructor)  # a readable notebook with checks
+        tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
+    jobs = jobs or cpu_count()
+    folders = {Path(path).parent for task in tasks for path in (task.path, task.source)}
+    hidden = tuple(str(folder) for folder in [*folders, *([out] if out else [])])
+    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
+    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=sys.stderr, resume=False)
+    if out is not None:
+        learners = list(dict.fromkeys(task.learner for task in tasks))
+        notebooks = list(dict.fromkeys(task.notebook for task in tasks))
+        write_gradebook(out, learners, notebooks, results, {})
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    r.get("report") or {"error": r["error"], **asdict(t)}
+                    for r, t in zip(results, tasks, strict=True)
+                ],
+                indent=2,
+            )
+        )
+    else:
+        from course_utils.grading import GradeReport
+
+        for result in results:
+            if "report" in result:
+                print(GradeReport.from_dict(result["report"]).format())
+            else:
+                print(f"{result['path']}: {result['error']}")
+    return 0

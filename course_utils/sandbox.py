@@ -1,0 +1,309 @@
+"""A sandbox for learners' code: the grading kernel runs inside bubblewrap (``bwrap``).
+
+What a submission's kernel, and every process it starts, gets:
+
+- **no network**: a network namespace of its own, whose only interface is its own
+  loopback (a server on the grader's ``127.0.0.1`` is out of reach);
+- **one writable place**, a private scratch folder (the working directory, ``HOME`` and
+  ``TMPDIR``), plus an empty private ``/tmp`` and ``/dev/shm`` in memory, each capped;
+- **read-only views** of the system (``/usr``, ``/etc``), the Python installation, the
+  virtual environment and the course package, and nothing else: the other submissions,
+  the instructor's notebooks (solutions, hidden checks) and the grades are not there;
+- **its own process tree** (a PID namespace): when the grader stops the kernel (a time
+  limit, the end of grading), every process the submission started dies with it;
+- **limits** per process (``setrlimit``): memory (``RLIMIT_DATA``), processes and threads
+  (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``), no core files. Time is limited by
+  the grader's cell and whole-run limits, which kill the whole sandbox.
+
+Run as root (a grading server, CI), bubblewrap sets the sandbox up with its privileges
+and the kernel then switches to an unused user id (``2000000000 + the grader's pid``):
+root is exempt from ``RLIMIT_NPROC``, and the switch keeps every file of the host that
+is not world-readable closed to it. Run as an ordinary user, bubblewrap uses a user
+namespace; ``RLIMIT_NPROC`` then counts all that user's processes, so the limit is the
+number already running plus the allowance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+GIB = 1024**3
+MIB = 1024**2
+#: The first of the user ids a sandboxed kernel runs as when the grader is root.
+UID_BASE = 2_000_000_000
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed process may use."""
+
+    memory_bytes: int = 4 * GIB  # RLIMIT_DATA: heap and private writable mappings
+    processes: int = 512  # RLIMIT_NPROC: processes and threads
+    file_bytes: int = 1 * GIB  # RLIMIT_FSIZE: the largest file it may write
+    tmpfs_bytes: int = 256 * MIB  # the size of the private /tmp and /dev/shm, each
+
+    def describe(self) -> str:
+        return (
+            f"memory {self.memory_bytes / GIB:g} GiB and {self.processes} processes or "
+            f"threads per process, files up to {self.file_bytes / GIB:g} GiB"
+        )
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How to start a command inside bubblewrap; ``hidden``: host paths to keep out of
+    sight even if they sit under a folder the sandbox shows (submissions, notebooks)."""
+
+    bwrap: str
+    limits: Limits = Limits()
+    hidden: tuple[str, ...] = field(default=())
+
+    @property
+    def as_root(self) -> bool:
+        return os.geteuid() == 0
+
+    def user_id(self) -> int | None:
+        """The user id the sandboxed process switches to (root only), else None."""
+        return UID_BASE + os.getpid() if self.as_root else None
+
+    def prepare(self, scratch: Path, *files: Path) -> None:
+        """Give the scratch folder (and files the kernel must read) to the kernel's user."""
+        uid = self.user_id()
+        os.chmod(scratch, 0o700)
+        if uid is not None:
+            for path in (scratch, *files):
+                os.chown(path, uid, uid)
+
+    def environment(self, scratch: Path, course: dict[str, str]) -> dict[str, str]:
+        """A clean environment: none of the grader's variables (tokens, keys) leak in."""
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            "PATH": os.pathsep.join([bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]),
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            "IPYTHONDIR": str(scratch / ".ipython"),
+            "MPLCONFIGDIR": str(scratch / ".matplotlib"),
+            "XDG_CACHE_HOME": str(scratch / ".cache"),
+            "JUPYTER_RUNTIME_DIR": str(scratch / ".jupyter"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": str(_PACKAGE_DIR.parent),
+        }
+        env.update(course)
+        return env
+
+    def command(self, argv: list[str], scratch: Path) -> list[str]:
+        """``argv`` wrapped: bubblewrap, then the limits and the user switch, then argv."""
+        binds = _read_only_binds()
+        options = [
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+        ]
+        if self.as_root:  # the launcher needs these two to drop to its own user id
+            options += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            options += ["--unshare-user"]
+        options += _system_binds()
+        destinations = [destination for _, destination in binds] + [str(scratch)]
+        options += _parent_dirs(destinations)
+        for source, destination in binds:
+            options += ["--ro-bind", source, destination]
+        options += ["--proc", "/proc", "--dev", "/dev"]
+        size = str(self.limits.tmpfs_bytes)
+        options += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+        options += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+        options += _parent_dirs([str(scratch)], skip=("/tmp",))
+        options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
+        options += _hide(self.hidden, binds)
+        launcher = [sys.executable, "-I", str(_PACKAGE_DIR / "sandbox.py"), self._limits_json()]
+        return [self.bwrap, *options, *launcher, "--", *argv]
+
+    def _limits_json(self) -> str:
+        uid = self.user_id()
+        processes = self.limits.processes
+        if uid is None:  # RLIMIT_NPROC counts every process of this user
+            processes += _tasks_of(os.getuid())
+        return json.dumps({**asdict(self.limits), "processes": processes, "uid": uid})
+
+
+def _system_binds() -> list[str]:
+    options = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            options += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            options += ["--ro-bind", top, top]
+    return options
+
+
+def _read_only_binds() -> list[tuple[str, str]]:
+    """(host path, path inside) for the Python installation, the environment and the
+    course package: the kernel sees them at the paths the grader uses."""
+    pairs: list[tuple[str, str]] = []
+
+    def add(path: str | Path, seen_as: str | Path | None = None) -> None:
+        real = os.path.realpath(path)
+        inside = os.path.abspath(seen_as or path)
+        if not os.path.exists(real) or real.startswith(("/usr/", "/etc/")):
+            return
+        for pair in ((real, real), (real, inside)):
+            if pair not in pairs:
+                pairs.append(pair)
+
+    add(sys.base_prefix)
+    add(sys.base_exec_prefix)
+    add(sys.prefix, sys.prefix)
+    add(os.path.realpath(sys.executable))
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        add(site.getusersitepackages())
+    add(_PACKAGE_DIR)
+    # A bind that another one already shows (a folder inside it) is left out; the
+    # others are mounted outermost first.
+    kept = [
+        (source, dest)
+        for source, dest in pairs
+        if not any(
+            (source, dest) != (outer_source, outer_dest)
+            and _inside(source, outer_source)
+            and dest == outer_dest + source[len(outer_source) :]
+            for outer_source, outer_dest in pairs
+        )
+    ]
+    return sorted(kept, key=lambda pair: pair[1].count("/"))
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _parent_dirs(paths: list[str], skip: tuple[str, ...] = ()) -> list[str]:
+    """``--dir`` for every missing parent, world-traversable (bwrap makes them 0700)."""
+    options: list[str] = []
+    made: set[str] = {"/", "/usr", "/etc", "/tmp", *skip}
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(2, len(parts)):
+            parent = str(Path(*parts[:depth]))
+            if parent not in made:
+                made.add(parent)
+                options += ["--perms", "0755", "--dir", parent]
+    return options
+
+
+def _hide(hidden: tuple[str, ...], binds: list[tuple[str, str]]) -> list[str]:
+    """Cover hidden paths that lie under a bound folder: an empty folder, /dev/null."""
+    options: list[str] = []
+    for path in hidden:
+        real = os.path.realpath(path)
+        if not os.path.exists(real):  # nothing there to see (yet)
+            continue
+        for source, destination in binds:
+            if _inside(real, source):
+                inside = destination + real[len(source) :]
+                if os.path.isdir(real):
+                    options += ["--tmpfs", inside]
+                else:
+                    options += ["--ro-bind", "/dev/null", inside]
+    return options
+
+
+def _tasks_of(uid: int) -> int:
+    """Processes and threads of a user now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(
+                line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
+            )
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            count += int(fields.get("Threads", "1").strip() or 1)
+    return count
+
+
+@lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """Why bubblewrap cannot sandbox here, or None when it can."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    probe = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--dev", "/dev"]
+    if os.geteuid() != 0:
+        probe.append("--unshare-user")
+    try:
+        done = subprocess.run([*probe, "true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bwrap does not run: {error}"
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return f"bwrap cannot create a sandbox here: {lines[-1] if lines else done.returncode}"
+    return None
+
+
+def find(mode: str, hidden: tuple[str, ...] = (), limits: Limits = Limits()) -> Sandbox | None:
+    """The sandbox for ``mode`` (``auto``, ``bwrap`` or ``none``); None for no sandbox.
+
+    ``bwrap`` raises ``RuntimeError`` when bubblewrap cannot run; ``auto`` falls back to
+    no sandbox (the caller says so, see :func:`unsandboxed_warning`).
+    """
+    if mode == "none":
+        return None
+    reason = unavailable_reason()
+    if reason is None:
+        return Sandbox(str(shutil.which("bwrap")), limits, hidden)
+    if mode == "bwrap":
+        raise RuntimeError(f"--sandbox bwrap: {reason} (Debian/Ubuntu: apt-get install bubblewrap)")
+    return None
+
+
+def unsandboxed_warning() -> str:
+    """The one line that says submissions run without a sandbox, and why."""
+    reason = unavailable_reason() or "--sandbox none was asked for"
+    return (
+        f"warning: submissions run UNSANDBOXED, as you, with your files and network "
+        f"({reason}; install the 'bubblewrap' package to sandbox them)"
+    )
+
+
+def _launch(argv: list[str]) -> None:
+    """Inside the sandbox: set the limits, drop to the kernel's user id, exec the kernel."""
+    import resource
+
+    settings = json.loads(argv[0])
+    command = argv[argv.index("--") + 1 :]
+    for name, key in (
+        ("RLIMIT_DATA", "memory_bytes"),
+        ("RLIMIT_NPROC", "processes"),
+        ("RLIMIT_FSIZE", "file_bytes"),
+    ):
+        value = int(settings[key])
+        resource.setrlimit(getattr(resource, name), (value, value))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Inside a PID namespace the kernel's parent is PID 1: ipykernel would take that
+    # for "my parent exited" and stop. bubblewrap's --die-with-parent does that job.
+    os.environ.pop("JPY_PARENT_PID", None)
+    uid = settings.get("uid")
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])
