@@ -118,15 +118,16 @@ class Sandbox:
         else:
             options += ["--unshare-user"]
         options += _system_binds()
-        destinations = [destination for _, destination in binds] + [str(scratch)]
-        options += _parent_dirs(destinations)
-        for source, destination in binds:
-            options += ["--ro-bind", source, destination]
+        # The private /tmp first, then the binds: a checkout (its .venv) or a scratch
+        # folder that lies under /tmp must stay visible on top of it.
         options += ["--proc", "/proc", "--dev", "/dev"]
         size = str(self.limits.tmpfs_bytes)
         options += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
         options += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-        options += _parent_dirs([str(scratch)], skip=("/tmp",))
+        destinations = [destination for _, destination in binds] + [str(scratch)]
+        options += _parent_dirs(destinations)
+        for source, destination in binds:
+            options += ["--ro-bind", source, destination]
         options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
         options += _hide(self.hidden, binds)
         launcher = [sys.executable, "-I", str(_PACKAGE_DIR / "sandbox.py"), self._limits_json()]
@@ -190,10 +191,10 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def _parent_dirs(paths: list[str], skip: tuple[str, ...] = ()) -> list[str]:
+def _parent_dirs(paths: list[str]) -> list[str]:
     """``--dir`` for every missing parent, world-traversable (bwrap makes them 0700)."""
     options: list[str] = []
-    made: set[str] = {"/", "/usr", "/etc", "/tmp", *skip}
+    made: set[str] = {"/", "/usr", "/etc", "/tmp"}
     for path in paths:
         parts = Path(path).parts
         for depth in range(2, len(parts)):
