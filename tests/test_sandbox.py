@@ -161,3 +161,16 @@ def test_hidden_paths_under_a_shown_folder_are_covered(tmp_path):
     hidden = (f"{shown}/submissions", f"{shown}/solution.ipynb", f"{shown}/not-yet", "/elsewhere")
     assert sandbox._hide(hidden, [(shown, "/inside")]) == [
         "--tmpfs", "/inside/submissions", "--ro-bind", "/dev/null", "/inside/solution.ipynb"]
+
+
+def test_a_checkout_under_tmp_stays_visible_above_the_private_tmp(tmp_path, monkeypatch):
+    """The private /tmp is mounted before the read-only binds: a clone under /tmp (CI's,
+    a learner's) keeps its .venv and package visible to the kernel. Mounted after them,
+    it covered them and every sandboxed kernel died before it started."""
+    venv = tmp_path / "clone" / ".venv"
+    monkeypatch.setattr(sandbox, "_read_only_binds", lambda: [(str(venv), str(venv))])
+    command = sandbox.Sandbox("bwrap").command(["true"], tmp_path / "scratch")
+    tmpfs = command.index("/tmp", command.index("--tmpfs"))
+    bind = command.index(str(venv))
+    assert command[bind - 1] == "--ro-bind" and tmpfs < bind
+    assert command.index("--bind") > tmpfs  # the scratch folder too
