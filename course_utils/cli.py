@@ -132,7 +132,10 @@ def _parser() -> argparse.ArgumentParser:
         "site", help="build the course website from the executed notebooks (make site)"
     )
     site.add_argument(
-        "notebooks", nargs="?", type=Path, default=Path("build/notebooks"),
+        "notebooks",
+        nargs="?",
+        type=Path,
+        default=Path("build/notebooks"),
         help="executed notebooks (default: build/notebooks, from make course)",
     )
     site.add_argument("--out", type=Path, default=Path("build/site"), help="output folder")

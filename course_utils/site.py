@@ -56,9 +56,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
     """
     executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
     if not executed:
-        raise FileNotFoundError(
-            f"no executed notebooks in {notebooks}: run make course first"
-        )
+        raise FileNotFoundError(f"no executed notebooks in {notebooks}: run make course first")
     (docs / "notebooks").mkdir(parents=True)
     shutil.copy2(root / "README.md", docs / "index.md")
     nav: list[NavItem] = [{"Home": "index.md"}]
@@ -92,9 +90,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
     return nav
 
 
-def build_site(
-    root: Path, notebooks: Path, out: Path, report: Path | None = None
-) -> Path:
+def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
     landing page. ``root`` is the course checkout (README, docs)."""
     from mkdocs.commands.build import build

@@ -10,17 +10,16 @@ few seconds: it never runs ``make course``.
 
 from __future__ import annotations
 
-import base64
-import io
+import re
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from test_report_browser import browser, magenta_pixels, magenta_plot
 
 from course_utils.report import Figure, NotebookResult, write_report
-from test_report_browser import browser, magenta_pixels, magenta_plot
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("mkdocs")
@@ -141,8 +140,9 @@ def test_the_site_has_every_page_and_no_broken_or_external_link(site):
         assert (site / page).is_file(), page
     assert link_problems(site) == []
     first = (site / "notebooks" / "01_tiny.html").read_text(encoding="utf-8")
-    # in course order, with a link to the next notebook, Colab and the download
-    assert 'href="02_tiny.html"' in first
+    # previous and next links in course order, the Colab badge and the download link
+    assert '<a href="../index.html" class="md-footer__link md-footer__link--prev"' in first
+    assert '<a href="02_tiny.html" class="md-footer__link md-footer__link--next"' in first
     assert "https://colab.research.google.com/github/me/course/blob/main/notebooks/01_tiny" in first
     assert 'href="01_tiny.ipynb" download' in first
     assert "colab.research.google.com/assets" not in first  # the badge image is local
@@ -160,7 +160,7 @@ def test_a_broken_link_or_an_external_script_is_found(tmp_path):
     ]
 
 
-def test_a_browser_shows_the_plot_and_the_search_box(site, tmp_path):
+def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path):
     import matplotlib.image
 
     shot = tmp_path / "notebook.png"
@@ -169,8 +169,12 @@ def test_a_browser_shows_the_plot_and_the_search_box(site, tmp_path):
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     # the 400 x 300 px magenta plot is drawn: most of its filled area is on the screen
     assert magenta_pixels(matplotlib.image.imread(shot)[..., :3]) > 200 * 150
-    landing = chromium("--dump-dom", "--virtual-time-budget=5000",
-                       (site / "index.html").as_uri(), tmp_path=tmp_path)
+    # the landing page's search box, given a word only the second notebook has (?q=, as
+    # a shared search link), lists that notebook, from file:// (the index ships inline)
+    landing = chromium("--dump-dom", "--virtual-time-budget=8000",
+                       (site / "index.html").as_uri() + f"?q={WORD}", tmp_path=tmp_path)
     assert landing.returncode == 0, landing.stderr[-2000:]
     assert 'class="md-search__input' in landing.stdout
-    assert "Make PyTorch use the GPU" in landing.stdout
+    found = re.findall(r'<a href="([^"]+)" class="md-search-result__link"', landing.stdout)
+    assert any("/notebooks/02_tiny.html" in url for url in found), found
+    assert not any("/notebooks/01_tiny.html" in url for url in found), found
