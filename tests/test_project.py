@@ -52,7 +52,7 @@ def test_package_does_not_pin_torch_hard():
     for name in ("torch", "torchvision"):
         assert "==" not in dependencies[name] and "<" not in dependencies[name]
     assert project["requires-python"] == ">=3.10"
-    assert {"dev", "classroom"} <= set(project["optional-dependencies"])
+    assert {"dev", "classroom", "site"} <= set(project["optional-dependencies"])
 
 
 def test_the_course_has_notebooks():

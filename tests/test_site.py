@@ -179,3 +179,14 @@ def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path
     found = re.findall(r'<a href="([^"]+)" class="md-search-result__link"', landing.stdout)
     assert any("/notebooks/02_tiny.html" in url for url in found), found
     assert not any("/notebooks/01_tiny.html" in url for url in found), found
+
+
+def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_path, capsys):
+    from course_utils.cli import main
+
+    (tmp_path / "notebooks").mkdir()
+    status = main(["site", str(tmp_path / "notebooks"), "--out", str(tmp_path / "site"),
+                   "--root", str(ROOT)])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1 and "run make course first" in error, error
+    assert not (tmp_path / "site").exists()
