@@ -30,7 +30,8 @@ def test_lock_pins_every_package_exactly():
     assert names["torch"] == "2.14.1" and names["torchvision"] == "0.29.1"
     assert "pynvml" not in names  # the deprecated wrapper; nvidia-ml-py is the binding
     for needed in ("lightning", "nvidia-ml-py", "psutil", "matplotlib", "ipywidgets",
-                   "pytest", "nbval", "jupyterlab", "ruff", "nbgrader"):
+                   "pytest", "nbval", "jupyterlab", "ruff", "nbgrader",
+                   "mkdocs", "mkdocs-material", "mkdocs-jupyter"):
         assert needed in names, needed
 
 
