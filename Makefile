@@ -10,10 +10,11 @@ PY     := $(VENV)/bin/python
 TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help env course test lint lab gpu-lane bench lock clean student colab-check
+.PHONY: help env course site test lint lab gpu-lane bench lock clean student colab-check
 
 help:
 	@echo "make course    run every notebook headlessly, write build/report.html"
+	@echo "make site      the course website from make course's notebooks, in build/site/"
 	@echo "make test      unit tests, doctests and nbval on every notebook (small workload)"
 	@echo "make colab-check  Colab's versions + colab_setup.sh + every notebook (pip only)"
 	@echo "make lab       JupyterLab on notebooks/"
@@ -36,6 +37,12 @@ env:
 
 course: env
 	$(PY) -m course_utils run-notebooks notebooks --out build
+
+# The website: README, the executed notebooks (build/notebooks, from `make course`), the
+# instructor guide and build/report.html, rendered by mkdocs into build/site/ (nothing runs).
+site: env
+	@test -d build/notebooks || { echo "error: no build/notebooks: run make course first"; exit 1; }
+	$(PY) -m course_utils site build/notebooks --out build/site --report build/report.html
 
 lint: env
 	$(PY) -m ruff check course_utils tests benchmarks .ci

@@ -46,6 +46,9 @@ EXTRAS = {
     "nbconvert": "classroom",
     "nbgrader": "classroom",
     "accelerate": "dev",
+    "mkdocs": "site",
+    "material": "site",
+    "mkdocs_jupyter": "site",
 }
 
 
@@ -124,6 +127,22 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
     grade.add_argument("--out", type=Path, help="also write gradebook, checks and feedback here")
     _grading_options(grade)
+
+    site = commands.add_parser(
+        "site", help="build the course website from the executed notebooks (make site)"
+    )
+    site.add_argument(
+        "notebooks",
+        nargs="?",
+        type=Path,
+        default=Path("build/notebooks"),
+        help="executed notebooks (default: build/notebooks, from make course)",
+    )
+    site.add_argument("--out", type=Path, default=Path("build/site"), help="output folder")
+    site.add_argument(
+        "--report", type=Path, default=Path("build/report.html"), help="make course's report"
+    )
+    site.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
     klass = commands.add_parser("grade-class", help="grade a folder of submissions in parallel")
     klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
@@ -364,6 +383,23 @@ def _grade_class(args: argparse.Namespace) -> int:
     return 0
 
 
+def _site(args: argparse.Namespace) -> int:
+    import logging
+    import time
+
+    from course_utils.site import build_site
+
+    if not (args.root / "README.md").is_file():
+        return _bad_input(f"no README.md in {args.root}: is --root the course checkout?")
+    mkdocs_log = logging.getLogger("mkdocs")  # its warnings (a missing page, a bad link)
+    mkdocs_log.addHandler(logging.StreamHandler())
+    mkdocs_log.setLevel(logging.WARNING)
+    started = time.perf_counter()
+    page = build_site(args.root, args.notebooks, args.out, args.report)
+    print(f"site built in {time.perf_counter() - started:.1f} s: open {page}")
+    return 0
+
+
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
@@ -374,6 +410,7 @@ HANDLERS = {
     "student": _student,
     "grade": _grade,
     "grade-class": _grade_class,
+    "site": _site,
 }
 
 

@@ -30,7 +30,8 @@ def test_lock_pins_every_package_exactly():
     assert names["torch"] == "2.14.1" and names["torchvision"] == "0.29.1"
     assert "pynvml" not in names  # the deprecated wrapper; nvidia-ml-py is the binding
     for needed in ("lightning", "nvidia-ml-py", "psutil", "matplotlib", "ipywidgets",
-                   "pytest", "nbval", "jupyterlab", "ruff", "nbgrader"):
+                   "pytest", "nbval", "jupyterlab", "ruff", "nbgrader",
+                   "mkdocs", "mkdocs-material", "mkdocs-jupyter"):
         assert needed in names, needed
 
 
@@ -52,7 +53,7 @@ def test_package_does_not_pin_torch_hard():
     for name in ("torch", "torchvision"):
         assert "==" not in dependencies[name] and "<" not in dependencies[name]
     assert project["requires-python"] == ">=3.10"
-    assert {"dev", "classroom"} <= set(project["optional-dependencies"])
+    assert {"dev", "classroom", "site"} <= set(project["optional-dependencies"])
 
 
 def test_the_course_has_notebooks():

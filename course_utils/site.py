@@ -1,0 +1,112 @@
+"""The course website (``make site``): the executed notebooks, searchable, in a browser.
+
+``build_site`` stages the pages in a temporary folder: the README as the landing page, the
+notebooks as executed by ``make course`` (``build/notebooks``, outputs and plots included)
+in course order, the instructor guide and the run report (``build/report.html``); then
+mkdocs (mkdocs-material and mkdocs-jupyter, configured in ``website/mkdocs.yml``) builds
+them into a static site. Nothing is executed: the pages show the notebooks as they ran,
+with the hardware each one printed. The site loads nothing from another host and works
+opened from disk or served from any sub-path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+WEBSITE = Path(__file__).resolve().parent.parent / "website"
+# Shipped with every site (website/): styles, the Colab badge, the search shim for file://
+ASSETS = ("course.css", "colab-badge.svg", "iframe-worker/shim.js", "iframe-worker/LICENSE")
+
+NavItem = dict[str, Any]
+
+
+def notebook_title(path: Path) -> str:
+    """The first ``# `` heading of a notebook's markdown cells, else its file name.
+
+    >>> import tempfile, json; from pathlib import Path
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> cell = {"cell_type": "markdown", "metadata": {}, "source": ["# 01 — Devices\\n", "text"]}
+    >>> _ = (folder / "01_x.ipynb").write_text(json.dumps({"cells": [cell]}))
+    >>> notebook_title(folder / "01_x.ipynb"), notebook_title(folder / "missing.ipynb")
+    ('01 — Devices', 'missing')
+    """
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return path.stem
+    for cell in cells:
+        if cell.get("cell_type") != "markdown":
+            continue
+        source = cell.get("source", "")
+        text = "".join(source) if isinstance(source, list) else str(source)
+        for line in text.splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+    return path.stem
+
+
+def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[NavItem]:
+    """Lay out the site's pages under ``docs``; return mkdocs's ``nav`` for them.
+
+    Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook.
+    """
+    executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
+    if not executed:
+        raise FileNotFoundError(f"no executed notebooks in {notebooks}: run make course first")
+    (docs / "notebooks").mkdir(parents=True)
+    shutil.copy2(root / "README.md", docs / "index.md")
+    nav: list[NavItem] = [{"Home": "index.md"}]
+    pages: list[NavItem] = []
+    for notebook in executed:
+        shutil.copy2(notebook, docs / "notebooks" / notebook.name)
+        pages.append({notebook_title(notebook): f"notebooks/{notebook.name}"})
+    nav.append({"Notebooks": pages})
+    guide = root / "docs" / "instructor-guide.md"
+    if guide.is_file():
+        (docs / "docs").mkdir()
+        shutil.copy2(guide, docs / "docs" / guide.name)
+        nav.append({"Instructor guide": "docs/instructor-guide.md"})
+    if report is not None and report.is_file():
+        # At the top, as in build/: its links to notebooks/NAME.html and NAME.ipynb are
+        # the site's own notebook pages and downloads.
+        shutil.copy2(report, docs / "report.html")
+        (docs / "run-report.md").write_text(
+            "# Run report\n\n"
+            "The report of `make course` that executed the notebooks on this site: each "
+            "notebook's status, run time, key figures (labelled with the hardware they were "
+            "measured on) and plots. [Open it on its own page](report.html).\n\n"
+            '<iframe src="report.html" title="Run report" '
+            'style="width:100%;height:80vh;border:1px solid #ccc"></iframe>\n',
+            encoding="utf-8",
+        )
+        nav.append({"Run report": "run-report.md"})
+    for asset in ASSETS:
+        (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
+    return nav
+
+
+def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
+    """Build the website of ``notebooks`` (executed copies) into ``out``; return the
+    landing page. ``root`` is the course checkout (README, docs)."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
+        docs = Path(staging) / "docs"
+        nav = stage(root, notebooks, report, docs)
+        config = load_config(
+            str(WEBSITE / "mkdocs.yml"),
+            docs_dir=str(docs),
+            site_dir=str(out.resolve()),
+            nav=nav,
+        )
+        build(config)
+    # mkdocs's 404 page links from the server's root ("/assets/..."): broken opened from
+    # disk or under a sub-path, so the site has none (a server shows its own).
+    (out / "404.html").unlink(missing_ok=True)
+    return out / "index.html"

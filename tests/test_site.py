@@ -1,0 +1,192 @@
+"""The course website (``make site``) built from two tiny executed notebooks, checked in a
+real browser (headless Chromium) and by crawling its links.
+
+The site must show each notebook's plot, have a search box that finds words in the
+notebooks, break no internal link, and load nothing from another host. Needs mkdocs
+(the ``site`` extra, in requirements.lock) and Chromium (``.ci/run`` installs it and sets
+``COURSE_REQUIRE_BROWSER=1``, so that a missing browser fails the test in CI). Builds in a
+few seconds: it never runs ``make course``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from test_report_browser import browser, magenta_pixels, magenta_plot
+
+from course_utils.report import Figure, NotebookResult, write_report
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("mkdocs")
+pytest.importorskip("mkdocs_jupyter")
+
+ROOT = Path(__file__).resolve().parent.parent
+WORD = "zanzibarquokka"  # a word only the second notebook contains, for the search
+LOADS = {"script": "src", "img": "src", "iframe": "src", "link": "href", "source": "src"}
+
+
+def executed_notebook(title: str, cells: list) -> object:
+    notebook = nbformat.v4.new_notebook()
+    badge = (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"(https://colab.research.google.com/github/me/course/blob/main/notebooks/{title}.ipynb)"
+    )
+    notebook.cells = [nbformat.v4.new_markdown_cell(f"# {title}\n\n{badge}"), *cells]
+    return notebook
+
+
+def make_notebooks(folder: Path) -> None:
+    """Two executed notebooks: a long output then a plot in the first, a word in the second."""
+    folder.mkdir(parents=True)
+    plot = magenta_plot()
+    first = executed_notebook("01_tiny", [
+        nbformat.v4.new_code_cell(
+            "import torch\nprint('measured on this machine (CPU)')",
+            execution_count=1,
+            outputs=[nbformat.v4.new_output(
+                "stream", name="stdout", text="measured on this machine (CPU)\n")],
+        ),
+        nbformat.v4.new_code_cell(
+            "for i in range(300): print(i)",
+            execution_count=2,
+            outputs=[nbformat.v4.new_output(
+                "stream", name="stdout", text="".join(f"line {i}\n" for i in range(300)))],
+        ),
+        nbformat.v4.new_code_cell(
+            "plt.plot(x, y)",
+            execution_count=3,
+            outputs=[nbformat.v4.new_output("display_data", data={plot.mime: plot.data})],
+        ),
+    ])
+    second = executed_notebook("02_tiny", [nbformat.v4.new_markdown_cell(f"The {WORD} rule.")])
+    nbformat.write(first, folder / "01_tiny.ipynb")
+    nbformat.write(second, folder / "02_tiny.ipynb")
+
+
+class Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []  # (tag, url)
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if value and (name == LOADS.get(tag) or (tag == "a" and name == "href")):
+                self.links.append((tag, value))
+
+
+def link_problems(site: Path) -> list[str]:
+    """Internal links to missing files, and anything loaded from another host."""
+    problems = []
+    for page in sorted(site.rglob("*.html")):
+        parser = Links()
+        parser.feed(page.read_text(encoding="utf-8", errors="replace"))
+        for tag, url in parser.links:
+            parts = urlsplit(url)
+            if parts.scheme in ("data", "mailto", "javascript"):
+                continue
+            if parts.scheme or parts.netloc:
+                if tag != "a":
+                    problems.append(f"{page.relative_to(site)}: <{tag}> loads {url}")
+                continue
+            if not parts.path:
+                continue  # a fragment on the same page
+            target = (page.parent / unquote(parts.path)).resolve()
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                problems.append(f"{page.relative_to(site)}: <{tag}> {url} is missing")
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for host in ("cdnjs.cloudflare.com", "unpkg.com", "fonts.googleapis.com"):
+            if host in text:
+                problems.append(f"{page.relative_to(site)} mentions {host}")
+    for style in site.rglob("*.css"):
+        if "url(http" in style.read_text(encoding="utf-8", errors="replace").replace(" ", ""):
+            problems.append(f"{style.relative_to(site)} loads a URL from another host")
+    return problems
+
+
+def chromium(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    from course_utils.site import build_site
+
+    work = tmp_path_factory.mktemp("site")
+    make_notebooks(work / "notebooks")
+    figures = [Figure("speed-up", 3.5, "x", "measured on this machine (CPU)")]
+    result = NotebookResult("notebooks/01_tiny.ipynb", "ok", 2.0, None, figures,
+                            [magenta_plot()], "notebooks/01_tiny.html")
+    report = write_report([result], {}, work)
+    build_site(ROOT, work / "notebooks", work / "site", report)
+    return work / "site"
+
+
+def test_the_site_has_every_page_and_no_broken_or_external_link(site):
+    for page in ("index.html", "notebooks/01_tiny.html", "notebooks/02_tiny.html",
+                 "docs/instructor-guide.html", "run-report.html", "report.html",
+                 "notebooks/01_tiny.ipynb",
+                 "assets/colab-badge.svg"):
+        assert (site / page).is_file(), page
+    assert link_problems(site) == []
+    first = (site / "notebooks" / "01_tiny.html").read_text(encoding="utf-8")
+    # previous and next links in course order, the Colab badge and the download link
+    assert '<a href="../index.html" class="md-footer__link md-footer__link--prev"' in first
+    assert '<a href="02_tiny.html" class="md-footer__link md-footer__link--next"' in first
+    assert "https://colab.research.google.com/github/me/course/blob/main/notebooks/01_tiny" in first
+    assert 'href="01_tiny.ipynb" download' in first
+    assert "colab.research.google.com/assets" not in first  # the badge image is local
+
+
+def test_a_broken_link_or_an_external_script_is_found(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "page.html").write_text(
+        '<a href="../b.html">b</a><a href="page.html#x">me</a><a href="https://x.org/">x</a>'
+        '<script src="https://cdn.example/x.js"></script>'
+    )
+    assert link_problems(tmp_path) == [
+        "a/page.html: <a> ../b.html is missing",
+        "a/page.html: <script> loads https://cdn.example/x.js",
+    ]
+
+
+def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path):
+    import matplotlib.image
+
+    shot = tmp_path / "notebook.png"
+    done = chromium(f"--screenshot={shot}", "--window-size=1400,1600",
+                    (site / "notebooks" / "01_tiny.html").as_uri(), tmp_path=tmp_path)
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    # the 400 x 300 px magenta plot is drawn: most of its filled area is on the screen,
+    # below the 300-line output before it (5000 px unfolded): long outputs are folded
+    assert magenta_pixels(matplotlib.image.imread(shot)[..., :3]) > 200 * 150
+    # the landing page's search box, given a word only the second notebook has (?q=, as
+    # a shared search link), lists that notebook, from file:// (the index ships inline)
+    landing = chromium("--dump-dom", "--virtual-time-budget=8000",
+                       (site / "index.html").as_uri() + f"?q={WORD}", tmp_path=tmp_path)
+    assert landing.returncode == 0, landing.stderr[-2000:]
+    assert 'class="md-search__input' in landing.stdout
+    found = re.findall(r'<a href="([^"]+)" class="md-search-result__link"', landing.stdout)
+    assert any("/notebooks/02_tiny.html" in url for url in found), found
+    assert not any("/notebooks/01_tiny.html" in url for url in found), found
+
+
+def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_path, capsys):
+    from course_utils.cli import main
+
+    (tmp_path / "notebooks").mkdir()
+    status = main(["site", str(tmp_path / "notebooks"), "--out", str(tmp_path / "site"),
+                   "--root", str(ROOT)])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1 and "run make course first" in error, error
+    assert not (tmp_path / "site").exists()
