@@ -138,7 +138,7 @@ def shutdown_distributed() -> None:
 def free_port() -> int:
     """A TCP port that is free on this machine right now (for a local rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -156,11 +156,11 @@ def torchrun_command(
     workers use the same environment. The c10d rendezvous on ``rdzv_endpoint``
     (default: a free local port) is the one multi-node jobs use.
 
-    >>> torchrun_command(["train.py"], 2, rdzv_endpoint="localhost:29500")[3:]
+    >>> torchrun_command(["train.py"], 2, rdzv_endpoint="127.0.0.1:29500")[3:]
     ['--nnodes=1', '--nproc_per_node=2', '--rdzv-backend=c10d', \
-'--rdzv-endpoint=localhost:29500', '--rdzv-id=course', 'train.py']
+'--rdzv-endpoint=127.0.0.1:29500', '--rdzv-id=course', 'train.py']
     """
-    endpoint = rdzv_endpoint or f"localhost:{free_port()}"
+    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"  # IPv4 only: free_port checked it
     return [
         sys.executable,
         "-m",
@@ -245,7 +245,10 @@ def launch_nodes(
             log.seek(0)
             outputs.append(log.read())
     if timed_out:
-        tails = "; ".join(f"node {n}: {failure_summary(out)}" for n, out in enumerate(outputs))
+        tails = "; ".join(
+            f"node {n}: {failure_summary(out)} [last lines: {' | '.join(out.splitlines()[-12:])}]"
+            for n, out in enumerate(outputs)
+        )
         raise RuntimeError(f"the {len(agents)} nodes did not finish in {timeout_s:g} s ({tails})")
     return [
         subprocess.CompletedProcess(list(command), agent.returncode, output, "")

@@ -11,6 +11,8 @@ import pickle
 import subprocess
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,13 +40,30 @@ from course_utils.models import build_model
 SAFETY_NET_S = 120  # subprocess timeout: a hang fails the test instead of the suite
 
 
+def _two_nodes(config: RunConfig) -> list[subprocess.CompletedProcess[str]]:
+    """Two torchrun agents with a c10d rendezvous on 127.0.0.1 (IPv4 only, the address
+    free_port checked). One retry: in 1 of 2 CI runs of the whole suite (never in 80 runs
+    alone or under load) one node's agent outlived the job after its worker failed at the
+    end; the warning keeps every node's last lines so the cause shows in the log."""
+    for attempt in (1, 2):
+        endpoint = f"127.0.0.1:{free_port()}"
+        node = torchrun_command(train_command(config, "cpu"), 1, nnodes=2, rdzv_endpoint=endpoint)
+        try:
+            return launch_nodes([node, node], SAFETY_NET_S)
+        except RuntimeError as error:
+            if attempt == 2:
+                raise
+            warnings.warn(f"two-node job, attempt 1: {error}", stacklevel=2)
+            for leftover in Path(config.out or ".").glob("*"):
+                leftover.unlink()
+    raise AssertionError("unreachable")
+
+
 def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
     """Multi-node as 2 torchrun agents (one process each) on one machine, c10d rendezvous:
     rank 0 alone logs and saves, and the result equals one process on the 2x batch."""
     config = RunConfig(steps=4, batch_size=8, dataset_size=32, out=str(tmp_path))  # 2 epochs
-    endpoint = f"localhost:{free_port()}"
-    node = torchrun_command(train_command(config, "cpu"), 1, nnodes=2, rdzv_endpoint=endpoint)
-    agents = launch_nodes([node, node], SAFETY_NET_S)
+    agents = _two_nodes(config)
     outputs = [agent.stdout for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     logs = "\n".join(outputs)
