@@ -63,7 +63,18 @@ def make_notebooks(folder: Path) -> None:
             outputs=[nbformat.v4.new_output("display_data", data={plot.mime: plot.data})],
         ),
     ])
-    second = executed_notebook("02_tiny", [nbformat.v4.new_markdown_cell(f"The {WORD} rule.")])
+    second = executed_notebook("02_tiny", [
+        nbformat.v4.new_markdown_cell(f"## Mixed precision: `torch.autocast`\n\nThe {WORD} rule."),
+    ])
+    # a widget with its saved state (a monitor or a progress bar): nbconvert would load
+    # the widget renderer from unpkg.com for it
+    second.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+        "state": {}, "version_major": 2, "version_minor": 0}}
+    second.cells.append(nbformat.v4.new_code_cell("bar", execution_count=1, outputs=[
+        nbformat.v4.new_output("display_data", data={
+            "application/vnd.jupyter.widget-view+json": {
+                "model_id": "m", "version_major": 2, "version_minor": 0},
+            "text/plain": "progress"})]))
     nbformat.write(first, folder / "01_tiny.ipynb")
     nbformat.write(second, folder / "02_tiny.ipynb")
 
@@ -79,8 +90,13 @@ class Links(HTMLParser):
                 self.links.append((tag, value))
 
 
+def ids(page: Path) -> set[str]:
+    """The anchors a page has (its elements' ids)."""
+    return set(re.findall(r'\bid="([^"]+)"', page.read_text(encoding="utf-8", errors="replace")))
+
+
 def link_problems(site: Path) -> list[str]:
-    """Internal links to missing files, and anything loaded from another host."""
+    """Internal links to missing files or anchors, and anything loaded from another host."""
     problems = []
     for page in sorted(site.rglob("*.html")):
         parser = Links()
@@ -93,13 +109,13 @@ def link_problems(site: Path) -> list[str]:
                 if tag != "a":
                     problems.append(f"{page.relative_to(site)}: <{tag}> loads {url}")
                 continue
-            if not parts.path:
-                continue  # a fragment on the same page
-            target = (page.parent / unquote(parts.path)).resolve()
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
             if target.is_dir():
                 target = target / "index.html"
             if not target.is_file():
                 problems.append(f"{page.relative_to(site)}: <{tag}> {url} is missing")
+            elif parts.fragment and target.suffix == ".html" and parts.fragment not in ids(target):
+                problems.append(f"{page.relative_to(site)}: <{tag}> {url}: no such anchor")
         text = page.read_text(encoding="utf-8", errors="replace")
         for host in ("cdnjs.cloudflare.com", "unpkg.com", "fonts.googleapis.com"):
             if host in text:
@@ -156,6 +172,7 @@ def test_a_broken_link_or_an_external_script_is_found(tmp_path):
     )
     assert link_problems(tmp_path) == [
         "a/page.html: <a> ../b.html is missing",
+        "a/page.html: <a> page.html#x: no such anchor",
         "a/page.html: <script> loads https://cdn.example/x.js",
     ]
 

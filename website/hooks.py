@@ -6,7 +6,10 @@
 - Every notebook page starts with a link that downloads the executed notebook; its "Open
   in Colab" badge is the notebook's own (``python -m course_utils badges`` points it at
   the course's repository).
-- No page loads a script from another host (see MERMAID_FROM_CDN).
+- No page loads a script from another host (see MERMAID_FROM_CDN, WIDGETS_FROM_CDN).
+- A notebook page's table of contents keeps the inline code of its headings: mkdocs-jupyter's
+  drops it ("2.1 Mixed precision: and" for "... `torch.autocast` and `GradScaler`", with
+  an anchor that matches no heading); each entry takes the id and text of its heading.
 """
 
 from __future__ import annotations
@@ -28,15 +31,56 @@ MERMAID_FROM_CDN = re.compile(
 )
 
 
+HEADING = re.compile(r'<h([1-6])[^>]*\bid="([^"]+)"[^>]*>(.*?)</h\1>', re.DOTALL)
+TAG = re.compile(r"<[^>]+>")
+PERMALINK = re.compile(r'<a class="anchor-link".*?</a>', re.DOTALL)
+
+
+def _headings(content):
+    """(level, id, text) of every heading with an id on the page, in order."""
+    return [
+        (int(level), anchor, " ".join(html.unescape(TAG.sub("", PERMALINK.sub("", inner))).split()))
+        for level, anchor, inner in HEADING.findall(content)
+    ]
+
+
+def _flatten(items):
+    for item in items:
+        yield item
+        yield from _flatten(item.children)
+
+
+def _align_toc(toc, content):
+    """Give each entry of the table of contents the id and text of its heading on the page
+    (in order, level by level): mkdocs-jupyter's entries drop inline code, from the text
+    and from the anchor, so their links missed the heading."""
+    headings = iter(_headings(content))
+    for item in _flatten(toc):
+        for level, anchor, text in headings:
+            if level == item.level:
+                item.id, item.title = anchor, text
+                break
+
+
 def on_page_content(content, page, config, files):
     if not page.file.src_uri.endswith(".ipynb"):
         return content
+    _align_toc(page.toc, content)
     # The "Open in Colab" badge is the notebook's own (its first cell, a test checks it).
     name = html.escape(posixpath.basename(page.file.src_uri))
     download = f'<a href="{name}" download>Download the notebook (.ipynb, as run)</a>'
     return f'<div class="course-actions">{download}</div>\n{content}'
 
 
+# nbconvert's script that loads the Jupyter widget renderer from unpkg.com on pages whose
+# notebook saved widget state (02's monitor, 05's Lightning): removed for the same reason;
+# those outputs show their text form instead.
+WIDGETS_FROM_CDN = re.compile(
+    r"<script>(?:(?!</script>).)*?unpkg\.com/@jupyter(?:(?!</script>).)*?</script>",
+    re.DOTALL,
+)
+
+
 def on_post_page(output, page, config):
-    output = MERMAID_FROM_CDN.sub("", output)
+    output = WIDGETS_FROM_CDN.sub("", MERMAID_FROM_CDN.sub("", output))
     return output.replace(BADGE_IMAGE, get_relative_url(LOCAL_BADGE, page.url))
