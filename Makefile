@@ -10,12 +10,13 @@ PY     := $(VENV)/bin/python
 TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help env course site test lint lab gpu-lane bench lock clean student colab-check
+.PHONY: help env course site test quick lint lab gpu-lane bench lock clean student colab-check
 
 help:
 	@echo "make course    run every notebook headlessly, write build/report.html"
 	@echo "make site      the course website from make course's notebooks, in build/site/"
 	@echo "make test      unit tests, doctests and nbval on every notebook (small workload)"
+	@echo "make quick     the inner loop: unit tests and doctests not marked slow, no notebooks"
 	@echo "make colab-check  Colab's versions + colab_setup.sh + every notebook (pip only)"
 	@echo "make lab       JupyterLab on notebooks/"
 	@echo "make gpu-lane  GPU tests and full-size notebooks (on a GPU machine)"
@@ -52,6 +53,11 @@ lint: env
 test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \
 	  --ignore=course_utils/__main__.py course_utils tests notebooks
+
+# The inner loop while changing the package: no notebooks, no test marked slow, no lint.
+quick: env
+	$(TEST_ENV) $(PYTEST) -q -m "not slow" --doctest-modules \
+	  --ignore=course_utils/__main__.py course_utils tests
 
 # Colab's torch, torchvision and ipywidgets (.ci/colab-versions.txt) in .venv-colab, then
 # colab_setup.sh against this working tree, then nbval on every notebook (small workload).

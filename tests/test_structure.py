@@ -1,0 +1,180 @@
+"""The package's shape: no import cycle, a reason for every import inside a function, and
+each public name defined in one module only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PACKAGE = ROOT / "course_utils"
+MODULES = {path.stem: path for path in sorted(PACKAGE.glob("*.py"))}
+
+
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _targets(node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
+    """The course_utils modules an import statement loads."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+        return {name.split(".")[1] for name in names if name.startswith("course_utils.")}
+    if node.level == 0 and not (node.module or "").startswith("course_utils"):
+        return set()
+    if node.level > 1:
+        return set()
+    module = (node.module or "").removeprefix("course_utils").lstrip(".")
+    if module:
+        return {module.split(".")[0]}
+    return {alias.name for alias in node.names if alias.name in known}
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Every edge, whether the import is at the top, inside a function or under TYPE_CHECKING."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges |= _targets(node, set(modules))
+        graph[name] = (edges & set(modules)) - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a path that returns to its start, or [] when there is none."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return []
+
+
+def test_find_cycle_sees_a_cycle_through_three_modules():
+    graph = {"training": {"memory"}, "memory": {"batch"}, "batch": {"training"}, "cli": {"batch"}}
+    assert find_cycle(graph) == ["batch", "training", "memory", "batch"]
+    graph["batch"] = set()
+    assert find_cycle(graph) == []
+
+
+def test_import_graph_reads_every_kind_of_import(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom . import b\n"
+        "if TYPE_CHECKING:\n    from course_utils.c import X\n"
+        "def f():\n    import course_utils.d\n    from .e import g\n"
+    )
+    for name in "bcde":
+        (tmp_path / f"{name}.py").write_text("")
+    modules = {path.stem: path for path in tmp_path.glob("*.py")}
+    assert import_graph(modules)["a"] == {"b", "c", "d", "e"}
+
+
+def test_course_utils_has_no_import_cycle():
+    cycle = find_cycle(import_graph(MODULES))
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+LAZY = "# lazy:"
+
+
+def _lazy_reason_missing(lines: list[str], function: ast.AST) -> list[int]:
+    """Lines of imports inside `function` with no `# lazy:` comment on their own lines or in
+    the comment lines directly above their run of consecutive imports."""
+    imports = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node is not function
+    ]
+    ends = {node.end_lineno: node for node in imports}
+    missing = []
+    for node in imports:
+        end = node.end_lineno or node.lineno
+        if any(LAZY in lines[i - 1] for i in range(node.lineno, end + 1)):
+            continue
+        line, found = node.lineno - 1, False
+        while line >= 1 and not found:
+            text = lines[line - 1].strip()
+            if text.startswith("#"):
+                found = LAZY in text
+                line -= 1
+            elif line in ends:
+                above = ends[line]
+                found = any(LAZY in lines[i - 1] for i in range(above.lineno, line + 1))
+                line = above.lineno - 1
+            else:
+                break
+        if not found:
+            missing.append(node.lineno)
+    return missing
+
+
+def _functions(tree: ast.Module) -> list[ast.AST]:
+    """The outermost functions (methods included); nested ones are walked through them."""
+    found: list[ast.AST] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append(child)
+            else:
+                visit(child)
+
+    visit(tree)
+    return found
+
+
+def test_the_lazy_import_check_wants_a_reason():
+    source = (
+        "def f():\n    # lazy: keeps torch out of the CLI\n    import torch\n    import numpy\n"
+        "def g():\n    import json\n    x = 1\n    # lazy: optional\n    import mkdocs\n"
+        "def h():\n    import nbclient  # lazy: optional (classroom extra)\n"
+    )
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    missing = {fn.name: _lazy_reason_missing(lines, fn) for fn in _functions(tree)}
+    assert missing == {"f": [], "g": [6], "h": []}
+
+
+def test_every_import_inside_a_function_says_why_it_is_lazy():
+    missing = []
+    for name, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        for function in _functions(_parse(path)):
+            missing += [f"{name}.py:{line}" for line in _lazy_reason_missing(lines, function)]
+    assert not missing, (
+        "imports inside functions without a '# lazy:' reason (move them to the top, or say "
+        "why they must wait): " + ", ".join(missing)
+    )
+
+
+def _public_definitions(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_each_public_function_and_class_is_defined_in_one_module():
+    where: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for defined in _public_definitions(_parse(path)):
+            where.setdefault(defined, []).append(name)
+    twice = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert not twice, f"defined in more than one module: {twice}"
