@@ -8,7 +8,7 @@ One module per concept, so a learner finds the code of a lesson in one place:
 * :mod:`course_utils.timing`: timing GPU work correctly.
 * :mod:`course_utils.workload`: experiment sizes (``COURSE_WORKLOAD``).
 * :mod:`course_utils.progress`: progress bars for long helpers (quiet under tests).
-* :mod:`course_utils.report`: figures and plots notebooks make, and the course report.
+* :mod:`course_utils.report`: measurements and plots notebooks make, and the course report.
 * :mod:`course_utils.colab`: Colab badges and setup cells (verified by SHA-256).
 * :mod:`course_utils.runner`: run all notebooks headlessly (``make course``).
 * :mod:`course_utils.smi`: run and parse ``nvidia-smi``, and explain its output.

@@ -77,7 +77,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
         (docs / "run-report.md").write_text(
             "# Run report\n\n"
             "The report of `make course` that executed the notebooks on this site: each "
-            "notebook's status, run time, key figures (labelled with the hardware they were "
+            "notebook's status, run time, measurements (labelled with the hardware they were "
             "measured on) and plots. [Open it on its own page](report.html).\n\n"
             '<iframe src="report.html" title="Run report" '
             'style="width:100%;height:80vh;border:1px solid #ccc"></iframe>\n',
