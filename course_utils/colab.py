@@ -1,16 +1,10 @@
-"""Colab badges and setup cells, and pointing them at the repository that hosts the course.
+"""Colab badges and setup cells, pointed at the repository that hosts the course.
 
-Every notebook starts with an "Open in Colab" badge and a setup cell that, on Colab
-only, downloads ``colab_setup.sh`` from the course's repository and runs it. The cell
-carries three settings written by ``python -m course_utils badges``: the repository, the
-ref (best a commit) and the SHA-256 of ``colab_setup.sh``. It runs the downloaded script
-only when its hash matches, so a repository taken over by someone else, or a script
-changed after the notebooks were made, cannot run code in a learner's runtime.
-
-The script takes the repository and ref from the cell (environment variables), so its
-content, and so its hash, are the same in every fork. A copy never pointed at a
-repository (``COURSE_REPO`` empty, how the course is committed) says so in one line on
-Colab instead of downloading anything.
+Each notebook's setup cell, on Colab only, downloads ``colab_setup.sh`` from the
+repository and ref written in it by ``python -m course_utils badges`` and runs it only if
+its SHA-256 matches the one written beside them. The script takes the repository and ref
+from the cell, so its hash is the same in every fork. A copy pointed at no repository
+(``COURSE_REPO`` empty: how the course is committed) says so on Colab in one line.
 """
 
 from __future__ import annotations
@@ -28,8 +22,6 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 _REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _REF_PATTERN = re.compile(r"^[A-Za-z0-9_./-]+$")
-_COMMIT_PATTERN = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _BADGE_URL = re.compile(
     r"https://colab\.research\.google\.com/github/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/blob/"
     r"[A-Za-z0-9_./-]+?/(notebooks/[A-Za-z0-9_.-]+\.ipynb)"
@@ -55,7 +47,11 @@ def is_commit(ref: str) -> bool:
     >>> is_commit("main"), is_commit("3f2a" * 10)
     (False, True)
     """
-    return bool(_COMMIT_PATTERN.match(ref))
+    return _is_hex(ref, 40, 64)
+
+
+def _is_hex(text: str, *lengths: int) -> bool:
+    return len(text) in lengths and all(c in "0123456789abcdef" for c in text)
 
 
 def script_sha256(root: Path) -> str:
@@ -89,11 +85,6 @@ def badge_url(repo: str, ref: str, notebook: str) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 
-def badge_markdown(repo: str, ref: str, notebook: str) -> str:
-    """The Markdown of an "Open in Colab" badge."""
-    return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
-
-
 def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
     """The first code cell of every notebook: on Colab, fetch ``colab_setup.sh`` from
     ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256``; elsewhere, nothing.
@@ -105,7 +96,7 @@ def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
         raise ValueError("give both a repository and a ref, or neither")
     if repo:
         check_repo_and_ref(repo, ref)
-    if not _SHA256_PATTERN.match(sha256):
+    if not _is_hex(sha256, 64):
         raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return (
         "# Colab only: install the course package without touching Colab's torch.\n"

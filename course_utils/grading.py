@@ -72,6 +72,14 @@ class CheckResult:
     #: How the check cell was found when its grade_id was missing ("" when it was not).
     matched: str = ""
 
+    @property
+    def points_text(self) -> str:
+        return f"{self.points:g}/{self.max_points:g}"
+
+    @property
+    def result(self) -> str:
+        return "passed" if self.passed else f"failed: {self.reason}"
+
 
 @dataclass
 class GradeReport:
@@ -86,32 +94,20 @@ class GradeReport:
     sandbox: str = "none"
     #: Exercise cells found by content, not by grade_id: "grade_id: cell N, how".
     matched: list[str] = field(default_factory=list)
+    score: float = field(init=False)
+    max_score: float = field(init=False)
 
-    @property
-    def score(self) -> float:
-        return sum(check.points for check in self.checks)
-
-    @property
-    def max_score(self) -> float:
-        return sum(check.max_points for check in self.checks)
+    def __post_init__(self) -> None:
+        self.score = sum(check.points for check in self.checks)
+        self.max_score = sum(check.max_points for check in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "submission": self.submission,
-            "source": self.source,
-            "score": self.score,
-            "max_score": self.max_score,
-            "seconds": round(self.seconds, 2),
-            "checks": [asdict(check) for check in self.checks],
-            "notes": self.notes,
-            "sandbox": self.sandbox,
-            "matched": self.matched,
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 2)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GradeReport:
         """The report :meth:`to_dict` wrote."""
-        known = {f.name for f in fields(cls)} - {"checks"}
+        known = {f.name for f in fields(cls) if f.init} - {"checks"}
         checks = [CheckResult(**check) for check in data["checks"]]
         return cls(checks=checks, **{k: v for k, v in data.items() if k in known})
 
@@ -120,24 +116,14 @@ class GradeReport:
         width = max([len(check.grade_id) for check in self.checks] + [len("total")])
         lines = [f"Grading {self.submission} (checks from {self.source})"]
         for check in self.checks:
-            mark = "passed" if check.passed else f"failed: {check.reason}"
-            lines.append(
-                f"  {check.grade_id:<{width}}  {_points(check.points)}/"
-                f"{_points(check.max_points)}  {mark}"
-            )
-        lines.append(
-            f"  {'total':<{width}}  {_points(self.score)}/{_points(self.max_score)}"
-            f"  ({self.seconds:.1f} s)"
-        )
+            lines.append(f"  {check.grade_id:<{width}}  {check.points_text}  {check.result}")
+        total = f"{self.score:g}/{self.max_score:g}  ({self.seconds:.1f} s)"
+        lines.append(f"  {'total':<{width}}  {total}")
         lines += [f"  found without grade_id: {match}" for match in self.matched]
         lines += [f"  note: {note}" for note in self.notes]
         if self.sandbox == "none":
             lines.append("  note: the submission ran unsandboxed")
         return "\n".join(lines)
-
-
-def _points(value: float) -> str:
-    return f"{value:g}"
 
 
 def check_cells(notebook: Any) -> dict[str, Any]:
@@ -511,33 +497,22 @@ def _feedback(
             continue
         cell.execution_count = None
         at = position.get(index)
-        if at is None:
-            text, name = "not run: another cell already claims this check's grade_id\n", "stderr"
-            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
-        elif at in checks_at:
-            check = results[checks_at[at]]
-            mark = "passed" if check.passed else f"failed: {check.reason}"
-            text = f"{check.grade_id}: {_points(check.points)}/{_points(check.max_points)} {mark}\n"
-            name = "stdout" if check.passed else "stderr"
-            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
-        else:
+        if at is not None and at not in checks_at:
             cell.outputs = _trimmed(cells[at].get("outputs", []))
-    rows = [
-        f"| {check.grade_id} | {_points(check.points)}/{_points(check.max_points)} | "
-        + ("passed" if check.passed else "failed: " + check.reason).replace("|", "\\|")
-        + " |"
-        for check in report.checks
-    ]
-    summary = [
-        f"**Grade: {_points(report.score)}/{_points(report.max_score)}**",
-        "",
-        "| check | points | result |",
-        "|---|---|---|",
-        *rows,
-        "",
-        *[f"- found without its grade_id: {match}" for match in report.matched],
-        *[f"- note: {note}" for note in report.notes],
-    ]
+            continue
+        text, name = "not run: another cell already claims this check's grade_id", "stderr"
+        if at is not None:
+            check = results[checks_at[at]]
+            text = f"{check.grade_id}: {check.points_text} {check.result}"
+            name = "stdout" if check.passed else "stderr"
+        cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text + "\n")]
+    summary = [f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
+    summary += ["| check | points | result |", "|---|---|---|"]
+    for check in report.checks:
+        result = check.result.replace("|", "\\|")
+        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
+    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
+    summary += [f"- note: {note}" for note in report.notes]
     cell = nbformat.v4.new_markdown_cell("\n".join(summary).strip())
     if (notebook.get("nbformat"), notebook.get("nbformat_minor", 0)) < (4, 5):
         cell.pop("id", None)
