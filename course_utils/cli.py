@@ -1,16 +1,4 @@
-"""Command line: ``python -m course_utils COMMAND``.
-
-Commands:
-  doctor         describe this machine for the course (``--json`` for JSON)
-  badges         point the Colab badges and setup cells at a repository, with the
-                 SHA-256 of colab_setup.sh
-  run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
-  smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
-  loader-advice  DataLoader settings for this machine, with the reason for each
-  ddp-check      DDP on N CPU processes (torchrun, gloo) ends where one process does
-  student        write student versions of the notebooks (``make student``)
-  grade          run a submitted notebook on the CPU and score its exercise checks
-  grade-class    grade a folder of learners' submissions in parallel into a gradebook
+"""Command line: ``python -m course_utils COMMAND`` (``--help`` lists the commands).
 
 The contract of every command:
 
@@ -45,16 +33,9 @@ BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
 
 # Optional packages a command may import, and the extra of course-utils that brings each.
 EXTRAS = {
-    "nbformat": "notebooks",
-    "nbclient": "notebooks",
-    "ipykernel": "notebooks",
-    "jupyter_client": "notebooks",
-    "nbconvert": "classroom",
-    "nbgrader": "classroom",
-    "accelerate": "dev",
-    "mkdocs": "site",
-    "material": "site",
-    "mkdocs_jupyter": "site",
+    **dict.fromkeys(["nbformat", "nbclient", "ipykernel", "jupyter_client"], "notebooks"),
+    **dict.fromkeys(["nbconvert", "nbgrader"], "classroom"),
+    **dict.fromkeys(["mkdocs", "material", "mkdocs_jupyter"], "site"),
 }
 
 

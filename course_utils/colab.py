@@ -142,47 +142,39 @@ class BadgeChanges:
     badge_ref: str | None = None  # where the badges open the notebooks
 
 
-def retarget_notebook(
-    path: Path,
-    target: tuple[str, str] | None,
-    sha256: str,
-    root: Path,
-    badge_ref: str | None = None,
-) -> tuple[int, int, set[tuple[str, str]]]:
-    """Rewrite one notebook's setup cell (and badges) and save it if it changed.
+def _retarget_notebook(
+    path: Path, target: tuple[str, str] | None, root: Path, changes: BadgeChanges
+) -> None:
+    """Rewrite one notebook's setup cell (and badges) into ``changes``; save if changed.
 
-    ``target`` is (repository, ref) for the setup cell, ("", "") for none, or None to
-    keep the cell's own; the cell always gets the current template and ``sha256``.
-    Badges are rewritten (to ``target``'s repository at ``badge_ref``) only for a
-    repository. Returns (badges rewritten, setup cells rewritten, settings written).
-    The notebook's own path inside the repository is used for its badge, so a renamed
-    notebook gets a right badge.
+    ``target`` is (repository, ref), ("", "") for none, or None to keep the cell's own;
+    the cell always gets the current template and SHA-256. Badges are rewritten, to the
+    notebook's own path, only for a repository.
     """
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     own_path = path.resolve().relative_to(root.resolve()).as_posix()
-    badges = setups = 0
-    written: set[tuple[str, str]] = set()
     for cell in notebook.get("cells", []):
         source = "".join(cell.get("source", []))
         if cell.get("cell_type") == "markdown":
-            if not (target and target[0] and badge_ref):
+            if not (target and target[0] and changes.badge_ref):
                 continue
-            new, count = _BADGE_URL.subn(badge_url(target[0], badge_ref, own_path), source)
-            badges += count
+            url = badge_url(target[0], changes.badge_ref, own_path)
+            new, count = _BADGE_URL.subn(url, source)
+            changes.badges += count
         elif SETUP_TAG in cell.get("metadata", {}).get("tags", []):
             old = setup_cell_settings(source)
             repo, ref = target if target is not None else (old[:2] if old else ("", ""))
-            new = setup_cell_source(repo, ref, sha256)
-            written.add((repo, ref))
-            setups += 1
+            new = setup_cell_source(repo, ref, changes.sha256)
+            changes.settings.add((repo, ref))
+            changes.setup_cells += 1
         else:
             continue
         cell["source"] = new.splitlines(keepends=True)
     new_text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if new_text != text:
         path.write_text(new_text, encoding="utf-8")
-    return badges, setups, written
+        changes.files.append(str(path.relative_to(root)))
 
 
 def retarget_course(
@@ -209,13 +201,7 @@ def retarget_course(
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
     changes = BadgeChanges([], 0, 0, sha256, badge_ref=badge_ref)
     for path in notebooks:
-        before = path.read_bytes()
-        badges, setups, written = retarget_notebook(path, target, sha256, root, badge_ref)
-        changes.badges += badges
-        changes.setup_cells += setups
-        changes.settings |= written
-        if path.read_bytes() != before:
-            changes.files.append(str(path.relative_to(root)))
+        _retarget_notebook(path, target, root, changes)
     readme = root / "README.md"
     if repo and badge_ref and readme.exists():
         text = readme.read_text(encoding="utf-8")

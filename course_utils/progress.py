@@ -114,11 +114,7 @@ def track(
     items: Iterable[T], description: str, *, total: int | None = None, unit: str = "step"
 ) -> Iterator[T]:
     """Yield ``items``, advancing a task by one per item (``total`` defaults to
-    ``len(items)`` when it has one). Breaking out of the loop ends the task.
-
-    >>> list(track([1, 2, 3], "example"))
-    [1, 2, 3]
-    """
+    ``len(items)`` when it has one). Breaking out of the loop ends the task."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     with task(description, total=total, unit=unit) as current:

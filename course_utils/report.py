@@ -7,10 +7,12 @@ measurements and plots from the executed copies into ``build/report.html``.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,18 +63,20 @@ def record_measurement(
     return measurement
 
 
-def measurements_in_notebook(notebook: dict[str, Any]) -> list[Measurement]:
-    """The measurements recorded in an executed notebook (a parsed ``.ipynb``), in order."""
-    found = []
+def _output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The ``data`` of each output of an executed notebook (a parsed ``.ipynb``), in order."""
     for cell in notebook.get("cells", []):
         for output in cell.get("outputs", []) or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            payload = data.get(MEASUREMENT_MIME)
-            if isinstance(payload, dict):
-                try:
-                    found.append(Measurement(**payload))
-                except TypeError:
-                    continue  # a malformed payload is ignored, not fatal
+            if isinstance(output, dict):
+                yield output.get("data", {})
+
+
+def measurements_in_notebook(notebook: dict[str, Any]) -> list[Measurement]:
+    """The measurements recorded in an executed notebook, in order."""
+    found = []
+    for data in _output_data(notebook):
+        with contextlib.suppress(KeyError, TypeError):  # none, or malformed
+            found.append(Measurement(**data[MEASUREMENT_MIME]))
     return found
 
 
@@ -93,16 +97,14 @@ class Plot:
 def plots_in_notebook(notebook: dict[str, Any]) -> list[Plot]:
     """The images (plots) in an executed notebook's outputs, in order; one per output."""
     plots = []
-    for cell in notebook.get("cells", []):
-        for output in cell.get("outputs", []) or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            for mime in PLOT_MIMES:
-                value = data.get(mime)
-                if isinstance(value, list):  # a multi-line string as a list of lines
-                    value = "".join(value)
-                if isinstance(value, str) and value.strip():
-                    plots.append(Plot(mime, value))
-                    break
+    for data in _output_data(notebook):
+        for mime in PLOT_MIMES:
+            value = data.get(mime)
+            if isinstance(value, list):  # a multi-line string as a list of lines
+                value = "".join(value)
+            if isinstance(value, str) and value.strip():
+                plots.append(Plot(mime, value))
+                break
     return plots
 
 

@@ -1,12 +1,9 @@
 """The course website (``make site``): the executed notebooks, searchable, in a browser.
 
-``build_site`` stages the pages in a temporary folder: the README as the landing page, the
-notebooks as executed by ``make course`` (``build/notebooks``, outputs and plots included)
-in course order, the instructor guide and the run report (``build/report.html``); then
-mkdocs (mkdocs-material and mkdocs-jupyter, configured in ``website/mkdocs.yml``) builds
-them into a static site. Nothing is executed: the pages show the notebooks as they ran,
-with the hardware each one printed. The site loads nothing from another host and works
-opened from disk or served from any sub-path.
+The README (landing page), the notebooks as ``make course`` executed them, the instructor
+guide and the run report are staged in a temporary folder and built by mkdocs
+(``website/mkdocs.yml``). Nothing is executed; the site loads nothing from another host
+and works from disk or under any sub-path.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ def make_course(root, names=("01_a.ipynb", "02_b.ipynb")):
 
 
 def badge_markdown(notebook):
-    return f"[![Open In Colab]({colab.BADGE_IMAGE})]({colab.badge_url(OLD_REPO, OLD_REF, notebook)})"
+    url = colab.badge_url(OLD_REPO, OLD_REF, notebook)
+    return f"[![Open In Colab]({colab.BADGE_IMAGE})]({url})"
 
 
 def cells(root, name):
