@@ -163,7 +163,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _badges(args: argparse.Namespace) -> int:
-
     if args.repo and not args.ref:
         raise ValueError("--repo needs --ref: a commit, e.g. --ref $(git rev-parse HEAD)")
     if not args.repo and (args.ref or args.branch):
@@ -214,7 +213,6 @@ def _run_notebooks(args: argparse.Namespace) -> int:
 
 
 def _smi(args: argparse.Namespace) -> int:
-
     try:
         if args.file == "-":
             text = sys.stdin.read()
@@ -289,18 +287,15 @@ def _grade(args: argparse.Namespace) -> int:
             f"--processes must be at least 16 (a kernel has threads), not {args.processes}"
         )
     limits = Limits(memory_bytes=int(args.memory * GIB), processes=args.processes)
-    options = Options(args.cell_timeout, args.timeout, args.sandbox, limits)
+    options = Options(args.cell_timeout, args.timeout, args.sandbox, limits, args.jobs)
     source = args.source or COURSE_NOTEBOOKS
     if args.command == "grade":
-        return grade_notebooks(
-            args.submission, source, args.out, options, jobs=args.jobs, as_json=args.json
-        )
+        return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
     grade_class(
         args.submissions,
         source,
         args.out,
         options,
-        jobs=args.jobs,
         resume=not args.regrade,
         warn=lambda line: print(f"warning: {line}", file=sys.stderr),
     )

@@ -56,13 +56,15 @@ class Task:
 class Options:
     """How every submission of a run is graded (all but ``hidden`` in each result's key).
 
-    ``sandbox`` is ``auto``, ``bwrap`` or ``none``; a run resolves ``auto`` once, in the
-    parent process, and shares each kernel's CPU threads among the jobs."""
+    ``sandbox`` is ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
+    one per CPU core). A run resolves ``auto`` once, in the parent process, and shares
+    the CPU threads among the jobs' kernels."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
     sandbox: str = "auto"
     limits: sandboxes.Limits = field(default_factory=sandboxes.Limits)
+    jobs: int | None = None
     threads: int | None = None
     hidden: tuple[str, ...] = ()
 
@@ -105,10 +107,6 @@ def instructor_notebooks(source: Path) -> dict[str, Path]:
     return found
 
 
-def _visible(path: Path) -> bool:
-    return not path.name.startswith(".")
-
-
 def find_submissions(root: Path) -> dict[str, list[Path]]:
     """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
     (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``). Raises :class:`InputError` for a
@@ -118,10 +116,10 @@ def find_submissions(root: Path) -> dict[str, list[Path]]:
     if (root / "submitted").is_dir():  # an nbgrader course folder
         root = root / "submitted"
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and _visible(p)):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
         notebooks = [p for p in folder.glob("*.ipynb") if p.is_file()]
         for assignment in folder.iterdir():
-            if assignment.is_dir() and _visible(assignment):
+            if assignment.is_dir() and assignment.name[0] != ".":
                 notebooks += [p for p in assignment.glob("*.ipynb") if p.is_file()]
         if notebooks:
             learners[folder.name] = sorted(notebooks)
@@ -214,16 +212,11 @@ def _score(result: dict[str, Any]) -> str:
 
 
 def grade_tasks(
-    tasks: Sequence[Task],
-    options: Options,
-    *,
-    out: Path | None,
-    jobs: int,
-    progress: TextIO,
-    resume: bool = True,
+    tasks: Sequence[Task], options: Options, out: Path | None, progress: TextIO, resume: bool
 ) -> list[dict[str, Any]]:
-    """Grade the tasks, ``jobs`` at a time, keeping unchanged results found in ``out``;
-    one progress line per submission. Returns the results in the order of ``tasks``."""
+    """Grade the tasks, ``options.jobs`` at a time, keeping unchanged results found in
+    ``out``; one progress line per submission. Returns the results in the order of tasks."""
+    jobs = options.jobs or 1
     results: dict[int, dict[str, Any]] = {}
     if out is not None and resume:
         for number, task in enumerate(tasks):
@@ -286,49 +279,46 @@ def write_gradebook(
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
     out.mkdir(parents=True, exist_ok=True)
     book, checks = out / "gradebook.csv", out / "checks.csv"
-    with book.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["learner", *notebooks, "total", "max", "notes"])
+    with (
+        book.open("w", newline="", encoding="utf-8") as book_file,
+        checks.open("w", newline="", encoding="utf-8") as checks_file,
+    ):
+        book_csv, checks_csv = csv.writer(book_file), csv.writer(checks_file)
+        book_csv.writerow(["learner", *notebooks, "total", "max", "notes"])
+        header = ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
+        checks_csv.writerow(header)
         for learner in learners:
             row, total, most = [], 0.0, 0.0
             learner_notes = list(notes.get(learner, []))
             for notebook in notebooks:
-                result = by_cell.get((learner, notebook))
-                report = (result or {}).get("report")
+                result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
+                report = result.get("report")
                 if report is None:
                     row.append("0")
-                    why = result.get("error", "?") if result else "not submitted"
-                    learner_notes.append(f"{notebook}: {why}")
+                    learner_notes.append(f"{notebook}: {result.get('error', '?')}")
+                    checks_csv.writerow([learner, notebook, "", 0, "", result.get("error"), ""])
                     continue
                 row.append(f"{report['score']:g}")
                 total += report["score"]
                 most += report["max_score"]
                 learner_notes += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
-            writer.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
-    with checks.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(
-            ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
-        )
-        for learner in learners:
-            for notebook in notebooks:
-                result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
-                if "report" not in result:
-                    writer.writerow([learner, notebook, "", 0, "", result.get("error", ""), ""])
-                for check in result.get("report", {}).get("checks", []):
+                for check in report["checks"]:
                     points = f"{check['points']:g}", f"{check['max_points']:g}"
                     why = check["reason"], check.get("matched", "")
-                    writer.writerow([learner, notebook, check["grade_id"], *points, *why])
+                    checks_csv.writerow([learner, notebook, check["grade_id"], *points, *why])
+            book_csv.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
     return book, checks
 
 
-def _resolved(options: Options, jobs: int, paths: Sequence[Path]) -> Options:
-    """The run's options: the sandbox found once here (said once if there is none), each
-    kernel's share of the CPU threads, and the paths its sandbox hides."""
+def _resolved(options: Options, paths: Sequence[Path]) -> Options:
+    """The run's options: the sandbox found once here (said once if there is none), the
+    jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
     hidden = tuple(str(path) for path in paths)
-    box = find_sandbox(options.sandbox, hidden, options.limits)
-    mode = "bwrap" if box else "none"
-    return replace(options, sandbox=mode, threads=max(1, cpu_count() // jobs), hidden=hidden)
+    mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
+    jobs = options.jobs or cpu_count()
+    return replace(
+        options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden
+    )
 
 
 def grade_class(
@@ -337,7 +327,6 @@ def grade_class(
     out: Path,
     options: Options = Options(),
     *,
-    jobs: int | None = None,
     resume: bool = True,
     progress: TextIO | None = None,
     warn: Callable[[str], None] | None = None,
@@ -347,8 +336,7 @@ def grade_class(
     progress = progress or sys.stdout
     sources = instructor_notebooks(source)
     learners = find_submissions(submissions)
-    jobs = jobs or cpu_count()
-    options = _resolved(options, jobs, [submissions, out, source, *sources.values()])
+    options = _resolved(options, [submissions, out, source, *sources.values()])
     tasks: list[Task] = []
     notes: dict[str, list[str]] = {}
     for learner, paths in learners.items():
@@ -362,7 +350,7 @@ def grade_class(
     seen = [name for name in sources if any(task.notebook == name for task in tasks)]
     if not tasks:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
-    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=progress, resume=resume)
+    results = grade_tasks(tasks, options, out, progress, resume)
     book, checks = write_gradebook(out, list(learners), seen, results, notes)
     failed = sum("report" not in result for result in results)
     print(f"wrote {book}, {checks} and feedback/ for {len(learners)} learner(s)", file=progress)
@@ -377,7 +365,6 @@ def grade_notebooks(
     out: Path | None,
     options: Options = Options(),
     *,
-    jobs: int | None = None,
     as_json: bool = False,
 ) -> int:
     """The ``grade`` command: grade the notebooks in parallel against ``source`` (an
@@ -391,10 +378,9 @@ def grade_notebooks(
         instructor = source / path.name if source.is_dir() else source
         instructor_notebooks(instructor)  # a readable notebook with checks
         tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
-    jobs = jobs or cpu_count()
     folders = {Path(path).parent for task in tasks for path in (task.path, task.source)}
-    options = _resolved(options, jobs, [*folders, *([out] if out else [])])
-    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=sys.stderr, resume=False)
+    options = _resolved(options, [*folders, *([out] if out else [])])
+    results = grade_tasks(tasks, options, out, sys.stderr, resume=False)
     if out is not None:
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))

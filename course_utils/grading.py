@@ -168,27 +168,25 @@ def assemble(
     return cells, checks_at, origin
 
 
-def _course_environment(threads: int | None = None) -> dict[str, str]:
-    """What the grading kernel is told: small sizes, no GPU, and its share of the CPU."""
-    env = {"COURSE_WORKLOAD": "small", "CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu"}
-    env["MPLBACKEND"] = "Agg"
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
-
-
-def _unsandboxed_environment(threads: int | None) -> dict[str, str]:
-    """This process's environment, plus the course's settings and the course importable."""
-    path = [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, **_course_environment(threads), "PYTHONPATH": os.pathsep.join(path)}
-
-
 @dataclass(frozen=True)
 class KernelSettings:
     """Where and how grading kernels run: the sandbox (None: none) and CPU threads."""
 
     sandbox: sandboxes.Sandbox | None = None
     threads: int | None = None
+
+
+def _kernel_environment(cwd: Path, settings: KernelSettings) -> dict[str, str]:
+    """Small sizes, no GPU, the kernel's share of the CPU threads, the course importable;
+    in a sandbox, nothing else (none of the grader's variables)."""
+    env = {"COURSE_WORKLOAD": "small", "CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu"}
+    env["MPLBACKEND"] = "Agg"
+    if settings.threads:
+        env.update(OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads))
+    if settings.sandbox is not None:
+        return settings.sandbox.environment(cwd, env)
+    path = [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
@@ -215,9 +213,7 @@ def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
 class _Kernel:
     """One kernel running cells for the grader; replaced when it hangs or dies."""
 
-    def __init__(
-        self, cwd: str, warm_up_s: float = WARM_UP_S, settings: KernelSettings = KernelSettings()
-    ) -> None:
+    def __init__(self, cwd: str, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
         self._client = NotebookClient(
             self._scratch,
@@ -227,14 +223,9 @@ class _Kernel:
             record_timing=False,
             iopub_timeout=4,
         )
-        self._cwd = cwd
         sandbox = settings.sandbox
         self._client.km = _kernel_manager(Path(cwd), sandbox)
-        course = _course_environment(settings.threads)
-        if sandbox is None:
-            env = _unsandboxed_environment(settings.threads)
-        else:
-            env = sandbox.environment(Path(cwd), course)
+        env = _kernel_environment(Path(cwd), settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         self._client.start_new_kernel(
             env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from tqdm.auto import tqdm
+
 ENV_VAR = "COURSE_PROGRESS"
 MODES = ("bar", "line", "off")
 
@@ -63,8 +65,6 @@ class Task:
         self._start = time.perf_counter()
         self._bar: Any = None
         if self.mode == "bar":
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(
                 total=total, desc=description, unit=f" {unit}", leave=not nested, file=sys.stderr
             )

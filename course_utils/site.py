@@ -90,6 +90,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
 def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
     landing page. ``root`` is the course checkout (README, docs)."""
+    # lazy: optional (site extra)
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
