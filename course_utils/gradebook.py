@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import signal
@@ -380,7 +381,8 @@ def grade_notebooks(
         tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
     folders = {Path(path).parent for task in tasks for path in (task.path, task.source)}
     options = _resolved(options, [*folders, *([out] if out else [])])
-    results = grade_tasks(tasks, options, out, sys.stderr, resume=False)
+    progress = sys.stderr if len(tasks) > 1 else io.StringIO()  # one: no progress lines
+    results = grade_tasks(tasks, options, out, progress, resume=False)
     if out is not None:
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))

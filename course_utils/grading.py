@@ -136,7 +136,7 @@ def check_cells(notebook: Any) -> dict[str, Any]:
     return checks
 
 
-def assemble(
+def _assemble(
     submission: Any, source: Any, matches: dict[str, Match]
 ) -> tuple[list[Any], dict[int, str], list[int]]:
     """The code cells to run: the submission's, each matched check replaced by the
@@ -415,7 +415,7 @@ def grade_submission(
     if not expected:
         raise InputError(f"{source} has no check cells (nbgrader grade: true)")
     matches = match_cells(learner, reference)
-    cells, checks_at, origin = assemble(learner, reference, matches)
+    cells, checks_at, origin = _assemble(learner, reference, matches)
     start = time.perf_counter()
     outcomes, notes = run_cells(
         cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s, settings=settings
