@@ -25,7 +25,7 @@ import nbformat
 from common import parse_out, write_figures
 
 from course_utils.env import measured_on
-from course_utils.gradebook import cpu_count, grade_class
+from course_utils.gradebook import Options, cpu_count, grade_class
 from course_utils.sandbox import unavailable_reason
 from course_utils.student import student_version, write_notebook
 
@@ -96,7 +96,8 @@ def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float |
     class's total score."""
     before = _idle_and_total()
     start = time.perf_counter()
-    results = grade_class(klass, source, out, jobs=jobs, resume=False, progress=io.StringIO())
+    options = Options(jobs=jobs)
+    results = grade_class(klass, source, out, options, resume=False, progress=io.StringIO())
     seconds = time.perf_counter() - start
     after = _idle_and_total()
     assert all("report" in result for result in results), results

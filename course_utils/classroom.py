@@ -1,10 +1,8 @@
 """Exercise checks: specific, friendly feedback that runs on a CPU in seconds.
 
-A notebook's exercise is a solution cell (``### BEGIN SOLUTION`` / ``### END SOLUTION``,
-nbgrader metadata ``solution: true``) followed by a check cell (``grade: true``) that
-calls these functions. A failed check raises :class:`CheckFailed`, an ``AssertionError``
-whose message tells the learner what is wrong and what to try; nbgrader and the course's
-grader count a check cell that raises as zero points.
+A check cell (nbgrader ``grade: true``) follows each solution cell and calls these. A
+failed check raises :class:`CheckFailed`, an ``AssertionError`` whose message tells the
+learner what is wrong; nbgrader and the course's grader score such a cell 0.
 """
 
 from __future__ import annotations

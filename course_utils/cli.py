@@ -1,16 +1,4 @@
-"""Command line: ``python -m course_utils COMMAND``.
-
-Commands:
-  doctor         describe this machine for the course (``--json`` for JSON)
-  badges         point the Colab badges and setup cells at a repository, with the
-                 SHA-256 of colab_setup.sh
-  run-notebooks  execute notebooks headlessly and write build/report.html (``make course``)
-  smi            parse or explain nvidia-smi output (``smi parse FILE``, ``smi explain FILE``)
-  loader-advice  DataLoader settings for this machine, with the reason for each
-  ddp-check      DDP on N CPU processes (torchrun, gloo) ends where one process does
-  student        write student versions of the notebooks (``make student``)
-  grade          run a submitted notebook on the CPU and score its exercise checks
-  grade-class    grade a folder of learners' submissions in parallel into a gradebook
+"""Command line: ``python -m course_utils COMMAND`` (``--help`` lists the commands).
 
 The contract of every command:
 
@@ -27,28 +15,27 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
+import math
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
-from course_utils import workload
-from course_utils.sandbox import GIB, Limits  # the standard library only: starts fast
+# These import the standard library only: the quick commands start fast.
+from course_utils import smi, workload
+from course_utils.colab import is_commit, retarget_course, script_at_ref
+from course_utils.sandbox import GIB, Limits
+from course_utils.site import build_site
 
 PROG = "python -m course_utils"
 BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
 
 # Optional packages a command may import, and the extra of course-utils that brings each.
 EXTRAS = {
-    "nbformat": "notebooks",
-    "nbclient": "notebooks",
-    "ipykernel": "notebooks",
-    "jupyter_client": "notebooks",
-    "nbconvert": "classroom",
-    "nbgrader": "classroom",
-    "accelerate": "dev",
-    "mkdocs": "site",
-    "material": "site",
-    "mkdocs_jupyter": "site",
+    **dict.fromkeys(["nbformat", "nbclient", "ipykernel", "jupyter_client"], "notebooks"),
+    **dict.fromkeys(["nbconvert", "nbgrader"], "classroom"),
+    **dict.fromkeys(["mkdocs", "material", "mkdocs_jupyter"], "site"),
 }
 
 
@@ -123,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
 
     grade = commands.add_parser("grade", help="score a submitted notebook's exercise checks")
     grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or several)")
-    grade.add_argument("--source", type=Path, help="instructor notebook (default: same name)")
+    grade.add_argument("--source", type=Path, help="instructor notebook or folder (the course's)")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
     grade.add_argument("--out", type=Path, help="also write gradebook, checks and feedback here")
     _grading_options(grade)
@@ -146,16 +133,11 @@ def _parser() -> argparse.ArgumentParser:
 
     klass = commands.add_parser("grade-class", help="grade a folder of submissions in parallel")
     klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
-    klass.add_argument(
-        "--source", type=Path, default=_COURSE_NOTEBOOKS, help="instructor notebooks (folder)"
-    )
+    klass.add_argument("--source", type=Path, help="instructor notebooks (the course's)")
     klass.add_argument("--out", type=Path, default=Path("grades"), help="output folder")
     klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
     _grading_options(klass)
     return parser
-
-
-_COURSE_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def _grading_options(parser: argparse.ArgumentParser) -> None:
@@ -172,29 +154,8 @@ def _grading_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", type=int, default=512, help="processes and threads")
 
 
-def _bad_input(message: str) -> int:
-    """Bad input named on the command line: one line on stderr, exit 2."""
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    return 2
-
-
-def _grading_limits(args: argparse.Namespace) -> str | None:
-    """Why the grading limits make no sense, or None."""
-    import math
-
-    for name in ("cell_timeout", "timeout", "memory"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
-            return f"--{name.replace('_', '-')} must be a positive number, not {value:g}"
-    if args.jobs is not None and args.jobs < 1:
-        return f"--jobs must be at least 1, not {args.jobs}"
-    if args.processes < 16:
-        return f"--processes must be at least 16 (a kernel has threads), not {args.processes}"
-    return None
-
-
 def _doctor(args: argparse.Namespace) -> int:
-    from course_utils.env import doctor, format_doctor
+    from course_utils.env import doctor, format_doctor  # lazy: imports torch
 
     report = doctor()
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
@@ -202,8 +163,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _badges(args: argparse.Namespace) -> int:
-    from course_utils.colab import is_commit, retarget_course, script_at_ref
-
     if args.repo and not args.ref:
         raise ValueError("--repo needs --ref: a commit, e.g. --ref $(git rev-parse HEAD)")
     if not args.repo and (args.ref or args.branch):
@@ -245,7 +204,7 @@ def _badges(args: argparse.Namespace) -> int:
 
 
 def _run_notebooks(args: argparse.Namespace) -> int:
-    from course_utils.runner import run_course
+    from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
     failed = run_course(
         args.paths, args.out, workload_name=args.workload, cell_timeout_s=args.cell_timeout
@@ -254,8 +213,6 @@ def _run_notebooks(args: argparse.Namespace) -> int:
 
 
 def _smi(args: argparse.Namespace) -> int:
-    from course_utils import smi  # imports no torch: this command starts fast
-
     try:
         if args.file == "-":
             text = sys.stdin.read()
@@ -275,7 +232,7 @@ def _smi(args: argparse.Namespace) -> int:
 
 
 def _loader_advice(args: argparse.Namespace) -> int:
-    from course_utils.data import suggest_loader_kwargs
+    from course_utils.data import suggest_loader_kwargs  # lazy: imports torch
 
     advice = suggest_loader_kwargs()
     if args.json:
@@ -287,7 +244,7 @@ def _loader_advice(args: argparse.Namespace) -> int:
 
 
 def _ddp_check(args: argparse.Namespace) -> int:
-    from course_utils.distributed import RunConfig, equivalence_check
+    from course_utils.distributed import RunConfig, equivalence_check  # lazy: imports torch
 
     if args.nproc < 1 or args.steps < 1 or args.batch_size < 1:
         raise ValueError("--nproc, --steps and --batch-size must be at least 1")
@@ -306,91 +263,48 @@ def _ddp_check(args: argparse.Namespace) -> int:
 
 
 def _student(args: argparse.Namespace) -> int:
-    from course_utils.student import InputError, make_student_versions
+    # lazy: imports nbformat (notebooks extra)
+    from course_utils.student import make_student_versions
 
-    missing = [path for path in args.paths if not path.exists()]
-    if missing:
-        return _bad_input(f"no such file or folder: {missing[0]}")
-    try:
-        written = make_student_versions(args.paths, args.out)
-    except (InputError, FileNotFoundError) as error:  # not a notebook; no notebooks
-        return _bad_input(str(error))
+    written = make_student_versions(args.paths, args.out)
     print(f"{len(written)} student notebook(s) written to {args.out}")
     return 0
 
 
-def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(memory_bytes=int(args.memory * GIB), processes=args.processes)
-
-
 def _grade(args: argparse.Namespace) -> int:
-    from course_utils.grading import main_grade
-    from course_utils.student import InputError
+    """``grade`` and ``grade-class``."""
+    # lazy: imports nbclient (notebooks extra)
+    from course_utils.gradebook import COURSE_NOTEBOOKS, Options, grade_class, grade_notebooks
 
-    problem = _grading_limits(args)
-    if problem:
-        return _bad_input(problem)
-    try:
-        if len(args.submission) == 1 and args.out is None:
-            return main_grade(
-                args.submission[0],
-                args.source,
-                as_json=args.json,
-                cell_timeout_s=args.cell_timeout,
-                total_timeout_s=args.timeout,
-                sandbox=args.sandbox,
-                limits=_limits(args),
-            )
-        from course_utils.gradebook import grade_notebooks
-
-        return grade_notebooks(
-            args.submission,
-            args.source,
-            args.out,
-            as_json=args.json,
-            jobs=args.jobs,
-            cell_timeout_s=args.cell_timeout,
-            total_timeout_s=args.timeout,
-            sandbox=args.sandbox,
-            limits=_limits(args),
+    for name in ("cell_timeout", "timeout", "memory"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, not {value:g}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
+    if args.processes < 16:
+        raise ValueError(
+            f"--processes must be at least 16 (a kernel has threads), not {args.processes}"
         )
-    except InputError as error:
-        return _bad_input(str(error))
-
-
-def _grade_class(args: argparse.Namespace) -> int:
-    from course_utils.gradebook import grade_class
-    from course_utils.student import InputError
-
-    problem = _grading_limits(args)
-    if problem:
-        return _bad_input(problem)
-    try:
-        grade_class(
-            args.submissions,
-            args.source,
-            args.out,
-            jobs=args.jobs,
-            cell_timeout_s=args.cell_timeout,
-            total_timeout_s=args.timeout,
-            sandbox=args.sandbox,
-            limits=_limits(args),
-            resume=not args.regrade,
-            warn=lambda line: print(f"warning: {line}", file=sys.stderr),
-        )
-    except InputError as error:
-        return _bad_input(str(error))
+    limits = Limits(memory_bytes=int(args.memory * GIB), processes=args.processes)
+    options = Options(args.cell_timeout, args.timeout, args.sandbox, limits, args.jobs)
+    source = args.source or COURSE_NOTEBOOKS
+    if args.command == "grade":
+        return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
+    grade_class(
+        args.submissions,
+        source,
+        args.out,
+        options,
+        resume=not args.regrade,
+        warn=lambda line: print(f"warning: {line}", file=sys.stderr),
+    )
     return 0
 
 
 def _site(args: argparse.Namespace) -> int:
-    import logging
-    import time
-
-    from course_utils.site import build_site
-
     if not (args.root / "README.md").is_file():
-        return _bad_input(f"no README.md in {args.root}: is --root the course checkout?")
+        raise ValueError(f"no README.md in {args.root}: is --root the course checkout?")
     mkdocs_log = logging.getLogger("mkdocs")  # its warnings (a missing page, a bad link)
     mkdocs_log.addHandler(logging.StreamHandler())
     mkdocs_log.setLevel(logging.WARNING)
@@ -409,7 +323,7 @@ HANDLERS = {
     "ddp-check": _ddp_check,
     "student": _student,
     "grade": _grade,
-    "grade-class": _grade_class,
+    "grade-class": _grade,
     "site": _site,
 }
 

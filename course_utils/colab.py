@@ -1,16 +1,10 @@
-"""Colab badges and setup cells, and pointing them at the repository that hosts the course.
+"""Colab badges and setup cells, pointed at the repository that hosts the course.
 
-Every notebook starts with an "Open in Colab" badge and a setup cell that, on Colab
-only, downloads ``colab_setup.sh`` from the course's repository and runs it. The cell
-carries three settings written by ``python -m course_utils badges``: the repository, the
-ref (best a commit) and the SHA-256 of ``colab_setup.sh``. It runs the downloaded script
-only when its hash matches, so a repository taken over by someone else, or a script
-changed after the notebooks were made, cannot run code in a learner's runtime.
-
-The script takes the repository and ref from the cell (environment variables), so its
-content, and so its hash, are the same in every fork. A copy never pointed at a
-repository (``COURSE_REPO`` empty, how the course is committed) says so in one line on
-Colab instead of downloading anything.
+Each notebook's setup cell, on Colab only, downloads ``colab_setup.sh`` from the
+repository and ref written in it by ``python -m course_utils badges`` and runs it only if
+its SHA-256 matches the one written beside them. The script takes the repository and ref
+from the cell, so its hash is the same in every fork. A copy pointed at no repository
+(``COURSE_REPO`` empty: how the course is committed) says so on Colab in one line.
 """
 
 from __future__ import annotations
@@ -28,8 +22,6 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 _REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _REF_PATTERN = re.compile(r"^[A-Za-z0-9_./-]+$")
-_COMMIT_PATTERN = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
-_SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _BADGE_URL = re.compile(
     r"https://colab\.research\.google\.com/github/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/blob/"
     r"[A-Za-z0-9_./-]+?/(notebooks/[A-Za-z0-9_.-]+\.ipynb)"
@@ -55,7 +47,11 @@ def is_commit(ref: str) -> bool:
     >>> is_commit("main"), is_commit("3f2a" * 10)
     (False, True)
     """
-    return bool(_COMMIT_PATTERN.match(ref))
+    return _is_hex(ref, 40, 64)
+
+
+def _is_hex(text: str, *lengths: int) -> bool:
+    return len(text) in lengths and all(c in "0123456789abcdef" for c in text)
 
 
 def script_sha256(root: Path) -> str:
@@ -89,11 +85,6 @@ def badge_url(repo: str, ref: str, notebook: str) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 
-def badge_markdown(repo: str, ref: str, notebook: str) -> str:
-    """The Markdown of an "Open in Colab" badge."""
-    return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
-
-
 def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
     """The first code cell of every notebook: on Colab, fetch ``colab_setup.sh`` from
     ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256``; elsewhere, nothing.
@@ -105,7 +96,7 @@ def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
         raise ValueError("give both a repository and a ref, or neither")
     if repo:
         check_repo_and_ref(repo, ref)
-    if not _SHA256_PATTERN.match(sha256):
+    if not _is_hex(sha256, 64):
         raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return (
         "# Colab only: install the course package without touching Colab's torch.\n"
@@ -151,47 +142,39 @@ class BadgeChanges:
     badge_ref: str | None = None  # where the badges open the notebooks
 
 
-def retarget_notebook(
-    path: Path,
-    target: tuple[str, str] | None,
-    sha256: str,
-    root: Path,
-    badge_ref: str | None = None,
-) -> tuple[int, int, set[tuple[str, str]]]:
-    """Rewrite one notebook's setup cell (and badges) and save it if it changed.
+def _retarget_notebook(
+    path: Path, target: tuple[str, str] | None, root: Path, changes: BadgeChanges
+) -> None:
+    """Rewrite one notebook's setup cell (and badges) into ``changes``; save if changed.
 
-    ``target`` is (repository, ref) for the setup cell, ("", "") for none, or None to
-    keep the cell's own; the cell always gets the current template and ``sha256``.
-    Badges are rewritten (to ``target``'s repository at ``badge_ref``) only for a
-    repository. Returns (badges rewritten, setup cells rewritten, settings written).
-    The notebook's own path inside the repository is used for its badge, so a renamed
-    notebook gets a right badge.
+    ``target`` is (repository, ref), ("", "") for none, or None to keep the cell's own;
+    the cell always gets the current template and SHA-256. Badges are rewritten, to the
+    notebook's own path, only for a repository.
     """
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     own_path = path.resolve().relative_to(root.resolve()).as_posix()
-    badges = setups = 0
-    written: set[tuple[str, str]] = set()
     for cell in notebook.get("cells", []):
         source = "".join(cell.get("source", []))
         if cell.get("cell_type") == "markdown":
-            if not (target and target[0] and badge_ref):
+            if not (target and target[0] and changes.badge_ref):
                 continue
-            new, count = _BADGE_URL.subn(badge_url(target[0], badge_ref, own_path), source)
-            badges += count
+            url = badge_url(target[0], changes.badge_ref, own_path)
+            new, count = _BADGE_URL.subn(url, source)
+            changes.badges += count
         elif SETUP_TAG in cell.get("metadata", {}).get("tags", []):
             old = setup_cell_settings(source)
             repo, ref = target if target is not None else (old[:2] if old else ("", ""))
-            new = setup_cell_source(repo, ref, sha256)
-            written.add((repo, ref))
-            setups += 1
+            new = setup_cell_source(repo, ref, changes.sha256)
+            changes.settings.add((repo, ref))
+            changes.setup_cells += 1
         else:
             continue
         cell["source"] = new.splitlines(keepends=True)
     new_text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     if new_text != text:
         path.write_text(new_text, encoding="utf-8")
-    return badges, setups, written
+        changes.files.append(str(path.relative_to(root)))
 
 
 def retarget_course(
@@ -218,13 +201,7 @@ def retarget_course(
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
     changes = BadgeChanges([], 0, 0, sha256, badge_ref=badge_ref)
     for path in notebooks:
-        before = path.read_bytes()
-        badges, setups, written = retarget_notebook(path, target, sha256, root, badge_ref)
-        changes.badges += badges
-        changes.setup_cells += setups
-        changes.settings |= written
-        if path.read_bytes() != before:
-            changes.files.append(str(path.relative_to(root)))
+        _retarget_notebook(path, target, root, changes)
     readme = root / "README.md"
     if repo and badge_ref and readme.exists():
         text = readme.read_text(encoding="utf-8")

@@ -1,38 +1,28 @@
-"""Grade a class: a folder of submissions, in parallel, into a gradebook
-(``python -m course_utils grade-class SUBMISSIONS_DIR --source notebooks/ --out grades/``).
+"""Grade several submissions, in parallel, into a gradebook (``grade`` and ``grade-class``).
 
-- **Finding submissions**: one folder per learner (``SUBMISSIONS_DIR/LEARNER/*.ipynb``),
-  or nbgrader's layout (``submitted/STUDENT/ASSIGNMENT/*.ipynb``, the course folder or its
-  ``submitted/`` folder). A notebook is graded against the instructor notebook of the same
-  file name in ``--source``; notebooks without one are listed and skipped.
-- **In parallel**: up to ``jobs`` submissions at once (default: one per CPU core), each in
-  its own process and kernel, the kernel's threads shared out among the jobs. Progress is
-  one line per submission: learner, notebook, score.
-- **Outputs** (in ``--out``): ``gradebook.csv`` (one row per learner, one column per
-  notebook, the total and the maximum, and notes), ``checks.csv`` (learner, notebook,
-  check, points, max_points, reason, matched), ``feedback/LEARNER/NOTEBOOK.ipynb`` (the
-  learner's notebook with the run's outputs and each check's result, to hand back), and
-  ``results/LEARNER/NOTEBOOK.json`` (the report, and the key below).
-- **Resuming**: a result is kept when its key, a SHA-256 of the submission, the
-  instructor notebook, the grader's version and the grading options, is unchanged, so an
-  interrupted run (or one after a few late submissions) grades only what is missing or
-  changed.
-- **Bad files** (not a notebook, broken JSON) get a row that says why; the others are
-  graded.
+``grade-class`` finds one folder per learner (``LEARNER/*.ipynb``, or nbgrader's
+``submitted/STUDENT/ASSIGNMENT/``) and grades each notebook against the instructor notebook
+of the same name, ``jobs`` at a time, each in its own process and kernel. It writes
+``gradebook.csv``, ``checks.csv``, ``feedback/LEARNER/NOTEBOOK.ipynb`` and
+``results/LEARNER/NOTEBOOK.json``. A result is kept while its key (a SHA-256 of the
+submission, the instructor notebook, the grader's version and the options) is unchanged,
+so a rerun grades only what is missing or changed. docs/instructor-guide.md has the rest.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,12 +32,15 @@ from course_utils.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
     TOTAL_TIMEOUT_S,
+    GradeReport,
     KernelSettings,
     check_cells,
-    find_sandbox,
     grade_submission,
 )
 from course_utils.student import InputError, read_notebook, write_notebook
+
+#: The instructor notebooks a submission is graded against unless told otherwise.
+COURSE_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 @dataclass(frozen=True)
@@ -62,12 +55,17 @@ class Task:
 
 @dataclass(frozen=True)
 class Options:
-    """How every submission of a run is graded (part of each result's key)."""
+    """How every submission of a run is graded (all but ``hidden`` in each result's key).
+
+    ``sandbox`` is ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
+    one per CPU core). A run resolves ``auto`` once, in the parent process, and shares
+    the CPU threads among the jobs' kernels."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
-    sandbox: str = "none"  # "bwrap" or "none", as found by the parent process
+    sandbox: str = "auto"
     limits: sandboxes.Limits = field(default_factory=sandboxes.Limits)
+    jobs: int | None = None
     threads: int | None = None
     hidden: tuple[str, ...] = ()
 
@@ -78,6 +76,21 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+_warned_unsandboxed = False
+
+
+def find_sandbox(
+    mode: str = "auto", hidden: tuple[str, ...] = (), limits: sandboxes.Limits | None = None
+) -> sandboxes.Sandbox | None:
+    """:func:`course_utils.sandbox.find`; without a sandbox, say so once per process."""
+    global _warned_unsandboxed
+    box = sandboxes.find(mode, hidden, limits or sandboxes.Limits())
+    if box is None and not _warned_unsandboxed:
+        _warned_unsandboxed = True
+        print(sandboxes.unsandboxed_warning(), file=sys.stderr)
+    return box
 
 
 def instructor_notebooks(source: Path) -> dict[str, Path]:
@@ -95,10 +108,6 @@ def instructor_notebooks(source: Path) -> dict[str, Path]:
     return found
 
 
-def _visible(path: Path) -> bool:
-    return not path.name.startswith(".")
-
-
 def find_submissions(root: Path) -> dict[str, list[Path]]:
     """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
     (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``). Raises :class:`InputError` for a
@@ -108,10 +117,10 @@ def find_submissions(root: Path) -> dict[str, list[Path]]:
     if (root / "submitted").is_dir():  # an nbgrader course folder
         root = root / "submitted"
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and _visible(p)):
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
         notebooks = [p for p in folder.glob("*.ipynb") if p.is_file()]
         for assignment in folder.iterdir():
-            if assignment.is_dir() and _visible(assignment):
+            if assignment.is_dir() and assignment.name[0] != ".":
                 notebooks += [p for p in assignment.glob("*.ipynb") if p.is_file()]
         if notebooks:
             learners[folder.name] = sorted(notebooks)
@@ -146,13 +155,6 @@ def _feedback_path(out: Path, task: Task) -> Path:
     return out / "feedback" / task.learner / task.notebook
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
-
-
 def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]:
     """Grade one submission (in a worker process); write its result and feedback."""
     start = time.perf_counter()
@@ -166,20 +168,20 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
             total_timeout_s=options.total_timeout_s,
             settings=KernelSettings(box, options.threads),
         )
-    except InputError as error:
-        result["error"] = str(error)
-    except (RuntimeError, OSError) as error:  # the kernel did not start, a full disk
+    except (InputError, RuntimeError, OSError) as error:  # the kernel did not start, a full disk
         result["error"] = " ".join(str(error).split())
     else:
         result["report"] = report.to_dict()
         if out is not None:
-            path = _feedback_path(out, task)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_notebook(feedback, path.with_name(path.name + ".partial"))
-            path.with_name(path.name + ".partial").replace(path)
+            partial = _feedback_path(out, task).with_suffix(".partial")
+            write_notebook(feedback, partial)
+            partial.replace(_feedback_path(out, task))
     result["seconds"] = round(time.perf_counter() - start, 2)
     if out is not None:  # written last: a result on disk means the feedback is too
-        _write_atomically(_result_path(out, task), json.dumps(result, indent=1) + "\n")
+        partial = _result_path(out, task).with_suffix(".partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        partial.replace(_result_path(out, task))
     return result
 
 
@@ -187,8 +189,6 @@ def _worker_start() -> None:
     """Ctrl-C ends a worker at once, quietly: its sandbox dies with it (bubblewrap's
     --die-with-parent), an unsandboxed kernel notices its parent is gone, and results are
     written atomically, so the next run resumes cleanly."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -213,17 +213,11 @@ def _score(result: dict[str, Any]) -> str:
 
 
 def grade_tasks(
-    tasks: Sequence[Task],
-    options: Options,
-    *,
-    out: Path | None,
-    jobs: int,
-    progress: TextIO | None = None,
-    resume: bool = True,
+    tasks: Sequence[Task], options: Options, out: Path | None, progress: TextIO, resume: bool
 ) -> list[dict[str, Any]]:
-    """Grade the tasks, ``jobs`` at a time, keeping unchanged results found in ``out``;
-    one progress line per submission. Returns the results in the order of ``tasks``."""
-    progress = progress or sys.stdout
+    """Grade the tasks, ``options.jobs`` at a time, keeping unchanged results found in
+    ``out``; one progress line per submission. Returns the results in the order of tasks."""
+    jobs = options.jobs or 1
     results: dict[int, dict[str, Any]] = {}
     if out is not None and resume:
         for number, task in enumerate(tasks):
@@ -286,80 +280,54 @@ def write_gradebook(
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
     out.mkdir(parents=True, exist_ok=True)
     book, checks = out / "gradebook.csv", out / "checks.csv"
-    with book.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["learner", *notebooks, "total", "max", "notes"])
+    with (
+        book.open("w", newline="", encoding="utf-8") as book_file,
+        checks.open("w", newline="", encoding="utf-8") as checks_file,
+    ):
+        book_csv, checks_csv = csv.writer(book_file), csv.writer(checks_file)
+        book_csv.writerow(["learner", *notebooks, "total", "max", "notes"])
+        header = ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
+        checks_csv.writerow(header)
         for learner in learners:
             row, total, most = [], 0.0, 0.0
             learner_notes = list(notes.get(learner, []))
             for notebook in notebooks:
-                result = by_cell.get((learner, notebook))
-                report = (result or {}).get("report")
+                result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
+                report = result.get("report")
                 if report is None:
                     row.append("0")
-                    why = result.get("error", "?") if result else "not submitted"
-                    learner_notes.append(f"{notebook}: {why}")
+                    learner_notes.append(f"{notebook}: {result.get('error', '?')}")
+                    checks_csv.writerow([learner, notebook, "", 0, "", result.get("error"), ""])
                     continue
                 row.append(f"{report['score']:g}")
                 total += report["score"]
                 most += report["max_score"]
                 learner_notes += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
-            writer.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
-    with checks.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(
-            ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
-        )
-        for learner in learners:
-            for notebook in notebooks:
-                result = by_cell.get((learner, notebook))
-                if result is None:
-                    writer.writerow([learner, notebook, "", 0, "", "not submitted", ""])
-                elif "report" not in result:
-                    writer.writerow([learner, notebook, "", 0, "", result.get("error", ""), ""])
-                else:
-                    for check in result["report"]["checks"]:
-                        writer.writerow(
-                            [
-                                learner,
-                                notebook,
-                                check["grade_id"],
-                                f"{check['points']:g}",
-                                f"{check['max_points']:g}",
-                                check["reason"],
-                                check.get("matched", ""),
-                            ]
-                        )
+                for check in report["checks"]:
+                    points = f"{check['points']:g}", f"{check['max_points']:g}"
+                    why = check["reason"], check.get("matched", "")
+                    checks_csv.writerow([learner, notebook, check["grade_id"], *points, *why])
+            book_csv.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
     return book, checks
 
 
-def _options(
-    cell_timeout_s: float,
-    total_timeout_s: float,
-    sandbox: str,
-    limits: sandboxes.Limits | None,
-    jobs: int,
-    hidden: tuple[str, ...],
-) -> Options:
-    """The run's options: the sandbox found once here (said once if there is none), and
-    each kernel's share of the CPU threads."""
-    limits = limits or sandboxes.Limits()
-    box = find_sandbox(sandbox, hidden, limits)
-    threads = max(1, cpu_count() // jobs)
-    mode = "bwrap" if box else "none"
-    return Options(cell_timeout_s, total_timeout_s, mode, limits, threads, hidden)
+def _resolved(options: Options, paths: Sequence[Path]) -> Options:
+    """The run's options: the sandbox found once here (said once if there is none), the
+    jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
+    hidden = tuple(str(path) for path in paths)
+    mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
+    jobs = options.jobs or cpu_count()
+    return replace(
+        options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden
+    )
 
 
 def grade_class(
     submissions: Path,
     source: Path,
     out: Path,
+    options: Options = Options(),
     *,
-    jobs: int | None = None,
-    cell_timeout_s: float = CELL_TIMEOUT_S,
-    total_timeout_s: float = TOTAL_TIMEOUT_S,
-    sandbox: str = "auto",
-    limits: sandboxes.Limits | None = None,
     resume: bool = True,
     progress: TextIO | None = None,
     warn: Callable[[str], None] | None = None,
@@ -369,9 +337,7 @@ def grade_class(
     progress = progress or sys.stdout
     sources = instructor_notebooks(source)
     learners = find_submissions(submissions)
-    jobs = jobs or cpu_count()
-    hidden = tuple(str(p) for p in (submissions, out, source, *sources.values()))
-    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
+    options = _resolved(options, [submissions, out, source, *sources.values()])
     tasks: list[Task] = []
     notes: dict[str, list[str]] = {}
     for learner, paths in learners.items():
@@ -385,7 +351,7 @@ def grade_class(
     seen = [name for name in sources if any(task.notebook == name for task in tasks)]
     if not tasks:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
-    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=progress, resume=resume)
+    results = grade_tasks(tasks, options, out, progress, resume)
     book, checks = write_gradebook(out, list(learners), seen, results, notes)
     failed = sum("report" not in result for result in results)
     print(f"wrote {book}, {checks} and feedback/ for {len(learners)} learner(s)", file=progress)
@@ -396,54 +362,40 @@ def grade_class(
 
 def grade_notebooks(
     paths: Sequence[Path],
-    source: Path | None,
+    source: Path,
     out: Path | None,
+    options: Options = Options(),
     *,
     as_json: bool = False,
-    jobs: int | None = None,
-    cell_timeout_s: float = CELL_TIMEOUT_S,
-    total_timeout_s: float = TOTAL_TIMEOUT_S,
-    sandbox: str = "auto",
-    limits: sandboxes.Limits | None = None,
 ) -> int:
-    """``grade`` with several notebooks: grade them in parallel, print each report (a
-    table, or a JSON list), and write the gradebook into ``out`` when given. Every path
-    is checked first: one that is not a notebook raises :class:`InputError`."""
-    from course_utils.grading import default_source
-
+    """The ``grade`` command: grade the notebooks in parallel against ``source`` (an
+    instructor notebook, or a folder of them by name), print each report (a table, or
+    JSON: one object for one notebook, else a list), and write the gradebook into
+    ``out`` when given. Every path is checked first (:class:`InputError`). Returns 1 if
+    a submission could not be graded, else 0."""
     tasks = []
     for path in paths:
         read_notebook(path)
-        instructor = source or default_source(path)
-        if instructor.is_dir():
-            instructor = instructor / path.name
+        instructor = source / path.name if source.is_dir() else source
         instructor_notebooks(instructor)  # a readable notebook with checks
         tasks.append(Task(path.parent.name or ".", path.name, str(path), str(instructor)))
-    jobs = jobs or cpu_count()
     folders = {Path(path).parent for task in tasks for path in (task.path, task.source)}
-    hidden = tuple(str(folder) for folder in [*folders, *([out] if out else [])])
-    options = _options(cell_timeout_s, total_timeout_s, sandbox, limits, jobs, hidden)
-    results = grade_tasks(tasks, options, out=out, jobs=jobs, progress=sys.stderr, resume=False)
+    options = _resolved(options, [*folders, *([out] if out else [])])
+    progress = sys.stderr if len(tasks) > 1 else io.StringIO()  # one: no progress lines
+    results = grade_tasks(tasks, options, out, progress, resume=False)
     if out is not None:
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))
         write_gradebook(out, learners, notebooks, results, {})
+    reports = [
+        r.get("report") or {"error": r["error"], **asdict(t)}
+        for r, t in zip(results, tasks, strict=True)
+    ]
     if as_json:
-        print(
-            json.dumps(
-                [
-                    r.get("report") or {"error": r["error"], **asdict(t)}
-                    for r, t in zip(results, tasks, strict=True)
-                ],
-                indent=2,
-            )
-        )
-    else:
-        from course_utils.grading import GradeReport
-
-        for result in results:
-            if "report" in result:
-                print(GradeReport.from_dict(result["report"]).format())
-            else:
-                print(f"{result['path']}: {result['error']}")
-    return 0
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    for result in results:
+        if "report" not in result:
+            print(f"error: {result['path']}: {result['error']}", file=sys.stderr)
+        elif not as_json:
+            print(GradeReport.from_dict(result["report"]).format())
+    return 1 if any("report" not in result for result in results) else 0

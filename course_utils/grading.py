@@ -1,37 +1,19 @@
-"""Grade a submitted notebook (``python -m course_utils grade SUBMISSION.ipynb``).
+"""Grade one submitted notebook against the instructor's checks.
 
-How a submission is graded:
+- The check cells (nbgrader ``grade: true``) come from the instructor's notebook, hidden
+  checks included; a check cell deleted from the submission scores 0. Cells whose
+  ``grade_id`` was lost are found by content (:mod:`course_utils.matching`).
+- The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small``, no
+  GPU) in a scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.sandbox`).
+  A cell that raises does not stop the run.
+- Nothing can hang the grader: a cell that runs past its limit or kills the kernel gets a
+  fresh kernel that replays the cells that had succeeded; when the whole run's time is up,
+  the checks not yet run score 0.
+- A check scores its ``points`` if it runs without an exception, else 0 with the reason.
 
-1. **The checks come from the instructor's notebook** (``source``), never from the
-   submission: each check cell (nbgrader metadata ``grade: true``) is matched by its
-   ``grade_id`` and its code replaced by the instructor's, hidden checks included, so a
-   learner cannot edit a check away. A check cell deleted from the submission scores 0
-   with the reason ``cell missing: deleted from the submission``.
-2. **The learner's cells run in order**, one by one, in a fresh kernel on the CPU
-   (``COURSE_WORKLOAD=small``, ``CUDA_VISIBLE_DEVICES=""``, ``COURSE_DEVICE=cpu``) in a
-   scratch folder. A cell that raises does not stop the run (nbclient's ``allow_errors``):
-   later cells, and later checks, still run.
-3. **Nothing can hang the grader.** Every cell has a time limit, and so has the whole run.
-   When a cell runs past its limit or kills the kernel (``os._exit``, ``os.kill``, a crash),
-   the kernel is replaced by a fresh one, the cells that had run without error before it
-   are replayed, and grading goes on with the next cell. ``sys.exit()`` in a cell is only
-   an exception (IPython catches ``SystemExit``). When the whole run's time is up, the
-   checks not yet run score 0 with that reason.
-4. **Each check cell scores** its ``points`` if it runs without an exception, else 0 with
-   the reason: the :class:`~course_utils.classroom.CheckFailed` message, the exception,
-   ``timed out``, ``kernel died`` or ``not run``.
-
-5. **Lost metadata**: a check or solution cell without its ``grade_id`` (retyped, or
-   re-saved by another editor) is found by content (:mod:`course_utils.matching`); the
-   report says which cells were found that way.
-6. **The kernel runs in a sandbox** when bubblewrap is available
-   (:mod:`course_utils.sandbox`): no network, a private scratch folder, no view of the
-   other submissions or the instructor's notebooks, limits on memory and processes.
-   Without one, grading says once that submissions run unsandboxed.
-
-The checks still run in the learner's Python process (as with nbgrader), so a determined
-learner could replace the check functions: the sandbox protects the machine, the other
-learners and the instructor's files, not the score. Read a suspicious submission.
+The checks run in the learner's Python process (as with nbgrader): the sandbox protects the
+machine, the other learners and the instructor's files, not the score. Read a suspicious
+submission.
 """
 
 from __future__ import annotations
@@ -43,25 +25,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_client import AsyncKernelManager  # nbclient needs the async client
+from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_utils import sandbox as sandboxes
 from course_utils.matching import Match, grade_id, match_cells
 from course_utils.student import InputError, nbgrader_role, read_notebook
 
-#: Defaults of the CLI: seconds per cell and for the whole run.
-CELL_TIMEOUT_S = 120
-TOTAL_TIMEOUT_S = 900
+CELL_TIMEOUT_S = 120  # seconds per cell
+TOTAL_TIMEOUT_S = 900  # seconds for the whole run
 #: Seconds a fresh kernel may take to import torch and the checks (not counted per cell).
 WARM_UP_S = 120
 #: Changes whenever the same submission could score differently (class runs regrade).
 GRADER_VERSION = "2"
-#: Characters of one output kept in a feedback notebook.
-FEEDBACK_OUTPUT_CHARS = 20_000
+FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
 
 _COURSE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,6 +72,14 @@ class CheckResult:
     #: How the check cell was found when its grade_id was missing ("" when it was not).
     matched: str = ""
 
+    @property
+    def points_text(self) -> str:
+        return f"{self.points:g}/{self.max_points:g}"
+
+    @property
+    def result(self) -> str:
+        return "passed" if self.passed else f"failed: {self.reason}"
+
 
 @dataclass
 class GradeReport:
@@ -103,65 +94,36 @@ class GradeReport:
     sandbox: str = "none"
     #: Exercise cells found by content, not by grade_id: "grade_id: cell N, how".
     matched: list[str] = field(default_factory=list)
+    score: float = field(init=False)
+    max_score: float = field(init=False)
 
-    @property
-    def score(self) -> float:
-        return sum(check.points for check in self.checks)
-
-    @property
-    def max_score(self) -> float:
-        return sum(check.max_points for check in self.checks)
+    def __post_init__(self) -> None:
+        self.score = sum(check.points for check in self.checks)
+        self.max_score = sum(check.max_points for check in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "submission": self.submission,
-            "source": self.source,
-            "score": self.score,
-            "max_score": self.max_score,
-            "seconds": round(self.seconds, 2),
-            "checks": [asdict(check) for check in self.checks],
-            "notes": self.notes,
-            "sandbox": self.sandbox,
-            "matched": self.matched,
-        }
+        return {**asdict(self), "seconds": round(self.seconds, 2)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GradeReport:
         """The report :meth:`to_dict` wrote."""
+        known = {f.name for f in fields(cls) if f.init} - {"checks"}
         checks = [CheckResult(**check) for check in data["checks"]]
-        return cls(
-            data["submission"],
-            data["source"],
-            checks,
-            data["seconds"],
-            list(data.get("notes", [])),
-            data.get("sandbox", "none"),
-            list(data.get("matched", [])),
-        )
+        return cls(checks=checks, **{k: v for k, v in data.items() if k in known})
 
     def format(self) -> str:
         """A table: one line per check, then the total."""
         width = max([len(check.grade_id) for check in self.checks] + [len("total")])
         lines = [f"Grading {self.submission} (checks from {self.source})"]
         for check in self.checks:
-            mark = "passed" if check.passed else f"failed: {check.reason}"
-            lines.append(
-                f"  {check.grade_id:<{width}}  {_points(check.points)}/"
-                f"{_points(check.max_points)}  {mark}"
-            )
-        lines.append(
-            f"  {'total':<{width}}  {_points(self.score)}/{_points(self.max_score)}"
-            f"  ({self.seconds:.1f} s)"
-        )
+            lines.append(f"  {check.grade_id:<{width}}  {check.points_text}  {check.result}")
+        total = f"{self.score:g}/{self.max_score:g}  ({self.seconds:.1f} s)"
+        lines.append(f"  {'total':<{width}}  {total}")
         lines += [f"  found without grade_id: {match}" for match in self.matched]
         lines += [f"  note: {note}" for note in self.notes]
         if self.sandbox == "none":
             lines.append("  note: the submission ran unsandboxed")
         return "\n".join(lines)
-
-
-def _points(value: float) -> str:
-    return f"{value:g}"
 
 
 def check_cells(notebook: Any) -> dict[str, Any]:
@@ -174,23 +136,13 @@ def check_cells(notebook: Any) -> dict[str, Any]:
     return checks
 
 
-def assemble(submission: Any, source: Any) -> tuple[list[Any], dict[int, str]]:
-    """The code cells to run: the submission's, with each check replaced by the source's.
-
-    Returns the cells and, for the position of each check cell among them, its grade_id.
-    Check cells are found by grade_id, or by content when it is missing
-    (:func:`course_utils.matching.match_cells`). A cell that claims a check's grade_id a
-    second time is left out; a check the source does not have is run as an ordinary
-    cell and not scored.
-    """
-    cells, checks_at, _ = _assemble(submission, source, match_cells(submission, source))
-    return cells, checks_at
-
-
 def _assemble(
     submission: Any, source: Any, matches: dict[str, Match]
 ) -> tuple[list[Any], dict[int, str], list[int]]:
-    """:func:`assemble`, plus the submission cell each cell to run comes from."""
+    """The code cells to run: the submission's, each matched check replaced by the
+    source's; the grade_id of the check at each position; and each cell's index in the
+    submission. A second cell claiming a check's grade_id is left out; a check the source
+    does not have runs as an ordinary cell, unscored."""
     reference = {grade_id(cell): cell for cell in source.cells if grade_id(cell)}
     at = {match.index: match for match in matches.values()}
     checks = set(check_cells(source))
@@ -216,29 +168,6 @@ def _assemble(
     return cells, checks_at, origin
 
 
-def _course_environment(threads: int | None = None) -> dict[str, str]:
-    """What the grading kernel is told: small sizes, no GPU, and its share of the CPU."""
-    env = {
-        "COURSE_WORKLOAD": "small",
-        "CUDA_VISIBLE_DEVICES": "",
-        "COURSE_DEVICE": "cpu",
-        "MPLBACKEND": "Agg",
-    }
-    if threads:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
-
-
-def kernel_environment(threads: int | None = None) -> dict[str, str]:
-    """The unsandboxed kernel's environment: small sizes, no GPU, the course importable."""
-    env = dict(os.environ)
-    env.update(_course_environment(threads))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    return env
-
-
 @dataclass(frozen=True)
 class KernelSettings:
     """Where and how grading kernels run: the sandbox (None: none) and CPU threads."""
@@ -247,11 +176,22 @@ class KernelSettings:
     threads: int | None = None
 
 
+def _kernel_environment(cwd: Path, settings: KernelSettings) -> dict[str, str]:
+    """Small sizes, no GPU, the kernel's share of the CPU threads, the course importable;
+    in a sandbox, nothing else (none of the grader's variables)."""
+    env = {"COURSE_WORKLOAD": "small", "CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu"}
+    env["MPLBACKEND"] = "Agg"
+    if settings.threads:
+        env.update(OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads))
+    if settings.sandbox is not None:
+        return settings.sandbox.environment(cwd, env)
+    path = [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
     """A kernel manager; with a sandbox, one that starts the kernel inside bubblewrap and
     talks to it through Unix sockets in the scratch folder (the kernel has no network)."""
-    from jupyter_client import AsyncKernelManager  # nbclient needs the async client
-
     if sandbox is None:
         return AsyncKernelManager(kernel_name="python3")
 
@@ -273,11 +213,7 @@ def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
 class _Kernel:
     """One kernel running cells for the grader; replaced when it hangs or dies."""
 
-    def __init__(
-        self, cwd: str, warm_up_s: float = WARM_UP_S, settings: KernelSettings = KernelSettings()
-    ) -> None:
-        from nbclient import NotebookClient
-
+    def __init__(self, cwd: str, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
         self._client = NotebookClient(
             self._scratch,
@@ -287,15 +223,9 @@ class _Kernel:
             record_timing=False,
             iopub_timeout=4,
         )
-        self._cwd = cwd
         sandbox = settings.sandbox
         self._client.km = _kernel_manager(Path(cwd), sandbox)
-        course = _course_environment(settings.threads)
-        env = (
-            kernel_environment(settings.threads)
-            if sandbox is None
-            else (sandbox.environment(Path(cwd), course))
-        )
+        env = _kernel_environment(Path(cwd), settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         self._client.start_new_kernel(
             env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -313,8 +243,6 @@ class _Kernel:
         self.run(nbformat.v4.new_code_cell("import course_utils.classroom"), warm_up_s)
 
     def run(self, cell: Any, timeout_s: float) -> CellOutcome:
-        from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
         self._client.timeout = max(1, int(timeout_s))
         self._scratch.cells = [cell]
         start = time.perf_counter()
@@ -441,14 +369,8 @@ def _solution_before(
 def _what(outcome: CellOutcome) -> str:
     if outcome.status == "error":
         return f"{outcome.ename}: {outcome.evalue}".strip(": ")
-    return {"timeout": "it timed out", "dead": "it killed the kernel"}.get(
-        outcome.status, "it did not run"
-    )
-
-
-def default_source(submission: Path) -> Path:
-    """The instructor's notebook of the same name in the course's ``notebooks/`` folder."""
-    return _COURSE_ROOT / "notebooks" / submission.name
+    what = {"timeout": "it timed out", "dead": "it killed the kernel"}
+    return what.get(outcome.status, "it did not run")
 
 
 _warned_unsandboxed = False
@@ -469,33 +391,6 @@ def find_sandbox(
         _warned_unsandboxed = True
         print(sandboxes.unsandboxed_warning(), file=sys.stderr)
     return box
-
-
-def grade_notebook(
-    submission: Path,
-    source: Path | None = None,
-    *,
-    cell_timeout_s: float = CELL_TIMEOUT_S,
-    total_timeout_s: float = TOTAL_TIMEOUT_S,
-    sandbox: str = "auto",
-    limits: sandboxes.Limits | None = None,
-) -> GradeReport:
-    """Grade ``submission`` against the checks of ``source`` (default: the instructor's
-    notebook of the same name in the course's ``notebooks/`` folder), in a sandbox when
-    ``sandbox`` is ``auto`` (when bubblewrap works) or ``bwrap``."""
-    source = source or default_source(submission)
-    if source.is_dir():
-        source = source / submission.name
-    hidden = (str(submission.parent), str(source.parent))
-    box = find_sandbox(sandbox, hidden, limits)
-    report, _ = grade_submission(
-        submission,
-        source,
-        cell_timeout_s=cell_timeout_s,
-        total_timeout_s=total_timeout_s,
-        settings=KernelSettings(box),
-    )
-    return report
 
 
 def grade_submission(
@@ -593,61 +488,24 @@ def _feedback(
             continue
         cell.execution_count = None
         at = position.get(index)
-        if at is None:
-            text, name = "not run: another cell already claims this check's grade_id\n", "stderr"
-            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
-        elif at in checks_at:
-            check = results[checks_at[at]]
-            mark = "passed" if check.passed else f"failed: {check.reason}"
-            text = f"{check.grade_id}: {_points(check.points)}/{_points(check.max_points)} {mark}\n"
-            name = "stdout" if check.passed else "stderr"
-            cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text)]
-        else:
+        if at is not None and at not in checks_at:
             cell.outputs = _trimmed(cells[at].get("outputs", []))
-    rows = [
-        f"| {check.grade_id} | {_points(check.points)}/{_points(check.max_points)} | "
-        + ("passed" if check.passed else "failed: " + check.reason).replace("|", "\\|")
-        + " |"
-        for check in report.checks
-    ]
-    summary = [
-        f"**Grade: {_points(report.score)}/{_points(report.max_score)}**",
-        "",
-        "| check | points | result |",
-        "|---|---|---|",
-        *rows,
-        "",
-        *[f"- found without its grade_id: {match}" for match in report.matched],
-        *[f"- note: {note}" for note in report.notes],
-    ]
+            continue
+        text, name = "not run: another cell already claims this check's grade_id", "stderr"
+        if at is not None:
+            check = results[checks_at[at]]
+            text = f"{check.grade_id}: {check.points_text} {check.result}"
+            name = "stdout" if check.passed else "stderr"
+        cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text + "\n")]
+    summary = [f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
+    summary += ["| check | points | result |", "|---|---|---|"]
+    for check in report.checks:
+        result = check.result.replace("|", "\\|")
+        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
+    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
+    summary += [f"- note: {note}" for note in report.notes]
     cell = nbformat.v4.new_markdown_cell("\n".join(summary).strip())
     if (notebook.get("nbformat"), notebook.get("nbformat_minor", 0)) < (4, 5):
         cell.pop("id", None)
     notebook.cells.insert(0, cell)
     return notebook
-
-
-def main_grade(
-    submission: Path,
-    source: Path | None,
-    *,
-    as_json: bool,
-    cell_timeout_s: float,
-    total_timeout_s: float,
-    sandbox: str = "auto",
-    limits: sandboxes.Limits | None = None,
-) -> int:
-    """The ``grade`` command: print the scores (a table, or JSON); 0 once a score exists."""
-    import json
-
-    report = grade_notebook(
-        submission,
-        source,
-        cell_timeout_s=cell_timeout_s,
-        total_timeout_s=total_timeout_s,
-        sandbox=sandbox,
-        limits=limits,
-    )
-    text = json.dumps(report.to_dict(), indent=2) if as_json else report.format()
-    sys.stdout.write(text + "\n")
-    return 0

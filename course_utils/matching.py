@@ -1,21 +1,12 @@
-"""Find a submission's exercise cells, also when their nbgrader metadata went missing.
+"""Find a submission's exercise cells, also when their nbgrader metadata went missing
+(a cell deleted and typed again, a notebook re-saved by another editor: nbgrader issues
+424 and 1398).
 
-nbgrader metadata disappears in practice: a learner deletes a cell and types it again, or
-another editor re-saves the notebook without it (nbgrader issues 424 and 1398). The
-grader then finds each exercise cell of the instructor's notebook in the submission:
-
-1. by its ``grade_id`` (the normal case);
-2. otherwise by content, among the submission's cells that carry no known ``grade_id``:
-   - a **check** cell by its source: the closest cell to the instructor's check as the
-     learner saw it (hidden parts removed), at least :data:`CHECK_ALIKE` alike;
-   - a **solution** cell by the names it defines (``def``, ``class``, assignments): every
-     name the instructor's solution defines;
-   - a solution also by its place: the only code cell left between the same two lesson
-     (or exercise) cells as in the instructor's notebook.
-   A cell between the same lesson cells as the instructor's is preferred; elsewhere a
-   check must be :data:`CHECK_ALIKE_ELSEWHERE` alike.
-
-Each cell found by content says how (:attr:`Match.how`); the grader reports it.
+Each exercise cell of the instructor's notebook is found by its ``grade_id``, else among
+the submission's cells without a known ``grade_id``: a check by its visible source (at
+least :data:`CHECK_ALIKE` alike between the same lesson cells as the instructor's,
+:data:`CHECK_ALIKE_ELSEWHERE` elsewhere); a solution by the names it defines, or as the
+only code cell left between the same lesson cells. :attr:`Match.how` says how.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Progress for helpers that run long at the full workload (sweeps, finders, comparisons).
+"""Progress for long helpers (sweeps, finders, comparisons): :func:`track`, or
+:func:`task` / :func:`tracked` advanced by :func:`tick`.
 
-On a T4 a sweep or a comparison takes minutes; a silent cell looks stuck. The long helpers
-wrap their main loop in :func:`track` (or their whole call in :func:`tracked`, advanced
-with :func:`tick`), and what a person sees depends on where the code runs:
-
-* in Jupyter or Colab, a progress widget; at a terminal, a bar (both ``tqdm.auto``);
-* elsewhere (a log file, a CI job, ``make course``'s executed notebooks), one line at
-  the end: ``batch-size sweep: 9 sizes in 41.2 s``;
-* under the tests, nothing: pytest is running, or ``COURSE_WORKLOAD=small`` (the tests'
-  size, and the grader's), where every helper finishes in seconds.
-
-``COURSE_PROGRESS`` overrides the choice: ``bar``, ``line`` or ``off``. A helper called
-inside another's progress shows a nested bar that disappears when it is done, and no
-line of its own.
+``COURSE_PROGRESS`` (``bar``, ``line`` or ``off``) decides what shows; unset: a bar
+(``tqdm.auto``) in Jupyter or at a terminal, one line at the end elsewhere (logs,
+``make course``), nothing under pytest or ``COURSE_WORKLOAD=small``. A task inside
+another shows a nested bar and no line of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +16,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
+
+from tqdm.auto import tqdm
 
 ENV_VAR = "COURSE_PROGRESS"
 MODES = ("bar", "line", "off")
@@ -71,8 +65,6 @@ class Task:
         self._start = time.perf_counter()
         self._bar: Any = None
         if self.mode == "bar":
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(
                 total=total, desc=description, unit=f" {unit}", leave=not nested, file=sys.stderr
             )
@@ -122,11 +114,7 @@ def track(
     items: Iterable[T], description: str, *, total: int | None = None, unit: str = "step"
 ) -> Iterator[T]:
     """Yield ``items``, advancing a task by one per item (``total`` defaults to
-    ``len(items)`` when it has one). Breaking out of the loop ends the task.
-
-    >>> list(track([1, 2, 3], "example"))
-    [1, 2, 3]
-    """
+    ``len(items)`` when it has one). Breaking out of the loop ends the task."""
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     with task(description, total=total, unit=unit) as current:

@@ -1,30 +1,31 @@
-"""Key figures that notebooks measure, and the HTML report of a course run.
+"""Measurements that notebooks record, and the HTML report of a course run.
 
-A notebook states a measured number with :func:`record_figure`. The figure is shown in
-the notebook as a line of text and also carried in the cell output under its own MIME
-type, so ``make course`` can collect every notebook's figures from the executed copies
-(:func:`figures_in_notebook`) and put them in ``build/report.html``
-(:func:`write_report`) beside the doctor's description of the machine. The report also
-shows each notebook's plots (:func:`plots_in_notebook`, embedded in the page) and links
-the HTML rendering of each executed notebook.
+:func:`record_measurement` shows a measured number in the notebook and also carries it
+in the cell output under its own MIME type, so ``make course`` collects every notebook's
+measurements and plots from the executed copies into ``build/report.html``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FIGURE_MIME = "application/vnd.course-utils.figure+json"
+from IPython import get_ipython
+from IPython.display import display
+
+MEASUREMENT_MIME = "application/vnd.course-utils.measurement+json"
 PLOT_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 
 
 @dataclass(frozen=True)
-class Figure:
+class Measurement:
     """One measured number with its unit and the hardware it was measured on."""
 
     name: str
@@ -43,45 +44,40 @@ class Figure:
         return f"{self.name}: {shown}{unit}"
 
 
-def record_figure(name: str, value: float | int | str, unit: str = "", *, label: str) -> Figure:
-    """Show a measured figure in the notebook and mark it for the course report.
+def record_measurement(
+    name: str, value: float | int | str, unit: str = "", *, label: str
+) -> Measurement:
+    """Show a measured number in the notebook and mark it for the course report.
 
-    ``label`` says where it was measured ("measured on this machine (CPU)"); see
-    :func:`course_utils.env.measured_on`. Outside IPython it only prints.
-
-    >>> record_figure("matmul speed-up", 3.5, "x", label="example").unit
-    matmul speed-up: 3.5 x [example]
-    'x'
+    ``label`` says where it was measured (:func:`course_utils.env.measured_on`). Outside
+    IPython it only prints.
     """
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"figure {name!r} is not a finite number: {value}")
-    figure = Figure(name, value, unit, label)
-    bundle = {"text/plain": str(figure), FIGURE_MIME: figure.__dict__}
-    try:
-        from IPython import get_ipython
-        from IPython.display import display
-    except ImportError:  # pragma: no cover - IPython is a dependency of ipywidgets
-        get_ipython = None
-    if get_ipython is not None and get_ipython() is not None:
+        raise ValueError(f"measurement {name!r} is not a finite number: {value}")
+    measurement = Measurement(name, value, unit, label)
+    if get_ipython() is not None:
+        bundle = {"text/plain": str(measurement), MEASUREMENT_MIME: measurement.__dict__}
         display(bundle, raw=True)
     else:
-        print(figure)
-    return figure
+        print(measurement)
+    return measurement
 
 
-def figures_in_notebook(notebook: dict[str, Any]) -> list[Figure]:
-    """The figures recorded in an executed notebook (a parsed ``.ipynb``), in order."""
-    figures = []
+def _output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The ``data`` of each output of an executed notebook (a parsed ``.ipynb``), in order."""
     for cell in notebook.get("cells", []):
         for output in cell.get("outputs", []) or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            payload = data.get(FIGURE_MIME)
-            if isinstance(payload, dict):
-                try:
-                    figures.append(Figure(**payload))
-                except TypeError:
-                    continue  # a malformed payload is ignored, not fatal
-    return figures
+            if isinstance(output, dict):
+                yield output.get("data", {})
+
+
+def measurements_in_notebook(notebook: dict[str, Any]) -> list[Measurement]:
+    """The measurements recorded in an executed notebook, in order."""
+    found = []
+    for data in _output_data(notebook):
+        with contextlib.suppress(KeyError, TypeError):  # none, or malformed
+            found.append(Measurement(**data[MEASUREMENT_MIME]))
+    return found
 
 
 @dataclass(frozen=True)
@@ -101,16 +97,14 @@ class Plot:
 def plots_in_notebook(notebook: dict[str, Any]) -> list[Plot]:
     """The images (plots) in an executed notebook's outputs, in order; one per output."""
     plots = []
-    for cell in notebook.get("cells", []):
-        for output in cell.get("outputs", []) or []:
-            data = output.get("data", {}) if isinstance(output, dict) else {}
-            for mime in PLOT_MIMES:
-                value = data.get(mime)
-                if isinstance(value, list):  # a multi-line string as a list of lines
-                    value = "".join(value)
-                if isinstance(value, str) and value.strip():
-                    plots.append(Plot(mime, value))
-                    break
+    for data in _output_data(notebook):
+        for mime in PLOT_MIMES:
+            value = data.get(mime)
+            if isinstance(value, list):  # a multi-line string as a list of lines
+                value = "".join(value)
+            if isinstance(value, str) and value.strip():
+                plots.append(Plot(mime, value))
+                break
     return plots
 
 
@@ -123,7 +117,7 @@ class NotebookResult:
     status: str  # "ok" or "failed"
     seconds: float
     error: str | None
-    figures: list[Figure]
+    measurements: list[Measurement]
     plots: list[Plot] = field(default_factory=list)
     rendering: str | None = None
 
@@ -136,7 +130,7 @@ def write_report(results: list[NotebookResult], environment: dict[str, Any], out
         "notebooks": [
             {
                 **result.__dict__,
-                "figures": [figure.__dict__ for figure in result.figures],
+                "measurements": [m.__dict__ for m in result.measurements],
                 "plots": len(result.plots),  # the images themselves are in report.html
             }
             for result in results
@@ -158,11 +152,9 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
     for result in results:
         name = Path(result.path).name
         executed = "notebooks/" + name  # the executed copy beside this report
-        title = (
-            f"<a href='{esc(result.rendering)}'>{esc(result.path)}</a>"
-            if (result.rendering)
-            else esc(result.path)
-        )
+        title = esc(result.path)
+        if result.rendering:
+            title = f"<a href='{esc(result.rendering)}'>{title}</a>"
         error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
         plots = "".join(
             f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {esc(name)}'>"
@@ -172,7 +164,7 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
             f"<tr class='{esc(result.status)}'>"
             f"<td class='name'>{title}<br><small><a href='{esc(executed)}'>.ipynb</a></small></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
-            f"<td>{_figures_html(result.figures)}{error}</td>"
+            f"<td>{_measurements_html(result.measurements)}{error}</td>"
             f"<td class='plots'>{plots or '<small>none</small>'}</td></tr>"
         )
     failed = sum(result.status != "ok" for result in results)
@@ -195,7 +187,7 @@ pre {{ white-space: pre-wrap; max-width: 60em; }}
 <h1>Course run report</h1>
 <p>{esc(summary)}. Each notebook's name opens its executed copy as a web page.</p>
 <h2>Notebooks</h2>
-<table><tr><th>notebook</th><th>status</th><th>run time</th><th>key figures</th>
+<table><tr><th>notebook</th><th>status</th><th>run time</th><th>measurements</th>
 <th>plots</th></tr>
 {"".join(nb_rows)}
 </table>
@@ -205,14 +197,14 @@ pre {{ white-space: pre-wrap; max-width: 60em; }}
 """
 
 
-def _figures_html(figures: list[Figure]) -> str:
-    """Figures grouped by where they were measured: each label once, then its figures."""
-    groups: dict[str, list[Figure]] = {}
-    for figure in figures:
-        groups.setdefault(figure.label, []).append(figure)
+def _measurements_html(measurements: list[Measurement]) -> str:
+    """Measurements grouped by where they were taken: each label once, then its own."""
+    groups: dict[str, list[Measurement]] = {}
+    for measurement in measurements:
+        groups.setdefault(measurement.label, []).append(measurement)
     return "".join(
         f"<p class='label'>{html.escape(label)}</p><ul>"
-        + "".join(f"<li>{html.escape(figure.without_label())}</li>" for figure in group)
+        + "".join(f"<li>{html.escape(m.without_label())}</li>" for m in group)
         + "</ul>"
         for label, group in groups.items()
     )

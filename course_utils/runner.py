@@ -1,12 +1,8 @@
 """Run the course's notebooks headlessly and write the report (``make course``).
 
-Each notebook is executed in a fresh kernel on whatever hardware is present. The
-executed copies go to ``<out>/notebooks/``, each with an HTML rendering beside it
-(nbconvert); ``<out>/report.html`` lists each notebook's status, run time, key figures
-and plots (see :mod:`course_utils.report`), links the renderings, and shows the doctor's
-description of the machine. A failing notebook does not stop the others; the run
-returns the number of failures. Long helpers print one line when done
-(``COURSE_PROGRESS=line``, unless set) rather than drawing widgets in the copies.
+Each notebook runs in a fresh kernel on whatever hardware is present; the executed copies
+go to ``<out>/notebooks/`` with an HTML rendering beside each, and ``<out>/report.html``
+(:mod:`course_utils.report`) sums them up. A failing notebook does not stop the others.
 """
 
 from __future__ import annotations
@@ -15,23 +11,28 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
+from unittest import mock
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course_utils import workload
 from course_utils.progress import ENV_VAR as PROGRESS_VAR
 from course_utils.report import (
     NotebookResult,
-    figures_in_notebook,
+    measurements_in_notebook,
     plots_in_notebook,
     write_report,
 )
 
 
 def find_notebooks(paths: Sequence[Path]) -> list[Path]:
-    """Notebooks named directly or found (not recursively) in the given folders, sorted."""
+    """Notebooks named directly or found (not recursively) in the given folders, sorted;
+    ``FileNotFoundError`` when there is none."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -39,32 +40,17 @@ def find_notebooks(paths: Sequence[Path]) -> list[Path]:
         elif path.suffix == ".ipynb" and path.is_file():
             found.append(path)
         else:
-            raise FileNotFoundError(f"not a notebook or a folder of notebooks: {path}")
+            why = "" if path.exists() else " (no such file or folder)"
+            raise FileNotFoundError(f"not a notebook or a folder of notebooks: {path}{why}")
+    if not found:
+        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
     return found
-
-
-@contextmanager
-def _environment(updates: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def run_notebook(
     path: Path, out_dir: Path, *, cell_timeout_s: int, progress: TextIO
 ) -> NotebookResult:
     """Execute one notebook in its own folder and save the executed copy in ``out_dir``."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as failure:  # not JSON, not a notebook, an unknown format version
@@ -74,7 +60,7 @@ def run_notebook(
             status="failed",
             seconds=0.0,
             error=f"not a valid notebook ({type(failure).__name__}: {reason})",
-            figures=[],
+            measurements=[],
         )
     code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
     done = 0
@@ -117,7 +103,7 @@ def run_notebook(
         status="failed" if error else "ok",
         seconds=seconds,
         error=error,
-        figures=figures_in_notebook(notebook),
+        measurements=measurements_in_notebook(notebook),
         plots=plots_in_notebook(notebook),
         rendering=render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent),
     )
@@ -126,7 +112,7 @@ def run_notebook(
 def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
     """Write ``notebook`` as a web page (nbconvert's lab template, images embedded);
     return its path relative to ``relative_to``, or None if nbconvert failed."""
-    from nbconvert import HTMLExporter
+    from nbconvert import HTMLExporter  # lazy: optional (jupyterlab or the classroom extra)
 
     exporter = HTMLExporter(template_name="lab")
     level = exporter.log.level
@@ -156,15 +142,13 @@ def run_course(
     progress: TextIO = sys.stdout,
 ) -> int:
     """Execute every notebook, write the report, and return how many notebooks failed."""
-    from course_utils.env import doctor
+    from course_utils.env import doctor  # lazy: imports torch (student imports this module)
 
     notebooks = find_notebooks(paths)
-    if not notebooks:
-        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
     updates = {workload.ENV_VAR: workload_name} if workload_name else {}
     updates[PROGRESS_VAR] = os.environ.get(PROGRESS_VAR) or "line"  # no widgets in copies
     results = []
-    with _environment(updates):
+    with mock.patch.dict(os.environ, updates):
         size = workload.workload()
         progress.write(f"Running {len(notebooks)} notebook(s), workload '{size}'\n")
         for number, path in enumerate(notebooks, start=1):
@@ -176,7 +160,7 @@ def run_course(
             first_error_line = (result.error or "").splitlines()[-1:] or [""]
             progress.write(
                 f"[{number}/{len(notebooks)}] {path.name}: {result.status} "
-                f"in {result.seconds:.1f} s, {len(result.figures)} figure(s)"
+                f"in {result.seconds:.1f} s, {len(result.measurements)} measurement(s)"
                 + (f" -- {first_error_line[0]}" if result.error else "")
                 + "\n"
             )

@@ -1,26 +1,13 @@
-"""A sandbox for learners' code: the grading kernel runs inside bubblewrap (``bwrap``).
+"""The bubblewrap (``bwrap``) sandbox a grading kernel runs in (docs/instructor-guide.md, 6).
 
-What a submission's kernel, and every process it starts, gets:
-
-- **no network**: a network namespace of its own, whose only interface is its own
-  loopback (a server on the grader's ``127.0.0.1`` is out of reach);
-- **one writable place**, a private scratch folder (the working directory, ``HOME`` and
-  ``TMPDIR``), plus an empty private ``/tmp`` and ``/dev/shm`` in memory, each capped;
-- **read-only views** of the system (``/usr``, ``/etc``), the Python installation, the
-  virtual environment and the course package, and nothing else: the other submissions,
-  the instructor's notebooks (solutions, hidden checks) and the grades are not there;
-- **its own process tree** (a PID namespace): when the grader stops the kernel (a time
-  limit, the end of grading), every process the submission started dies with it;
-- **limits** per process (``setrlimit``): memory (``RLIMIT_DATA``), processes and threads
-  (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``), no core files. Time is limited by
-  the grader's cell and whole-run limits, which kill the whole sandbox.
-
-Run as root (a grading server, CI), bubblewrap sets the sandbox up with its privileges
-and the kernel then switches to an unused user id (``2000000000 + the grader's pid``):
-root is exempt from ``RLIMIT_NPROC``, and the switch keeps every file of the host that
-is not world-readable closed to it. Run as an ordinary user, bubblewrap uses a user
-namespace; ``RLIMIT_NPROC`` then counts all that user's processes, so the limit is the
-number already running plus the allowance.
+The kernel and every process it starts get no network, one writable scratch folder (plus
+a private, capped ``/tmp`` and ``/dev/shm``), read-only views of the system, Python, the
+environment and the course package only (never the other submissions, the instructor's
+notebooks or the grades), their own PID namespace and ``setrlimit`` limits on memory,
+processes and file size. As root, the kernel switches to an unused uid
+(``UID_BASE + the grader's pid``): root is exempt from ``RLIMIT_NPROC``. As a user,
+``RLIMIT_NPROC`` counts all that user's processes, so the limit is those running plus
+the allowance.
 """
 
 from __future__ import annotations
@@ -37,7 +24,6 @@ from pathlib import Path
 
 GIB = 1024**3
 MIB = 1024**2
-#: The first of the user ids a sandboxed kernel runs as when the grader is root.
 UID_BASE = 2_000_000_000
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -50,12 +36,6 @@ class Limits:
     processes: int = 512  # RLIMIT_NPROC: processes and threads
     file_bytes: int = 1 * GIB  # RLIMIT_FSIZE: the largest file it may write
     tmpfs_bytes: int = 256 * MIB  # the size of the private /tmp and /dev/shm, each
-
-    def describe(self) -> str:
-        return (
-            f"memory {self.memory_bytes / GIB:g} GiB and {self.processes} processes or "
-            f"threads per process, files up to {self.file_bytes / GIB:g} GiB"
-        )
 
 
 @dataclass(frozen=True)
@@ -283,7 +263,7 @@ def unsandboxed_warning() -> str:
 
 def _launch(argv: list[str]) -> None:
     """Inside the sandbox: set the limits, drop to the kernel's user id, exec the kernel."""
-    import resource
+    import resource  # lazy: platform-only (Unix); the CLI imports this module everywhere
 
     settings = json.loads(argv[0])
     command = argv[argv.index("--") + 1 :]

@@ -1,12 +1,9 @@
 """The course website (``make site``): the executed notebooks, searchable, in a browser.
 
-``build_site`` stages the pages in a temporary folder: the README as the landing page, the
-notebooks as executed by ``make course`` (``build/notebooks``, outputs and plots included)
-in course order, the instructor guide and the run report (``build/report.html``); then
-mkdocs (mkdocs-material and mkdocs-jupyter, configured in ``website/mkdocs.yml``) builds
-them into a static site. Nothing is executed: the pages show the notebooks as they ran,
-with the hardware each one printed. The site loads nothing from another host and works
-opened from disk or served from any sub-path.
+The README (landing page), the notebooks as ``make course`` executed them, the instructor
+guide and the run report are staged in a temporary folder and built by mkdocs
+(``website/mkdocs.yml``). Nothing is executed; the site loads nothing from another host
+and works from disk or under any sub-path.
 """
 
 from __future__ import annotations
@@ -77,7 +74,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
         (docs / "run-report.md").write_text(
             "# Run report\n\n"
             "The report of `make course` that executed the notebooks on this site: each "
-            "notebook's status, run time, key figures (labelled with the hardware they were "
+            "notebook's status, run time, measurements (labelled with the hardware they were "
             "measured on) and plots. [Open it on its own page](report.html).\n\n"
             '<iframe src="report.html" title="Run report" '
             'style="width:100%;height:80vh;border:1px solid #ccc"></iframe>\n',
@@ -93,6 +90,7 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
 def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
     landing page. ``root`` is the course checkout (README, docs)."""
+    # lazy: optional (site extra)
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 

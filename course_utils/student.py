@@ -1,32 +1,25 @@
 """Student versions of the course's notebooks (``python -m course_utils student``).
 
-The instructor's notebooks hold the answers: each exercise's solution cell marks its answer
-with ``### BEGIN SOLUTION`` / ``### END SOLUTION`` and carries nbgrader metadata, and its
-check cell may hold ``### BEGIN HIDDEN TESTS`` / ``### END HIDDEN TESTS`` regions that
-learners should not see. The student version is made with nbgrader's own preprocessors, so
-that it matches what an nbgrader set-up would release:
-
-- ``ClearSolutions`` replaces each solution region with ``# YOUR CODE HERE`` and
-  ``raise NotImplementedError()``;
-- ``ClearHiddenTests`` removes the hidden check regions;
-- ``ClearOutput`` clears every output and execution count.
-
-Everything else (the badges, the Colab setup cell, the lesson cells, the nbgrader metadata)
-is kept. Solution and check cells are also tagged ``raises-exception``: until the learner
-answers, calling their function raises ``NotImplementedError``, and the tag tells Jupyter's
-"Run all", nbclient and nbval (``--nbval-lax``) to go on to the next cell instead of
-stopping there. The tag never hides a result: the check cell still shows its error, and the
-grader (:mod:`course_utils.grading`) ignores tags and scores every check cell itself.
+Made with nbgrader's own preprocessors, as an nbgrader set-up would release them: each
+``### BEGIN SOLUTION`` region becomes ``raise NotImplementedError()``, hidden check regions
+go, outputs are cleared; everything else, nbgrader metadata included, is kept. Exercise
+cells are tagged ``raises-exception`` so that "Run all", nbclient and nbval go on past an
+unanswered exercise; the grader ignores tags and scores every check cell itself.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import nbformat
+
+from course_utils.runner import find_notebooks
 
 #: The tag that lets a cell fail without stopping "Run all", nbclient or nbval.
 RAISES_TAG = "raises-exception"
@@ -36,35 +29,27 @@ class InputError(ValueError):
     """A file or folder the user named cannot be used (the CLI exits 2 with one line)."""
 
 
-class NotANotebook(InputError):
-    """A file that is not a Jupyter notebook."""
-
-
 def read_notebook(path: Path) -> Any:
-    """Read a notebook (converted to nbformat 4), or raise :class:`NotANotebook` with one
+    """Read a notebook (converted to nbformat 4), or raise :class:`InputError` with one
     line that says what is wrong: no such file, broken JSON, JSON that is no notebook."""
-    import json
-    import logging
-    import warnings
-
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise NotANotebook(f"no such file: {path}") from None
+        raise InputError(f"no such file: {path}") from None
     except IsADirectoryError:
-        raise NotANotebook(f"{path} is a folder, not a notebook") from None
+        raise InputError(f"{path} is a folder, not a notebook") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise NotANotebook(f"{path} cannot be read: {error}") from None
+        raise InputError(f"{path} cannot be read: {error}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise NotANotebook(f"{path} is not a notebook: broken JSON ({error})") from None
+        raise InputError(f"{path} is not a notebook: broken JSON ({error})") from None
     if not isinstance(data, dict):
         kind = type(data).__name__.replace("NoneType", "null")
-        raise NotANotebook(f"{path} is not a notebook: its JSON is a {kind}, not an object")
+        raise InputError(f"{path} is not a notebook: its JSON is a {kind}, not an object")
     cells = data.get("cells", data.get("worksheets"))
     if not isinstance(cells, list):
-        raise NotANotebook(f"{path} is not a notebook: it has no list of cells")
+        raise InputError(f"{path} is not a notebook: it has no list of cells")
     logger = logging.getLogger("NotebookApp")  # nbformat logs validation errors there
     level = logger.level
     try:
@@ -74,14 +59,14 @@ def read_notebook(path: Path) -> Any:
             notebook = nbformat.reads(text, as_version=4)
     except Exception as error:  # nbformat raises many kinds on malformed notebooks
         message = " ".join(str(error).split())[:200]
-        raise NotANotebook(f"{path} is not a readable notebook: {message}") from None
+        raise InputError(f"{path} is not a readable notebook: {message}") from None
     finally:
         logger.setLevel(level)
     for number, cell in enumerate(notebook.cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-            raise NotANotebook(f"{path} is not a notebook: cell {number} is not a cell")
+            raise InputError(f"{path} is not a notebook: cell {number} is not a cell")
         if not isinstance(cell.get("source"), str):
-            raise NotANotebook(f"{path} is not a notebook: cell {number} has no source")
+            raise InputError(f"{path} is not a notebook: cell {number} has no source")
     return notebook
 
 
@@ -101,6 +86,7 @@ def student_version(notebook: Any) -> Any:
     Raises ``ValueError`` when a cell has solution or hidden-check markers but not the
     nbgrader metadata that says what it is (nbgrader would refuse it too).
     """
+    # lazy: optional (classroom extra); grading imports this module without it
     from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
 
     student = copy.deepcopy(notebook)
@@ -120,25 +106,16 @@ def student_version(notebook: Any) -> Any:
 
 def write_notebook(notebook: Any, path: Path) -> None:
     """Write a notebook the way the course stores them (sorted keys, one-space indent)."""
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     path.write_text(text, encoding="utf-8")
 
 
 def make_student_versions(paths: Sequence[Path], out_dir: Path) -> list[Path]:
-    """Write the student version of every notebook named or found in ``paths``.
-
-    Returns the written files, ``out_dir/<same name>.ipynb`` each.
-    """
-    from course_utils.runner import find_notebooks
-
-    notebooks = find_notebooks(paths)
-    if not notebooks:
-        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
+    """Write the student version of every notebook named or found in ``paths`` into
+    ``out_dir``; return the written files."""
     written = []
-    for path in notebooks:
+    for path in find_notebooks(paths):
         notebook = read_notebook(path)
         target = out_dir / path.name
         if target.resolve() == path.resolve():

@@ -24,7 +24,7 @@ def make_course(root, names=("01_a.ipynb", "02_b.ipynb")):
     (root / "notebooks").mkdir(parents=True)
     for name in names:
         notebook = nbformat.v4.new_notebook()
-        badge = colab.badge_markdown(OLD_REPO, OLD_REF, f"notebooks/{name}")
+        badge = badge_markdown(f"notebooks/{name}")
         setup = nbformat.v4.new_code_cell(colab.setup_cell_source(OLD_REPO, OLD_REF, STALE_SHA))
         setup.metadata["tags"] = [colab.SETUP_TAG]
         notebook.cells = [
@@ -33,9 +33,14 @@ def make_course(root, names=("01_a.ipynb", "02_b.ipynb")):
             nbformat.v4.new_code_cell("x = 'https://colab.research.google.com/ is text here'"),
         ]
         nbformat.write(notebook, root / "notebooks" / name)
-    readme_badge = colab.badge_markdown(OLD_REPO, OLD_REF, "notebooks/01_a.ipynb")
+    readme_badge = badge_markdown("notebooks/01_a.ipynb")
     (root / "README.md").write_text(f"# Course\n{readme_badge}\n")
     (root / "colab_setup.sh").write_text(SCRIPT)
+
+
+def badge_markdown(notebook):
+    url = colab.badge_url(OLD_REPO, OLD_REF, notebook)
+    return f"[![Open In Colab]({colab.BADGE_IMAGE})]({url})"
 
 
 def cells(root, name):

@@ -87,9 +87,9 @@ def test_nbgrader_layout_is_found(tmp_path):
 
 
 def test_grade_with_several_paths_unsandboxed_says_so_once(course, monkeypatch, capsys):
-    import course_utils.grading as grading
+    import course_utils.gradebook as gradebook
 
-    monkeypatch.setattr(grading, "_warned_unsandboxed", False)
+    monkeypatch.setattr(gradebook, "_warned_unsandboxed", False)
     source, klass = course
     paths = [str(klass / name / "01_ex.ipynb") for name in ("alice", "bob")]
     args = ["grade", *paths, "--source", str(source), "--json", "--sandbox", "none", "--jobs", "1"]

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from course_utils.cli import main
-from course_utils.grading import grade_notebook
+from course_utils.grading import GradeReport, grade_submission
 from course_utils.student import student_version, write_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +70,11 @@ def _submit(tmp_path: Path, notebook: nbformat.NotebookNode, name: str = "sub.ip
     return path
 
 
+def grade(submission: Path, source: Path, **limits: float) -> GradeReport:
+    """The report of grading ``submission`` unsandboxed (test_sandbox covers the sandbox)."""
+    return grade_submission(submission, source, **limits)[0]
+
+
 def _scores(report) -> dict[str, tuple[float, str]]:
     return {check.grade_id: (check.points, check.reason) for check in report.checks}
 
@@ -78,7 +83,7 @@ def test_checks_come_from_the_source_hidden_ones_included(tmp_path, source):
     submission = student_version(_instructor())  # its check A has no hidden part
     submission.cells[2].source = "def double(x):\n    return 6 if x == 3 else 0"  # gamed
     submission.cells[5].source = "pass  # the learner 'edited the check away'"
-    report = grade_notebook(_submit(tmp_path, submission), source)
+    report = grade(_submit(tmp_path, submission), source)
     scores = _scores(report)
     assert scores["t-double-check"] == (0, "double(-1) should be -2")  # the hidden check
     assert scores["t-greet-check"][0] == 0  # greet is unanswered; the real check ran
@@ -92,7 +97,7 @@ def test_broken_submission_gets_a_score_and_reasons(tmp_path, source):
     submission.cells.insert(4, nbformat.v4.new_code_cell("while True:\n    pass"))  # hangs
     submission.cells.insert(5, nbformat.v4.new_code_cell("import sys\nsys.exit(3)"))
     submission.cells.insert(6, nbformat.v4.new_code_cell("1 / 0"))  # a plain error
-    report = grade_notebook(_submit(tmp_path, submission), source, cell_timeout_s=3)
+    report = grade(_submit(tmp_path, submission), source, cell_timeout_s=3)
     scores = _scores(report)
     # cell 3 (after the killed kernel): double is undefined; greet still passes
     assert scores["t-double-check"][0] == 0
@@ -108,8 +113,7 @@ def test_deleted_check_and_whole_run_limit(tmp_path, source):
     submission = _instructor()
     del submission.cells[5]  # greet's check
     submission.cells.insert(3, nbformat.v4.new_code_cell("import time\ntime.sleep(60)"))
-    report = grade_notebook(_submit(tmp_path, submission), source, cell_timeout_s=30,
-                            total_timeout_s=4)
+    report = grade(_submit(tmp_path, submission), source, cell_timeout_s=30, total_timeout_s=4)
     scores = _scores(report)
     assert scores["t-greet-check"][0] == 0
     assert scores["t-greet-check"][1].startswith("cell missing: deleted from the submission")
@@ -140,7 +144,7 @@ def test_notebook_01_unsolved_fails_each_check_as_not_answered(tmp_path):
     instructor = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
     student = _submit(tmp_path, student_version(nbformat.read(instructor, as_version=4)),
                       instructor.name)
-    unsolved = grade_notebook(student, instructor)
+    unsolved = grade(student, instructor)
     assert unsolved.max_score == 3 and unsolved.score == 0, unsolved.format()
     assert all("NotImplementedError" in check.reason for check in unsolved.checks)
     assert "total" in unsolved.format() and "0/3" in unsolved.format()

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from test_grader import CHECK_B, _instructor, _scores, _submit
+from test_grader import CHECK_B, _instructor, _scores, _submit, grade
 
-from course_utils.grading import grade_notebook
 from course_utils.matching import match_cells
 from course_utils.student import student_version, write_notebook
 
@@ -67,7 +66,7 @@ def test_a_cell_unlike_any_exercise_is_not_matched():
 
 def test_a_notebook_without_any_metadata_gets_full_marks_and_the_matching_is_reported(
         tmp_path, source):
-    report = grade_notebook(_submit(tmp_path, _strip(_instructor())), source)
+    report = grade(_submit(tmp_path, _strip(_instructor())), source)
     assert (report.score, report.max_score) == (3, 3), report.format()
     assert len(report.matched) == 4 and all("cell" in line for line in report.matched)
     assert all(check.matched for check in report.checks)
@@ -78,7 +77,7 @@ def test_partial_loss_and_unmatched_checks_are_graded(tmp_path, source):
     submission = _strip(_instructor(), 5)  # greet's check lost its metadata only
     del submission.cells[3]  # double's check deleted
     submission.cells[4].source = "print('I deleted the check and wrote this')"
-    report = grade_notebook(_submit(tmp_path, submission), source)
+    report = grade(_submit(tmp_path, submission), source)
     scores = _scores(report)
     assert scores["t-double-check"][0] == 0
     assert scores["t-double-check"][1].startswith("cell missing")
@@ -86,7 +85,7 @@ def test_partial_loss_and_unmatched_checks_are_graded(tmp_path, source):
     # the same with greet's check retyped: found by content, graded, reported
     submission.cells[4].source = CHECK_B
     write_notebook(submission, tmp_path / "sub.ipynb")
-    report = grade_notebook(tmp_path / "sub.ipynb", source)
+    report = grade(tmp_path / "sub.ipynb", source)
     scores = _scores(report)
     assert scores["t-greet-check"] == (2, "") and scores["t-double-check"][0] == 0
     assert [line.split(":")[0] for line in report.matched] == ["t-greet-check"]

@@ -9,19 +9,19 @@ import math
 import pytest
 
 from course_utils.report import (
-    FIGURE_MIME,
-    Figure,
+    MEASUREMENT_MIME,
+    Measurement,
     NotebookResult,
     Plot,
-    figures_in_notebook,
+    measurements_in_notebook,
     plots_in_notebook,
-    record_figure,
+    record_measurement,
     write_report,
 )
 
 
-def test_record_figure_prints_outside_ipython(capsys):
-    figure = record_figure("speed-up", 12.3456, "x", label="measured on this machine (CPU)")
+def test_record_measurement_prints_outside_ipython(capsys):
+    figure = record_measurement("speed-up", 12.3456, "x", label="measured on this machine (CPU)")
     assert capsys.readouterr().out.strip() == (
         "speed-up: 12.35 x [measured on this machine (CPU)]"
     )
@@ -29,9 +29,9 @@ def test_record_figure_prints_outside_ipython(capsys):
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
-def test_record_figure_refuses_non_finite_numbers(value):
+def test_record_measurement_refuses_non_finite_numbers(value):
     with pytest.raises(ValueError, match="not a finite number"):
-        record_figure("broken", value, label="x")
+        record_measurement("broken", value, label="x")
 
 
 def test_figures_are_found_in_executed_notebook_outputs():
@@ -41,20 +41,20 @@ def test_figures_are_found_in_executed_notebook_outputs():
             {"cell_type": "markdown", "source": "text"},
             {"cell_type": "code", "outputs": [
                 {"output_type": "stream", "text": "hello"},
-                {"output_type": "display_data", "data": {FIGURE_MIME: good}},
+                {"output_type": "display_data", "data": {MEASUREMENT_MIME: good}},
             ]},
             {"cell_type": "code", "outputs": [
-                {"output_type": "display_data", "data": {FIGURE_MIME: {"name": "bad"}}},
+                {"output_type": "display_data", "data": {MEASUREMENT_MIME: {"name": "bad"}}},
                 {"output_type": "display_data", "data": {"text/plain": "x"}},
             ]},
         ]
     }
-    assert figures_in_notebook(notebook) == [Figure("a", 1.5, "ms", "CPU")]
+    assert measurements_in_notebook(notebook) == [Measurement("a", 1.5, "ms", "CPU")]
 
 
 def test_report_lists_notebooks_figures_and_environment(tmp_path):
     results = [
-        NotebookResult("notebooks/01.ipynb", "ok", 12.0, None, [Figure("f", 2.0, "x", "CPU")]),
+        NotebookResult("notebooks/01.ipynb", "ok", 12.0, None, [Measurement("f", 2.0, "x", "CPU")]),
         NotebookResult("notebooks/02.ipynb", "failed", 3.0, "ZeroDivisionError: <boom>", []),
     ]
     environment = {"torch": "2.14.1", "gpus": [], "advice": ["use a <GPU>"], "driver": None}
@@ -68,13 +68,14 @@ def test_report_lists_notebooks_figures_and_environment(tmp_path):
     assert "<ul><li>use a &lt;GPU&gt;</li></ul>" in page
     assert "<a href='notebooks/01.ipynb'>" in page  # links to the executed copy
     data = json.loads((tmp_path / "build" / "report.json").read_text())
-    assert data["notebooks"][0]["figures"][0]["name"] == "f"
+    assert data["notebooks"][0]["measurements"][0]["name"] == "f"
     assert data["notebooks"][1]["status"] == "failed"
 
 
 def test_the_hardware_label_shows_once_per_notebook_and_per_place(tmp_path):
     cpu, t4 = "measured on this machine (CPU)", "published: NVIDIA T4 datasheet"
-    figures = [Figure("a", 1.0, "s", cpu), Figure("b", 2, "", cpu), Figure("c", 65, "TFLOPS", t4)]
+    figures = [Measurement("a", 1.0, "s", cpu), Measurement("b", 2, "", cpu),
+               Measurement("c", 65, "TFLOPS", t4)]
     results = [NotebookResult("notebooks/01.ipynb", "ok", 1.0, None, figures)]
     page = write_report(results, {}, tmp_path).read_text()
     assert page.count(cpu) == 1 and page.count(t4) == 1

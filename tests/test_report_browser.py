@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from course_utils.report import Figure, NotebookResult, Plot, write_report
+from course_utils.report import Measurement, NotebookResult, Plot, write_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MAGENTA = (1.0, 0.0, 1.0)  # a colour nothing else on the page uses
@@ -69,7 +69,7 @@ def magenta_pixels(image) -> int:
 
 def test_the_report_shows_each_notebooks_plot_in_a_browser(tmp_path):
     label = "measured on this machine (CPU)"
-    figures = [Figure("speed-up", 3.5, "x", label)]
+    figures = [Measurement("speed-up", 3.5, "x", label)]
     with_plot = NotebookResult(
         "notebooks/01_a.ipynb", "ok", 2.0, None, figures, [magenta_plot()], "notebooks/01_a.html"
     )

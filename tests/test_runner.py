@@ -24,8 +24,8 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
     notebooks.mkdir()
     write_notebook(
         notebooks / "01_ok.ipynb",
-        "from course_utils.report import record_figure\nimport os",
-        "record_figure('answer', 42, 'units', label='measured here')",
+        "from course_utils.report import record_measurement\nimport os",
+        "record_measurement('answer', 42, 'units', label='measured here')",
         "assert os.environ['COURSE_WORKLOAD'] == 'small'",
         "assert os.environ['COURSE_PROGRESS'] == 'line'  # one line per long helper, no widget",
         "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()",
@@ -44,7 +44,7 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
     assert executed.cells[0].execution_count == 1
     report = json.loads((tmp_path / "build" / "report.json").read_text())
     assert [nb["status"] for nb in report["notebooks"]] == ["ok", "failed", "ok"]
-    assert report["notebooks"][0]["figures"] == [
+    assert report["notebooks"][0]["measurements"] == [
         {"name": "answer", "value": 42, "unit": "units", "label": "measured here"}
     ]
     assert report["environment"]["workload"] == "small"
@@ -55,7 +55,7 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
         f"notebooks/{name}.html" for name in ("01_ok", "02_fails", "03_after")
     ]
     rendered = (tmp_path / "build" / "notebooks" / "01_ok.html").read_text()
-    assert "record_figure" in rendered and "data:image/png;base64," in rendered
+    assert "record_measurement" in rendered and "data:image/png;base64," in rendered
     assert "<a href='notebooks/01_ok.html'>" in page
     # the plot is embedded in the report
     assert [nb["plots"] for nb in report["notebooks"]] == [1, 0, 0]
@@ -65,4 +65,5 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
 def test_find_notebooks_refuses_a_missing_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a notebook"):
         find_notebooks([tmp_path / "nope.ipynb"])
-    assert find_notebooks([tmp_path]) == []
+    with pytest.raises(FileNotFoundError, match="no notebooks found"):
+        find_notebooks([tmp_path])

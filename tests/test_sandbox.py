@@ -18,7 +18,8 @@ import pytest
 from test_grader import _instructor, _submit
 
 from course_utils import sandbox
-from course_utils.grading import KernelSettings, find_sandbox, grade_submission
+from course_utils.gradebook import find_sandbox
+from course_utils.grading import KernelSettings, grade_submission
 from course_utils.sandbox import GIB, Limits
 from course_utils.student import write_notebook
 
@@ -142,9 +143,9 @@ def _uid(process: Path) -> int | None:
 
 
 def test_without_a_sandbox_grading_says_so_once(monkeypatch, capsys):
-    import course_utils.grading as grading
+    import course_utils.gradebook as gradebook
 
-    monkeypatch.setattr(grading, "_warned_unsandboxed", False)
+    monkeypatch.setattr(gradebook, "_warned_unsandboxed", False)
     assert find_sandbox("none") is None and find_sandbox("none") is None
     err = capsys.readouterr().err
     assert err.count("UNSANDBOXED") == 1 and len(err.strip().splitlines()) == 1

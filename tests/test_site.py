@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from test_report_browser import browser, magenta_pixels, magenta_plot
 
-from course_utils.report import Figure, NotebookResult, write_report
+from course_utils.report import Measurement, NotebookResult, write_report
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("mkdocs")
@@ -140,7 +140,7 @@ def site(tmp_path_factory) -> Path:
 
     work = tmp_path_factory.mktemp("site")
     make_notebooks(work / "notebooks")
-    figures = [Figure("speed-up", 3.5, "x", "measured on this machine (CPU)")]
+    figures = [Measurement("speed-up", 3.5, "x", "measured on this machine (CPU)")]
     result = NotebookResult("notebooks/01_tiny.ipynb", "ok", 2.0, None, figures,
                             [magenta_plot()], "notebooks/01_tiny.html")
     report = write_report([result], {}, work)
