@@ -1,15 +1,10 @@
 """``nvidia-smi``: run it safely, parse what it prints, and explain it in plain words.
 
-:func:`parse` reads every form of output the course meets and returns one JSON-ready
-``dict``: the default table (drivers 384 to 610, Linux and Windows/WDDM, MIG devices,
-process tables), ``--query-gpu``/``--query-compute-apps`` CSV with or without header and
-units (for ``noheader`` pass the queried ``fields``), ``-q -x`` XML (DTD versions 11 to
-13), ``-L``, ``dmon`` and ``--version``. Not-available values (``[N/A]``,
-``[Not Supported]``, ``ERR!``...) become ``None``; input that is not nvidia-smi output
-raises :class:`SmiParseError` with one line. :func:`explain` puts a parsed output in
-plain words with :func:`diagnose`'s findings; :func:`run_smi` runs the binary with a
-timeout; :func:`sample_output` loads the outputs shipped for machines without a GPU.
-This module imports no torch (``python -m course_utils smi parse|explain FILE``).
+:func:`parse` reads the default table (drivers 384 to 610, Linux and Windows/WDDM, MIG,
+processes), ``--query-gpu``/``--query-compute-apps`` CSV with or without header and units,
+``-q -x`` XML (DTD 11 to 13), ``-L``, ``dmon`` and ``--version`` into one JSON-ready dict.
+Not-available values (``[N/A]``, ``ERR!``...) become ``None``; other input raises
+:class:`SmiParseError` with one line. Imports no torch (``python -m course_utils smi``).
 """
 
 from __future__ import annotations
@@ -42,20 +37,12 @@ class SmiParseError(ValueError):
 
 
 def is_not_available(text: str | None) -> bool:
-    """True for the texts nvidia-smi prints instead of a value.
-
-    >>> is_not_available("[Not Supported]"), is_not_available("ERR!"), is_not_available("0")
-    (True, True, False)
-    """
+    """True for the texts nvidia-smi prints instead of a value (:data:`NOT_AVAILABLE`)."""
     return text is None or text.strip() in NOT_AVAILABLE
 
 
 def to_float(text: str | None) -> float | None:
-    """The leading number of ``"97.43 W"``, ``"38%"``, ``"81559MiB"``; ``None`` if absent.
-
-    >>> to_float("97.43 W"), to_float("ERR!")
-    (97.43, None)
-    """
+    """The leading number of ``"97.43 W"``, ``"38%"``, ``"81559MiB"``; ``None`` if absent."""
     match = None if is_not_available(text) else re.match(r"\s*([-+]?\d+(?:\.\d+)?)", text or "")
     return float(match[1]) if match else None
 
@@ -98,11 +85,7 @@ def _result(form: str, **values: Any) -> dict[str, Any]:
 
 def strip_provenance(text: str) -> tuple[str | None, str]:
     """Split a leading ``# source: ...`` or ``# provenance: ...`` line (the course's
-    samples and the shared corpus have one; real output never does) from the output.
-
-    >>> strip_provenance("# source: a test\\nGPU 0: Tesla T4 (UUID: GPU-1)")
-    ('source: a test', 'GPU 0: Tesla T4 (UUID: GPU-1)')
-    """
+    samples and the shared corpus have one; real output never does) from the output."""
     first, _, rest = text.partition("\n")
     if re.match(r"#\s*(source|provenance)\s*:", first, re.IGNORECASE):
         return first.lstrip("#").strip(), rest
@@ -113,11 +96,7 @@ def strip_provenance(text: str) -> tuple[str | None, str]:
 
 
 def detect_format(text: str) -> str:
-    """Which form of nvidia-smi output ``text`` is; :class:`SmiParseError` if none.
-
-    >>> detect_format("GPU 0: Tesla T4 (UUID: GPU-1234)")
-    'list'
-    """
+    """Which form of nvidia-smi output ``text`` is; :class:`SmiParseError` if none."""
     stripped = text.strip()
     if not stripped:
         raise SmiParseError("empty input: expected nvidia-smi output")
@@ -663,16 +642,19 @@ def diagnose(parsed: dict[str, Any]) -> list[dict[str, str]]:
     return found
 
 
-FIELD_NOTES = {
-    "fan_pct": "fan speed the driver asks for; N/A on passively cooled server GPUs",
-    "temperature_c": "GPU die temperature; clocks drop near the slowdown limit",
-    "pstate": "performance state: P0 is full speed, P8 and up are idle clocks",
-    "power": "board power draw / enforced limit; far below the limit means little work",
-    "memory": "memory held by all processes' CUDA contexts and allocations (PyTorch's "
-    "caching allocator reserves more than your tensors use)",
-    "utilization_gpu_pct": "GPU-Util: share of the last sample period (1/6 s to 1 s) in "
-    "which at least one kernel ran; NOT how much of the GPU was busy",
-}
+# explain's lines for a GPU: label, keys ("a of b"), unit, and what the value means
+FIELD_NOTES = (
+    ("fan", ("fan_pct",), "%", "fan speed the driver asks for; N/A on passively cooled GPUs"),
+    ("temperature", ("temperature_c",), " °C", "GPU die temperature; clocks drop near the limit"),
+    ("perf", ("pstate",), "", "performance state: P0 is full speed, P8 and up are idle clocks"),
+    ("power", ("power_draw_w", "power_limit_w"), " W",
+     "board power draw of the enforced limit; far below the limit means little work"),
+    ("memory", ("memory_used_mib", "memory_total_mib"), " MiB",
+     "used of total, by all processes' CUDA contexts and allocations; PyTorch's caching "
+     "allocator reserves more than your tensors use"),
+    ("GPU-Util", ("utilization_gpu_pct",), "%", "share of the last sample period, 1/6 s to "
+     "1 s, in which at least one kernel ran; NOT how much of the GPU was busy"),
+)  # fmt: skip
 
 
 def _show(value: Any, unit: str = "") -> str:
@@ -701,10 +683,6 @@ def explain(output: str | dict[str, Any], fields: list[str] | None = None) -> st
         f", newest CUDA the driver supports {parsed.get('cuda_version') or '?'}"
     ]
     for number, gpu in enumerate(parsed["gpus"]):
-
-        def note(key: str, first: bool = number == 0) -> str:
-            return f"  ({FIELD_NOTES[key]})" if first else ""  # explain once, not per GPU
-
         lines.append(f"GPU {gpu.get('index', '?')}: {gpu.get('name') or '(name not shown)'}")
         if gpu.get("bus_id"):
             lines.append(f"  bus id {gpu['bus_id']} (PCI address)")
@@ -712,17 +690,9 @@ def explain(output: str | dict[str, Any], fields: list[str] | None = None) -> st
             lines.append(f"  UUID {gpu['uuid']} (usable in CUDA_VISIBLE_DEVICES)")
         if parsed["format"] in ("list", "version"):
             continue
-        lines += [
-            f"  fan: {_show(gpu.get('fan_pct'), '%')}{note('fan_pct')}",
-            f"  temperature: {_show(gpu.get('temperature_c'), ' °C')}{note('temperature_c')}",
-            f"  perf: {_show(gpu.get('pstate'))}{note('pstate')}",
-            f"  power: {_show(gpu.get('power_draw_w'), ' W')} of "
-            f"{_show(gpu.get('power_limit_w'), ' W')}{note('power')}",
-            f"  memory: {_show(gpu.get('memory_used_mib'), ' MiB')} used of "
-            f"{_show(gpu.get('memory_total_mib'), ' MiB')}{note('memory')}",
-            f"  GPU-Util: {_show(gpu.get('utilization_gpu_pct'), '%')}"
-            f"{note('utilization_gpu_pct')}",
-        ]
+        for label, keys, unit, note in FIELD_NOTES:
+            value = " of ".join(_show(gpu.get(key), unit) for key in keys)
+            lines.append(f"  {label}: {value}" + ("" if number else f"  ({note})"))  # once
         if gpu.get("mig_mode"):
             lines.append(f"  MIG mode: {gpu['mig_mode']} (Enabled: split into isolated instances)")
     if parsed["processes"]:
