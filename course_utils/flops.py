@@ -230,11 +230,9 @@ def launch_for(
     """Call ``launch`` in groups for about ``seconds`` of *finished* work; return
     ``(count, elapsed seconds)``.
 
-    A GPU queues launched work and returns at once: a loop that only checks the clock
-    when launching can queue minutes of large matmuls for a budget of seconds (a T4 runs
-    one 8192² fp16 matmul in ~20 ms; launching takes microseconds). Each group is
-    synchronized before the clock is read, and groups grow (1, 2, 4...) while one takes
-    under 20 ms, so tiny kernels are not slowed by synchronizing after each.
+    A GPU queues work and returns at once (a T4 runs one 8192² fp16 matmul in ~20 ms;
+    launching takes microseconds), so each group is synchronized before the clock is
+    read; groups double while one takes under 20 ms, so tiny kernels are not slowed.
 
     >>> count, elapsed = launch_for(lambda: None, lambda: None, 0.01)
     >>> count > 0 and elapsed >= 0.01

@@ -1,14 +1,9 @@
 """Sampling GPU (or, without one, CPU) utilization and memory over time.
 
-* :func:`sample` takes one :class:`Reading`: NVML on a GPU, otherwise psutil's CPU
-  utilization and this process's resident memory (``source == "cpu"``).
-* :class:`Monitor` samples in a background thread while your code runs (a context
-  manager around a training loop), from NVML, else the ``nvidia-smi --query-gpu`` CSV
-  (no NVML binding), else psutil (no GPU). ``live=True`` shows the latest reading in the
-  notebook (an ipywidgets ``HTML`` widget, in ipywidgets 7 as on Colab and 8; text lines
-  outside a kernel); :meth:`Monitor.timeline` plots the readings afterwards.
-
-Used by notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
+:func:`sample` takes one :class:`Reading`; :class:`Monitor` samples in a background thread
+while your code runs, from NVML, else ``nvidia-smi --query-gpu`` (no NVML binding), else
+psutil (no GPU), optionally shown live, and plots the readings afterwards. Used by
+notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
 """
 
 from __future__ import annotations

@@ -209,17 +209,13 @@ def _matches(entry: str, gpu: GpuInfo) -> bool:
 
 
 def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInfo]:
-    """The GPUs CUDA will use, in CUDA's numbering, given ``CUDA_VISIBLE_DEVICES``.
+    """The GPUs CUDA will use given ``CUDA_VISIBLE_DEVICES`` (``value``; ``None`` when
+    unset: every GPU); position ``k`` in the result is ``cuda:k``.
 
-    ``value`` is the variable's text (``None`` when unset: every GPU). Entries are
-    indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
-    (``"MIG-<uuid>"``, matched to the GPU that holds the slice). Like CUDA, the list
-    stops at the first entry that names no GPU, and ``"-1"`` or ``""`` hides every GPU.
-    Position ``k`` in the result is ``cuda:k``.
-
-    CUDA numbers GPUs fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML uses
-    PCI order. The course sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when it is imported
-    before CUDA starts (:func:`align_cuda_device_order`), so the two orders agree.
+    Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
+    (``"MIG-<uuid>"``: the GPU that holds the slice). Like CUDA, the list stops at the
+    first entry that names no GPU; ``"-1"`` or ``""`` hides every GPU. The order is PCI
+    order, as NVML's, once :func:`align_cuda_device_order` has run.
 
     >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
@@ -291,12 +287,10 @@ def _cuda_uuid(cuda_index: int) -> str | None:
 
 
 def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> GpuInfo | None:
-    """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it).
-
-    The one place the course maps CUDA's numbering to NVML's. When CUDA is already
-    running, the device's UUID decides (exact in any order, MIG included); otherwise
-    ``cuda:k`` is the k-th GPU that ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order (see
-    :func:`align_cuda_device_order`). ``gpus`` defaults to :func:`list_gpus`.
+    """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it): the
+    one place the course maps CUDA's numbering to NVML's. Once CUDA runs, the device's
+    UUID decides (in any order, MIG included); before, ``cuda:k`` is the k-th GPU that
+    ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order. ``gpus`` defaults to :func:`list_gpus`.
 
     >>> gpus = [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...         GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)]
