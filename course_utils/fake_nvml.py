@@ -8,7 +8,7 @@ utilization) and counts ``nvmlInit``/``nvmlShutdown`` so a check can see NVML sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 
 from course_utils.smi import parse, sample_output
@@ -124,10 +124,5 @@ def gpu_from_sample(name: str, gpu: int = 0) -> FakeGpu:
     >>> gpu.utilization_gpu_pct, gpu.memory_used_mib, gpu.memory_total_mib
     (99, 1011, 143771)
     """
-    entry = parse(sample_output(name)[1])["gpus"][gpu]
-    return FakeGpu(
-        utilization_gpu_pct=entry["utilization_gpu_pct"],
-        memory_used_mib=entry["memory_used_mib"],
-        memory_total_mib=entry["memory_total_mib"],
-        utilization_memory_pct=entry.get("utilization_memory_pct"),
-    )
+    entry = parse(sample_output(name)[1])["gpus"][gpu]  # its keys are FakeGpu's fields
+    return FakeGpu(**{field.name: entry.get(field.name) for field in fields(FakeGpu)})
