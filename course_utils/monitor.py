@@ -105,12 +105,9 @@ class Reading(_Fields):
         >>> Reading(1.0, "cpu", cpu_util_pct=50, process_rss_mib=80.5).numeric()
         {'cpu_util_pct': 50.0, 'process_rss_mib': 80.5}
         """
-        return {
-            name: float(value)
-            for name, value in self.items()
-            if name not in ("time_s", "gpu_index") and isinstance(value, int | float)
-            and not isinstance(value, bool)
-        }  # fmt: skip
+        skip = ("time_s", "gpu_index")
+        pairs = ((k, v) for k, v in self.items() if k not in skip and not isinstance(v, bool))
+        return {k: float(v) for k, v in pairs if isinstance(v, int | float)}
 
 
 _THIS_PROCESS = psutil.Process()
