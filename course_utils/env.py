@@ -1,8 +1,8 @@
 """Where am I running, with what, and what should I do about it: the doctor report.
 
-Everything here is read without initializing CUDA (GPUs come from NVML), so it is safe
-to call at the top of any notebook, before a DataLoader forks or DDP starts.
-Notebook 01 shows the report; ``python -m course_utils doctor`` prints it.
+Read without initializing CUDA (GPUs come from NVML): safe at the top of any notebook,
+before a DataLoader forks or DDP starts. Notebook 01 shows the report;
+``python -m course_utils doctor`` prints it.
 """
 
 from __future__ import annotations
@@ -38,11 +38,7 @@ PACKAGES = {
 
 
 def where_am_i() -> str:
-    """``"colab"``, ``"kaggle"``, ``"jupyter"``, ``"ipython"``, ``"ci"`` or ``"script"``.
-
-    >>> where_am_i() in {"colab", "kaggle", "jupyter", "ipython", "ci", "script"}
-    True
-    """
+    """``"colab"``, ``"kaggle"``, ``"jupyter"``, ``"ipython"``, ``"ci"`` or ``"script"``."""
     if "google.colab" in sys.modules or os.environ.get("COLAB_RELEASE_TAG"):
         return "colab"
     if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):
@@ -58,10 +54,8 @@ def where_am_i() -> str:
 
 
 def _ipython_shell() -> str | None:
-    ipython_module = sys.modules.get("IPython")
-    if ipython_module is None:
-        return None
-    shell = ipython_module.get_ipython()
+    ipython = sys.modules.get("IPython")
+    shell = None if ipython is None else ipython.get_ipython()
     return None if shell is None else type(shell).__name__
 
 
@@ -85,12 +79,9 @@ def _same_version(in_memory: str, installed: str) -> bool:
 
 
 def stale_imports() -> list[dict[str, str]]:
-    """Packages whose installed version differs from the one already imported.
-
-    After ``pip install`` replaces a package that the kernel had already imported, the
-    old version stays in memory until the runtime restarts. Each entry has
-    ``package``, ``in_memory`` and ``installed``.
-    """
+    """Packages whose installed version differs from the imported one (``pip install``
+    over a package the kernel had imported: the old one stays until a restart). Each
+    entry has ``package``, ``in_memory`` and ``installed``."""
     stale = []
     for module_name, distribution in PACKAGES.items():
         module = sys.modules.get(module_name)
@@ -134,12 +125,9 @@ def gpu_runtime_advice(environment: str | None = None) -> str:
 
 
 def _cudnn_version() -> int | None:
-    """cuDNN's version, read from the library itself.
-
-    Not ``torch.backends.cudnn.version()``: it calls ``torch.cuda.is_available()`` (a
-    ``cudaGetDeviceCount`` that spoils a later ``fork``) and, on some GPUs, initializes
-    CUDA to check compute capabilities.
-    """
+    """cuDNN's version, read from the library itself. Not ``torch.backends.cudnn.version()``:
+    it calls ``torch.cuda.is_available()`` (a ``cudaGetDeviceCount`` that spoils a later
+    ``fork``) and, on some GPUs, initializes CUDA to check compute capabilities."""
     if not torch.backends.cuda.is_built():
         return None
     get_version = getattr(getattr(torch._C, "_cudnn", None), "getVersionInt", None)
@@ -150,17 +138,14 @@ def _cudnn_version() -> int | None:
 
 
 def _cpu_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux: the cores this process may use
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def doctor() -> dict[str, Any]:
-    """Everything the course needs to know about this machine, as a JSON-ready dict.
-
-    Keys include ``python``, ``torch``, ``cuda_available``, ``torch_cuda_build``,
-    ``device``, ``gpus``, ``precision`` and ``environment``. CUDA is not initialized.
-    """
+    """Everything the course needs to know about this machine, as a JSON-ready dict
+    (``python``, ``torch``, ``cuda_available``, ``device``, ``gpus``, ``precision``...).
+    CUDA is not initialized."""
     environment = where_am_i()
     gpus_visible = nvml.visible_gpus()
     gpu_count = cuda_gpu_count()
@@ -174,9 +159,7 @@ def doctor() -> dict[str, Any]:
         "loaded: restart the runtime (Colab: Runtime > Restart session)"
         for item in stale
     ]
-    binding = nvml.binding_problem()
-    if binding:
-        advice.append(binding)
+    advice += [problem for problem in [nvml.binding_problem()] if problem]
     return {
         "environment": environment,
         "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
@@ -216,19 +199,15 @@ def _gpu_entry(gpu: nvml.GpuInfo) -> dict[str, Any]:
 
 def format_doctor(report: dict[str, Any]) -> str:
     """The doctor report as text for people."""
+    build = report["torch_cuda_build"]
+    build = f"CUDA {build} build" if build else "CPU-only build"
+    build += f", cuDNN {report['cudnn']}" if report["cudnn"] else ""
     lines = [
         "course_utils doctor",
         f"  running in     : {report['environment']} on {report['platform']}, "
         f"{report['cpu_cores']} CPU cores",
         f"  python         : {report['python']}",
-        f"  torch          : {report['torch']} ("
-        + (
-            f"CUDA {report['torch_cuda_build']} build"
-            if report["torch_cuda_build"]
-            else "CPU-only build"
-        )
-        + (f", cuDNN {report['cudnn']}" if report["cudnn"] else "")
-        + ")",
+        f"  torch          : {report['torch']} ({build})",
         f"  torchvision    : {report['torchvision'] or 'not installed'}",
         f"  lightning      : {report['lightning'] or 'not installed'}",
         f"  NVML           : {report['nvml']}",

@@ -1,21 +1,18 @@
-"""A stand-in for the ``pynvml`` module, answering with fixed readings, for machines
-without a GPU: exercise checks (notebook 02) and tests.
+"""A stand-in for the ``pynvml`` module with fixed readings, for the exercise checks of
+notebook 02 on machines without a GPU.
 
-:class:`FakeNvml` implements the few calls a sampler makes (``nvmlInit``,
-``nvmlShutdown``, ``nvmlDeviceGetCount``, ``nvmlDeviceGetHandleByIndex``,
-``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetMemoryInfo``) with pynvml's semantics:
-memory in bytes, an error before ``nvmlInit``, ``NVMLError_NotSupported`` for the
-utilization of a MIG instance. It counts the ``nvmlInit`` and ``nvmlShutdown`` calls so a
-check can see that a sampler shut NVML down. :func:`gpu_from_sample` builds a GPU from one
-of the nvidia-smi outputs the course ships (``course_utils/samples/nvidia-smi``).
+:class:`FakeNvml` implements the calls a sampler makes with pynvml's semantics (memory in
+bytes, an error before ``nvmlInit``, ``NVMLError_NotSupported`` for a MIG instance's
+utilization) and counts ``nvmlInit``/``nvmlShutdown`` so a check can see NVML shut down.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 
-MIB = 2**20
+from course_utils.smi import parse, sample_output
+from course_utils.units import MIB
 
 
 class NVMLError(Exception):
@@ -121,18 +118,11 @@ class FakeNvml:
 
 def gpu_from_sample(name: str, gpu: int = 0) -> FakeGpu:
     """A :class:`FakeGpu` reporting what GPU ``gpu`` of the shipped nvidia-smi output
-    ``name`` shows (see :func:`course_utils.smi.list_samples`).
+    ``name`` shows (:func:`course_utils.smi.list_samples`).
 
     >>> gpu = gpu_from_sample("h200_query_gpu_csv_load")  # recorded under a matmul loop
     >>> gpu.utilization_gpu_pct, gpu.memory_used_mib, gpu.memory_total_mib
     (99, 1011, 143771)
     """
-    from course_utils.smi import parse, sample_output
-
-    entry = parse(sample_output(name)[1])["gpus"][gpu]
-    return FakeGpu(
-        utilization_gpu_pct=entry["utilization_gpu_pct"],
-        memory_used_mib=entry["memory_used_mib"],
-        memory_total_mib=entry["memory_total_mib"],
-        utilization_memory_pct=entry.get("utilization_memory_pct"),
-    )
+    entry = parse(sample_output(name)[1])["gpus"][gpu]  # its keys are FakeGpu's fields
+    return FakeGpu(**{field.name: entry.get(field.name) for field in fields(FakeGpu)})

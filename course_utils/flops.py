@@ -1,9 +1,9 @@
-"""Counting floating-point operations (FLOPs) of a model.
+"""FLOPs of a model, datasheet peak FLOP/s of GPUs, and model FLOP utilization (MFU).
 
 :func:`count_flops` runs a model once under ``torch.utils.flop_counter.FlopCounterMode``
-and returns the FLOPs of the forward pass, or of forward plus backward (a training
-step, about 3x the forward). One multiply-add counts as 2 FLOPs, the convention of
-datasheet peaks.
+and returns the FLOPs of the forward pass, or of forward plus backward (a training step,
+about 3x the forward). One multiply-add counts as 2 FLOPs, the convention of datasheet
+peaks. "Peak" here is always FLOP/s (a peak of memory: ``footprint.PeakMemory``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+from course_utils.timing import benchmark, synchronizer
 
 
 def count_flops(
@@ -45,7 +47,7 @@ def count_flops(
 
 # ------------------------------------------------------------------ peaks and MFU
 
-# The primary source of each row of GPU_PEAKS: NVIDIA's datasheets (for the L4, NVIDIA's
+# The primary source of each row of GPU_PEAK_FLOPS: NVIDIA's datasheets (for the L4, NVIDIA's
 # Ada architecture whitepaper, the source Lightning's throughput utilities cite too).
 _T4 = "NVIDIA T4 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
 _V100 = "NVIDIA V100 Tensor Core GPU datasheet, https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
@@ -54,15 +56,12 @@ _A10 = "NVIDIA A10 Tensor Core GPU datasheet, https://www.nvidia.com/content/dam
 _L4 = "NVIDIA Ada GPU architecture whitepaper v2.1 (L4), https://images.nvidia.com/aem-dam/Solutions/Data-Center/l4/nvidia-ada-gpu-architecture-whitepaper-v2.1.pdf"
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet, https://resources.nvidia.com/en-us-tensor-core"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet, https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446"
-DATASHEET = (
-    "NVIDIA datasheets, dense figures (Ampere and newer datasheets quote tensor-core "
-    "TFLOPS with 2:4 sparsity; the dense figure is half)"
-)
 
 
 @dataclass(frozen=True)
-class GpuPeak:
-    """Dense peak throughput of a GPU in TFLOP/s (``None``: no such tensor-core mode)."""
+class GpuPeakFlops:
+    """A GPU's dense datasheet peaks in TFLOP/s (``None``: no such tensor-core mode).
+    Ampere and newer datasheets quote tensor figures with 2:4 sparsity; these are dense."""
 
     name: str
     compute_capability: tuple[int, int]
@@ -70,41 +69,39 @@ class GpuPeak:
     tf32: float | None
     fp16: float
     bf16: float | None
-    source: str = DATASHEET  # the document the figures come from
+    source: str  # the document the figures come from
 
 
-# Ampere and newer datasheets quote tensor figures with 2:4 sparsity; these are dense.
-GPU_PEAKS: tuple[GpuPeak, ...] = (
-    GpuPeak("T4", (7, 5), 8.1, None, 65.0, None, _T4),
-    GpuPeak("V100", (7, 0), 15.7, None, 125.0, None, _V100),  # SXM2
-    GpuPeak("A100", (8, 0), 19.5, 156.0, 312.0, 312.0, _A100),
-    GpuPeak("A10", (8, 6), 31.2, 62.5, 125.0, 125.0, _A10),
-    GpuPeak("L4", (8, 9), 30.3, 60.0, 121.0, 121.0, _L4),
-    GpuPeak("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0, _H100),
-    GpuPeak("H100", (9, 0), 67.0, 495.0, 989.0, 989.0, _H100),  # SXM
-    GpuPeak("H200", (9, 0), 67.0, 495.0, 989.0, 989.0, _H200),  # SXM
+GPU_PEAK_FLOPS: tuple[GpuPeakFlops, ...] = (
+    GpuPeakFlops("T4", (7, 5), 8.1, None, 65.0, None, _T4),
+    GpuPeakFlops("V100", (7, 0), 15.7, None, 125.0, None, _V100),  # SXM2
+    GpuPeakFlops("A100", (8, 0), 19.5, 156.0, 312.0, 312.0, _A100),
+    GpuPeakFlops("A10", (8, 6), 31.2, 62.5, 125.0, 125.0, _A10),
+    GpuPeakFlops("L4", (8, 9), 30.3, 60.0, 121.0, 121.0, _L4),
+    GpuPeakFlops("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0, _H100),
+    GpuPeakFlops("H100", (9, 0), 67.0, 495.0, 989.0, 989.0, _H100),  # SXM
+    GpuPeakFlops("H200", (9, 0), 67.0, 495.0, 989.0, 989.0, _H200),  # SXM
 )
 
 
-def gpu_peak(gpu_name: str) -> GpuPeak | None:
-    """The datasheet entry for a GPU name as NVML or torch prints it, or ``None``.
+def gpu_peak_flops(gpu_name: str) -> GpuPeakFlops | None:
+    """The datasheet row for a GPU name as NVML or torch prints it, or ``None``.
 
-    >>> gpu_peak("Tesla T4").fp16
+    >>> gpu_peak_flops("Tesla T4").fp16
     65.0
-    >>> gpu_peak("NVIDIA A100-SXM4-80GB").name, gpu_peak("NVIDIA A10").name
+    >>> gpu_peak_flops("NVIDIA A100-SXM4-80GB").name, gpu_peak_flops("NVIDIA A10").name
     ('A100', 'A10')
-    >>> gpu_peak("NVIDIA H100 PCIe").fp32, gpu_peak("NVIDIA GeForce RTX 3090") is None
-    (51.0, True)
-    >>> gpu_peak("NVIDIA H100 NVL") is None  # not the SXM part: no datasheet row here
+    >>> gpu_peak_flops("NVIDIA H100 PCIe").fp32, gpu_peak_flops("NVIDIA GeForce RTX 3090")
+    (51.0, None)
+    >>> gpu_peak_flops("NVIDIA H100 NVL") is None  # not the SXM part: no datasheet row here
     True
     """
     words = gpu_name.upper().replace("-", " ").split()
     if "NVL" in words:  # H100 NVL: other clocks and memory, not in the table
         return None
     # longest names first, so "H100 PCIe" wins over "H100" and "A100" never matches "A10"
-    for peak in sorted(GPU_PEAKS, key=lambda p: -len(p.name)):
-        parts = peak.name.upper().split()
-        if all(part in words for part in parts):
+    for peak in sorted(GPU_PEAK_FLOPS, key=lambda p: -len(p.name)):
+        if all(part in words for part in peak.name.upper().split()):
             return peak
     return None
 
@@ -116,7 +113,7 @@ def datasheet_tflops(gpu_name: str, dtype: torch.dtype, tf32: bool = False) -> f
     >>> datasheet_tflops("Tesla T4", torch.float16), datasheet_tflops("Tesla T4", torch.bfloat16)
     (65.0, None)
     """
-    peak = gpu_peak(gpu_name)
+    peak = gpu_peak_flops(gpu_name)
     if peak is None:
         return None
     if dtype == torch.float16:
@@ -140,79 +137,44 @@ def mfu(
 
 
 @dataclass(frozen=True)
-class Peak:
+class PeakFlops:
     """A peak throughput in FLOP/s and where it comes from."""
 
     flops_per_s: float
     source: str
 
 
-def measured_matmul_peak(
-    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 1024
-) -> Peak:
-    """The FLOP/s of a large square matmul measured here: the practical ceiling, used in
-    place of a datasheet figure on CPUs (and on GPUs missing from the table)."""
-    from course_utils.timing import benchmark
-
-    device = torch.device(device)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
-    flops = 2 * n**3 / timing.min_s
-    return Peak(flops, f"measured: best of 5 {n}x{n} {str(dtype).removeprefix('torch.')} matmuls")
-
-
-def runs_in_tf32(dtype: torch.dtype, convolutions: bool = False) -> bool:
-    """Whether float32 work runs on TF32 tensor cores (Ampere and newer): matmuls when
-    ``torch.backends.cuda.matmul.allow_tf32`` (off by default), convolutions when
-    ``torch.backends.cudnn.allow_tf32`` (on by default).
-
-    >>> runs_in_tf32(torch.float16)
-    False
-    """
-    if dtype != torch.float32:
-        return False
-    matmul = bool(torch.backends.cuda.matmul.allow_tf32)
-    return matmul or (convolutions and bool(torch.backends.cudnn.allow_tf32))
-
-
-def device_peak(
+def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
-) -> Peak:
+) -> PeakFlops:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
-    otherwise a measured matmul peak (CPU, MPS, GPUs missing from the table).
+    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table).
 
-    In float32 the peak is TF32's when the work runs in TF32 (:func:`runs_in_tf32`): pass
-    ``convolutions=True`` for a CNN, whose convolutions follow ``cudnn.allow_tf32``.
+    float32 work runs on TF32 tensor cores (Ampere and newer) when allowed: matmuls with
+    ``torch.backends.cuda.matmul.allow_tf32`` (off by default), convolutions with
+    ``torch.backends.cudnn.allow_tf32`` (on by default; pass ``convolutions=True`` for a
+    CNN). The peak is then TF32's, and its source names the column it divides by.
     """
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        tf32 = runs_in_tf32(dtype, convolutions)
-        tflops = datasheet_tflops(name, dtype, tf32=tf32)
-        peak = gpu_peak(name)
-        if tflops is not None and peak is not None:
-            column = peak_column(dtype, tf32)
-            return Peak(tflops * 1e12, f"{name}: dense {column} peak, {peak.source}")
-    return measured_matmul_peak(device, dtype)
-
-
-def peak_column(dtype: torch.dtype, tf32: bool = False) -> str:
-    """Which datasheet figure a matmul in ``dtype`` runs at: MFU must name it, since
-    float32 work runs on TF32 tensor cores on Ampere and newer when TF32 is allowed
-    (``torch.backends.cuda.matmul.allow_tf32`` for matmuls, off by default;
-    ``torch.backends.cudnn.allow_tf32`` for convolutions, on by default).
-
-    >>> peak_column(torch.float32), peak_column(torch.float32, tf32=True)
-    ('fp32 (no tensor cores)', 'TF32 tensor-core')
-    >>> peak_column(torch.bfloat16)
-    'bf16 tensor-core'
-    """
-    if dtype == torch.float16:
-        return "fp16 tensor-core"
-    if dtype == torch.bfloat16:
-        return "bf16 tensor-core"
-    return "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)"
+        tf32 = dtype == torch.float32 and (
+            torch.backends.cuda.matmul.allow_tf32
+            or (convolutions and torch.backends.cudnn.allow_tf32)
+        )
+        tflops = datasheet_tflops(name, dtype, tf32=bool(tf32))
+        row = gpu_peak_flops(name)
+        if tflops is not None and row is not None:
+            column = {torch.float16: "fp16 tensor-core", torch.bfloat16: "bf16 tensor-core"}.get(
+                dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)"
+            )
+            return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
+    n = 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
+    what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
+    return PeakFlops(2 * n**3 / timing.min_s, f"measured: best of 5 {what}")
 
 
 @dataclass(frozen=True)
@@ -223,7 +185,7 @@ class Achieved:
     seconds: float
     flops_per_s: float
     mfu: float
-    peak: Peak
+    peak: PeakFlops
 
     def __str__(self) -> str:
         return (
@@ -232,10 +194,10 @@ class Achieved:
         )
 
 
-def achieved(flops: float, seconds: float, peak: Peak, devices: int = 1) -> Achieved:
+def achieved(flops: float, seconds: float, peak: PeakFlops, devices: int = 1) -> Achieved:
     """The FLOP/s of ``flops`` done in ``seconds``, and the MFU against ``peak``.
 
-    >>> result = achieved(2e12, 1.0, Peak(65e12, "T4 fp16 datasheet"))
+    >>> result = achieved(2e12, 1.0, PeakFlops(65e12, "T4 fp16 datasheet"))
     >>> round(result.mfu, 3), result.flops_per_s
     (0.031, 2000000000000.0)
     """
@@ -253,8 +215,6 @@ def matmul_stream(
     >>> count > 0 and elapsed >= 0.01
     True
     """
-    from course_utils.timing import synchronizer
-
     device = torch.device(device)
     sync = synchronizer(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -270,11 +230,9 @@ def launch_for(
     """Call ``launch`` in groups for about ``seconds`` of *finished* work; return
     ``(count, elapsed seconds)``.
 
-    A GPU queues launched work and returns at once: a loop that only checks the clock
-    when launching can queue minutes of large matmuls for a budget of seconds (a T4 runs
-    one 8192² fp16 matmul in ~20 ms; launching takes microseconds). Each group is
-    synchronized before the clock is read, and groups grow (1, 2, 4...) while one takes
-    under 20 ms, so tiny kernels are not slowed by synchronizing after each.
+    A GPU queues work and returns at once (a T4 runs one 8192² fp16 matmul in ~20 ms;
+    launching takes microseconds), so each group is synchronized before the clock is
+    read; groups double while one takes under 20 ms, so tiny kernels are not slowed.
 
     >>> count, elapsed = launch_for(lambda: None, lambda: None, 0.01)
     >>> count > 0 and elapsed >= 0.01

@@ -1,15 +1,9 @@
 """Sampling GPU (or, without one, CPU) utilization and memory over time.
 
-* :func:`sample` takes one reading, a :class:`Reading`: NVML on a GPU, psutil's CPU
-  utilization and this process's resident memory otherwise (``source == "cpu"``).
-* :class:`Monitor` samples in a background thread while your code runs: use it as a
-  context manager around a training loop. Sources, in order of preference: NVML, the
-  ``nvidia-smi --query-gpu`` CSV (when the NVML binding is missing), psutil (no GPU).
-  ``live=True`` shows the latest reading in the notebook (an ipywidgets ``HTML`` widget,
-  which exists in ipywidgets 7, as on Colab, and 8; plain text lines without widgets).
-  Afterwards :meth:`Monitor.timeline` plots the readings with matplotlib.
-
-Used by notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
+:func:`sample` takes one :class:`Reading`; :class:`Monitor` samples in a background thread
+while your code runs, from NVML, else ``nvidia-smi --query-gpu`` (no NVML binding), else
+psutil (no GPU), optionally shown live, and plots the readings afterwards. Used by
+notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
 """
 
 from __future__ import annotations
@@ -20,24 +14,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+import ipywidgets
+import matplotlib.pyplot as plt
 import psutil
+import torch
+from IPython import get_ipython
+from IPython.display import display
 
-from course_utils import nvml
+from course_utils import nvml, smi
+from course_utils.flops import achieved, device_peak_flops, matmul_stream
+from course_utils.units import MIB
 
 SOURCES = ("nvml", "nvidia-smi", "cpu")
-# --query-gpu fields read by the nvidia-smi fallback, and the sample keys they fill
-SMI_FIELDS = {
-    "index": "gpu_index",
-    "utilization.gpu": "utilization_gpu_pct",
-    "utilization.memory": "utilization_memory_pct",
-    "memory.used": "memory_used_mib",
-    "memory.total": "memory_total_mib",
-    "power.draw": "power_draw_w",
-    "power.limit": "power_limit_w",
-    "temperature.gpu": "temperature_c",
-    "clocks.sm": "sm_clock_mhz",
-    "pstate": "pstate",
-}
+# --query-gpu fields the nvidia-smi fallback reads (index first)
+SMI_QUERY = ("index", "utilization.gpu", "utilization.memory", "memory.used", "memory.total",
+             "power.draw", "power.limit", "temperature.gpu", "clocks.sm", "pstate")  # fmt: skip
 
 
 class _Fields:
@@ -55,8 +46,7 @@ class _Fields:
 
     def get(self, key: str, default: Any = None) -> Any:
         """The field's value, or ``default`` when it is ``None`` (not available)."""
-        self._check(key)
-        value = getattr(self, key)
+        value = self[key]
         return default if value is None else value
 
     def items(self) -> list[tuple[str, Any]]:
@@ -115,14 +105,9 @@ class Reading(_Fields):
         >>> Reading(1.0, "cpu", cpu_util_pct=50, process_rss_mib=80.5).numeric()
         {'cpu_util_pct': 50.0, 'process_rss_mib': 80.5}
         """
-        out = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if field.name in ("time_s", "gpu_index") or isinstance(value, bool):
-                continue
-            if isinstance(value, int | float):
-                out[field.name] = float(value)
-        return out
+        skip = ("time_s", "gpu_index")
+        pairs = ((k, v) for k, v in self.items() if k not in skip and not isinstance(v, bool))
+        return {k: float(v) for k, v in pairs if isinstance(v, int | float)}
 
 
 _THIS_PROCESS = psutil.Process()
@@ -135,42 +120,34 @@ def _cpu_reading() -> Reading:
         source="cpu",
         cpu_util_pct=psutil.cpu_percent(interval=None),  # every process on the machine
         process_cpu_pct=_THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
-        process_rss_mib=_THIS_PROCESS.memory_info().rss / 2**20,
+        process_rss_mib=_THIS_PROCESS.memory_info().rss / MIB,
     )
 
 
-def _nvml_reading(gpu_index: int) -> Reading | None:
-    shot = nvml.snapshot(gpu_index, processes=False)
-    if shot is None:
-        return None
-    values = {k: v for k, v in vars(shot).items() if k not in ("index", "processes")}
-    return Reading(time_s=time.time(), source="nvml", gpu_index=gpu_index, **values)
-
-
-def _smi_reading(gpu_index: int) -> Reading | None:
-    from course_utils.smi import CSV_FIELDS, query_gpus
-
-    names = list(SMI_FIELDS)
-    for gpu in query_gpus(names, timeout_s=5.0):
+def _gpu_reading(source: str, gpu_index: int) -> Reading | None:
+    """A reading of GPU ``gpu_index`` from NVML or nvidia-smi; ``None`` when it does not answer."""
+    if source == "nvml":
+        shot = nvml.snapshot(gpu_index, processes=False)
+        if shot is None:
+            return None
+        values = {k: v for k, v in vars(shot).items() if k not in ("index", "processes")}
+        return Reading(time.time(), "nvml", gpu_index, **values)
+    for gpu in smi.query_gpus(list(SMI_QUERY), timeout_s=5.0):
         if gpu.get("index") == gpu_index:
-            values = {SMI_FIELDS[f]: gpu.get(CSV_FIELDS[f][0]) for f in names}
-            return Reading(time_s=time.time(), source="nvidia-smi", **values)
+            keys = [smi.CSV_FIELDS[field] for field in SMI_QUERY[1:]]
+            return Reading(time.time(), "nvidia-smi", gpu_index, **{k: gpu.get(k) for k in keys})
     return None
 
 
 def sample(gpu_index: int | None = 0) -> Reading:
-    """One :class:`Reading` (``source`` is ``"nvml"`` or ``"cpu"``).
-
-    With NVML and a GPU at ``gpu_index`` (NVML numbering: :func:`nvml.nvml_index` maps
-    ``cuda:k``): the fields of :class:`nvml.GpuSnapshot` (without the process list).
-    Otherwise: ``cpu_util_pct`` (all cores, since the previous call) and
-    ``process_rss_mib``.
+    """One :class:`Reading`: NVML's for GPU ``gpu_index`` (NVML numbering:
+    :func:`nvml_index_of` maps a CUDA device), without the process list; otherwise the
+    CPU's (``cpu_util_pct`` over all cores since the previous call, ``process_rss_mib``).
 
     >>> sample(gpu_index=None).source
     'cpu'
     """
-    reading = _nvml_reading(gpu_index) if gpu_index is not None else None
-    return reading if reading is not None else _cpu_reading()
+    return read("nvml", gpu_index)
 
 
 def pick_source(gpu_index: int | None = 0) -> str:
@@ -181,26 +158,16 @@ def pick_source(gpu_index: int | None = 0) -> str:
     """
     if gpu_index is None:
         return "cpu"
-    if _nvml_reading(gpu_index) is not None:
-        return "nvml"
-    if _smi_reading(gpu_index) is not None:
-        return "nvidia-smi"
-    return "cpu"
+    return next((s for s in SOURCES[:2] if _gpu_reading(s, gpu_index) is not None), "cpu")
 
 
 def read(source: str, gpu_index: int | None = 0) -> Reading:
-    """One reading from ``source``; falls back to the CPU reading if the GPU stops answering.
-
-    >>> read("cpu").source
-    'cpu'
-    """
+    """One reading from ``source``; the CPU's when the GPU does not answer."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: use one of {', '.join(SOURCES)}")
     reading = None
-    if source == "nvml" and gpu_index is not None:
-        reading = _nvml_reading(gpu_index)
-    elif source == "nvidia-smi" and gpu_index is not None:
-        reading = _smi_reading(gpu_index)
+    if source != "cpu" and gpu_index is not None:
+        reading = _gpu_reading(source, gpu_index)
     return reading if reading is not None else _cpu_reading()
 
 
@@ -260,9 +227,8 @@ class TextView:
         self._last = -float("inf")
 
     def update(self, reading: Reading) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
+        if time.monotonic() - self._last >= self.every_s:
+            self._last = time.monotonic()
             self.write(describe(reading))
 
     def close(self, final: str) -> None:
@@ -273,9 +239,6 @@ class WidgetView:
     """An ipywidgets ``HTML`` widget updated in place (ipywidgets 7 and 8 both have it)."""
 
     def __init__(self) -> None:
-        import ipywidgets
-        from IPython.display import display
-
         self.widget = ipywidgets.HTML(value="<code>monitor starting…</code>")
         display(self.widget)
 
@@ -287,22 +250,14 @@ class WidgetView:
 
 
 def live_view(kind: str = "auto") -> TextView | WidgetView:
-    """A widget inside a Jupyter kernel with ipywidgets, plain text otherwise.
-
-    ``kind`` is ``"auto"``, ``"widget"`` or ``"text"``.
+    """A widget inside a Jupyter kernel (``kind`` ``"auto"`` or ``"widget"``), plain text
+    otherwise.
 
     >>> type(live_view("text")).__name__
     'TextView'
     """
-    if kind in ("auto", "widget"):
-        try:
-            from IPython import get_ipython
-
-            shell = get_ipython()
-            if shell is not None and getattr(shell, "kernel", None) is not None:
-                return WidgetView()
-        except Exception:  # ipywidgets or IPython missing or broken: fall back to text
-            pass
+    if kind in ("auto", "widget") and getattr(get_ipython(), "kernel", None) is not None:
+        return WidgetView()
     return TextView()
 
 
@@ -335,13 +290,10 @@ class Monitor:
             raise ValueError(f"source={source!r}: use 'auto' or one of {', '.join(SOURCES)}")
         self.interval_s = interval_s
         self.gpu_index = gpu_index
-        self.requested_source = source
         self.source = "cpu" if gpu_index is None else source
         self.live = live
         self.samples: list[Reading] = []
-        self.busy_s = 0.0
-        self.started_s = 0.0
-        self.stopped_s = 0.0
+        self.busy_s = self.started_s = self.stopped_s = 0.0
         self._view: TextView | WidgetView | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -357,10 +309,7 @@ class Monitor:
             self.source = pick_source(self.gpu_index)
         if self.source == "cpu":
             _cpu_reading()  # the first call only sets the reference for the percentages
-        if self.live is True:
-            self._view = live_view()
-        elif self.live:
-            self._view = self.live
+        self._view = live_view() if self.live is True else self.live or None
         self.started_s = time.time()
         self._thread = threading.Thread(target=self._run, name="course-monitor", daemon=True)
         self._thread.start()
@@ -398,10 +347,8 @@ class Monitor:
         return spent
 
     def _run(self) -> None:
-        while True:
-            spent = self._take_reading()
-            if self._stop.wait(max(0.0, self.interval_s - spent)):
-                break
+        while not self._stop.wait(max(0.0, self.interval_s - self._take_reading())):
+            pass
         self._take_reading()  # the last reading, at stop: even a short run has two
 
     # -- results -----------------------------------------------------------------
@@ -426,11 +373,10 @@ class Monitor:
         """Samples, seconds, mean and max utilization, peak memory, sampling cost."""
         util = [r.utilization_pct for r in self.samples if r.utilization_pct is not None]
         memory = [r.memory_mib for r in self.samples if r.memory_mib is not None]
-        seconds = (self.stopped_s or time.time()) - self.started_s
         return MonitorSummary(
             source=self.samples[-1].source if self.samples else self.source,
             samples=len(self.samples),
-            seconds=seconds,
+            seconds=(self.stopped_s or time.time()) - self.started_s,
             mean_util_pct=sum(util) / len(util) if util else None,
             max_util_pct=max(util) if util else None,
             peak_memory_mib=max(memory) if memory else None,
@@ -456,25 +402,20 @@ class Monitor:
 
     def timeline(self, title: str | None = None) -> Any:
         """A matplotlib figure: utilization (top) and memory (bottom) against time."""
-        import matplotlib.pyplot as plt
-
         start = self.samples[0].time_s if self.samples else 0.0
         times = [reading.time_s - start for reading in self.samples]
         cpu = self._is_cpu()
         figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4))
-        top.plot(times, [_nan(v) for v in self.series(self.utilization_key)], marker=".")
+        for axes, key in ((top, self.utilization_key), (bottom, self.memory_key)):
+            values = [float("nan") if v is None else float(v) for v in self.series(key)]
+            axes.plot(times, values, marker=".")
         top.set_ylabel("this process's CPU (%)" if cpu else "GPU-Util (%)")
         top.set_ylim(0, 105)
-        bottom.plot(times, [_nan(v) for v in self.series(self.memory_key)], marker=".")
         bottom.set_ylabel("process RSS (MiB)" if cpu else "memory used (MiB)")
         bottom.set_xlabel("seconds")
         figure.suptitle(title or self.summary_line(), fontsize=9)
         figure.tight_layout()
         return figure
-
-
-def _nan(value: float | None) -> float:
-    return float("nan") if value is None else float(value)
 
 
 # ----------------------------------------------------------------------------- GPU-Util experiment
@@ -494,27 +435,27 @@ def utilization_experiment(
     and (on CUDA with ``spin=True``) one thread spinning in a single kernel.
 
     Each workload runs for about ``seconds`` under a :class:`Monitor`; a row holds its
-    mean utilization (GPU-Util on a GPU; on a CPU this process's share of all cores),
-    achieved FLOP/s and
-    MFU against :func:`course_utils.flops.device_peak`.
+    mean utilization (GPU-Util; on a CPU this process's share of all cores), achieved
+    FLOP/s and MFU against ``peak_flops`` (:func:`~course_utils.flops.device_peak_flops`).
     """
-    import torch
-
-    from course_utils.flops import achieved, device_peak
-
     device = torch.device(device)
     dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
-    peak = device_peak(device, dtype)
+    peak = device_peak_flops(device, dtype)
     gpu_index = nvml_index_of(device)
-    rows = []
+
+    def matmuls(n: int) -> tuple[float, float]:
+        count, elapsed = matmul_stream(device, n, seconds, dtype)
+        return 2.0 * n**3 * count, elapsed
+
     workloads: list[tuple[str, Callable[[], tuple[float, float]]]] = [
-        (f"tiny {tiny_n}x{tiny_n} matmuls", lambda: _flops_of(device, tiny_n, seconds, dtype)),
-        (f"large {large_n}x{large_n} matmuls", lambda: _flops_of(device, large_n, seconds, dtype)),
+        (f"tiny {tiny_n}x{tiny_n} matmuls", lambda: matmuls(tiny_n)),
+        (f"large {large_n}x{large_n} matmuls", lambda: matmuls(large_n)),
     ]
     if spin and device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
         workloads.append(
             ("one thread spinning (torch.cuda._sleep)", lambda: _spin(device, seconds))
         )
+    rows = []
     for name, run in workloads:
         with Monitor(interval_s=interval_s, gpu_index=gpu_index) as monitor:
             flops, elapsed = run()
@@ -528,24 +469,14 @@ def utilization_experiment(
                 "achieved_flops_per_s": result.flops_per_s if result else 0.0,
                 "mfu": result.mfu if result else 0.0,
                 "seconds": elapsed,
-                "peak": peak,
+                "peak_flops": peak,
             }
         )
     return rows
 
 
-def _flops_of(device: Any, n: int, seconds: float, dtype: Any) -> tuple[float, float]:
-    from course_utils.flops import matmul_stream
-
-    count, elapsed = matmul_stream(device, n, seconds, dtype)
-    return 2.0 * n**3 * count, elapsed
-
-
 def _spin(device: Any, seconds: float) -> tuple[float, float]:
-    """One thread spinning in a kernel on ``device`` (not the current device) for
-    ``seconds``."""
-    import torch
-
+    """One thread spinning in a kernel on ``device`` (not the current device) for ``seconds``."""
     start = time.perf_counter()
     cycles = 50_000_000  # about 30 ms at 1.6 GHz: a kernel of one thread doing nothing useful
     with torch.cuda.device(device):
@@ -562,8 +493,6 @@ def nvml_index_of(device: Any) -> int | None:
     >>> nvml_index_of("cpu") is None
     True
     """
-    import torch
-
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -577,10 +506,8 @@ def nvml_index_of(device: Any) -> int | None:
 def format_experiment(rows: list[dict[str, Any]]) -> str:
     """The experiment's rows as a small table.
 
-    >>> from course_utils.flops import Peak
     >>> print(format_experiment([{"workload": "w", "source": "cpu", "mean_util_pct": 50.0,
-    ...     "achieved_flops_per_s": 2e9, "mfu": 0.1, "seconds": 1.0,
-    ...     "peak": Peak(2e10, "p")}]).splitlines()[1])
+    ...     "achieved_flops_per_s": 2e9, "mfu": 0.1}]).splitlines()[1])
     w                                        cpu          50%        2.0 GFLOP/s   10.0%
     """
     lines = [f"{'workload':40} {'source':10} {'util':>5} {'achieved':>16} {'MFU':>7}"]

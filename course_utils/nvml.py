@@ -1,16 +1,11 @@
 """NVML: what the NVIDIA driver knows about the GPUs, read without touching CUDA.
 
-This is the only module of the course that imports ``pynvml``. The import comes from the
-official binding, the ``nvidia-ml-py`` package (the ``pynvml`` package on PyPI is a
-deprecated wrapper around it). NVML talks to the driver, not to the CUDA runtime, so
-nothing here creates a CUDA context: a later ``fork`` (DataLoader workers,
-``ddp_notebook``) still works after these calls.
-
-Every NVML call goes through :func:`nvml_call`, which returns a default value instead of
-raising: the library may be missing (no driver, a laptop, CI), the GPU may not support a
-query (MIG, old boards), or the driver may fail. Callers never handle NVML errors.
-
-Used by notebook 01 (devices) and notebook 02 (monitoring).
+The only module that imports ``pynvml``, from the official binding ``nvidia-ml-py`` (the
+``pynvml`` package on PyPI is a deprecated wrapper around it). NVML talks to the driver,
+not to the CUDA runtime, so nothing here creates a CUDA context: a later ``fork``
+(DataLoader workers, ``ddp_notebook``) still works. Every call goes through
+:func:`nvml_call`, which gives a default value instead of raising (no library, no driver,
+a query the GPU or MIG does not support, a driver error). Used by notebooks 01 and 02.
 """
 
 from __future__ import annotations
@@ -23,14 +18,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from course_utils.units import MIB
+
 T = TypeVar("T")
 
 try:  # The official binding: package nvidia-ml-py, module pynvml.
     import pynvml as _pynvml
 except ImportError:  # pragma: no cover - depends on the installation
     _pynvml = None
-
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,11 +44,7 @@ class GpuInfo:
 
 
 def binding_problem() -> str | None:
-    """Say what is wrong with the NVML Python binding, or ``None`` when it is fine.
-
-    >>> binding_problem() is None or isinstance(binding_problem(), str)
-    True
-    """
+    """What is wrong with the NVML Python binding, or ``None`` when it is fine."""
     if _pynvml is None:
         return "The NVML binding is not installed: pip install nvidia-ml-py"
     try:
@@ -69,14 +60,9 @@ def binding_problem() -> str | None:
 def nvml_call(function_name: str, *args: Any, default: T = None) -> Any | T:  # type: ignore[assignment]
     """Call ``pynvml.<function_name>(*args)``; return ``default`` on any NVML problem.
 
-    A missing binding, a missing driver library, an unsupported query, a MIG limitation
-    and a driver error all give ``default``.
-
     >>> nvml_call("nvmlFunctionThatDoesNotExist", default="n/a")
     'n/a'
     """
-    if _pynvml is None:
-        return default
     function: Callable[..., Any] | None = getattr(_pynvml, function_name, None)
     if function is None:
         return default
@@ -86,58 +72,33 @@ def nvml_call(function_name: str, *args: Any, default: T = None) -> Any | T:  # 
         return default
 
 
-_init_count = 0
-
-
-def _init() -> str | None:
-    """Initialize NVML once per session; return an error message or ``None``."""
-    global _init_count
+def _start() -> str | None:
+    """Initialize NVML; return why it is not available, or ``None``."""
     if _pynvml is None:
         return "the NVML binding (nvidia-ml-py) is not installed"
     try:
         _pynvml.nvmlInit()
     except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return f"NVML is not available ({_describe(error)})"
-    _init_count += 1
+        return f"NVML is not available ({str(error).strip() or type(error).__name__})"
     return None
-
-
-def _shutdown() -> None:
-    global _init_count
-    if _init_count > 0:
-        _init_count -= 1
-        nvml_call("nvmlShutdown")
-
-
-def _describe(error: Exception) -> str:
-    text = str(error).strip()
-    return text or type(error).__name__
 
 
 @contextmanager
 def nvml_session() -> Iterator[str | None]:
-    """Initialize NVML for the body of a ``with`` block; yields an error text or ``None``.
-
-    >>> with nvml_session() as problem:
-    ...     answered = problem is None
-    """
-    problem = _init()
+    """NVML initialized for the body of a ``with`` block; yields ``None``, or why NVML
+    is not available (then nothing needs shutting down)."""
+    problem = _start()
     try:
         yield problem
     finally:
         if problem is None:
-            _shutdown()
+            nvml_call("nvmlShutdown")
 
 
 @contextmanager
 def gpu_handle(index: int) -> Iterator[Any]:
     """An NVML session and the handle of GPU ``index`` for the body of a ``with`` block;
-    yields ``None`` when NVML or that GPU is not available.
-
-    >>> with gpu_handle(10_000) as handle:
-    ...     handle is None
-    True
-    """
+    yields ``None`` when NVML or that GPU is not available."""
     with nvml_session() as problem:
         yield None if problem else nvml_call("nvmlDeviceGetHandleByIndex", index)
 
@@ -149,19 +110,15 @@ def nvml_status() -> str:
 
 
 def _text(value: Any) -> str | None:
-    if value is None:
-        return None
     if isinstance(value, bytes):
         return value.decode(errors="replace")
-    return str(value)
+    return None if value is None else str(value)
 
 
 def driver_version() -> str | None:
     """The NVIDIA driver version, like ``nvidia-smi --query-gpu=driver_version``."""
     with nvml_session() as problem:
-        if problem:
-            return None
-        return _text(nvml_call("nvmlSystemGetDriverVersion"))
+        return None if problem else _text(nvml_call("nvmlSystemGetDriverVersion"))
 
 
 def cuda_driver_version() -> str | None:
@@ -172,60 +129,58 @@ def cuda_driver_version() -> str | None:
         version = nvml_call("nvmlSystemGetCudaDriverVersion_v2") or nvml_call(
             "nvmlSystemGetCudaDriverVersion"
         )
-        if not isinstance(version, int) or version <= 0:
-            return None
-        return f"{version // 1000}.{(version % 1000) // 10}"
+    if not isinstance(version, int) or version <= 0:
+        return None
+    return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-def gpu_count() -> int:
-    """Number of GPUs the driver sees (``nvidia-smi --query-gpu=count``); 0 without NVML.
+# ----------------------------------------------------------------------------- readers
+# Each takes an NVML device handle; a value NVML cannot give is None.
 
-    This ignores ``CUDA_VISIBLE_DEVICES``; see :func:`visible_gpus` for what CUDA sees.
-    """
-    with nvml_session() as problem:
-        if problem:
-            return 0
-        count = nvml_call("nvmlDeviceGetCount", default=0)
-        return int(count or 0)
+
+def _identity(handle: Any) -> tuple[str | None, str | None, str | None]:
+    """``(name, uuid, bus_id)``: ``--query-gpu=name,uuid,pci.bus_id``."""
+    bus_id = getattr(nvml_call("nvmlDeviceGetPciInfo", handle), "busId", None)
+    name, uuid = (_text(nvml_call(f, handle)) for f in ("nvmlDeviceGetName", "nvmlDeviceGetUUID"))
+    return name, uuid, _text(bus_id)
+
+
+def _memory_mib(handle: Any) -> tuple[int | None, int | None, int | None]:
+    """``(total, used, free)`` in MiB: ``--query-gpu=memory.total,memory.used,memory.free``."""
+    memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
+    values = (getattr(memory, field, None) for field in ("total", "used", "free"))
+    total, used, free = (None if value is None else int(value) // MIB for value in values)
+    return total, used, free
+
+
+def _mig_enabled(handle: Any) -> bool | None:
+    """``--query-gpu=mig.mode.current``; ``None`` on GPUs without MIG (before the A100)."""
+    modes = nvml_call("nvmlDeviceGetMigMode", handle)
+    return bool(modes[0]) if modes else None
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000
 
 
 def _gpu_info(index: int) -> GpuInfo | None:
     handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
     if handle is None:
         return None
-    memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
-    pci = nvml_call("nvmlDeviceGetPciInfo", handle)
     capability = nvml_call("nvmlDeviceGetCudaComputeCapability", handle)
-
-    def mib(field: str) -> int | None:
-        value = getattr(memory, field, None)
-        return None if value is None else int(value) // MIB
-
+    mig_uuids: list[str] = []
+    if _mig_enabled(handle):
+        for slot in range(int(nvml_call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0)):
+            mig = nvml_call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+            uuid = None if mig is None else _text(nvml_call("nvmlDeviceGetUUID", mig))
+            mig_uuids += [uuid] if uuid else []
     return GpuInfo(
-        index=index,
-        name=_text(nvml_call("nvmlDeviceGetName", handle)),
-        uuid=_text(nvml_call("nvmlDeviceGetUUID", handle)),
-        bus_id=_text(getattr(pci, "busId", None)),
-        memory_total_mib=mib("total"),
-        memory_used_mib=mib("used"),
-        memory_free_mib=mib("free"),
+        index,
+        *_identity(handle),
+        *_memory_mib(handle),
         compute_capability=tuple(capability) if capability else None,
-        mig_uuids=_mig_uuids(handle),
+        mig_uuids=tuple(mig_uuids),
     )
-
-
-def _mig_uuids(handle: Any) -> tuple[str, ...]:
-    """The UUIDs of the MIG devices carved out of a GPU (``()`` when MIG is off)."""
-    modes = nvml_call("nvmlDeviceGetMigMode", handle)
-    if not modes or not modes[0]:
-        return ()
-    found = []
-    for slot in range(int(nvml_call("nvmlDeviceGetMaxMigDeviceCount", handle, default=0) or 0)):
-        mig = nvml_call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-        uuid = None if mig is None else _text(nvml_call("nvmlDeviceGetUUID", mig))
-        if uuid:
-            found.append(uuid)
-    return tuple(found)
 
 
 def list_gpus() -> list[GpuInfo]:
@@ -237,8 +192,7 @@ def list_gpus() -> list[GpuInfo]:
     with nvml_session() as problem:
         if problem:
             return []
-        count = int(nvml_call("nvmlDeviceGetCount", default=0) or 0)
-        gpus = [_gpu_info(index) for index in range(count)]
+        gpus = [_gpu_info(i) for i in range(int(nvml_call("nvmlDeviceGetCount") or 0))]
         return [gpu for gpu in gpus if gpu is not None]
 
 
@@ -255,17 +209,13 @@ def _matches(entry: str, gpu: GpuInfo) -> bool:
 
 
 def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInfo]:
-    """The GPUs CUDA will use, in CUDA's numbering, given ``CUDA_VISIBLE_DEVICES``.
+    """The GPUs CUDA will use given ``CUDA_VISIBLE_DEVICES`` (``value``; ``None`` when
+    unset: every GPU); position ``k`` in the result is ``cuda:k``.
 
-    ``value`` is the variable's text (``None`` when unset: every GPU). Entries are
-    indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
-    (``"MIG-<uuid>"``, matched to the GPU that holds the slice). Like CUDA, the list
-    stops at the first entry that names no GPU, and ``"-1"`` or ``""`` hides every GPU.
-    Position ``k`` in the result is ``cuda:k``.
-
-    CUDA numbers GPUs fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML uses
-    PCI order. The course sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` when it is imported
-    before CUDA starts (:func:`align_cuda_device_order`), so the two orders agree.
+    Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
+    (``"MIG-<uuid>"``: the GPU that holds the slice). Like CUDA, the list stops at the
+    first entry that names no GPU; ``"-1"`` or ``""`` hides every GPU. The order is PCI
+    order, as NVML's, once :func:`align_cuda_device_order` has run.
 
     >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
@@ -294,23 +244,27 @@ def visible_gpus() -> list[GpuInfo]:
 
 
 def align_cuda_device_order() -> bool:
-    """Make CUDA number GPUs in PCI order, as NVML and nvidia-smi do.
+    """Make CUDA number GPUs in PCI order, as NVML and nvidia-smi do; return whether
+    the order is now PCI order. ``import course_utils`` calls it.
 
-    CUDA's default order is fastest-first: on a machine with different GPUs, ``cuda:0``
-    may then be NVML's GPU 1, and the course would read another card's capability and
-    utilization. Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is already set or CUDA
-    has started in this process (too late: CUDA reads it once); returns whether the
-    order is now PCI order. ``import course_utils`` calls it.
+    CUDA's default order is fastest-first: with different GPUs, ``cuda:0`` may be NVML's
+    GPU 1. Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is set already or CUDA has
+    started in this process (too late: CUDA reads it once).
     """
     order = os.environ.get("CUDA_DEVICE_ORDER")
     if order is not None:
         return order == "PCI_BUS_ID"
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+    if _running_cuda() is not None:
         return False
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return True
+
+
+def _running_cuda() -> Any:
+    """``torch.cuda`` once CUDA has started in this process, else ``None`` (read from
+    ``sys.modules``: this module never imports torch)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return cuda if cuda is not None and getattr(cuda, "is_initialized", bool)() else None
 
 
 def _bare_uuid(uuid: str) -> str:
@@ -322,9 +276,8 @@ def _bare_uuid(uuid: str) -> str:
 
 def _cuda_uuid(cuda_index: int) -> str | None:
     """The UUID CUDA reports for ``cuda:k``, only when CUDA is already initialized."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
+    cuda = _running_cuda()
+    if cuda is None:
         return None
     try:
         uuid = getattr(cuda.get_device_properties(cuda_index), "uuid", None)
@@ -334,12 +287,10 @@ def _cuda_uuid(cuda_index: int) -> str | None:
 
 
 def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> GpuInfo | None:
-    """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it).
-
-    The one place the course maps CUDA's numbering to NVML's. When CUDA is already
-    running, the device's UUID decides (exact in any order, MIG included); otherwise
-    ``cuda:k`` is the k-th GPU that ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order (see
-    :func:`align_cuda_device_order`). ``gpus`` defaults to :func:`list_gpus`.
+    """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it): the
+    one place the course maps CUDA's numbering to NVML's. Once CUDA runs, the device's
+    UUID decides (in any order, MIG included); before, ``cuda:k`` is the k-th GPU that
+    ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order. ``gpus`` defaults to :func:`list_gpus`.
 
     >>> gpus = [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...         GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)]
@@ -369,81 +320,6 @@ def nvml_index(cuda_index: int) -> int | None:
     return None if gpu is None else gpu.index
 
 
-# ----------------------------------------------------------------------------- accessors
-# Each takes an NVML device handle and returns ``None`` when the value is not available.
-
-
-def read_name(handle: Any) -> str | None:
-    """The product name: ``nvidia-smi --query-gpu=name``."""
-    return _text(nvml_call("nvmlDeviceGetName", handle))
-
-
-def read_uuid(handle: Any) -> str | None:
-    """The GPU's UUID: ``nvidia-smi --query-gpu=uuid``."""
-    return _text(nvml_call("nvmlDeviceGetUUID", handle))
-
-
-def read_bus_id(handle: Any) -> str | None:
-    """The PCI bus id: ``nvidia-smi --query-gpu=pci.bus_id``."""
-    return _text(getattr(nvml_call("nvmlDeviceGetPciInfo", handle), "busId", None))
-
-
-def read_memory_mib(handle: Any) -> tuple[int | None, int | None, int | None]:
-    """``(total, used, free)`` in MiB: ``--query-gpu=memory.total,memory.used,memory.free``."""
-    memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
-    values = (getattr(memory, field, None) for field in ("total", "used", "free"))
-    total, used, free = (None if value is None else int(value) // MIB for value in values)
-    return total, used, free
-
-
-def read_utilization_pct(handle: Any) -> tuple[int | None, int | None]:
-    """``(gpu, memory)`` percent: ``--query-gpu=utilization.gpu,utilization.memory``.
-
-    ``utilization.gpu`` is the share of the last sample period in which at least one
-    kernel ran (not SM occupancy). Not supported with MIG enabled: ``(None, None)``.
-    """
-    rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)
-    return getattr(rates, "gpu", None), getattr(rates, "memory", None)
-
-
-def read_power_draw_w(handle: Any) -> float | None:
-    """Board power draw in watts: ``--query-gpu=power.draw``."""
-    milliwatts = nvml_call("nvmlDeviceGetPowerUsage", handle)
-    return None if milliwatts is None else milliwatts / 1000
-
-
-def read_power_limit_w(handle: Any) -> float | None:
-    """The enforced power limit in watts: ``--query-gpu=enforced.power.limit``
-    (``power.limit`` unless an administrator lowered it)."""
-    milliwatts = nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)
-    return None if milliwatts is None else milliwatts / 1000
-
-
-def read_temperature_c(handle: Any) -> int | None:
-    """GPU die temperature in °C: ``--query-gpu=temperature.gpu``."""
-    return nvml_call("nvmlDeviceGetTemperature", handle, 0)  # 0: NVML_TEMPERATURE_GPU
-
-
-def read_sm_clock_mhz(handle: Any) -> int | None:
-    """Current SM clock in MHz: ``--query-gpu=clocks.sm``."""
-    return nvml_call("nvmlDeviceGetClockInfo", handle, 1)  # 1: NVML_CLOCK_SM
-
-
-def read_pstate(handle: Any) -> str | None:
-    """Performance state, ``"P0"`` (fastest) to ``"P12"``: ``--query-gpu=pstate``."""
-    state = nvml_call("nvmlDeviceGetPerformanceState", handle)
-    return None if state is None or int(state) == 32 else f"P{int(state)}"  # 32: unknown
-
-
-def read_mig_enabled(handle: Any) -> bool | None:
-    """Whether MIG mode is on: ``--query-gpu=mig.mode.current``; ``None`` on GPUs
-    without MIG (anything before the A100)."""
-    modes = nvml_call("nvmlDeviceGetMigMode", handle)
-    if not modes:
-        return None
-    return bool(modes[0])
-
-
 @dataclass(frozen=True)
 class GpuProcess:
     """A process with a context on a GPU (``nvidia-smi --query-compute-apps``)."""
@@ -451,32 +327,27 @@ class GpuProcess:
     pid: int
     name: str | None  # process_name; None when NVML cannot see it (another PID namespace)
     used_memory_mib: int | None  # used_gpu_memory; None on Windows/WDDM and with MIG
-    kind: str  # "C" compute, "G" graphics
+    kind: str  # "C" compute, "G" graphics, "C+G" both
 
 
-def read_processes(handle: Any) -> tuple[GpuProcess, ...]:
+def _processes(handle: Any) -> tuple[GpuProcess, ...]:
     """Processes using the GPU and the memory each holds:
-    ``nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory`` (plus graphics).
-
-    A process in another container or PID namespace is not listed, although its
-    memory counts in ``memory.used``.
-    """
+    ``--query-compute-apps=pid,process_name,used_gpu_memory`` (plus graphics). A process
+    in another container or PID namespace is missing, though ``memory.used`` counts it."""
     found: dict[int, GpuProcess] = {}
     for function, kind in (
         ("nvmlDeviceGetComputeRunningProcesses", "C"),
         ("nvmlDeviceGetGraphicsRunningProcesses", "G"),
     ):
-        for info in nvml_call(function, handle, default=[]) or []:
+        for info in nvml_call(function, handle) or []:
             pid = int(getattr(info, "pid", -1))
-            if pid < 0:
-                continue
-            used = getattr(info, "usedGpuMemory", None)
-            mib = None if used is None or used >= 2**63 else int(used) // MIB
             if pid in found:  # both compute and graphics: C+G, as nvidia-smi prints it
                 found[pid] = GpuProcess(pid, found[pid].name, found[pid].used_memory_mib, "C+G")
-                continue
-            name = _text(nvml_call("nvmlSystemGetProcessName", pid))
-            found[pid] = GpuProcess(pid, name, mib, kind)
+            elif pid >= 0:
+                used = getattr(info, "usedGpuMemory", None)
+                mib = None if used is None or used >= 2**63 else int(used) // MIB  # 2**64-1: N/A
+                name = _text(nvml_call("nvmlSystemGetProcessName", pid))
+                found[pid] = GpuProcess(pid, name, mib, kind)
     return tuple(found.values())
 
 
@@ -493,7 +364,7 @@ class GpuSnapshot:
     memory_used_mib: int | None  # memory.used
     memory_total_mib: int | None  # memory.total
     power_draw_w: float | None  # power.draw
-    power_limit_w: float | None  # power.limit (the enforced limit)
+    power_limit_w: float | None  # enforced.power.limit (power.limit unless lowered)
     temperature_c: int | None  # temperature.gpu
     sm_clock_mhz: int | None  # clocks.sm
     pstate: str | None  # pstate, "P0" (fastest) to "P12"
@@ -506,53 +377,51 @@ class GpuSnapshot:
 
 
 def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
-    """Read utilization, memory, power, temperature, clock, P-state, MIG mode and (with
-    ``processes=True``) the processes of GPU ``index`` (NVML numbering); ``None`` when
-    NVML or that GPU is not available.
-
-    >>> snapshot(0) is None or snapshot(0).index == 0
-    True
-    """
+    """Read the state of GPU ``index`` (NVML numbering) and, with ``processes=True``, its
+    processes; ``None`` when NVML or that GPU is not available."""
     with gpu_handle(index) as handle:
         if handle is None:
             return None
-        total, used, free = read_memory_mib(handle)
-        util_gpu, util_memory = read_utilization_pct(handle)
+        total, used, free = _memory_mib(handle)
+        name, uuid, bus_id = _identity(handle)
+        rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)  # not supported under MIG
+        state = nvml_call("nvmlDeviceGetPerformanceState", handle)
         return GpuSnapshot(
             index=index,
-            utilization_gpu_pct=util_gpu,
-            utilization_memory_pct=util_memory,
+            utilization_gpu_pct=getattr(rates, "gpu", None),
+            utilization_memory_pct=getattr(rates, "memory", None),
             memory_used_mib=used,
             memory_total_mib=total,
-            power_draw_w=read_power_draw_w(handle),
-            power_limit_w=read_power_limit_w(handle),
-            temperature_c=read_temperature_c(handle),
-            sm_clock_mhz=read_sm_clock_mhz(handle),
-            pstate=read_pstate(handle),
-            name=read_name(handle),
-            uuid=read_uuid(handle),
-            bus_id=read_bus_id(handle),
+            power_draw_w=_watts(nvml_call("nvmlDeviceGetPowerUsage", handle)),
+            power_limit_w=_watts(nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)),
+            temperature_c=nvml_call("nvmlDeviceGetTemperature", handle, 0),  # 0: GPU die
+            sm_clock_mhz=nvml_call("nvmlDeviceGetClockInfo", handle, 1),  # 1: NVML_CLOCK_SM
+            pstate=None if state is None or int(state) == 32 else f"P{int(state)}",  # 32: unknown
+            name=name,
+            uuid=uuid,
+            bus_id=bus_id,
             memory_free_mib=free,
-            mig_enabled=read_mig_enabled(handle),
-            processes=read_processes(handle) if processes else (),
+            mig_enabled=_mig_enabled(handle),
+            processes=_processes(handle) if processes else (),
         )
 
 
 def process_memory_used_mib(index: int, pid: int | None = None) -> int | None:
-    """GPU memory in MiB that process ``pid`` (default: this process) uses on GPU ``index``
+    """GPU memory in MiB that process ``pid`` (default: this one) uses on GPU ``index``
     (NVML numbering); ``None`` when NVML, the GPU or the process cannot be seen.
 
-    The "GPU Memory Usage" column of nvidia-smi's process table (``nvidia-smi
-    --query-compute-apps=pid,used_memory``): the CUDA context plus everything the
-    process's allocators reserved. Inside a container with its own PID namespace NVML may
-    report host PIDs, and the process is then not found (``None``).
+    nvidia-smi's "GPU Memory Usage" column (``--query-compute-apps=pid,used_memory``):
+    the CUDA context plus all the process's allocators reserved. In a container with its
+    own PID namespace NVML may report host PIDs, and the process is not found.
 
     >>> process_memory_used_mib(10_000) is None  # no such GPU
     True
     """
     wanted = os.getpid() if pid is None else pid
     with gpu_handle(index) as handle:
-        if handle is None:
-            return None
-        mine = [p for p in read_processes(handle) if p.pid == wanted]
-        return mine[0].used_memory_mib if mine else None
+        found = (
+            [p.used_memory_mib for p in _processes(handle) if p.pid == wanted]
+            if handle is not None
+            else []
+        )
+        return found[0] if found else None

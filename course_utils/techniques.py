@@ -14,7 +14,7 @@ measures every row with the same code:
   impose (``budget_bytes``), as if the CPU were a device with that much memory;
 * throughput: :func:`course_utils.timing.benchmark` of one step at a fixed batch size,
   samples per second; MFU from :func:`course_utils.models.model_costs` FLOPs and
-  :func:`course_utils.flops.device_peak` (datasheet on a known GPU, a measured matmul
+  :func:`course_utils.flops.device_peak_flops` (datasheet on a known GPU, a measured matmul
   peak on a CPU).
 
 A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so.
@@ -35,7 +35,7 @@ from torch import nn
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
 from course_utils.device import autocast, pick_precision
-from course_utils.flops import Peak, device_peak, mfu
+from course_utils.flops import PeakFlops, device_peak_flops, mfu
 from course_utils.footprint import (
     measure_activations,
     memory_breakdown,
@@ -202,10 +202,10 @@ def measure_technique(
     budget_bytes: int | None = None,
     high: int = 64,
     repeats: int = 3,
-    peaks: dict[torch.dtype, Peak] | None = None,
+    peaks: dict[torch.dtype, PeakFlops] | None = None,
 ) -> TechniqueResult:
     """Measure one row (see the module documentation). ``budget_bytes`` is required on a
-    CPU (the imposed memory budget); ``peaks`` caches :func:`device_peak` per dtype."""
+    CPU (the imposed memory budget); ``peaks`` caches :func:`device_peak_flops` per dtype."""
     device = torch.device(device)
     if technique.gpu_only and device.type != "cuda":
         return TechniqueResult(technique.name, False, "GPU only: not measured here", batch_size)
@@ -219,7 +219,7 @@ def measure_technique(
     dtype = resolve_precision(technique.config.precision, device).dtype
     peaks = peaks if peaks is not None else {}
     if dtype not in peaks:
-        peaks[dtype] = device_peak(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
+        peaks[dtype] = device_peak_flops(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
     fresh_step = lambda: TrainStep(build_model(name, **kwargs), device, technique.config)  # noqa: E731
 
     if technique.evaluation:
@@ -375,7 +375,7 @@ def compare_techniques(
     generation the collector skips, so each collection looks only at what the trials
     created; ``gc.unfreeze()`` puts them back afterwards.
     """
-    peaks: dict[torch.dtype, Peak] = {}
+    peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
     try:
         rows = progress.track(techniques, "techniques", unit="technique")

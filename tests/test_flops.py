@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from course_utils.flops import (
-    GPU_PEAKS,
-    Peak,
+    GPU_PEAK_FLOPS,
+    PeakFlops,
     achieved,
     count_flops,
-    device_peak,
-    gpu_peak,
+    device_peak_flops,
+    gpu_peak_flops,
     matmul_stream,
     mfu,
 )
@@ -38,12 +38,12 @@ def test_a_training_step_costs_about_three_forward_passes():
      ("NVIDIA H100 80GB HBM3", 989.0, 67.0), ("NVIDIA H200", 989.0, 67.0)],
 )
 def test_names_as_nvidia_smi_prints_them_find_the_dense_datasheet_peak(name, fp16, fp32):
-    peak = gpu_peak(name)
+    peak = gpu_peak_flops(name)
     assert peak is not None and (peak.fp16, peak.fp32) == (fp16, fp32)
 
 
 def test_achieved_and_mfu_agree_and_refuse_nonsense():
-    peak = Peak(10e12, "test")
+    peak = PeakFlops(10e12, "test")
     result = achieved(4e12, 2.0, peak)
     assert result.flops_per_s == 2e12 and result.mfu == pytest.approx(0.2)
     assert result.mfu == mfu(4e12, 2.0, 10e12)
@@ -60,7 +60,7 @@ def test_matmul_stream_runs_for_the_asked_time():
 
 
 def test_every_datasheet_row_cites_its_primary_source_inside_the_package():
-    for peak in GPU_PEAKS:
+    for peak in GPU_PEAK_FLOPS:
         assert "https://" in peak.source and "../" not in peak.source, peak
         assert peak.name.split()[0] in peak.source or (peak.name == "L4" and "Ada" in peak.source)
 
@@ -79,8 +79,8 @@ def test_a_gpu_peak_names_the_column_it_divides_by_and_its_datasheet(
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         with patch("torch.cuda.get_device_name", return_value=name):
-            peak = device_peak("cuda", dtype)
+            peak = device_peak_flops("cuda", dtype)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     assert peak.flops_per_s == tflops * 1e12
-    assert f"dense {column} peak" in peak.source and gpu_peak(name).source in peak.source
+    assert f"dense {column} peak" in peak.source and gpu_peak_flops(name).source in peak.source

@@ -258,13 +258,13 @@ def tf32_flags():
 def test_the_fp32_peak_follows_tf32_for_convolutions(monkeypatch, tf32_flags):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     tf32_flags(False, True)  # PyTorch's defaults
-    assert flops.device_peak("cuda", torch.float32).flops_per_s == 19.5e12
-    conv = flops.device_peak("cuda", torch.float32, convolutions=True)
+    assert flops.device_peak_flops("cuda", torch.float32).flops_per_s == 19.5e12
+    conv = flops.device_peak_flops("cuda", torch.float32, convolutions=True)
     assert conv.flops_per_s == 156e12 and "TF32" in conv.source
     tf32_flags(False, False)
-    assert flops.device_peak("cuda", torch.float32, convolutions=True).flops_per_s == 19.5e12
+    assert flops.device_peak_flops("cuda", torch.float32, convolutions=True).flops_per_s == 19.5e12
     tf32_flags(True, False)
-    assert flops.device_peak("cuda", torch.float32).flops_per_s == 156e12
+    assert flops.device_peak_flops("cuda", torch.float32).flops_per_s == 156e12
 
 
 def test_fp32_never_calls_autocast(monkeypatch):

@@ -94,14 +94,15 @@ def test_saved_activation_bytes_grow_linearly_with_the_batch_and_drop_with_check
 
 
 def test_peaks_mfu_and_a_measured_cpu_peak():
-    from course_utils.flops import datasheet_tflops, device_peak, gpu_peak, mfu
+    from course_utils.flops import datasheet_tflops, device_peak_flops, gpu_peak_flops, mfu
 
-    assert gpu_peak("NVIDIA H200").fp16 == 989.0 and gpu_peak("Tesla V100-SXM2-16GB").fp32 == 15.7
+    assert gpu_peak_flops("NVIDIA H200").fp16 == 989.0
+    assert gpu_peak_flops("Tesla V100-SXM2-16GB").fp32 == 15.7
     assert datasheet_tflops("NVIDIA A100-SXM4-40GB", torch.float32, tf32=True) == 156.0
     assert mfu(2e12, 1.0, 1e12, devices=4) == 0.5
     with pytest.raises(ValueError):
         mfu(1.0, 0.0, 1.0)
-    peak = device_peak("cpu")
+    peak = device_peak_flops("cpu")
     assert peak.source.startswith("measured") and 1e8 < peak.flops_per_s < 1e14
 
 

@@ -107,7 +107,8 @@ def test_utilization_experiment_rows_on_cpu():
     assert [row["workload"] for row in rows] == ["tiny 4x4 matmuls", "large 64x64 matmuls"]
     for row in rows:
         assert row["source"] == "cpu" and row["achieved_flops_per_s"] > 0
-        assert row["mfu"] == pytest.approx(row["achieved_flops_per_s"] / row["peak"].flops_per_s)
+        peak = row["peak_flops"].flops_per_s
+        assert row["mfu"] == pytest.approx(row["achieved_flops_per_s"] / peak)
     assert "GFLOP/s" in monitor.format_experiment(rows)
 
 

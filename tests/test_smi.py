@@ -333,7 +333,6 @@ def test_the_alias_tables_map_both_names_of_every_known_field():
             mapped = {table.get(name) for name in group}
             assert len(mapped) == 1, group  # all unknown, or all the same key
     assert smi.CSV_FIELDS["gpu_uuid"] == smi.CSV_FIELDS["uuid"]
-    assert smi.canonical_field("clocks_throttle_reasons.active") == "clocks_event_reasons.active"
     # a field the parser does not map is still a query field: kept, not refused
     parsed = smi.parse("1323121035405, 0x2f00\n", ["gpu_serial", "pci.bus"])
     assert parsed["fields"] == ["gpu_serial", "pci.bus"] and len(parsed["gpus"]) == 1
@@ -364,4 +363,3 @@ def test_a_header_with_the_printed_names_is_read_in_its_query():
     # nvidia-smi --query-compute-apps=name,pid --format=csv prints the first alias
     parsed = smi.parse("process_name, pid\n/cuda-samples/sample, 1895238\n")
     assert parsed["processes"][0]["name"] == "/cuda-samples/sample"
-    assert smi.canonical_field("used_memory", "compute-apps") == "used_gpu_memory"
