@@ -222,12 +222,8 @@ def _smi(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot read {args.file}: {error.strerror or error}") from error
     fields = args.fields.split(",") if args.fields else None
     parsed = smi.parse(text, fields, args.query)  # SmiParseError is a ValueError: bad input
-    if args.action == "explain":
-        print(smi.explain(parsed))
-    elif args.json:
-        print(json.dumps(parsed, indent=2))
-    else:
-        print(smi.summary_line(parsed))
+    json_out = args.json or args.action == "parse"
+    print(json.dumps(parsed, indent=2) if json_out else smi.explain(parsed))
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Any
 
 import ipywidgets
@@ -23,6 +22,7 @@ from IPython.display import display
 
 from course_utils import nvml, smi
 from course_utils.flops import achieved, device_peak_flops, matmul_stream
+from course_utils.nvml import Reading
 from course_utils.units import MIB
 
 SOURCES = ("nvml", "nvidia-smi", "cpu")
@@ -31,112 +31,8 @@ SMI_QUERY = ("index", "utilization.gpu", "utilization.memory", "memory.used", "m
              "power.draw", "power.limit", "temperature.gpu", "clocks.sm", "pstate")  # fmt: skip
 
 
-class _Fields:
-    """``reading["field"]`` and ``reading.get("field")`` for a dataclass, checked: a name
-    that is not a field raises ``KeyError`` instead of quietly giving ``None``."""
-
-    def _check(self, key: str) -> None:
-        names = [field.name for field in fields(self)]  # type: ignore[arg-type]
-        if key not in names:
-            raise KeyError(f"{key!r}: a {type(self).__name__} has {', '.join(names)}")
-
-    def __getitem__(self, key: str) -> Any:
-        self._check(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The field's value, or ``default`` when it is ``None`` (not available)."""
-        value = self[key]
-        return default if value is None else value
-
-    def items(self) -> list[tuple[str, Any]]:
-        """``(field, value)`` for the fields that have a value, in order (for printing)."""
-        pairs = ((field.name, getattr(self, field.name)) for field in fields(self))  # type: ignore[arg-type]
-        return [(name, value) for name, value in pairs if value is not None]
-
-
-@dataclass(frozen=True)
-class Reading(_Fields):
-    """One reading of the device: a GPU's (NVML or nvidia-smi) or, without one, the CPU's.
-
-    GPU fields name their ``nvidia-smi --query-gpu`` counterparts and are ``None`` where
-    the GPU or driver cannot say (utilization under MIG, power on some boards). CPU
-    readings fill the last three fields instead.
-    """
-
-    time_s: float
-    source: str  # "nvml", "nvidia-smi" or "cpu"
-    gpu_index: int | None = None  # index (NVML numbering)
-    utilization_gpu_pct: float | None = None  # utilization.gpu: % of time a kernel ran
-    utilization_memory_pct: float | None = None  # utilization.memory
-    memory_used_mib: float | None = None  # memory.used
-    memory_total_mib: float | None = None  # memory.total
-    memory_free_mib: float | None = None  # memory.free
-    power_draw_w: float | None = None  # power.draw
-    power_limit_w: float | None = None  # power.limit (the enforced limit)
-    temperature_c: float | None = None  # temperature.gpu
-    sm_clock_mhz: float | None = None  # clocks.sm
-    pstate: str | None = None  # pstate
-    name: str | None = None  # name
-    uuid: str | None = None  # uuid
-    bus_id: str | None = None  # pci.bus_id
-    mig_enabled: bool | None = None  # mig.mode.current (utilization is None when True)
-    cpu_util_pct: float | None = None  # every process on the machine, all cores
-    process_cpu_pct: float | None = None  # this process, as a share of all cores
-    process_rss_mib: float | None = None  # this process's resident memory
-
-    @property
-    def on_gpu(self) -> bool:
-        return self.source != "cpu"
-
-    @property
-    def utilization_pct(self) -> float | None:
-        """GPU-Util on a GPU; this process's share of the cores on a CPU."""
-        return self.utilization_gpu_pct if self.on_gpu else self.process_cpu_pct
-
-    @property
-    def memory_mib(self) -> float | None:
-        """Memory used on the GPU; this process's resident memory on a CPU."""
-        return self.memory_used_mib if self.on_gpu else self.process_rss_mib
-
-    def numeric(self) -> dict[str, float]:
-        """The numeric fields that have a value (for loggers), without time and index.
-
-        >>> Reading(1.0, "cpu", cpu_util_pct=50, process_rss_mib=80.5).numeric()
-        {'cpu_util_pct': 50.0, 'process_rss_mib': 80.5}
-        """
-        skip = ("time_s", "gpu_index")
-        pairs = ((k, v) for k, v in self.items() if k not in skip and not isinstance(v, bool))
-        return {k: float(v) for k, v in pairs if isinstance(v, int | float)}
-
-
 _THIS_PROCESS = psutil.Process()
 _CORES = psutil.cpu_count() or 1
-
-
-def _cpu_reading() -> Reading:
-    return Reading(
-        time_s=time.time(),
-        source="cpu",
-        cpu_util_pct=psutil.cpu_percent(interval=None),  # every process on the machine
-        process_cpu_pct=_THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
-        process_rss_mib=_THIS_PROCESS.memory_info().rss / MIB,
-    )
-
-
-def _gpu_reading(source: str, gpu_index: int) -> Reading | None:
-    """A reading of GPU ``gpu_index`` from NVML or nvidia-smi; ``None`` when it does not answer."""
-    if source == "nvml":
-        shot = nvml.snapshot(gpu_index, processes=False)
-        if shot is None:
-            return None
-        values = {k: v for k, v in vars(shot).items() if k not in ("index", "processes")}
-        return Reading(time.time(), "nvml", gpu_index, **values)
-    for gpu in smi.query_gpus(list(SMI_QUERY), timeout_s=5.0):
-        if gpu.get("index") == gpu_index:
-            keys = [smi.CSV_FIELDS[field] for field in SMI_QUERY[1:]]
-            return Reading(time.time(), "nvidia-smi", gpu_index, **{k: gpu.get(k) for k in keys})
-    return None
 
 
 def sample(gpu_index: int | None = 0) -> Reading:
@@ -151,14 +47,8 @@ def sample(gpu_index: int | None = 0) -> Reading:
 
 
 def pick_source(gpu_index: int | None = 0) -> str:
-    """The best source that answers here: ``"nvml"``, ``"nvidia-smi"`` or ``"cpu"``.
-
-    >>> pick_source(None)
-    'cpu'
-    """
-    if gpu_index is None:
-        return "cpu"
-    return next((s for s in SOURCES[:2] if _gpu_reading(s, gpu_index) is not None), "cpu")
+    """The best source that answers here: ``"nvml"``, ``"nvidia-smi"`` or ``"cpu"``."""
+    return next((s for s in SOURCES[:2] if read(s, gpu_index).source == s), "cpu")
 
 
 def read(source: str, gpu_index: int | None = 0) -> Reading:
@@ -166,9 +56,20 @@ def read(source: str, gpu_index: int | None = 0) -> Reading:
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: use one of {', '.join(SOURCES)}")
     reading = None
-    if source != "cpu" and gpu_index is not None:
-        reading = _gpu_reading(source, gpu_index)
-    return reading if reading is not None else _cpu_reading()
+    if source == "nvml" and gpu_index is not None:
+        reading = nvml.snapshot(gpu_index, processes=False)
+    elif source == "nvidia-smi" and gpu_index is not None:
+        for gpu in smi.query_gpus(list(SMI_QUERY), timeout_s=5.0):
+            if gpu.get("index") == gpu_index:
+                values = {key: gpu[key] for key in map(smi.CSV_FIELDS.__getitem__, SMI_QUERY[1:])}
+                reading = Reading(time.time(), "nvidia-smi", gpu_index, **values)
+    return reading or Reading(
+        time.time(),
+        "cpu",
+        cpu_util_pct=psutil.cpu_percent(interval=None),  # every process on the machine
+        process_cpu_pct=_THIS_PROCESS.cpu_percent(interval=None) / _CORES,  # this one
+        process_rss_mib=_THIS_PROCESS.memory_info().rss / MIB,
+    )
 
 
 def describe(reading: Reading) -> str:
@@ -201,64 +102,28 @@ def describe(reading: Reading) -> str:
     )
 
 
-@dataclass(frozen=True)
-class MonitorSummary(_Fields):
-    """What :meth:`Monitor.summary` returns: utilization ``None`` where not available
-    (under MIG, GPU-Util is never available)."""
+class LiveView:
+    """Shows the latest reading: in a Jupyter kernel (or with ``widget=True``) in an
+    ipywidgets ``HTML`` widget updated in place (ipywidgets 7 and 8 both have it),
+    otherwise as a line through ``write`` at most every ``every_s`` seconds."""
 
-    source: str
-    samples: int
-    seconds: float
-    mean_util_pct: float | None
-    max_util_pct: float | None
-    peak_memory_mib: float | None
-    sampling_busy_s: float
+    def __init__(
+        self, every_s: float = 5.0, write: Callable[[str], None] = print, widget: bool | None = None
+    ) -> None:
+        self.every_s, self.write, self._last = every_s, write, -float("inf")
+        if widget is None:
+            widget = getattr(get_ipython(), "kernel", None) is not None
+        self.widget = ipywidgets.HTML(value="<code>monitor starting…</code>") if widget else None
+        if self.widget is not None:
+            display(self.widget)
 
-
-# ----------------------------------------------------------------------------- live view
-
-
-class TextView:
-    """Prints a reading at most every ``every_s`` seconds (no widgets available)."""
-
-    def __init__(self, every_s: float = 5.0, write: Callable[[str], None] = print) -> None:
-        self.every_s = every_s
-        self.write = write
-        self._last = -float("inf")
-
-    def update(self, reading: Reading) -> None:
-        if time.monotonic() - self._last >= self.every_s:
+    def show(self, text: str, final: bool = False) -> None:
+        """Show ``text`` (a ``final`` text is never skipped)."""
+        if self.widget is not None:
+            self.widget.value = f"<code>{text}</code>"
+        elif final or time.monotonic() - self._last >= self.every_s:
             self._last = time.monotonic()
-            self.write(describe(reading))
-
-    def close(self, final: str) -> None:
-        self.write(final)
-
-
-class WidgetView:
-    """An ipywidgets ``HTML`` widget updated in place (ipywidgets 7 and 8 both have it)."""
-
-    def __init__(self) -> None:
-        self.widget = ipywidgets.HTML(value="<code>monitor starting…</code>")
-        display(self.widget)
-
-    def update(self, reading: Reading) -> None:
-        self.widget.value = f"<code>{describe(reading)}</code>"
-
-    def close(self, final: str) -> None:
-        self.widget.value = f"<code>{final}</code>"
-
-
-def live_view(kind: str = "auto") -> TextView | WidgetView:
-    """A widget inside a Jupyter kernel (``kind`` ``"auto"`` or ``"widget"``), plain text
-    otherwise.
-
-    >>> type(live_view("text")).__name__
-    'TextView'
-    """
-    if kind in ("auto", "widget") and getattr(get_ipython(), "kernel", None) is not None:
-        return WidgetView()
-    return TextView()
+            self.write(text)
 
 
 # ----------------------------------------------------------------------------- monitor
@@ -273,7 +138,7 @@ class Monitor:
     ('cpu', True)
 
     ``source="auto"`` picks NVML, then nvidia-smi, then the CPU (:func:`pick_source`).
-    ``live`` is ``False``, ``True`` (a widget or text, see :func:`live_view`), or a view.
+    ``live`` is ``False``, ``True`` (a :class:`LiveView`), or a :class:`LiveView`.
     Readings take time in the sampling thread, not in your loop; :attr:`busy_s` sums it.
     """
 
@@ -282,7 +147,7 @@ class Monitor:
         interval_s: float = 0.5,
         gpu_index: int | None = 0,
         source: str = "auto",
-        live: bool | TextView | WidgetView = False,
+        live: bool | LiveView = False,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -294,7 +159,7 @@ class Monitor:
         self.live = live
         self.samples: list[Reading] = []
         self.busy_s = self.started_s = self.stopped_s = 0.0
-        self._view: TextView | WidgetView | None = None
+        self._view: LiveView | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._session: Any = None
@@ -308,8 +173,8 @@ class Monitor:
         if self.source == "auto":
             self.source = pick_source(self.gpu_index)
         if self.source == "cpu":
-            _cpu_reading()  # the first call only sets the reference for the percentages
-        self._view = live_view() if self.live is True else self.live or None
+            read("cpu")  # the first call only sets the reference for the percentages
+        self._view = LiveView() if self.live is True else self.live or None
         self.started_s = time.time()
         self._thread = threading.Thread(target=self._run, name="course-monitor", daemon=True)
         self._thread.start()
@@ -325,7 +190,7 @@ class Monitor:
             self._session.__exit__(None, None, None)
             self._session = None
         if self._view is not None:
-            self._view.close(self.summary_line())
+            self._view.show(self.summary_line(), final=True)
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -339,7 +204,7 @@ class Monitor:
         self.samples.append(reading)
         if self._view is not None:
             try:
-                self._view.update(reading)
+                self._view.show(describe(reading))
             except Exception:  # a closed notebook view must not kill sampling
                 self._view = None
         spent = time.perf_counter() - began
@@ -362,42 +227,39 @@ class Monitor:
         """``process_cpu_pct`` on a CPU (other programs do not count), else GPU-Util."""
         return "process_cpu_pct" if self._is_cpu() else "utilization_gpu_pct"
 
-    @property
-    def memory_key(self) -> str:
-        return "process_rss_mib" if self._is_cpu() else "memory_used_mib"
-
     def _is_cpu(self) -> bool:
         return bool(self.samples) and not self.samples[-1].on_gpu
 
-    def summary(self) -> MonitorSummary:
-        """Samples, seconds, mean and max utilization, peak memory, sampling cost."""
-        util = [r.utilization_pct for r in self.samples if r.utilization_pct is not None]
-        memory = [r.memory_mib for r in self.samples if r.memory_mib is not None]
-        return MonitorSummary(
-            source=self.samples[-1].source if self.samples else self.source,
-            samples=len(self.samples),
-            seconds=(self.stopped_s or time.time()) - self.started_s,
-            mean_util_pct=sum(util) / len(util) if util else None,
-            max_util_pct=max(util) if util else None,
-            peak_memory_mib=max(memory) if memory else None,
-            sampling_busy_s=self.busy_s,
-        )
+    def summary(self) -> dict[str, Any]:
+        """``source``, ``samples``, ``seconds``, ``mean_util_pct`` and ``max_util_pct``
+        (``None`` where not available, as under MIG), ``peak_memory_mib``, ``sampling_busy_s``."""
+        util = [v for v in self.series(self.utilization_key) if v is not None]
+        memory_key = "process_rss_mib" if self._is_cpu() else "memory_used_mib"
+        memory = [v for v in self.series(memory_key) if v is not None]
+        return {
+            "source": self.samples[-1].source if self.samples else self.source,
+            "samples": len(self.samples),
+            "seconds": (self.stopped_s or time.time()) - self.started_s,
+            "mean_util_pct": sum(util) / len(util) if util else None,
+            "max_util_pct": max(util) if util else None,
+            "peak_memory_mib": max(memory) if memory else None,
+            "sampling_busy_s": self.busy_s,
+        }
 
     def summary_line(self) -> str:
         """The summary in one line (the live view's final text)."""
         s = self.summary()
-        if s.source == "cpu":
+        if s["source"] == "cpu":
             what, util = "CPU (no GPU)", "this process's share of the cores"
         else:
-            what, util = f"GPU {self.gpu_index} ({s.source})", "GPU-Util"
-        if s.mean_util_pct is None or s.max_util_pct is None:
+            what, util = f"GPU {self.gpu_index} ({s['source']})", "GPU-Util"
+        line = f"{what}: {s['samples']} samples in {s['seconds']:.1f} s"
+        if s["mean_util_pct"] is None:
             mig = any(r.mig_enabled for r in self.samples)
-            note = ", GPU-Util not available under MIG" if mig else ""
-            return f"{what}: {s.samples} samples in {s.seconds:.1f} s{note}"
+            return line + (", GPU-Util not available under MIG" if mig else "")
         return (
-            f"{what}: {s.samples} samples in {s.seconds:.1f} s, {util} "
-            f"mean {s.mean_util_pct:.0f}% max {s.max_util_pct:.0f}%, "
-            f"peak memory {s.peak_memory_mib or 0:.0f} MiB"
+            f"{line}, {util} mean {s['mean_util_pct']:.0f}% max {s['max_util_pct']:.0f}%, "
+            f"peak memory {s['peak_memory_mib'] or 0:.0f} MiB"
         )
 
     def timeline(self, title: str | None = None) -> Any:
@@ -406,7 +268,8 @@ class Monitor:
         times = [reading.time_s - start for reading in self.samples]
         cpu = self._is_cpu()
         figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4))
-        for axes, key in ((top, self.utilization_key), (bottom, self.memory_key)):
+        memory_key = "process_rss_mib" if cpu else "memory_used_mib"
+        for axes, key in ((top, self.utilization_key), (bottom, memory_key)):
             values = [float("nan") if v is None else float(v) for v in self.series(key)]
             axes.plot(times, values, marker=".")
         top.set_ylabel("this process's CPU (%)" if cpu else "GPU-Util (%)")
@@ -464,7 +327,7 @@ def utilization_experiment(
         rows.append(
             {
                 "workload": name,
-                "source": monitor.summary().source,
+                "source": monitor.summary()["source"],
                 "mean_util_pct": sum(util) / len(util) if util else None,
                 "achieved_flops_per_s": result.flops_per_s if result else 0.0,
                 "mfu": result.mfu if result else 0.0,

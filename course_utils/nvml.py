@@ -1,11 +1,10 @@
 """NVML: what the NVIDIA driver knows about the GPUs, read without touching CUDA.
 
-The only module that imports ``pynvml``, from the official binding ``nvidia-ml-py`` (the
-``pynvml`` package on PyPI is a deprecated wrapper around it). NVML talks to the driver,
-not to the CUDA runtime, so nothing here creates a CUDA context: a later ``fork``
-(DataLoader workers, ``ddp_notebook``) still works. Every call goes through
-:func:`nvml_call`, which gives a default value instead of raising (no library, no driver,
-a query the GPU or MIG does not support, a driver error). Used by notebooks 01 and 02.
+The only module that imports ``pynvml`` (from the official binding ``nvidia-ml-py``).
+NVML talks to the driver, not the CUDA runtime, so nothing here creates a CUDA context
+and a later ``fork`` (DataLoader workers, ``ddp_notebook``) still works. Every call goes
+through :func:`nvml_call`, which gives a default instead of raising. Also the home of
+:class:`Reading`, one reading of a device, which :mod:`course_utils.monitor` samples.
 """
 
 from __future__ import annotations
@@ -13,9 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from course_utils.units import MIB
@@ -72,22 +72,15 @@ def nvml_call(function_name: str, *args: Any, default: T = None) -> Any | T:  # 
         return default
 
 
-def _start() -> str | None:
-    """Initialize NVML; return why it is not available, or ``None``."""
-    if _pynvml is None:
-        return "the NVML binding (nvidia-ml-py) is not installed"
-    try:
-        _pynvml.nvmlInit()
-    except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return f"NVML is not available ({str(error).strip() or type(error).__name__})"
-    return None
-
-
 @contextmanager
 def nvml_session() -> Iterator[str | None]:
-    """NVML initialized for the body of a ``with`` block; yields ``None``, or why NVML
-    is not available (then nothing needs shutting down)."""
-    problem = _start()
+    """NVML initialized for a ``with`` block; yields ``None``, or why NVML is not available."""
+    problem = None if _pynvml else "the NVML binding (nvidia-ml-py) is not installed"
+    try:
+        if _pynvml:
+            _pynvml.nvmlInit()
+    except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        problem = f"NVML is not available ({str(error).strip() or type(error).__name__})"
     try:
         yield problem
     finally:
@@ -97,8 +90,7 @@ def nvml_session() -> Iterator[str | None]:
 
 @contextmanager
 def gpu_handle(index: int) -> Iterator[Any]:
-    """An NVML session and the handle of GPU ``index`` for the body of a ``with`` block;
-    yields ``None`` when NVML or that GPU is not available."""
+    """An NVML session and GPU ``index``'s handle for a ``with`` block (``None``: unavailable)."""
     with nvml_session() as problem:
         yield None if problem else nvml_call("nvmlDeviceGetHandleByIndex", index)
 
@@ -139,14 +131,14 @@ def cuda_driver_version() -> str | None:
 
 
 def _identity(handle: Any) -> tuple[str | None, str | None, str | None]:
-    """``(name, uuid, bus_id)``: ``--query-gpu=name,uuid,pci.bus_id``."""
+    """``--query-gpu=name,uuid,pci.bus_id``."""
     bus_id = getattr(nvml_call("nvmlDeviceGetPciInfo", handle), "busId", None)
     name, uuid = (_text(nvml_call(f, handle)) for f in ("nvmlDeviceGetName", "nvmlDeviceGetUUID"))
     return name, uuid, _text(bus_id)
 
 
 def _memory_mib(handle: Any) -> tuple[int | None, int | None, int | None]:
-    """``(total, used, free)`` in MiB: ``--query-gpu=memory.total,memory.used,memory.free``."""
+    """``--query-gpu=memory.total,memory.used,memory.free`` in MiB."""
     memory = nvml_call("nvmlDeviceGetMemoryInfo", handle)
     values = (getattr(memory, field, None) for field in ("total", "used", "free"))
     total, used, free = (None if value is None else int(value) // MIB for value in values)
@@ -184,11 +176,7 @@ def _gpu_info(index: int) -> GpuInfo | None:
 
 
 def list_gpus() -> list[GpuInfo]:
-    """Every GPU the driver sees, in NVML (= nvidia-smi) order; ``[]`` without NVML.
-
-    Fields match ``nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,
-    memory.used,memory.free,compute_cap``.
-    """
+    """Every GPU the driver sees, in NVML (= nvidia-smi) order; ``[]`` without NVML."""
     with nvml_session() as problem:
         if problem:
             return []
@@ -214,8 +202,7 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
 
     Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
     (``"MIG-<uuid>"``: the GPU that holds the slice). Like CUDA, the list stops at the
-    first entry that names no GPU; ``"-1"`` or ``""`` hides every GPU. The order is PCI
-    order, as NVML's, once :func:`align_cuda_device_order` has run.
+    first entry that names no GPU (``"-1"`` or ``""`` hide every GPU).
 
     >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
@@ -244,13 +231,9 @@ def visible_gpus() -> list[GpuInfo]:
 
 
 def align_cuda_device_order() -> bool:
-    """Make CUDA number GPUs in PCI order, as NVML and nvidia-smi do; return whether
-    the order is now PCI order. ``import course_utils`` calls it.
-
-    CUDA's default order is fastest-first: with different GPUs, ``cuda:0`` may be NVML's
-    GPU 1. Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` unless it is set already or CUDA has
-    started in this process (too late: CUDA reads it once).
-    """
+    """Make CUDA number GPUs in PCI order, as NVML does (CUDA's default is fastest-first);
+    return whether the order is PCI order. ``import course_utils`` calls it; too late once
+    CUDA has started (it reads ``CUDA_DEVICE_ORDER`` once), and a set value is kept."""
     order = os.environ.get("CUDA_DEVICE_ORDER")
     if order is not None:
         return order == "PCI_BUS_ID"
@@ -261,8 +244,7 @@ def align_cuda_device_order() -> bool:
 
 
 def _running_cuda() -> Any:
-    """``torch.cuda`` once CUDA has started in this process, else ``None`` (read from
-    ``sys.modules``: this module never imports torch)."""
+    """``torch.cuda`` once CUDA runs in this process, else ``None`` (torch is not imported)."""
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     return cuda if cuda is not None and getattr(cuda, "is_initialized", bool)() else None
 
@@ -276,12 +258,9 @@ def _bare_uuid(uuid: str) -> str:
 
 def _cuda_uuid(cuda_index: int) -> str | None:
     """The UUID CUDA reports for ``cuda:k``, only when CUDA is already initialized."""
-    cuda = _running_cuda()
-    if cuda is None:
-        return None
     try:
-        uuid = getattr(cuda.get_device_properties(cuda_index), "uuid", None)
-    except Exception:  # no such device, or an old torch
+        uuid = getattr(_running_cuda().get_device_properties(cuda_index), "uuid", None)
+    except Exception:  # CUDA not running, no such device, or an old torch
         return None
     return None if uuid is None else str(uuid)
 
@@ -289,8 +268,8 @@ def _cuda_uuid(cuda_index: int) -> str | None:
 def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> GpuInfo | None:
     """The NVML view of ``cuda:<cuda_index>`` (``None`` when NVML does not know it): the
     one place the course maps CUDA's numbering to NVML's. Once CUDA runs, the device's
-    UUID decides (in any order, MIG included); before, ``cuda:k`` is the k-th GPU that
-    ``CUDA_VISIBLE_DEVICES`` leaves, in PCI order. ``gpus`` defaults to :func:`list_gpus`.
+    UUID decides (MIG included); before, ``cuda:k`` is the k-th GPU ``CUDA_VISIBLE_DEVICES``
+    leaves. ``gpus`` defaults to :func:`list_gpus`.
 
     >>> gpus = [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
     ...         GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)]
@@ -352,31 +331,69 @@ def _processes(handle: Any) -> tuple[GpuProcess, ...]:
 
 
 @dataclass(frozen=True)
-class GpuSnapshot:
-    """One reading of a GPU's state; ``None`` where the GPU or driver cannot say.
+class Reading:
+    """One reading of a device: a GPU's (NVML or nvidia-smi) or, without one, the CPU's.
 
-    Each field names its ``nvidia-smi --query-gpu`` counterpart.
+    GPU fields name their ``nvidia-smi --query-gpu`` counterparts and are ``None`` where
+    the GPU or driver cannot say (utilization under MIG, power on some boards); CPU
+    readings fill the ``cpu_*``/``process_*`` fields instead. ``reading["field"]`` and
+    ``reading.get("field")`` raise ``KeyError`` for a name that is not a field.
     """
 
-    index: int  # index
-    utilization_gpu_pct: int | None  # utilization.gpu: % of time a kernel was running
-    utilization_memory_pct: int | None  # utilization.memory: % of time memory was read/written
-    memory_used_mib: int | None  # memory.used
-    memory_total_mib: int | None  # memory.total
-    power_draw_w: float | None  # power.draw
-    power_limit_w: float | None  # enforced.power.limit (power.limit unless lowered)
-    temperature_c: int | None  # temperature.gpu
-    sm_clock_mhz: int | None  # clocks.sm
-    pstate: str | None  # pstate, "P0" (fastest) to "P12"
+    time_s: float
+    source: str  # "nvml", "nvidia-smi" or "cpu"
+    gpu_index: int | None = None  # index (NVML numbering)
+    utilization_gpu_pct: float | None = None  # utilization.gpu: % of time a kernel ran
+    utilization_memory_pct: float | None = None  # utilization.memory
+    memory_used_mib: float | None = None  # memory.used
+    memory_total_mib: float | None = None  # memory.total
+    memory_free_mib: float | None = None  # memory.free
+    power_draw_w: float | None = None  # power.draw
+    power_limit_w: float | None = None  # enforced.power.limit (power.limit unless lowered)
+    temperature_c: float | None = None  # temperature.gpu
+    sm_clock_mhz: float | None = None  # clocks.sm
+    pstate: str | None = None  # pstate, "P0" (fastest) to "P12"
     name: str | None = None  # name
     uuid: str | None = None  # uuid
     bus_id: str | None = None  # pci.bus_id
-    memory_free_mib: int | None = None  # memory.free
     mig_enabled: bool | None = None  # mig.mode.current (utilization is None when True)
-    processes: tuple[GpuProcess, ...] = ()  # --query-compute-apps (and graphics apps)
+    processes: tuple[GpuProcess, ...] = ()  # --query-compute-apps (NVML, when asked)
+    cpu_util_pct: float | None = None  # every process on the machine, all cores
+    process_cpu_pct: float | None = None  # this process, as a share of all cores
+    process_rss_mib: float | None = None  # this process's resident memory
+
+    def __getitem__(self, key: str) -> Any:
+        names = [field.name for field in fields(self)]
+        if key not in names:
+            raise KeyError(f"{key!r}: a Reading has {', '.join(names)}")
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field's value, or ``default`` when it is ``None`` (not available)."""
+        value = self[key]
+        return default if value is None else value
+
+    def items(self) -> list[tuple[str, Any]]:
+        """``(field, value)`` for the fields that have a value, in order (for printing)."""
+        pairs = ((field.name, getattr(self, field.name)) for field in fields(self))
+        return [(name, value) for name, value in pairs if value not in (None, ())]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.source != "cpu"
+
+    def numeric(self) -> dict[str, float]:
+        """The numeric fields that have a value (for loggers), without time and index.
+
+        >>> Reading(1.0, "cpu", cpu_util_pct=50, process_rss_mib=80.5).numeric()
+        {'cpu_util_pct': 50.0, 'process_rss_mib': 80.5}
+        """
+        skip = ("time_s", "gpu_index")
+        pairs = ((k, v) for k, v in self.items() if k not in skip and not isinstance(v, bool))
+        return {k: float(v) for k, v in pairs if isinstance(v, int | float)}
 
 
-def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
+def snapshot(index: int, processes: bool = True) -> Reading | None:
     """Read the state of GPU ``index`` (NVML numbering) and, with ``processes=True``, its
     processes; ``None`` when NVML or that GPU is not available."""
     with gpu_handle(index) as handle:
@@ -386,12 +403,15 @@ def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
         name, uuid, bus_id = _identity(handle)
         rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)  # not supported under MIG
         state = nvml_call("nvmlDeviceGetPerformanceState", handle)
-        return GpuSnapshot(
-            index=index,
+        return Reading(
+            time.time(),
+            "nvml",
+            index,
             utilization_gpu_pct=getattr(rates, "gpu", None),
             utilization_memory_pct=getattr(rates, "memory", None),
             memory_used_mib=used,
             memory_total_mib=total,
+            memory_free_mib=free,
             power_draw_w=_watts(nvml_call("nvmlDeviceGetPowerUsage", handle)),
             power_limit_w=_watts(nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)),
             temperature_c=nvml_call("nvmlDeviceGetTemperature", handle, 0),  # 0: GPU die
@@ -400,28 +420,21 @@ def snapshot(index: int, processes: bool = True) -> GpuSnapshot | None:
             name=name,
             uuid=uuid,
             bus_id=bus_id,
-            memory_free_mib=free,
             mig_enabled=_mig_enabled(handle),
             processes=_processes(handle) if processes else (),
         )
 
 
 def process_memory_used_mib(index: int, pid: int | None = None) -> int | None:
-    """GPU memory in MiB that process ``pid`` (default: this one) uses on GPU ``index``
-    (NVML numbering); ``None`` when NVML, the GPU or the process cannot be seen.
-
-    nvidia-smi's "GPU Memory Usage" column (``--query-compute-apps=pid,used_memory``):
-    the CUDA context plus all the process's allocators reserved. In a container with its
-    own PID namespace NVML may report host PIDs, and the process is not found.
+    """GPU memory in MiB that process ``pid`` (default: this one) holds on GPU ``index``
+    (NVML numbering): the context plus what its allocators reserved, nvidia-smi's "GPU
+    Memory Usage"; ``None`` when NVML, the GPU or the process cannot be seen (in a
+    container with its own PID namespace NVML may report host PIDs).
 
     >>> process_memory_used_mib(10_000) is None  # no such GPU
     True
     """
     wanted = os.getpid() if pid is None else pid
-    with gpu_handle(index) as handle:
-        found = (
-            [p.used_memory_mib for p in _processes(handle) if p.pid == wanted]
-            if handle is not None
-            else []
-        )
-        return found[0] if found else None
+    shot = snapshot(index)
+    found = [p.used_memory_mib for p in shot.processes if p.pid == wanted] if shot else []
+    return found[0] if found else None

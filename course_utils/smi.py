@@ -48,11 +48,7 @@ def to_float(text: str | None) -> float | None:
 
 
 def to_int(text: str | None) -> int | None:
-    """:func:`to_float`, rounded.
-
-    >>> to_int("81559 MiB"), to_int("38 %"), to_int("[N/A]"), to_int("41C")
-    (81559, 38, None, 41)
-    """
+    """:func:`to_float`, rounded: ``to_int("81559 MiB") == 81559``, ``to_int("[N/A]") is None``."""
     value = to_float(text)
     return None if value is None else round(value)
 
@@ -72,15 +68,8 @@ def _value(key: str, raw: str | None) -> Any:
 
 
 def _result(form: str, **values: Any) -> dict[str, Any]:
-    keys = ("driver_version", "cuda_version")
-    return {
-        "format": form,
-        **dict.fromkeys(keys),
-        "gpus": [],
-        "processes": [],
-        "diagnostics": [],
-        **values,
-    }
+    empty = {"driver_version": None, "cuda_version": None, "gpus": [], "processes": []}
+    return {"format": form, **empty, "diagnostics": [], **values}
 
 
 def strip_provenance(text: str) -> tuple[str | None, str]:
@@ -134,17 +123,9 @@ def parse(text: str, fields: list[str] | None = None, query: str | None = None) 
     """
     _, body = strip_provenance(text)
     form = detect_format(body)
-    if form == "csv":
-        result = parse_csv(body, fields, query)
-    else:
-        parsers = {
-            "table": parse_table,
-            "xml": parse_xml,
-            "list": parse_list,
-            "dmon": parse_dmon,
-            "version": parse_version,
-        }
-        result = parsers[form](body)
+    parsers = {"table": parse_table, "xml": parse_xml, "list": parse_list}
+    parsers |= {"dmon": parse_dmon, "version": parse_version}
+    result = parse_csv(body, fields, query) if form == "csv" else parsers[form](body)
     result["diagnostics"] = result["diagnostics"] + diagnose(result)
     return result
 
@@ -562,12 +543,34 @@ def parse_version(text: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- diagnose / explain
 
 
-def diagnose(parsed: dict[str, Any]) -> list[dict[str, str]]:
-    """What a learner should notice in a parsed output, as ``{"code", "message"}`` dicts.
+# diagnose's messages by code, formatted with the GPU's label and the values checked
+_ADVICE = {
+    "busy-but-low-power": "{label}: GPU-Util {util}% but power {draw:.0f} W of {cap:.0f} W "
+    "({share:.0%}): kernels were running, yet the GPU was mostly idle. GPU-Util is the share of "
+    "time ANY kernel ran, not how much of the GPU worked (many tiny kernels, or one small one, "
+    "give 100%).",
+    "memory-without-processes": "{label}: {used} MiB used but no process listed. The process "
+    "runs in another container or PID namespace (Colab, Docker, Kubernetes), where nvidia-smi "
+    "cannot see its PID; torch.cuda.memory_reserved() in that process shows it.",
+    "mig-no-utilization": "{label}: GPU-Util is N/A because MIG is enabled: the GPU is split "
+    "into instances and NVML reports no utilization for them (use DCGM metrics).",
+    "memory-nearly-full": "{label}: memory {used} of {total} MiB ({share:.0%}) is in use: the "
+    "next allocation may fail with CUDA out of memory. PyTorch's caching allocator keeps freed "
+    "blocks reserved, so this can be cache, not tensors.",
+    "power-read-error": "{label}: the power sensor reading failed (ERR!): a driver or board "
+    "problem worth reporting to the machine's administrators.",
+    "extra-contexts-on-gpu0": "{count} processes (PIDs {pids}) each hold memory on GPU 0 while "
+    "also running on another GPU: each rank created a CUDA context on GPU 0. Call "
+    "torch.cuda.set_device(local_rank) before any CUDA work in every rank (and map_location "
+    "when loading checkpoints).",
+    "wddm-no-process-memory": "Windows (WDDM) does not report memory per process: N/A is "
+    "expected there.",
+}
 
-    Codes: ``busy-but-low-power``, ``memory-without-processes``, ``mig-no-utilization``,
-    ``memory-nearly-full``, ``power-read-error``, ``extra-contexts-on-gpu0``,
-    ``wddm-no-process-memory``.
+
+def diagnose(parsed: dict[str, Any]) -> list[dict[str, str]]:
+    """What a learner should notice in a parsed output, as ``{"code", "message"}`` dicts
+    (the codes are :data:`_ADVICE`'s keys).
 
     >>> gpu = dict(index=0, utilization_gpu_pct=100, power_draw_w=60.0, power_limit_w=700.0)
     >>> [d["code"] for d in diagnose({"gpus": [gpu], "processes": []})]
@@ -575,70 +578,37 @@ def diagnose(parsed: dict[str, Any]) -> list[dict[str, str]]:
     """
     found: list[dict[str, str]] = []
 
-    def add(code: str, message: str) -> None:
-        found.append({"code": code, "message": message})
+    def add(code: str, **values: Any) -> None:
+        found.append({"code": code, "message": _ADVICE[code].format(**values)})
 
-    processes = parsed.get("processes", [])
-    for gpu in parsed.get("gpus", []):
+    processes, gpus = parsed.get("processes", []), parsed.get("gpus", [])
+    for gpu in gpus:
         label = f"GPU {gpu.get('index')}"
-        util, draw, cap = (
-            gpu.get(k) for k in ("utilization_gpu_pct", "power_draw_w", "power_limit_w")
+        keys = ("utilization_gpu_pct", "power_draw_w", "power_limit_w")
+        util, draw, cap, used, total = (
+            gpu.get(k) for k in (*keys, "memory_used_mib", "memory_total_mib")
         )
         if util is not None and util >= 80 and draw is not None and cap and draw < 0.4 * cap:
-            add(
-                "busy-but-low-power",
-                f"{label}: GPU-Util {util}% but power {draw:.0f} W of {cap:.0f} W "
-                f"({draw / cap:.0%}): kernels were running, yet the GPU was mostly idle. "
-                "GPU-Util is the share of time ANY kernel ran, not how much of the GPU "
-                "worked (many tiny kernels, or one small one, give 100%).",
-            )
-        used, total = gpu.get("memory_used_mib"), gpu.get("memory_total_mib")
-        on_gpu = [p for p in processes if p.get("gpu_index") == gpu.get("index")]
+            add("busy-but-low-power", label=label, util=util, draw=draw, cap=cap, share=draw / cap)
+        on_gpu = any(p.get("gpu_index") == gpu.get("index") for p in processes)
         if parsed.get("process_section") and used is not None and used >= 100 and not on_gpu:
-            add(
-                "memory-without-processes",
-                f"{label}: {used} MiB used but no process listed. The process runs in another "
-                "container or PID namespace (Colab, Docker, Kubernetes), where nvidia-smi "
-                "cannot see its PID; torch.cuda.memory_reserved() in that process shows it.",
-            )
+            add("memory-without-processes", label=label, used=used)
         if util is None and (gpu.get("mig_mode") or "").lower() in ("enabled", "on"):
-            add(
-                "mig-no-utilization",
-                f"{label}: GPU-Util is N/A because MIG is enabled: the GPU is split into "
-                "instances and NVML reports no utilization for them (use DCGM metrics).",
-            )
+            add("mig-no-utilization", label=label)
         if used is not None and total and used / total >= 0.95:
-            add(
-                "memory-nearly-full",
-                f"{label}: memory {used} of {total} MiB ({used / total:.0%}) is in use: the "
-                "next allocation may fail with CUDA out of memory. PyTorch's caching "
-                "allocator keeps freed blocks reserved, so this can be cache, not tensors.",
-            )
+            add("memory-nearly-full", label=label, used=used, total=total, share=used / total)
         if "power_draw_w=ERR!" in gpu.get("raw_not_available", []):
-            add(
-                "power-read-error",
-                f"{label}: the power sensor reading failed (ERR!): a driver or board problem "
-                "worth reporting to the machine's administrators.",
-            )
+            add("power-read-error", label=label)
     gpus_of: dict[int, set[int]] = {}
     for process in processes:
         if process.get("pid") is not None and process.get("gpu_index") is not None:
             gpus_of.setdefault(process["pid"], set()).add(process["gpu_index"])
-    extra = sorted(pid for pid, gpus in gpus_of.items() if 0 in gpus and len(gpus) > 1)
+    extra = sorted(pid for pid, on in gpus_of.items() if 0 in on and len(on) > 1)
     if len(extra) >= 2:
-        add(
-            "extra-contexts-on-gpu0",
-            f"{len(extra)} processes (PIDs {', '.join(map(str, extra))}) each hold memory on "
-            "GPU 0 while also running on another GPU: each rank created a CUDA context on "
-            "GPU 0. Call torch.cuda.set_device(local_rank) before any CUDA work in every "
-            "rank (and map_location when loading checkpoints).",
-        )
+        add("extra-contexts-on-gpu0", count=len(extra), pids=", ".join(map(str, extra)))
     wddm = [p for p in processes if p.get("used_memory_mib") is None and p.get("type") == "C+G"]
-    if wddm and any(gpu.get("driver_model") == "WDDM" for gpu in parsed.get("gpus", [])):
-        add(
-            "wddm-no-process-memory",
-            "Windows (WDDM) does not report memory per process: N/A is expected there.",
-        )
+    if wddm and any(gpu.get("driver_model") == "WDDM" for gpu in gpus):
+        add("wddm-no-process-memory")
     return found
 
 
@@ -661,13 +631,6 @@ def _show(value: Any, unit: str = "") -> str:
     if value is None:
         return "N/A"
     return f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
-
-
-def _process_line(p: dict[str, Any]) -> str:
-    return (
-        f"GPU {_show(p.get('gpu_index'))} PID {_show(p.get('pid'))} {_show(p.get('type'))} "
-        f"{_show(p.get('name'))}: {_show(p.get('used_memory_mib'), ' MiB')}"
-    )
 
 
 def explain(output: str | dict[str, Any], fields: list[str] | None = None) -> str:
@@ -697,34 +660,15 @@ def explain(output: str | dict[str, Any], fields: list[str] | None = None) -> st
             lines.append(f"  MIG mode: {gpu['mig_mode']} (Enabled: split into isolated instances)")
     if parsed["processes"]:
         lines.append("processes (type C = compute, G = graphics, C+G = both):")
-        lines += [f"  {_process_line(p)}" for p in parsed["processes"]]
+        lines += [
+            f"  GPU {_show(p.get('gpu_index'))} PID {_show(p.get('pid'))} {_show(p.get('type'))} "
+            f"{_show(p.get('name'))}: {_show(p.get('used_memory_mib'), ' MiB')}"
+            for p in parsed["processes"]
+        ]
     elif parsed.get("process_section"):
         lines.append("processes: none listed")
     lines.append("diagnostics:" if parsed["diagnostics"] else "diagnostics: nothing unusual")
     lines += [f"  [{d['code']}] {d['message']}" for d in parsed["diagnostics"]]
-    return "\n".join(lines)
-
-
-def summary_line(parsed: dict[str, Any]) -> str:
-    """One line per GPU and process, for ``python -m course_utils smi parse FILE``.
-
-    >>> summary_line(parse("GPU 0: Tesla T4 (UUID: GPU-1234)")).splitlines()[0]
-    'format list, driver ?, CUDA ?, 1 GPU(s), 0 process(es)'
-    """
-    lines = [
-        f"format {parsed['format']}, driver {parsed.get('driver_version') or '?'}, "
-        f"CUDA {parsed.get('cuda_version') or '?'}, {len(parsed['gpus'])} GPU(s), "
-        f"{len(parsed['processes'])} process(es)"
-    ]
-    for gpu in parsed["gpus"]:
-        lines.append(
-            f"GPU {_show(gpu.get('index'))} {_show(gpu.get('name'))}: "
-            f"{_show(gpu.get('memory_used_mib'))}/{_show(gpu.get('memory_total_mib'), ' MiB')}, "
-            f"util {_show(gpu.get('utilization_gpu_pct'), '%')}, "
-            f"power {_show(gpu.get('power_draw_w'), ' W')}/{_show(gpu.get('power_limit_w'), ' W')}"
-        )
-    lines += [_process_line(p) for p in parsed["processes"]]
-    lines += [f"[{d['code']}] {d['message']}" for d in parsed["diagnostics"]]
     return "\n".join(lines)
 
 
@@ -749,20 +693,13 @@ def find_smi() -> str | None:
 
 
 def run_smi(args: list[str] | tuple[str, ...] = (), timeout_s: float = 10.0) -> SmiRun:
-    """Run ``nvidia-smi *args`` (no shell) with a timeout; never raises.
-
-    A hung nvidia-smi (a GPU falling off the bus does that) must not hang a notebook.
-    """
-    binary = find_smi()
-    if binary is None:
-        where = f"looked on PATH and at {COLAB_PATH}"
-        return SmiRun(
-            False, "", f"nvidia-smi not found (no NVIDIA driver on this machine; {where})"
-        )
+    """Run ``nvidia-smi *args`` (no shell) with a timeout (a GPU fallen off the bus hangs
+    nvidia-smi, and must not hang a notebook); never raises."""
+    if (binary := find_smi()) is None:
+        where = f"no NVIDIA driver on this machine; looked on PATH and at {COLAB_PATH}"
+        return SmiRun(False, "", f"nvidia-smi not found ({where})")
     try:
-        done = subprocess.run(
-            [binary, *args], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return SmiRun(False, "", f"nvidia-smi did not answer within {timeout_s:g} s")
     except OSError as error:

@@ -51,11 +51,12 @@ def test_a_reading_refuses_names_it_does_not_have(fake_t4):
 def test_fake_nvml_readings_reach_every_consumer(fake_t4):
     # the monitor: samples, summary, the live line and the plot
     lines: list[str] = []
-    view = monitor.TextView(every_s=0, write=lines.append)
+    view = monitor.LiveView(every_s=0, write=lines.append)
     with Monitor(interval_s=0.02, gpu_index=0, live=view) as running:
         time.sleep(0.06)
     summary = running.summary()
-    assert (summary.source, summary.mean_util_pct, summary.peak_memory_mib) == ("nvml", 97, 5000)
+    assert (summary["source"], summary["mean_util_pct"], summary["peak_memory_mib"]) == (
+        "nvml", 97, 5000)
     assert "util 97% | memory 5000/15360 MiB" in lines[0] and "GPU-Util mean 97%" in lines[-1]
 
     # the capstone's run summary
@@ -85,8 +86,8 @@ def test_under_mig_utilization_is_not_available_and_said_so(fake_t4):
     with Monitor(interval_s=0.02, gpu_index=0) as running:
         time.sleep(0.05)
     summary = running.summary()
-    assert summary.source == "nvml" and summary.mean_util_pct is None
-    assert summary.peak_memory_mib == 5000
+    assert summary["source"] == "nvml" and summary["mean_util_pct"] is None
+    assert summary["peak_memory_mib"] == 5000
     assert "not available under MIG" in running.summary_line()
     assert "util N/A (MIG)" in monitor.describe(running.samples[-1])
     run = capstone.RecipeRun(capstone.SLOW, LoopProfile(), running.samples[-1], "cuda:0")

@@ -11,7 +11,7 @@ import pytest
 from test_nvml import full_fake
 
 from course_utils import monitor, nvml
-from course_utils.monitor import Monitor, TextView, WidgetView
+from course_utils.monitor import LiveView, Monitor
 
 matplotlib.use("Agg")
 
@@ -21,7 +21,7 @@ def test_sample_keeps_its_flat_shape_on_cpu():
     assert isinstance(reading, monitor.Reading) and reading.source == "cpu"
     assert reading.cpu_util_pct is not None and reading.process_cpu_pct is not None
     assert reading.process_rss_mib > 10  # a Python process with numpy loaded
-    assert reading.utilization_gpu_pct is None and reading.memory_mib == reading.process_rss_mib
+    assert reading.utilization_gpu_pct is None and reading.memory_used_mib is None
 
 
 def test_cpu_monitor_collects_labelled_samples_and_plots_them():
@@ -35,9 +35,9 @@ def test_cpu_monitor_collects_labelled_samples_and_plots_them():
     times = running.series("time_s")
     assert times == sorted(times)
     summary = running.summary()
-    assert summary.samples == len(running.samples) and summary.peak_memory_mib > 10
-    assert 0 <= summary.mean_util_pct <= 100
-    assert summary.sampling_busy_s < summary.seconds
+    assert summary["samples"] == len(running.samples) and summary["peak_memory_mib"] > 10
+    assert 0 <= summary["mean_util_pct"] <= 100
+    assert summary["sampling_busy_s"] < summary["seconds"]
     figure = running.timeline()
     assert len(figure.axes) == 2 and "CPU" in figure.axes[0].get_ylabel()
 
@@ -45,7 +45,7 @@ def test_cpu_monitor_collects_labelled_samples_and_plots_them():
 def test_monitor_reads_nvml_and_shows_text_lines(monkeypatch):
     monkeypatch.setattr(nvml, "_pynvml", full_fake())
     lines: list[str] = []
-    with Monitor(interval_s=0.02, gpu_index=0, live=TextView(every_s=0, write=lines.append)) as m:
+    with Monitor(interval_s=0.02, gpu_index=0, live=LiveView(every_s=0, write=lines.append)) as m:
         time.sleep(0.1)
     assert m.source == "nvml"
     assert all(s.source == "nvml" and s.utilization_gpu_pct == 97 for s in m.samples)
@@ -81,12 +81,12 @@ def test_without_any_gpu_source_auto_means_cpu(monkeypatch, tmp_path):
 
 
 def test_widget_view_updates_in_place(capsys):
-    view = WidgetView()  # ipywidgets 8 here; the HTML widget exists in 7 as well
-    view.update(monitor.Reading(0.0, "cpu", cpu_util_pct=12.0, process_rss_mib=100.0))
+    view = LiveView(widget=True)  # ipywidgets 8 here; the HTML widget exists in 7 as well
+    view.show(monitor.describe(monitor.Reading(0.0, "cpu", cpu_util_pct=12.0)))
     assert "CPU (no GPU): utilization 12%" in view.widget.value
-    view.close("done")
+    view.show("done", final=True)
     assert view.widget.value == "<code>done</code>"
-    assert type(monitor.live_view("auto")).__name__ == "TextView"  # not inside a kernel
+    assert LiveView().widget is None  # not inside a kernel: text lines
 
 
 def test_bad_arguments_are_refused():
