@@ -1,9 +1,8 @@
 """Sampling GPU (or, without one, CPU) utilization and memory over time.
 
-:func:`sample` takes one :class:`Reading`; :class:`Monitor` samples in a background thread
-while your code runs, from NVML, else ``nvidia-smi --query-gpu`` (no NVML binding), else
-psutil (no GPU), optionally shown live, and plots the readings afterwards. Used by
-notebook 02, the Lightning utilization callback (notebook 05) and the capstone.
+:func:`sample` takes one :class:`~course_utils.nvml.Reading`; :class:`Monitor` samples in a
+background thread from NVML, else ``nvidia-smi --query-gpu``, else psutil (no GPU), can
+show them live, and plots them afterwards.
 """
 
 from __future__ import annotations
@@ -156,10 +155,9 @@ class Monitor:
         self.interval_s = interval_s
         self.gpu_index = gpu_index
         self.source = "cpu" if gpu_index is None else source
-        self.live = live
         self.samples: list[Reading] = []
         self.busy_s = self.started_s = self.stopped_s = 0.0
-        self._view: LiveView | None = None
+        self._view = LiveView() if live is True else live or None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._session: Any = None
@@ -174,7 +172,6 @@ class Monitor:
             self.source = pick_source(self.gpu_index)
         if self.source == "cpu":
             read("cpu")  # the first call only sets the reference for the percentages
-        self._view = LiveView() if self.live is True else self.live or None
         self.started_s = time.time()
         self._thread = threading.Thread(target=self._run, name="course-monitor", daemon=True)
         self._thread.start()

@@ -88,13 +88,6 @@ def nvml_session() -> Iterator[str | None]:
             nvml_call("nvmlShutdown")
 
 
-@contextmanager
-def gpu_handle(index: int) -> Iterator[Any]:
-    """An NVML session and GPU ``index``'s handle for a ``with`` block (``None``: unavailable)."""
-    with nvml_session() as problem:
-        yield None if problem else nvml_call("nvmlDeviceGetHandleByIndex", index)
-
-
 def nvml_status() -> str:
     """``"ok"`` when NVML answers, otherwise the reason it does not (one line)."""
     with nvml_session() as problem:
@@ -151,10 +144,6 @@ def _mig_enabled(handle: Any) -> bool | None:
     return bool(modes[0]) if modes else None
 
 
-def _watts(milliwatts: int | None) -> float | None:
-    return None if milliwatts is None else milliwatts / 1000
-
-
 def _gpu_info(index: int) -> GpuInfo | None:
     handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
     if handle is None:
@@ -185,7 +174,9 @@ def list_gpus() -> list[GpuInfo]:
 
 
 def _matches(entry: str, gpu: GpuInfo) -> bool:
-    """Whether a ``CUDA_VISIBLE_DEVICES`` entry that is not an index names ``gpu``."""
+    """Whether a ``CUDA_VISIBLE_DEVICES`` entry names ``gpu``."""
+    if entry.lstrip("-").isdigit():
+        return gpu.index == int(entry)
     if entry.startswith("MIG-"):
         # A MIG device (what Slurm and Kubernetes set): "MIG-<uuid>" names a slice of the
         # GPU; the old form "MIG-GPU-<uuid>/<gi>/<ci>" names its parent GPU.
@@ -211,14 +202,8 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
     if value is None:
         return list(gpus)
     chosen: list[GpuInfo] = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        match: GpuInfo | None = None
-        if entry.lstrip("-").isdigit():
-            number = int(entry)
-            match = next((gpu for gpu in gpus if gpu.index == number), None)
-        elif entry:
-            match = next((gpu for gpu in gpus if _matches(entry, gpu)), None)
+    for entry in (raw.strip() for raw in value.split(",")):
+        match = next((gpu for gpu in gpus if entry and _matches(entry, gpu)), None)
         if match is None or match in chosen:
             break
         chosen.append(match)
@@ -250,10 +235,7 @@ def _running_cuda() -> Any:
 
 
 def _bare_uuid(uuid: str) -> str:
-    for prefix in ("MIG-", "GPU-"):
-        if uuid.startswith(prefix):
-            uuid = uuid[len(prefix) :]
-    return uuid.lower()
+    return uuid.removeprefix("MIG-").removeprefix("GPU-").lower()
 
 
 def _cuda_uuid(cuda_index: int) -> str | None:
@@ -396,13 +378,16 @@ class Reading:
 def snapshot(index: int, processes: bool = True) -> Reading | None:
     """Read the state of GPU ``index`` (NVML numbering) and, with ``processes=True``, its
     processes; ``None`` when NVML or that GPU is not available."""
-    with gpu_handle(index) as handle:
+    with nvml_session() as problem:
+        handle = None if problem else nvml_call("nvmlDeviceGetHandleByIndex", index)
         if handle is None:
             return None
         total, used, free = _memory_mib(handle)
         name, uuid, bus_id = _identity(handle)
         rates = nvml_call("nvmlDeviceGetUtilizationRates", handle)  # not supported under MIG
         state = nvml_call("nvmlDeviceGetPerformanceState", handle)
+        power = ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit")
+        milliwatts = [nvml_call(function, handle) for function in power]
         return Reading(
             time.time(),
             "nvml",
@@ -412,8 +397,8 @@ def snapshot(index: int, processes: bool = True) -> Reading | None:
             memory_used_mib=used,
             memory_total_mib=total,
             memory_free_mib=free,
-            power_draw_w=_watts(nvml_call("nvmlDeviceGetPowerUsage", handle)),
-            power_limit_w=_watts(nvml_call("nvmlDeviceGetEnforcedPowerLimit", handle)),
+            power_draw_w=milliwatts[0] / 1000 if milliwatts[0] is not None else None,
+            power_limit_w=milliwatts[1] / 1000 if milliwatts[1] is not None else None,
             temperature_c=nvml_call("nvmlDeviceGetTemperature", handle, 0),  # 0: GPU die
             sm_clock_mhz=nvml_call("nvmlDeviceGetClockInfo", handle, 1),  # 1: NVML_CLOCK_SM
             pstate=None if state is None or int(state) == 32 else f"P{int(state)}",  # 32: unknown

@@ -68,7 +68,7 @@ def _value(key: str, raw: str | None) -> Any:
 
 
 def _result(form: str, **values: Any) -> dict[str, Any]:
-    empty = {"driver_version": None, "cuda_version": None, "gpus": [], "processes": []}
+    empty: dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": [], "processes": []}
     return {"format": form, **empty, "diagnostics": [], **values}
 
 
@@ -162,7 +162,8 @@ def parse_table(text: str) -> dict[str, Any]:
     else:
         message = "no NVIDIA-SMI header line: a fragment of a table"
         result["diagnostics"].append({"code": "no-header", "message": message})
-    section, gpu, gpu_line, mig = "gpus", None, 0, None
+    section, gpu_line, mig = "gpus", 0, None
+    gpu: dict[str, Any] | None = None
     for line in text.splitlines():
         stripped = line.strip()
         if "MIG devices:" in stripped:
@@ -221,28 +222,22 @@ def parse_table(text: str) -> dict[str, Any]:
                     gpu["driver_model"] = first[3]
                 result["gpus"].append(gpu)
                 gpu_line = 1
-        else:
-            gpu_line += 1
-            if gpu_line == 2:
-                _table_gpu_line2(gpu, cells)
-            elif gpu_line == 3:
-                gpu["mig_mode"] = _text(cells[2])
+        elif (gpu_line := gpu_line + 1) == 2:  # fan, temperature, perf, power; memory; util
+            second = _GPU_LINE2.match(cells[0])
+            line2 = ("fan_pct", "temperature_c", "pstate", "power_draw_w", "power_limit_w")
+            for key, raw in zip(line2, second.groups() if second else (), strict=False):
+                gpu[key] = _value(key, raw)
+                if raw.strip() == "ERR!":
+                    gpu["raw_not_available"].append(f"{key}=ERR!")
+            gpu["memory_used_mib"], gpu["memory_total_mib"] = _memory_pair(cells[1])
+            if util := re.match(r"\s*(\S+)\s+(.*?)\s*$", cells[2]):
+                gpu["utilization_gpu_pct"] = to_int(util[1])
+                gpu["compute_mode"] = _text(util[2])
+        elif gpu_line == 3:
+            gpu["mig_mode"] = _text(cells[2])
     if not result["gpus"] and not result["processes"]:
         raise SmiParseError("no GPU rows found: this is not an nvidia-smi table")
     return result
-
-
-def _table_gpu_line2(gpu: dict[str, Any], cells: list[str]) -> None:
-    if second := _GPU_LINE2.match(cells[0]):
-        keys = ("fan_pct", "temperature_c", "pstate", "power_draw_w", "power_limit_w")
-        for key, raw in zip(keys, second.groups(), strict=True):
-            gpu[key] = _value(key, raw)
-            if raw.strip() == "ERR!":
-                gpu["raw_not_available"].append(f"{key}=ERR!")
-    gpu["memory_used_mib"], gpu["memory_total_mib"] = _memory_pair(cells[1])
-    if util := re.match(r"\s*(\S+)\s+(.*?)\s*$", cells[2]):
-        gpu["utilization_gpu_pct"] = to_int(util[1])
-        gpu["compute_mode"] = _text(util[2])
 
 
 # ----------------------------------------------------------------------------- CSV
@@ -268,10 +263,7 @@ GPU_FIELD_ALIASES: tuple[tuple[str, ...], ...] = (
 )  # fmt: skip
 # The same for ``--help-query-compute-apps``: there the gpu_* fields describe the GPU the
 # process runs on, and "name" is the process's name.
-PROCESS_FIELD_ALIASES: tuple[tuple[str, ...], ...] = (
-    ("process_name", "name"),
-    ("used_gpu_memory", "used_memory"),
-)
+PROCESS_FIELD_ALIASES = (("process_name", "name"), ("used_gpu_memory", "used_memory"))
 # Fields only --query-compute-apps has: they tell the two queries apart.
 PROCESS_ONLY_FIELDS = frozenset({"pid", "process_name", "used_gpu_memory", "used_memory"})
 
@@ -723,18 +715,15 @@ def query_gpus(fields: list[str], timeout_s: float = 10.0) -> list[dict[str, Any
 # ----------------------------------------------------------------------------- samples
 
 
-def _sample_folder() -> Any:
-    return resources.files("course_utils.samples").joinpath("nvidia-smi")
+def _samples() -> dict[str, Any]:
+    folder = resources.files("course_utils.samples").joinpath("nvidia-smi")
+    entries = (entry for entry in folder.iterdir() if entry.name[0] not in "._")
+    return {entry.name.rsplit(".", 1)[0]: entry for entry in entries}
 
 
 def list_samples() -> list[str]:
-    """Names of the nvidia-smi outputs shipped in ``course_utils/samples/nvidia-smi/``.
-
-    >>> "t4_table_idle" in list_samples()
-    True
-    """
-    names = (entry.name for entry in _sample_folder().iterdir() if entry.name[0] not in "._")
-    return sorted(name.rsplit(".", 1)[0] for name in names)
+    """Names of the nvidia-smi outputs shipped in ``course_utils/samples/nvidia-smi/``."""
+    return sorted(_samples())
 
 
 def sample_output(name: str) -> tuple[str, str]:
@@ -745,8 +734,7 @@ def sample_output(name: str) -> tuple[str, str]:
     >>> provenance.startswith("provenance:"), parse(text)["gpus"][0]["name"]
     (True, 'Tesla T4')
     """
-    for entry in _sample_folder().iterdir():
-        if entry.name.rsplit(".", 1)[0] == name:
-            provenance, text = strip_provenance(entry.read_text(encoding="utf-8"))
-            return provenance or "provenance: not recorded", text
-    raise ValueError(f"no sample named {name!r}; available: {', '.join(list_samples())}")
+    if (entry := _samples().get(name)) is None:
+        raise ValueError(f"no sample named {name!r}; available: {', '.join(list_samples())}")
+    provenance, text = strip_provenance(entry.read_text(encoding="utf-8"))
+    return provenance or "provenance: not recorded", text
