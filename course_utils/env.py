@@ -26,15 +26,8 @@ from course_utils.device import (
 )
 
 # Import name -> distribution name of the packages the course cares about.
-PACKAGES = {
-    "torch": "torch",
-    "torchvision": "torchvision",
-    "lightning": "lightning",
-    "numpy": "numpy",
-    "matplotlib": "matplotlib",
-    "pynvml": "nvidia-ml-py",
-    "course_utils": "course-utils",
-}
+PACKAGES = {name: name for name in ("torch", "torchvision", "lightning", "numpy", "matplotlib")}
+PACKAGES |= {"pynvml": "nvidia-ml-py", "course_utils": "course-utils"}
 
 
 def where_am_i() -> str:
@@ -60,22 +53,11 @@ def _ipython_shell() -> str | None:
 
 
 def installed_version(distribution: str) -> str | None:
-    """The version pip installed, or ``None``.
-
-    >>> installed_version("a-package-that-is-not-installed") is None
-    True
-    """
+    """The version pip installed, or ``None``."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _same_version(in_memory: str, installed: str) -> bool:
-    # torch.__version__ carries a local label ("2.14.1+cu130") that PyPI's metadata lacks.
-    if in_memory == installed:
-        return True
-    return "+" in in_memory and "+" not in installed and in_memory.split("+")[0] == installed
 
 
 def stale_imports() -> list[dict[str, str]]:
@@ -84,33 +66,27 @@ def stale_imports() -> list[dict[str, str]]:
     entry has ``package``, ``in_memory`` and ``installed``."""
     stale = []
     for module_name, distribution in PACKAGES.items():
-        module = sys.modules.get(module_name)
-        in_memory = getattr(module, "__version__", None)
-        installed = installed_version(distribution)
-        if in_memory is None or installed is None:
-            continue
-        if not _same_version(str(in_memory), installed):
-            stale.append(
-                {"package": distribution, "in_memory": str(in_memory), "installed": installed}
-            )
+        in_memory = str(getattr(sys.modules.get(module_name), "__version__", ""))
+        installed = installed_version(distribution) or ""
+        # torch.__version__ carries a local label ("2.14.1+cu130") that PyPI's metadata lacks
+        compared = in_memory if "+" in installed else in_memory.split("+")[0]
+        if in_memory and installed and compared != installed:
+            stale.append({"package": distribution, "in_memory": in_memory, "installed": installed})
     return stale
 
 
 def gpu_runtime_advice(environment: str | None = None) -> str:
     """What to do when no GPU is attached, for the environment you are in."""
-    environment = environment or where_am_i()
-    if environment == "colab":
-        return (
-            "No GPU is attached to this Colab runtime. Choose Runtime > Change runtime type "
-            "> Hardware accelerator: T4 GPU > Save. Colab then starts a new runtime: run "
-            "the notebook again from the first cell."
-        )
-    if environment == "kaggle":
-        return (
-            "No GPU in this Kaggle session. Open the notebook's Settings > Accelerator and "
-            "choose GPU T4 x2 (not P100: current PyTorch builds no longer support it), then run "
-            "again from the first cell."
-        )
+    hosted = {
+        "colab": "No GPU is attached to this Colab runtime. Choose Runtime > Change runtime "
+        "type > Hardware accelerator: T4 GPU > Save. Colab then starts a new runtime: run the "
+        "notebook again from the first cell.",
+        "kaggle": "No GPU in this Kaggle session. Open the notebook's Settings > Accelerator "
+        "and choose GPU T4 x2 (not P100: current PyTorch builds no longer support it), then "
+        "run again from the first cell.",
+    }
+    if advice := hosted.get(environment or where_am_i()):
+        return advice
     if not torch.backends.cuda.is_built():
         return (
             f"This torch ({torch.__version__}) is a CPU-only build. On a machine with an "
@@ -128,11 +104,9 @@ def _cudnn_version() -> int | None:
     """cuDNN's version, read from the library itself. Not ``torch.backends.cudnn.version()``:
     it calls ``torch.cuda.is_available()`` (a ``cudaGetDeviceCount`` that spoils a later
     ``fork``) and, on some GPUs, initializes CUDA to check compute capabilities."""
-    if not torch.backends.cuda.is_built():
-        return None
     get_version = getattr(getattr(torch._C, "_cudnn", None), "getVersionInt", None)
     try:
-        return int(get_version()) if get_version else None
+        return int(get_version()) if get_version and torch.backends.cuda.is_built() else None
     except Exception:  # the cuDNN library could not be loaded
         return None
 
@@ -190,11 +164,8 @@ def doctor() -> dict[str, Any]:
 
 
 def _gpu_entry(gpu: nvml.GpuInfo) -> dict[str, Any]:
-    entry = asdict(gpu)
-    entry["mig_uuids"] = list(gpu.mig_uuids)
-    capability = entry.pop("compute_capability")
-    entry["compute_capability"] = None if capability is None else f"{capability[0]}.{capability[1]}"
-    return entry
+    capability = gpu.compute_capability and ".".join(map(str, gpu.compute_capability))
+    return asdict(gpu) | {"mig_uuids": list(gpu.mig_uuids), "compute_capability": capability}
 
 
 def format_doctor(report: dict[str, Any]) -> str:
@@ -240,8 +211,7 @@ def measured_on(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         position = device.index or 0
-        gpu = nvml.gpu_for_cuda_index(position)
-        name = gpu.name if gpu is not None else None
+        name = getattr(nvml.gpu_for_cuda_index(position), "name", None)
         if name is None and torch.cuda.is_available():
             name = torch.cuda.get_device_name(position)
         return f"measured on this machine (GPU: {name or 'unknown NVIDIA GPU'})"
