@@ -26,10 +26,8 @@ def count_flops(
     training: bool = False,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
 ) -> int:
-    """FLOPs of one call of ``model(*inputs)`` (with ``training=True``: plus backward).
-
-    For the backward pass the output (or ``loss_fn(output)``) is summed to a scalar.
-    Gradients the call creates are left on the parameters; zero them if you train after.
+    """FLOPs of one call of ``model(*inputs)`` (with ``training=True``: plus backward of
+    ``loss_fn(output)``, default the output's sum; the gradients stay on the parameters).
 
     >>> count_flops(nn.Linear(4, 3, bias=False), torch.ones(2, 4))  # 2 * 2*4*3
     48
@@ -162,16 +160,14 @@ def device_peak_flops(
             torch.backends.cuda.matmul.allow_tf32
             or (convolutions and torch.backends.cudnn.allow_tf32)
         )
-        tflops = datasheet_tflops(name, dtype, tf32=bool(tf32))
-        row = gpu_peak_flops(name)
+        row, tflops = gpu_peak_flops(name), datasheet_tflops(name, dtype, tf32=bool(tf32))
         if tflops is not None and row is not None:
             column = {torch.float16: "fp16 tensor-core", torch.bfloat16: "bf16 tensor-core"}.get(
                 dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)"
             )
             return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
     n = 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
     what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
     return PeakFlops(2 * n**3 / timing.min_s, f"measured: best of 5 {what}")
@@ -215,10 +211,8 @@ def matmul_stream(
     >>> count > 0 and elapsed >= 0.01
     True
     """
-    device = torch.device(device)
-    sync = synchronizer(device)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = synchronizer(torch.device(device))
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     a @ b  # warm-up: library loading and kernel selection are not measured
     sync()
     return launch_for(lambda: a @ b, sync, seconds)
@@ -228,16 +222,8 @@ def launch_for(
     launch: Callable[[], object], sync: Callable[[], None], seconds: float
 ) -> tuple[int, float]:
     """Call ``launch`` in groups for about ``seconds`` of *finished* work; return
-    ``(count, elapsed seconds)``.
-
-    A GPU queues work and returns at once (a T4 runs one 8192² fp16 matmul in ~20 ms;
-    launching takes microseconds), so each group is synchronized before the clock is
-    read; groups double while one takes under 20 ms, so tiny kernels are not slowed.
-
-    >>> count, elapsed = launch_for(lambda: None, lambda: None, 0.01)
-    >>> count > 0 and elapsed >= 0.01
-    True
-    """
+    ``(count, elapsed seconds)``. A GPU queues work and returns at once, so each group is
+    synchronized before the clock is read; groups double while one takes under 20 ms."""
     count, group = 0, 1
     start = time.perf_counter()
     while True:

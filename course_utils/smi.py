@@ -68,8 +68,8 @@ def _value(key: str, raw: str | None) -> Any:
 
 
 def _result(form: str, **values: Any) -> dict[str, Any]:
-    empty: dict[str, Any] = {"driver_version": None, "cuda_version": None, "gpus": [], "processes": []}
-    return {"format": form, **empty, "diagnostics": [], **values}
+    empty: dict[str, Any] = dict.fromkeys(("driver_version", "cuda_version"))
+    return {"format": form, **empty, "gpus": [], "processes": [], "diagnostics": [], **values}
 
 
 def strip_provenance(text: str) -> tuple[str | None, str]:
@@ -188,17 +188,11 @@ def parse_table(text: str) -> dict[str, Any]:
             continue
         elif section == "mig":
             if row := _MIG_ROW.match(cells[0]):
-                used, total = _memory_pair(cells[1])
+                ids = ("gpu_index", "gi_id", "ci_id", "mig_device")
+                mig = {key: to_int(raw) for key, raw in zip(ids, row.groups(), strict=True)}
+                mig["memory_used_mib"], mig["memory_total_mib"] = _memory_pair(cells[1])
                 sm = re.match(r"\s*(\d+)", cells[2]) if len(cells) > 2 else None
-                mig = {
-                    "gpu_index": int(row[1]),
-                    "gi_id": to_int(row[2]),
-                    "ci_id": to_int(row[3]),
-                    "mig_device": to_int(row[4]),
-                    "memory_used_mib": used,
-                    "memory_total_mib": total,
-                    "sm_count": int(sm[1]) if sm else None,
-                }
+                mig["sm_count"] = int(sm[1]) if sm else None
                 result.setdefault("mig_devices", []).append(mig)
             elif mig is not None and cells[0].strip() == "":
                 mig["bar1_used_mib"], mig["bar1_total_mib"] = _memory_pair(cells[1])
@@ -468,14 +462,9 @@ def parse_list(text: str) -> dict[str, Any]:
             entry = {"index": int(gpu[1]), "name": gpu[2], "uuid": gpu[3]}
             result["gpus"].append(dict.fromkeys(GPU_KEYS) | entry)
         elif (mig := _LIST_MIG.match(line)) and result["gpus"]:
-            result.setdefault("mig_devices", []).append(
-                {
-                    "gpu_index": result["gpus"][-1]["index"],
-                    "profile": mig[1],
-                    "mig_device": int(mig[2]),
-                    "uuid": mig[3],
-                }
-            )
+            owner, number = result["gpus"][-1]["index"], int(mig[2])
+            device = {"gpu_index": owner, "profile": mig[1], "mig_device": number, "uuid": mig[3]}
+            result.setdefault("mig_devices", []).append(device)
     return result
 
 
@@ -497,14 +486,10 @@ def parse_dmon(text: str) -> dict[str, Any]:
             words = line.lstrip("#").split()
             columns = words if words and words[0] == "gpu" else columns
         elif values and len(values) == len(columns):
-            keys = [DMON_COLUMNS.get(column, column) for column in columns]
-            samples.append(
-                dict.fromkeys(GPU_KEYS)
-                | {
-                    key: to_float(value) if key == "power_draw_w" else to_int(value)
-                    for key, value in zip(keys, values, strict=True)
-                }
-            )
+            keys = (DMON_COLUMNS.get(column, column) for column in columns)
+            pairs = zip(keys, values, strict=False)  # as long: checked above
+            row = {k: to_float(v) if k == "power_draw_w" else to_int(v) for k, v in pairs}
+            samples.append(dict.fromkeys(GPU_KEYS) | row)
     if not samples:
         raise SmiParseError("dmon header without rows")
     result["gpus"] = list({entry["index"]: entry for entry in samples}.values())
@@ -514,11 +499,8 @@ def parse_dmon(text: str) -> dict[str, Any]:
 
 def parse_version(text: str) -> dict[str, Any]:
     """Parse ``nvidia-smi --version`` (driver 610 reports KMD and CUDA UMD versions)."""
-    values = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            values[key.strip().lower()] = value.strip()
+    lines = (line.partition(":") for line in text.splitlines())
+    values = {key.strip().lower(): value.strip() for key, sep, value in lines if sep}
 
     def usable(*keys: str) -> str | None:
         found = (values.get(key) for key in keys)
