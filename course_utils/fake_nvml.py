@@ -49,16 +49,7 @@ class _Handle:
 
 
 class FakeNvml:
-    """A fake ``pynvml`` module over a list of :class:`FakeGpu`.
-
-    >>> nvml = FakeNvml([FakeGpu(99, 1011, 143771)])
-    >>> nvml.nvmlInit()
-    >>> handle = nvml.nvmlDeviceGetHandleByIndex(0)
-    >>> nvml.nvmlDeviceGetUtilizationRates(handle).gpu, nvml.nvmlDeviceGetMemoryInfo(handle).used
-    (99, 1060110336)
-    >>> nvml.nvmlShutdown(); nvml.initialized
-    False
-    """
+    """A fake ``pynvml`` module over a list of :class:`FakeGpu`."""
 
     NVMLError = NVMLError
     NVMLError_Uninitialized = NVMLError_Uninitialized
@@ -119,10 +110,6 @@ class FakeNvml:
 def gpu_from_sample(name: str, gpu: int = 0) -> FakeGpu:
     """A :class:`FakeGpu` reporting what GPU ``gpu`` of the shipped nvidia-smi output
     ``name`` shows (:func:`course_utils.smi.list_samples`).
-
-    >>> gpu = gpu_from_sample("h200_query_gpu_csv_load")  # recorded under a matmul loop
-    >>> gpu.utilization_gpu_pct, gpu.memory_used_mib, gpu.memory_total_mib
-    (99, 1011, 143771)
     """
     entry = parse(sample_output(name)[1])["gpus"][gpu]  # its keys are FakeGpu's fields
     return FakeGpu(**{field.name: entry.get(field.name) for field in fields(FakeGpu)})

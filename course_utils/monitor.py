@@ -38,9 +38,6 @@ def sample(gpu_index: int | None = 0) -> Reading:
     """One :class:`Reading`: NVML's for GPU ``gpu_index`` (NVML numbering:
     :func:`nvml_index_of` maps a CUDA device), without the process list; otherwise the
     CPU's (``cpu_util_pct`` over all cores since the previous call, ``process_rss_mib``).
-
-    >>> sample(gpu_index=None).source
-    'cpu'
     """
     return read("nvml", gpu_index)
 
@@ -72,14 +69,7 @@ def read(source: str, gpu_index: int | None = 0) -> Reading:
 
 
 def describe(reading: Reading) -> str:
-    """One line for a reading, as the live view shows it.
-
-    >>> describe(Reading(0.0, "cpu", cpu_util_pct=50.0, process_rss_mib=812.4))
-    'CPU (no GPU): utilization 50% | this process 0% of the cores, 812 MiB'
-    >>> describe(Reading(0.0, "nvml", 0, memory_used_mib=59, memory_total_mib=9984,
-    ...                  mig_enabled=True))  # doctest: +ELLIPSIS
-    'GPU 0 (nvml): util N/A (MIG) | memory 59/9984 MiB | ...'
-    """
+    """One line for a reading, as the live view shows it."""
     if not reading.on_gpu:
         return (
             f"CPU (no GPU): utilization {reading.cpu_util_pct or 0:.0f}% | "

@@ -58,11 +58,7 @@ def binding_problem() -> str | None:
 
 
 def nvml_call(function_name: str, *args: Any, default: T = None) -> Any | T:  # type: ignore[assignment]
-    """Call ``pynvml.<function_name>(*args)``; return ``default`` on any NVML problem.
-
-    >>> nvml_call("nvmlFunctionThatDoesNotExist", default="n/a")
-    'n/a'
-    """
+    """Call ``pynvml.<function_name>(*args)``; return ``default`` on any NVML problem."""
     function: Callable[..., Any] | None = getattr(_pynvml, function_name, None)
     if function is None:
         return default
@@ -194,10 +190,6 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
     Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
     (``"MIG-<uuid>"``: the GPU that holds the slice). Like CUDA, the list stops at the
     first entry that names no GPU (``"-1"`` or ``""`` hide every GPU).
-
-    >>> parse_visible_devices("1", [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
-    ...                             GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)])[0].name
-    'b'
     """
     if value is None:
         return list(gpus)
@@ -252,13 +244,6 @@ def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> Gp
     one place the course maps CUDA's numbering to NVML's. Once CUDA runs, the device's
     UUID decides (MIG included); before, ``cuda:k`` is the k-th GPU ``CUDA_VISIBLE_DEVICES``
     leaves. ``gpus`` defaults to :func:`list_gpus`.
-
-    >>> gpus = [GpuInfo(0, "a", "GPU-0", None, 1, 0, 1, None),
-    ...         GpuInfo(1, "b", "GPU-1", None, 1, 0, 1, None)]
-    >>> import os; os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"
-    >>> gpu_for_cuda_index(0, gpus).index
-    1
-    >>> del os.environ["CUDA_VISIBLE_DEVICES"]
     """
     every = list_gpus() if gpus is None else gpus
     uuid = _cuda_uuid(cuda_index)
@@ -272,11 +257,7 @@ def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> Gp
 
 
 def nvml_index(cuda_index: int) -> int | None:
-    """NVML's (and nvidia-smi's) index of ``cuda:<cuda_index>``; ``None`` when unknown.
-
-    >>> nvml_index(10_000) is None
-    True
-    """
+    """NVML's (and nvidia-smi's) index of ``cuda:<cuda_index>``; ``None`` when unknown."""
     gpu = gpu_for_cuda_index(cuda_index)
     return None if gpu is None else gpu.index
 

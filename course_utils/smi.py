@@ -110,13 +110,10 @@ def detect_format(text: str) -> str:
 
 
 def parse(text: str, fields: list[str] | None = None, query: str | None = None) -> dict[str, Any]:
-    """Parse any nvidia-smi output into one structure (see the module documentation).
-
-    ``fields``: the queried fields, needed for ``--format=csv,noheader``; ``query``:
-    ``"gpu"`` or ``"compute-apps"`` for a CSV (see :func:`parse_csv`). A leading
-    provenance line is ignored. Keys: ``format``, ``driver_version``, ``cuda_version``,
-    ``gpus`` (dicts with :data:`GPU_KEYS` and more), ``processes`` (dicts with
-    :data:`PROCESS_KEYS`) and ``diagnostics`` (:func:`diagnose`).
+    """Parse any nvidia-smi output (a leading provenance line is ignored) into ``format``,
+    ``driver_version``, ``cuda_version``, ``gpus`` (dicts with :data:`GPU_KEYS` and more),
+    ``processes`` (:data:`PROCESS_KEYS`...) and ``diagnostics`` (:func:`diagnose`).
+    ``fields``: the queried fields, for ``csv,noheader``; ``query``: see :func:`parse_csv`.
 
     >>> parse("GPU 0: Tesla T4 (UUID: GPU-1234)")["gpus"][0]["name"]
     'Tesla T4'
@@ -711,10 +708,6 @@ def list_samples() -> list[str]:
 def sample_output(name: str) -> tuple[str, str]:
     """A shipped nvidia-smi output: ``(provenance, text)`` (the first line of each file
     says where it comes from; the notebook prints it).
-
-    >>> provenance, text = sample_output("t4_table_idle")
-    >>> provenance.startswith("provenance:"), parse(text)["gpus"][0]["name"]
-    (True, 'Tesla T4')
     """
     if (entry := _samples().get(name)) is None:
         raise ValueError(f"no sample named {name!r}; available: {', '.join(list_samples())}")
