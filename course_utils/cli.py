@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("gpu", "compute-apps"),
         help="the query that made a CSV (default: told by its fields)",
     )
-    smi.add_argument("--json", action="store_true", help="print the parsed structure as JSON")
+    smi.add_argument("--json", action="store_true", help="explain: print the parsed JSON instead")
     advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
     advice.add_argument("--json", action="store_true", help="print the advice as JSON")
     ddp = commands.add_parser("ddp-check", help="DDP on N processes == one process, W*B batch")
