@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -133,9 +134,6 @@ def cuda_gpu_count() -> int:
 
     0 when torch is a CPU-only build, no GPU is present, or this torch cannot run on the
     GPUs there are (:func:`gpu_problems` says why). Respects ``CUDA_VISIBLE_DEVICES``.
-
-    >>> cuda_gpu_count() >= 0
-    True
     """
     if not torch.backends.cuda.is_built():
         return 0
@@ -271,21 +269,46 @@ def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
     )
 
 
+class PrecisionName(str, Enum):
+    """The training precisions of the course (``str`` values: ``"fp32"`` == ``FP32``)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"  # autocast to float16, with a torch.amp.GradScaler
+    BF16 = "bf16"  # autocast to bfloat16, no scaler needed
+
+    def __str__(self) -> str:  # "fp16" in messages and f-strings, on every Python
+        return str(self.value)
+
+
+AUTO = "auto"  # ask pick_precision to choose for the device
+_DTYPES = {
+    PrecisionName.FP32: torch.float32,
+    PrecisionName.FP16: torch.float16,
+    PrecisionName.BF16: torch.bfloat16,
+}
+
+
 @dataclass(frozen=True)
 class Precision:
-    """A training precision: what to pass to ``torch.autocast`` and Lightning."""
+    """A training precision and why it was chosen."""
 
-    name: str  # "fp32", "fp16" or "bf16"
-    dtype: torch.dtype  # the autocast dtype (float32 means: no autocast)
-    autocast: bool  # wrap forward passes in torch.autocast(device_type, dtype)
-    grad_scaler: bool  # use torch.amp.GradScaler (needed for fp16 only)
-    lightning: str  # the Trainer(precision=...) string
+    name: PrecisionName
     reason: str
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The autocast dtype (float32 means: no autocast)."""
+        return _DTYPES[self.name]
 
-FP32 = ("fp32", torch.float32, False, False, "32-true")
-FP16 = ("fp16", torch.float16, True, True, "16-mixed")
-BF16 = ("bf16", torch.bfloat16, True, False, "bf16-mixed")
+    @property
+    def autocast(self) -> bool:
+        """Whether forward passes run in ``torch.autocast(device_type, dtype)``."""
+        return self.name != PrecisionName.FP32
+
+    @property
+    def grad_scaler(self) -> bool:
+        """Whether the step needs ``torch.amp.GradScaler`` (fp16 only)."""
+        return self.name == PrecisionName.FP16
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
@@ -299,9 +322,13 @@ def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def pick_precision(
-    device: torch.device | str, capability: tuple[int, int] | None = None
+    device: torch.device | str,
+    requested: str = AUTO,
+    *,
+    capability: tuple[int, int] | None = None,
 ) -> Precision:
-    """Choose mixed precision for a device.
+    """The precision to train in on ``device``: ``requested`` (a :class:`PrecisionName`
+    value) as is, or for ``"auto"`` the choice for the device:
 
     * CUDA, compute capability >= 8.0 (A100, L4, H100...): bf16 autocast, no scaler.
     * CUDA, 7.0-7.5 (V100, T4): fp16 autocast with ``torch.amp.GradScaler("cuda")``:
@@ -313,30 +340,31 @@ def pick_precision(
 
     ``capability`` overrides the GPU's own (useful to ask "what would a T4 use?").
 
-    >>> pick_precision("cuda", capability=(7, 5)).lightning
-    '16-mixed'
-    >>> pick_precision("cpu").name
-    'fp32'
+    >>> pick_precision("cuda", capability=(7, 5)).name
+    <PrecisionName.FP16: 'fp16'>
+    >>> pick_precision("cpu").name, pick_precision("cpu", "bf16").dtype
+    (<PrecisionName.FP32: 'fp32'>, torch.bfloat16)
     """
+    if requested != AUTO:
+        if requested not in {p.value for p in PrecisionName}:
+            names = ", ".join([AUTO, *(p.value for p in PrecisionName)])
+            raise ValueError(f"precision={requested!r}: use one of {names}")
+        return Precision(PrecisionName(requested), f"{requested} requested")
     device = torch.device(device)
+    fp32, fp16, bf16 = PrecisionName.FP32, PrecisionName.FP16, PrecisionName.BF16
     if device.type != "cuda":
-        return Precision(
-            *FP32,
-            reason=f"{device.type}: float32 (mixed precision pays off on GPU tensor cores)",
-        )
+        return Precision(fp32, f"{device.type}: float32 (mixed precision pays off on GPUs)")
     capability = capability or _cuda_capability(device)
     if capability is None:
-        return Precision(*FP32, reason="CUDA capability unknown: float32 to be safe")
+        return Precision(fp32, "CUDA capability unknown: float32 to be safe")
     label = f"compute capability {capability[0]}.{capability[1]}"
     if capability >= (8, 0):
-        return Precision(*BF16, reason=f"{label}: native bf16, no loss scaling needed")
+        return Precision(bf16, f"{label}: native bf16, no loss scaling needed")
     if capability >= (7, 0):
         return Precision(
-            *FP16,
-            reason=f"{label}: fp16 tensor cores; bf16 would be emulated (slow); "
-            "fp16 needs a GradScaler",
+            fp16, f"{label}: fp16 tensor cores; bf16 would be emulated (slow); needs a GradScaler"
         )
-    return Precision(*FP32, reason=f"{label}: no tensor cores, float32")
+    return Precision(fp32, f"{label}: no tensor cores, float32")
 
 
 def autocast(device: torch.device | str, precision: Precision) -> AbstractContextManager[Any]:

@@ -10,14 +10,16 @@ same data and can be compared step for step:
   :func:`~course_utils.training.make_optimizer`, configured by a
   :class:`~course_utils.training.TrainConfig`.
 * :func:`make_trainer`: a ``Trainer`` preset with ``accelerator="auto"``,
-  ``devices="auto"`` and the precision string of
-  :func:`~course_utils.device.pick_precision`; quiet under tests (no progress bar, no
-  tips), with a progress bar for a learner.
+  ``devices="auto"`` and the precision of :func:`~course_utils.device.pick_precision`
+  as Lightning's string (:func:`lightning_precision`); quiet under tests (no progress
+  bar, no tips), with a progress bar for a learner.
 * :class:`UtilizationLogger`: a callback that logs GPU utilization, memory and power
   (NVML, through :func:`course_utils.monitor.sample`) every N steps, or CPU utilization and
   process memory without a GPU; :func:`read_metrics` and :func:`plot_metrics` show them.
 * :class:`EpochTimer` and :func:`compare_with_plain_loop`: time per epoch and peak memory
   of both ways, from one run.
+* :func:`scale_batch_size`: Lightning's own batch-size finder (its public ``Tuner``) on
+  a plain trial function, to compare with :func:`course_utils.batch.find_max_batch_size`.
 * Checkpoints that survive a Colab disconnect: :func:`mount_drive` (asks once, never
   stops "Run all"), :func:`checkpoint_dir`, :func:`checkpointing`,
   :class:`SimulatedDisconnect`.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import importlib.util
 import logging
 import math
@@ -36,7 +39,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -45,17 +47,22 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import psutil
+import matplotlib.pyplot as plt
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.tuner import Tuner
+from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
-from course_utils.device import pick_device
-from course_utils.footprint import cuda_allocator_peak
+from course_utils.batch import MaxBatchSize, Trial
+from course_utils.device import AUTO, Precision, PrecisionName, pick_device, pick_precision
+from course_utils.env import where_am_i
+from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.timing import synchronizer
-from course_utils.training import TrainConfig, TrainStep, make_optimizer, resolve_precision, train
+from course_utils.training import TrainConfig, TrainStep, make_optimizer, train
 
 # Lightning's own loggers: "GPU available: ...", tips, the model summary.
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
@@ -150,23 +157,36 @@ def silence_lightning() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
-def lightning_precision(precision: str = "auto", device: torch.device | str | None = None) -> str:
-    """The ``Trainer(precision=...)`` string for a course precision name.
+LIGHTNING_PRECISION = {
+    PrecisionName.FP32: "32-true",
+    PrecisionName.FP16: "16-mixed",
+    PrecisionName.BF16: "bf16-mixed",
+}
 
-    ``"auto"`` asks :func:`~course_utils.device.pick_precision` about ``device`` (default:
-    the device Lightning's ``accelerator="auto"`` would use): ``"16-mixed"`` on a T4,
-    ``"bf16-mixed"`` from compute capability 8.0, ``"32-true"`` on the CPU. Lightning
-    strings pass through unchanged.
+
+def lightning_precision(
+    precision: str | Precision = AUTO, device: torch.device | str | None = None
+) -> str:
+    """The ``Trainer(precision=...)`` string for a course precision.
+
+    ``precision``: a :class:`~course_utils.device.Precision` (what ``pick_precision``
+    returned), a course name, or ``"auto"``, which asks
+    :func:`~course_utils.device.pick_precision` about ``device`` (default: the device
+    Lightning's ``accelerator="auto"`` would use). Lightning strings pass through.
 
     >>> lightning_precision("auto", "cpu"), lightning_precision("fp16")
     ('32-true', '16-mixed')
+    >>> lightning_precision(pick_precision("cuda", capability=(8, 0)))
+    'bf16-mixed'
     >>> lightning_precision("bf16-mixed")
     'bf16-mixed'
     """
+    if isinstance(precision, Precision):
+        return LIGHTNING_PRECISION[precision.name]
     if "-" in precision:  # already a Lightning string such as "16-mixed"
         return precision
     target = torch.device(device) if device is not None else pick_device()
-    return resolve_precision(precision, target).lightning
+    return LIGHTNING_PRECISION[pick_precision(target, precision).name]
 
 
 def has_tensorboard() -> bool:
@@ -177,8 +197,6 @@ def has_tensorboard() -> bool:
 def make_loggers(root_dir: Path | str, name: str = "course") -> list[Any]:
     """A ``CSVLogger`` (read by :func:`read_metrics`), plus a ``TensorBoardLogger`` when
     TensorBoard is installed, both under ``root_dir``."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
     loggers: list[Any] = [CSVLogger(root_dir, name=name)]
     if has_tensorboard():
         loggers.append(TensorBoardLogger(root_dir, name=name, default_hp_metric=False))
@@ -326,8 +344,6 @@ class UtilizationLogger(Callback):
 
 def metrics_csv(trainer: pl.Trainer) -> Path | None:
     """The ``metrics.csv`` written by the Trainer's ``CSVLogger``, if it has one."""
-    from lightning.pytorch.loggers import CSVLogger
-
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
             logger.save()
@@ -352,10 +368,8 @@ def plot_metrics(
     series: dict[str, list[tuple[int, float]]],
     names: Sequence[str] | None = None,
     title: str = "",
-) -> Any:
-    """One small plot per metric against the training step; returns the figure."""
-    import matplotlib.pyplot as plt
-
+) -> Figure:
+    """One small plot per metric against the training step."""
     chosen = [name for name in (names or sorted(series)) if series.get(name)]
     if not chosen:
         raise ValueError(f"no such metrics; logged: {sorted(series)}")
@@ -395,46 +409,6 @@ class EpochTimer(Callback):
         self.seconds.append(time.perf_counter() - self._start)
         if self.on_epoch is not None:
             self.on_epoch()
-
-
-@dataclass(frozen=True)
-class PeakUse:
-    """Peak memory of a run and how it was measured."""
-
-    peak_mib: float
-    method: str
-
-
-def measure_peak(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, PeakUse]:
-    """Run ``fn()``; return its result and its peak memory on ``device``.
-
-    CUDA: the caching allocator's ``max_memory_allocated`` above what was allocated
-    before (exact). CPU: this process's resident memory (RSS), sampled every 5 ms, above
-    what it was before: approximate, and lower for a second run that reuses memory the
-    first one freed.
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        result, peak = cuda_allocator_peak(fn, device)
-        return result, PeakUse(peak / 2**20, "CUDA allocator peak above the start")
-    process = psutil.Process()
-    start = process.memory_info().rss
-    highest = [start]
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.005):
-            highest[0] = max(highest[0], process.memory_info().rss)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        result = fn()
-    finally:
-        done.set()
-        watcher.join()
-    highest[0] = max(highest[0], process.memory_info().rss)
-    return result, PeakUse((highest[0] - start) / 2**20, "CPU: process RSS peak above the start")
 
 
 def _kept(seconds: Sequence[float]) -> list[float]:
@@ -482,8 +456,8 @@ class Comparison:
     lightning_runs: list[list[float]] = field(default_factory=list)
     plain_total_s: float = 0.0  # building the step + all epochs (median over runs)
     lightning_total_s: float = 0.0  # building the Trainer + fit(), setup included
-    plain_peak: PeakUse | None = None
-    lightning_peak: PeakUse | None = None
+    plain_peak: PeakMemory | None = None
+    lightning_peak: PeakMemory | None = None
 
     @property
     def rounds(self) -> int:
@@ -613,12 +587,12 @@ def compare_with_plain_loop(
     TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
     accelerator = "gpu" if target.type == "cuda" else target.type
 
-    def plain() -> list[float]:
+    def plain(seconds: list[float]) -> None:
         step = TrainStep(copy.deepcopy(initial), target, config)
-        each_epoch = progress.track(range(epochs), "plain PyTorch loop", unit="epoch")
-        return [train(step, loader, epochs=1).seconds for _ in each_epoch]
+        for _ in progress.track(range(epochs), "plain PyTorch loop", unit="epoch"):
+            seconds.append(train(step, loader, epochs=1).seconds)
 
-    def lightning() -> list[float]:
+    def lightning(seconds: list[float]) -> None:
         timer = EpochTimer(on_epoch=progress.tick)
         trainer = make_trainer(
             max_epochs=epochs,
@@ -631,12 +605,14 @@ def compare_with_plain_loop(
         )
         with progress.task("Lightning", total=epochs, unit="epoch"):
             trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
-        return timer.seconds
+        seconds.extend(timer.seconds)
 
     totals: dict[str, list[float]] = {PLAIN: [], LIGHTNING: []}
     for way in turn_order(rounds):
+        seconds: list[float] = []
+        run = functools.partial(plain if way == PLAIN else lightning, seconds)
         start = time.perf_counter()
-        seconds, peak = measure_peak(plain if way == PLAIN else lightning, target)
+        peak = peak_memory(run, target, rss=True)
         totals[way].append(time.perf_counter() - start)
         result.order.append(way)
         if way == PLAIN:
@@ -648,6 +624,73 @@ def compare_with_plain_loop(
     result.plain_total_s = statistics.median(totals[PLAIN])
     result.lightning_total_s = statistics.median(totals[LIGHTNING])
     return result
+
+
+# ------------------------------------------- Lightning's batch-size finder, for comparison
+
+
+class _TrialModule(pl.LightningModule):
+    """A module whose training step is ``trial(len(batch))``, so that Lightning's ``Tuner``
+    can search the batch size of a plain trial function; every call goes to ``history``."""
+
+    def __init__(self, trial: Callable[[int], Any], history: list[Trial], batch_size: int) -> None:
+        super().__init__()
+        self.trial, self.history, self.batch_size = trial, history, batch_size
+        self.weight = nn.Parameter(torch.zeros(()))  # an optimizer step counts a step
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        # Lightning stops growing at the dataset's length: make it never the limit
+        return DataLoader(range(2**31), batch_size=self.batch_size)  # type: ignore[arg-type]
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            self.trial(len(batch))
+        except Exception as error:
+            self.history.append(Trial(len(batch), False, time.perf_counter() - start, str(error)))
+            raise
+        self.history.append(Trial(len(batch), True, time.perf_counter() - start))
+        return self.weight * 0.0
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def scale_batch_size(
+    trial: Callable[[int], Any],
+    mode: str = "power",
+    *,
+    init_val: int = 2,
+    max_trials: int = 25,
+    max_val: int = 8192,
+    margin: float = 0.05,
+) -> MaxBatchSize:
+    """PyTorch Lightning's batch-size finder, ``Tuner(trainer).scale_batch_size``, on a
+    plain ``trial`` function (one trial step per size: ``steps_per_trial=1``).
+
+    Lightning's defaults (lightning 2.6): ``init_val=2``, ``max_trials=25``,
+    ``max_val=8192``, ``margin=0.05`` applied in ``"binsearch"`` mode only. ``power``
+    doubles until a trial fails and returns half the size that failed; ``binsearch``
+    then bisects. The trial's out-of-memory error must be a ``RuntimeError`` that
+    Lightning recognises (CUDA's, the CPU allocator's, or a
+    :class:`~course_utils.oom.MemoryBudget`'s).
+    """
+    history: list[Trial] = []
+    module = _TrialModule(trial, history, init_val)  # the first trial runs at init_val
+    trainer = make_trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, quiet=True, precision="fp32"
+    )
+    found = Tuner(trainer).scale_batch_size(
+        module,
+        mode=mode,
+        steps_per_trial=1,
+        init_val=init_val,
+        max_trials=max_trials,
+        max_val=max_val,
+        margin=margin,
+    )
+    limit = max((t.batch_size for t in history if t.fits), default=0)
+    return MaxBatchSize(batch_size=found or 0, limit=limit, trials=len(history), history=history)
 
 
 # ------------------------------------------------------------ checkpoint and resume
@@ -696,8 +739,6 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     >>> mount_drive(environment="local")
     False
     """
-    from course_utils.env import where_am_i
-
     if (environment or where_am_i()) != "colab":
         return False
     mount_point = Path(mount_point)
@@ -706,7 +747,7 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     if str(mount_point) in _DRIVE_REFUSED:
         return False
     try:
-        from google.colab import drive
+        from google.colab import drive  # lazy: platform-only (Colab)
 
         drive.mount(str(mount_point))  # asks for permission once per session
     except Exception as error:  # refused, timed out, or google.colab missing
@@ -735,8 +776,6 @@ def checkpoint_dir(
     >>> checkpoint_dir("demo", environment="colab", drive_mounted=False).name
     'demo'
     """
-    from course_utils.env import where_am_i
-
     if drive_mounted is None:
         drive_mounted = (DRIVE_MOUNT / "MyDrive").is_dir()
     if (environment or where_am_i()) == "colab" and drive_mounted:

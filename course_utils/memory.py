@@ -1,91 +1,36 @@
-"""GPU memory: what is used and by whom, freeing it in a notebook, allocator settings,
-snapshots, fragmentation, and recovering from out-of-memory errors.
+"""GPU memory: what is used and by whom, allocator settings, snapshots, fragmentation,
+and a real memory cap.
 
 PyTorch's CUDA caching allocator keeps freed blocks *reserved* for reuse; nvidia-smi shows
 the reserved memory plus the CUDA context. ``torch.cuda.empty_cache()`` returns only
-cached blocks that no live tensor uses. Used by the batch-size finder
-(:mod:`course_utils.batch`) and notebook 07.
+cached blocks that no live tensor uses. Out-of-memory errors and freeing references are
+in :mod:`course_utils.oom`. Notebook 07 teaches this module.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import pickle
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True when ``error`` means "out of memory" on a GPU or in the CPU allocator.
-
-    ``torch.cuda.OutOfMemoryError`` always; otherwise a ``RuntimeError`` (or
-    ``MemoryError``) whose message says "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or
-    the CPU allocator's "DefaultCPUAllocator: can't allocate memory".
-
-    >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
-    True
-    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    False
-    """
-    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
-        return True
-    if not isinstance(error, RuntimeError):
-        return False
-    message = str(error).lower()
-    return "out of memory" in message or "can't allocate memory" in message
-
-
-def error_summary(error: BaseException) -> str:
-    """The first line of an error's message (at most 200 characters), or its type's name.
-
-    >>> error_summary(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\\nmore"))
-    'CUDA out of memory. Tried to allocate 2.00 GiB'
-    """
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-
-
-def _trim_c_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS (Linux; elsewhere nothing).
-
-    Freed CPU memory can stay resident in the C heap, and the next allocation reuses it
-    without the process's RSS moving: a measurement of "del frees at once" then reads 0.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def release_memory() -> None:
-    """Collect garbage, return cached GPU blocks to the driver and freed C-heap pages to
-    the OS.
-
-    Call it after dropping your own references: it cannot free tensors that something
-    still refers to.
-    """
-    gc.collect()
-    _trim_c_heap()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
+from course_utils import nvml
+from course_utils.device import cuda_gpu_count
+from course_utils.oom import release_cached_memory
+from course_utils.units import MIB
 
 # ---------------------------------------------------------------------------------------
 # What the process uses: allocated, reserved, the driver's view, and the CUDA context
 # ---------------------------------------------------------------------------------------
-
-MIB = 1024 * 1024
 
 CPU_NOTE = (
     "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to the C "
@@ -95,13 +40,7 @@ CPU_NOTE = (
 
 
 def process_rss_mib() -> float:
-    """Resident memory of this process in MiB (what ``top`` shows as RES).
-
-    >>> process_rss_mib() > 0
-    True
-    """
-    import psutil
-
+    """Resident memory of this process in MiB (what ``top`` shows as RES)."""
     return psutil.Process().memory_info().rss / MIB
 
 
@@ -212,8 +151,6 @@ def _gpus_in_use() -> list[int]:
 
 def gpu_memory(index: int) -> GpuMemory:
     """Read :class:`GpuMemory` for ``cuda:index`` (initializes CUDA on that GPU)."""
-    from course_utils import nvml
-
     free, total = torch.cuda.mem_get_info(index)
     nvml_index = nvml.nvml_index(index)
     used = None if nvml_index is None else nvml.process_memory_used_mib(nvml_index)
@@ -234,10 +171,6 @@ def memory_report() -> MemoryReport:
 
     On a machine without a GPU (or before CUDA starts in this process) the report has no
     GPU table: it gives the process's resident memory and says why.
-
-    >>> report = memory_report()
-    >>> report.process_rss_mib > 0
-    True
     """
     indices = _gpus_in_use()
     if indices:
@@ -317,14 +250,14 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
 
-    release_memory()
+    release_cached_memory()
     readings = [read_memory(device, "1 baseline")]
     tensor = torch.ones(elements, device=device)
     readings.append(read_memory(device, f"2 tensor of {mib} MiB allocated"))
     del tensor
     stage = "3 del tensor"
     if device.type == "cpu":  # PyTorch keeps nothing; glibc may, until asked to trim
-        _trim_c_heap()
+        release_cached_memory()
         stage = "3 del tensor + malloc_trim (CPU)"
     readings.append(read_memory(device, stage))
     again = torch.ones(elements, device=device)
@@ -335,178 +268,6 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
     cache_release()
     readings.append(read_memory(device, "6 del + empty_cache"))
     return readings
-
-
-# ---------------------------------------------------------------------------------------
-# Freeing memory in a notebook: the variable, the Out history, the saved traceback
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class FreedMemory:
-    """What :func:`free_memory` did; ``print`` it for a summary."""
-
-    deleted: list[str] = field(default_factory=list)
-    not_found: list[str] = field(default_factory=list)
-    history_entries: list[str] = field(default_factory=list)
-    cleared_traceback: bool = False
-    collected: int = 0
-    released_mib: float = 0.0  # reserved GPU memory returned to the driver
-
-    def __str__(self) -> str:
-        lines = [
-            "deleted: " + (", ".join(self.deleted) or "nothing"),
-            "output history entries dropped: " + (", ".join(self.history_entries) or "none"),
-            "saved traceback cleared: " + ("yes" if self.cleared_traceback else "there was none"),
-            f"gc.collect() found {self.collected} unreachable objects",
-            f"GPU memory returned to the driver: {self.released_mib:.1f} MiB",
-        ]
-        if self.not_found:
-            lines.insert(1, "not found (already gone?): " + ", ".join(self.not_found))
-        return "\n".join(lines)
-
-
-def _ipython_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
-    """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
-    list/tuple/dict holding one."""
-    if id(value) in ids:
-        return True
-    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
-        return True
-    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_memory(item, ids, depth + 1) for item in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
-    return False
-
-
-_TRACEBACK_ATTRIBUTES = ("last_traceback", "last_value", "last_exc", "last_type")
-
-
-def _clear_saved_traceback(shell: Any) -> bool:
-    """Forget the exception Python and IPython keep for post-mortem debugging."""
-    found = False
-    for name in ("last_value", "last_exc"):
-        error = getattr(sys, name, None)
-        seen: set[int] = set()
-        while isinstance(error, BaseException) and id(error) not in seen:
-            seen.add(id(error))
-            if error.__traceback__ is not None:
-                traceback.clear_frames(error.__traceback__)  # drop the frames' locals
-            error = error.__cause__ or error.__context__
-    if getattr(sys, "last_traceback", None) is not None:
-        traceback.clear_frames(sys.last_traceback)
-    for name in _TRACEBACK_ATTRIBUTES:
-        if getattr(sys, name, None) is not None:
-            found = True
-        if hasattr(sys, name):
-            delattr(sys, name)
-    if shell is not None:
-        formatter: Any = getattr(shell, "InteractiveTB", None)
-        if getattr(formatter, "tb", None) is not None:
-            formatter.tb = None  # kept for %debug
-        result: Any = getattr(shell, "last_execution_result", None)
-        if getattr(result, "error_in_exec", None) is not None:
-            result.error_in_exec = None
-            found = True
-    return found
-
-
-def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[str]:
-    """Drop output-history entries that hold memory: ``Out[N]``/``_N``, ``_``, ``__``, ``___``."""
-    dropped: list[str] = []
-    history = namespace.get("Out")
-    if isinstance(history, dict):
-        for key, value in list(history.items()):
-            if _holds_memory(value, ids):
-                del history[key]
-                dropped.append(f"Out[{key}]")
-                namespace.pop(f"_{key}", None)
-    for name, value in list(namespace.items()):  # _N without an Out entry
-        if name[:1] == "_" and name[1:].isdigit() and _holds_memory(value, ids):
-            del namespace[name]
-            dropped.append(name)
-    hook = getattr(shell, "displayhook", None)
-    for name in ("_", "__", "___"):
-        if name in namespace and _holds_memory(namespace[name], ids):
-            namespace[name] = ""
-            dropped.append(name)
-        if hook is not None and _holds_memory(getattr(hook, name, None), ids):
-            setattr(hook, name, "")
-    hidden = getattr(shell, "user_ns_hidden", None)  # IPython's copy of _, _N and friends
-    if isinstance(hidden, dict):
-        for name, value in list(hidden.items()):
-            if not _holds_memory(value, ids):
-                continue
-            if name in ("_", "__", "___"):
-                hidden[name] = ""
-            elif name[:1] == "_" and name[1:].isdigit():
-                del hidden[name]
-    result: Any = getattr(shell, "last_execution_result", None)
-    if result is not None and _holds_memory(getattr(result, "result", None), ids):
-        result.result = None
-    return dropped
-
-
-def _reserved_bytes() -> int:
-    if not torch.cuda.is_initialized():
-        return 0
-    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
-
-
-def free_memory(*names: str, namespace: dict[str, Any] | None = None) -> FreedMemory:
-    """Free what a notebook keeps alive: named variables, the output history, the
-    saved traceback; then ``gc.collect()`` and ``torch.cuda.empty_cache()``.
-
-    ``names`` are deleted from ``namespace`` (default: the IPython user namespace, or the
-    caller's globals outside IPython). Output-history entries (``Out[N]``, ``_N``, ``_``,
-    ``__``, ``___``) are dropped when they are, or contain, a named object, a tensor, a
-    module or an optimizer. The saved exception (``sys.last_traceback``,
-    ``sys.last_value``, ``sys.last_exc``) is cleared, and its frames' local variables
-    with it. Other references (another variable, a list, an optimizer you kept) still
-    keep a tensor alive: delete them too.
-
-    >>> import weakref
-    >>> space = {"x": torch.ones(1000)}
-    >>> space["Out"] = {1: space["x"]}
-    >>> alive = weakref.ref(space["x"])
-    >>> freed = free_memory("x", namespace=space)
-    >>> alive() is None, freed.deleted, freed.history_entries
-    (True, ['x'], ['Out[1]'])
-    """
-    shell = _ipython_shell()
-    if namespace is None:
-        if shell is not None:
-            namespace = shell.user_ns
-        else:
-            caller = sys._getframe(1)
-            namespace = caller.f_globals
-            del caller
-    assert namespace is not None
-    freed = FreedMemory()
-    ids = {id(namespace[name]) for name in names if name in namespace}
-    freed.cleared_traceback = _clear_saved_traceback(shell)
-    freed.history_entries = _drop_history(namespace, shell, ids)
-    for name in names:
-        if name in namespace:
-            del namespace[name]
-            freed.deleted.append(name)
-        else:
-            freed.not_found.append(name)
-    before = _reserved_bytes()
-    freed.collected = gc.collect()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    freed.released_mib = (before - _reserved_bytes()) / MIB
-    return freed
 
 
 # ---------------------------------------------------------------------------------------
@@ -610,8 +371,6 @@ def capture_memory_snapshot(
     the page loads the viewer's JavaScript from the internet). Without CUDA ``fn`` still
     runs, and nothing is written.
     """
-    from course_utils.device import cuda_gpu_count
-
     path = Path(path)
     if cuda_gpu_count() == 0:
         fn()
@@ -635,7 +394,7 @@ def capture_memory_snapshot(
     html_path = None
     if html:
         try:
-            from torch.cuda import _memory_viz
+            from torch.cuda import _memory_viz  # lazy: private torch module, may move or go
 
             with path.open("rb") as file:
                 data = pickle.load(file)
@@ -755,7 +514,7 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
 
 
 # ---------------------------------------------------------------------------------------
-# Recovering from out-of-memory without restarting
+# A real memory cap on a GPU (the simulated one for a CPU is oom.MemoryBudget)
 # ---------------------------------------------------------------------------------------
 
 
@@ -780,7 +539,7 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     finally:
         torch.cuda.set_per_process_memory_fraction(previous, index)
         _FRACTIONS[index] = previous
-        release_memory()
+        release_cached_memory()
 
 
 # The fractions memory_cap set, for torch versions that cannot read the current one back.
@@ -796,83 +555,3 @@ def _memory_fraction(index: int) -> float:
         except Exception:  # not readable on this build: use what memory_cap set
             pass
     return _FRACTIONS.get(index, 1.0)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A pretend GPU memory limit for machines without a GPU: :meth:`charge` raises
-    ``torch.cuda.OutOfMemoryError`` (marked "simulated") past ``limit_mib``.
-
-    >>> MemoryBudget(100).charge(50 * MIB)
-    >>> MemoryBudget(100).charge(150 * MIB)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    torch.OutOfMemoryError: CUDA out of memory (simulated): tried to allocate 150.0 MiB ...
-    """
-
-    limit_mib: float
-
-    def charge(self, nbytes: int) -> None:
-        if nbytes > self.limit_mib * MIB:
-            raise torch.cuda.OutOfMemoryError(
-                f"CUDA out of memory (simulated): tried to allocate {nbytes / MIB:.1f} MiB "
-                f"with a budget of {self.limit_mib:.1f} MiB"
-            )
-
-
-@dataclass(frozen=True)
-class OomRecovery:
-    """The result of :func:`run_with_oom_recovery`.
-
-    ``batch_size``: the size that ran (the requested one when it fitted). ``error``: the
-    first line of the out-of-memory message, ``None`` when there was none. ``search``: the
-    :func:`~course_utils.batch.find_max_batch_size` result after an out-of-memory error.
-    """
-
-    requested: int
-    batch_size: int
-    error: str | None
-    search: Any = None
-
-    @property
-    def recovered(self) -> bool:
-        return self.error is not None
-
-
-def run_with_oom_recovery(
-    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0, low: int = 1
-) -> OomRecovery:
-    """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
-
-    The pattern: catch the error (:func:`is_out_of_memory`), leave the ``except`` block
-    so the traceback and the failed step's tensors die, free memory
-    (:func:`release_memory`), then find the largest size below the one that failed with
-    :func:`~course_utils.batch.find_max_batch_size` (each trial is a real ``step``).
-    Other errors are raised again; :class:`MemoryError` if not even a batch of ``low``
-    fits. Pass ``low=2`` for a model with BatchNorm, which cannot train on one sample.
-
-    >>> def step(n):
-    ...     if n > 48:
-    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-    >>> result = run_with_oom_recovery(step, 64)
-    >>> result.recovered, result.batch_size
-    (True, 48)
-    """
-    from course_utils.batch import find_max_batch_size
-
-    message = None
-    try:
-        step(batch_size)
-    except Exception as error:
-        if not is_out_of_memory(error):
-            raise
-        message = error_summary(error)
-    if message is None:
-        return OomRecovery(batch_size, batch_size, None)
-    release_memory()  # outside the except block: the traceback is gone
-    if batch_size <= low:
-        raise MemoryError(f"not even a batch of {low} fits: {message}")
-    search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)
-    if search.batch_size == 0:
-        raise MemoryError(f"not even a batch of {low} fits: {message}")
-    return OomRecovery(batch_size, search.batch_size, message, search)

@@ -10,8 +10,8 @@ measures every row with the same code:
   one step at that size. On a GPU a trial that does not fit raises CUDA's real
   out-of-memory error. A CPU has no such limit worth hitting (the operating system would
   swap, then kill the process, long before PyTorch raised an error), so there the trial
-  raises an out-of-memory ``RuntimeError`` when the measured peak exceeds a budget you
-  impose (``budget_bytes``), as if the CPU were a device with that much memory;
+  runs out of a simulated :class:`~course_utils.oom.MemoryBudget` you impose
+  (``budget_bytes``), as if the CPU were a device with that much memory;
 * throughput: :func:`course_utils.timing.benchmark` of one step at a fixed batch size,
   samples per second; MFU from :func:`course_utils.models.model_costs` FLOPs and
   :func:`course_utils.flops.device_peak` (datasheet on a known GPU, a measured matmul
@@ -29,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
-from course_utils.device import autocast, pick_precision
+from course_utils.device import PrecisionName, autocast, pick_precision
 from course_utils.flops import Peak, device_peak, mfu
 from course_utils.footprint import (
     measure_activations,
@@ -45,8 +47,10 @@ from course_utils.footprint import (
     tensor_bytes,
 )
 from course_utils.models import build_model, model_costs
+from course_utils.oom import MemoryBudget
 from course_utils.timing import benchmark
-from course_utils.training import TrainConfig, TrainStep, resolve_precision
+from course_utils.training import TrainConfig, TrainStep
+from course_utils.units import MIB
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class TechniqueResult:
 
     @property
     def peak_mib(self) -> float | None:
-        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+        return None if self.peak_bytes is None else self.peak_bytes / MIB
 
 
 def standard_techniques(
@@ -99,8 +103,8 @@ def standard_techniques(
     """
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    amp = pick_precision(device).name if on_gpu else "bf16"
-    base = TrainConfig(precision="fp32", optimizer="adam", lr=1e-3)
+    amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
+    base = TrainConfig(precision=PrecisionName.FP32, optimizer="adam", lr=1e-3)
     with_ = partial_config(base)
     return [
         Technique("baseline (fp32, Adam)", base, expect="the reference row"),
@@ -165,24 +169,6 @@ def random_batch(
     return inputs, torch.randint(0, num_classes, (batch_size,), device=device)
 
 
-def forward_activation_bytes(step: TrainStep, batch: Sequence[torch.Tensor]) -> int:
-    """Bytes saved for backward by the step's forward pass and loss alone (with its
-    precision, checkpointing and layout): on a CPU, the same activation count as
-    :func:`course_utils.footprint.memory_breakdown` at a third of the cost (no backward,
-    no optimizer step)."""
-    inputs, targets = batch[0], batch[1]
-    if step.config.channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    precision = step.precision
-
-    def forward() -> torch.Tensor:
-        with autocast(step.device, precision):
-            return step.loss_fn(step.model(inputs), targets)
-
-    _, saved = saved_tensor_bytes(forward, exclude=step.model.parameters())
-    return saved
-
-
 def _evaluation_peak(model: nn.Module, inputs: torch.Tensor, device: torch.device) -> int:
     model.eval()
     with torch.inference_mode():
@@ -216,7 +202,7 @@ def measure_technique(
     if name == "tiny_transformer":  # its position embedding is sized for the image
         kwargs = {"image_size": image_size, **kwargs}
     cost = model_costs(name, batch_size=1, image_size=image_size, **kwargs)
-    dtype = resolve_precision(technique.config.precision, device).dtype
+    dtype = pick_precision(device, technique.config.precision).dtype
     peaks = peaks if peaks is not None else {}
     if dtype not in peaks:
         peaks[dtype] = device_peak(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
@@ -247,16 +233,25 @@ def measure_technique(
             step_until_taken(trial_step, random_batch(min(2, high), device, image_size))
 
         def trial(n: int) -> None:
-            inputs = random_batch(n, device, image_size)
+            inputs, targets = random_batch(n, device, image_size)
             if device.type == "cuda":  # the real thing: CUDA raises OutOfMemoryError
-                trial_step(inputs)
+                trial_step((inputs, targets))
                 return
-            needed = static + forward_activation_bytes(trial_step, inputs)
-            if budget_bytes is not None and needed > budget_bytes:
-                raise RuntimeError(
-                    f"out of memory (imposed CPU budget): a batch of {n} needs "
-                    f"{needed / 2**20:.1f} MiB, the budget is {budget_bytes / 2**20:.1f} MiB"
-                )
+            # CPU: the activations the forward pass saves (as memory_breakdown counts
+            # them, without running backward), on top of the static part, must fit
+            assert budget_bytes is not None
+            if trial_step.config.channels_last:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
+
+            def forward() -> torch.Tensor:
+                with autocast(device, trial_step.precision):
+                    return trial_step.loss_fn(trial_step.model(inputs), targets)
+
+            saved_tensor_bytes(
+                forward,
+                exclude=trial_step.model.parameters(),
+                budget=MemoryBudget(budget_bytes - static),
+            )
 
         batch = random_batch(batch_size, device, image_size)
 
@@ -301,7 +296,7 @@ class StepMeasurement:
 
     def __str__(self) -> str:
         memory = (
-            "not measured" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.2f} MiB"
+            "not measured" if self.memory_bytes is None else f"{self.memory_bytes / MIB:.2f} MiB"
         )
         return (
             f"{self.name}: {self.seconds * 1e3:.1f} ms/step ({self.samples_per_s:.0f} samples/s), "
@@ -354,7 +349,7 @@ def format_steps(rows: Sequence[StepMeasurement]) -> str:
     for r in rows:
         memory, ratio = "-", ""
         if r.memory_bytes is not None:
-            memory = f"{r.memory_bytes / 2**20:.2f}"
+            memory = f"{r.memory_bytes / MIB:.2f}"
             if base.memory_bytes:
                 ratio = f"{r.memory_bytes / base.memory_bytes:.2f}"
         lines.append(
@@ -400,18 +395,16 @@ def format_table(results: Sequence[TechniqueResult]) -> str:
         assert r.flops_per_sample is not None and r.mfu is not None
         capped = ">=" if r.max_batch_capped else ""
         lines.append(
-            f"{r.name:38} {r.peak_bytes / 2**20:9.2f} {r.static_bytes / 2**20:8.2f} "
-            f"{r.activation_bytes / 2**20:8.2f} {capped + str(r.max_batch):>10} "
+            f"{r.name:38} {r.peak_bytes / MIB:9.2f} {r.static_bytes / MIB:8.2f} "
+            f"{r.activation_bytes / MIB:8.2f} {capped + str(r.max_batch):>10} "
             f"{r.samples_per_s:10.1f} {r.flops_per_sample / 1e9:12.4f} {r.mfu:7.2%}"
         )
     return "\n".join(lines)
 
 
-def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
+def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Figure:
     """One chart of the table: peak memory (static and activations), largest batch and
     throughput per technique; rows not measured here are marked on every panel."""
-    import matplotlib.pyplot as plt
-
     names = [r.name for r in results]
     rows = list(range(len(results)))
     fig, axes = plt.subplots(1, 3, figsize=(13, 0.45 * len(results) + 1.6), sharey=True)
@@ -422,8 +415,8 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
                 ax.text(0, y, "  GPU only: not measured here", va="center", color="gray")
             continue
         assert r.static_bytes is not None and r.activation_bytes is not None
-        memory.barh(y, r.static_bytes / 2**20, color="tab:blue")
-        memory.barh(y, r.activation_bytes / 2**20, left=r.static_bytes / 2**20, color="tab:orange")
+        memory.barh(y, r.static_bytes / MIB, color="tab:blue")
+        memory.barh(y, r.activation_bytes / MIB, left=r.static_bytes / MIB, color="tab:orange")
         batch.barh(y, r.max_batch or 0, color="tab:green", hatch="//" if r.max_batch_capped else "")
         speed.barh(y, r.samples_per_s or 0, color="tab:purple")
     memory.legend(["static (parameters, gradients, optimizer)", "activations"], fontsize=8)
