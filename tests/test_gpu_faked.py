@@ -110,7 +110,7 @@ def test_every_consumer_maps_cuda_numbers_to_nvml_numbers(monkeypatch):
 
     asked: list[int | None] = []
     monkeypatch.setattr(capstone, "sample", lambda index: asked.append(index) or Reading(0, "cpu"))
-    monkeypatch.setattr(capstone, "TrainStep", lambda *a, **k: (lambda batch: torch.zeros(())))
+    monkeypatch.setattr(capstone, "TrainStep", lambda *a, **k: lambda batch: torch.zeros(()))
     monkeypatch.setattr(capstone, "StepProfiler", _InstantProfiler)
     capstone.run_recipe(capstone.SLOW, capstone.make_data(16), "cuda:0", samples=16)
     assert asked[1:] == [2, 2]  # the capstone samples the GPU that trains, not NVML's 0
@@ -279,7 +279,7 @@ def test_fp32_never_calls_autocast(monkeypatch):
     loss = step((torch.ones(3, 4), torch.zeros(3, dtype=torch.long)))
     assert torch.isfinite(loss)
     with pytest.raises(RuntimeError, match="unsupported autocast"):
-        autocast("cpu", training.resolve_precision("bf16", torch.device("cpu"))).__enter__()
+        autocast("cpu", pick_precision("cpu", "bf16")).__enter__()
 
 
 def test_the_amp_breakdown_counts_optimizer_state_even_when_the_first_step_overflows():
