@@ -189,7 +189,7 @@ def test_memory_cap_restores_the_fraction_in_force_before(monkeypatch):
         torch.cuda, "set_per_process_memory_fraction", lambda f, i: fractions.__setitem__(i, f)
     )
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", None, raising=False)
-    monkeypatch.setattr(memory, "release_memory", lambda: None)
+    monkeypatch.setattr(memory, "release_cached_memory", lambda: None)
     with memory.memory_cap("cuda:0", 8 * 1024):
         assert fractions[0] == 0.5
         with memory.memory_cap("cuda:0", 4 * 1024):
@@ -216,7 +216,7 @@ def test_a_failed_batch_size_is_released_after_the_traceback_is_gone(monkeypatch
     def release():
         alive_at_release.append(any(ref() is not None for ref in held))
 
-    monkeypatch.setattr(batch, "release_memory", release)
+    monkeypatch.setattr(batch, "release_cached_memory", release)
     sweep = batch.batch_size_sweep(trial, [2, 4, 8], repeats=1, warmup=0)
     assert [row.out_of_memory for row in sweep.rows] == [False, True]
     assert alive_at_release == [False]
