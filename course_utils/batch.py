@@ -1,21 +1,12 @@
-"""Batch size: the largest batch that fits in memory.
+"""Batch size: the largest batch that fits in memory, and the throughput knee.
 
-:func:`find_max_batch_size` calls ``trial(batch_size)`` (for example one training step at
-that size) and finds the largest size that does not run out of memory: it doubles from
-``low`` until a trial fails, then bisects between the last size that fitted and the first
-that did not. With a true limit ``M`` it needs at most ``2 * ceil(log2(M)) + 2`` trials.
-:func:`run_with_oom_recovery` runs a step and, when it runs out of memory, continues
-with the largest size the finder confirms.
-
-:func:`predict_max_batch_size` goes further when the memory of a step can be measured (a
-GPU's allocator statistics): it measures two small batches, fits memory = fixed + per
-sample x batch, predicts the limit for the memory available and confirms it with a few
-trials around the prediction instead of doubling from 1.
-
-:func:`batch_size_sweep` measures throughput, step time and peak memory for a range of
-batch sizes and finds the knee: **the smallest batch size whose throughput reaches 90% of
-the best measured throughput** (``knee_fraction``). Past the knee a larger batch costs
-memory and buys almost no speed. Used by notebooks 03, 04, 05 and 07.
+:func:`find_max_batch_size` doubles ``trial(batch_size)`` from ``low`` until it runs out
+of memory, then bisects: with a true limit ``M``, at most ``2 * ceil(log2(M)) + 2``
+trials. :func:`predict_max_batch_size` fits memory = fixed + per sample x batch from two
+measured probes and confirms the prediction with a few trials.
+:func:`run_with_oom_recovery` continues a step that ran out of memory at the largest size
+that fits. :func:`batch_size_sweep` finds the knee: **the smallest batch size whose
+throughput reaches 90% of the best measured throughput**. Notebooks 03, 04, 05 and 07.
 """
 
 from __future__ import annotations
@@ -53,11 +44,8 @@ class Trial:
 
 @dataclass
 class MaxBatchSize:
-    """The result of :func:`find_max_batch_size`.
-
-    ``batch_size`` is the answer (after the margin; 0 when not even a batch of 1 fits),
-    ``limit`` the largest size that fitted, ``trials`` how many times the trial ran.
-    """
+    """A finder's answer (after the margin; 0 when not even ``low`` fits), the largest
+    size that fitted (``limit``) and how many times the trial ran."""
 
     batch_size: int
     limit: int
@@ -78,10 +66,8 @@ def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial])
             raise
         fits = False
         message = error_summary(error)
-        # the exception's traceback refers to the frames that hold the big tensors:
-        # drop it before freeing (Python deletes ``error`` at the end of this block).
-    if not fits:  # a fitting trial's tensors die when it returns; a failed one's may sit
-        release_cached_memory()  # in reference cycles with the traceback, and the cache
+    if not fits:  # outside ``except``: the traceback holding the failed step's tensors is gone
+        release_cached_memory()
     history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
     progress.tick()
     return fits
@@ -95,13 +81,10 @@ def find_max_batch_size(
     high: int | None = None,
     margin: float = 0.0,
 ) -> MaxBatchSize:
-    """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory.
-
-    Out of memory means ``torch.cuda.OutOfMemoryError`` or a ``RuntimeError`` whose
-    message says so (CUDA or the CPU allocator); any other exception is raised again.
-    Memory is freed after each failed trial (``gc.collect()`` and ``empty_cache()``).
-    ``high`` caps the search; ``margin`` (0 to <1) returns that fraction less than the
-    limit found, leaving room for fragmentation and for other processes.
+    """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory
+    (:func:`~course_utils.oom.is_out_of_memory`; other errors are raised again), freeing
+    memory after each failure. ``high`` caps the search; ``margin`` (0 to <1) takes that
+    fraction off the limit, for fragmentation and other processes.
 
     >>> def trial(n):
     ...     MemoryBudget(100).charge(n)  # a budget of 100 bytes, one byte per sample
@@ -143,8 +126,8 @@ def _bisect(
     *,
     predicted: int | None = None,
 ) -> MaxBatchSize:
-    """Bisect between the largest size that fitted (``good``) and the smallest that did
-    not (``bad``; ``None`` when the search was capped), then build the result."""
+    """Bisect between the largest size that fitted and the smallest that did not
+    (``None``: the search was capped)."""
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
         if _attempt(trial, middle, history):
@@ -181,24 +164,13 @@ def predict_max_batch_size(
 ) -> MaxBatchSize:
     """Predict the largest batch from measured memory, then confirm it with a few trials.
 
-    ``memory_of(n)`` runs a step at batch size ``n`` and returns its peak memory in bytes,
-    measured after a warm-up step at that size so that one-time allocations do not count
-    (:meth:`TrainTrial.peak_bytes`, or on a GPU
-    ``footprint.peak_memory(lambda: trial(n), device, warmup=1).peak_bytes``). It is
-    called at the two ``probes``; a straight line through them (fixed bytes + bytes per
-    sample x n) gives the batch size that fills ``available_bytes`` (on a GPU
-    :func:`usable_cuda_bytes`; on the CPU a simulated budget). The prediction is then
-    confirmed by exponential search around it (+1, +2, +4, ... while trials fit, or -1,
-    -2, -4, ... while they do not) and bisection: when memory really grows linearly the
-    answer takes 4 or 5 calls instead of about ``2 log2(M)``. The two probes count as trials.
-    ``low`` is where a search starts when it has to fall back to
-    :func:`find_max_batch_size` (2 for a model with BatchNorm: see
-    :attr:`TrainTrial.min_batch_size`), and the smallest prediction.
-
-    On a GPU a convolution's memory is not quite a straight line: cuDNN picks an algorithm
-    for each input shape, and the workspace it allocates during the call can differ by
-    tens of MiB between neighbouring batch sizes. The prediction is then off, and the
-    confirming trials correct it (a network of ``Linear`` layers is close to linear).
+    ``memory_of(n)``: the peak bytes of a step at ``n`` after a warm-up step
+    (:meth:`TrainTrial.peak_bytes`), called at the two ``probes`` (they count as trials).
+    The line through them gives the size that fills ``available_bytes``
+    (:func:`usable_cuda_bytes`, or a simulated budget); galloping trials around it
+    (+1, +2, +4... or -1, -2, -4...) and bisection confirm it: 4 or 5 calls when memory is
+    linear. cuDNN's per-shape workspaces make a GPU's line bumpy; the trials correct
+    that. ``low``: the smallest prediction and where a fallback search starts.
 
     >>> limit = lambda n: 1000 + 300 * n           # bytes a step at batch n needs
     >>> def trial(n):
@@ -274,18 +246,12 @@ def usable_cuda_bytes(device: torch.device | str) -> int:
 
 
 class TrainTrial:
-    """One training step of a course model at a given batch size, as a trial.
+    """One :class:`~course_utils.training.TrainStep` of a course model on a random
+    CIFAR-shaped batch of the given size (the model is built on first use).
 
-    ``TrainTrial("small_cnn")(64)`` builds the model on first use (kept for later
-    calls), makes a random CIFAR-shaped batch of 64 on the device and runs
-    one :class:`~course_utils.training.TrainStep`. With ``budget_bytes`` it imposes a
-    simulated :class:`~course_utils.oom.MemoryBudget` and runs out of memory beyond it,
-    as a real allocator would: on the CPU as soon as the bytes saved for backward exceed it
-    (mid-forward, :func:`~course_utils.footprint.saved_tensor_bytes`); on a GPU when the
-    allocator peak of the step does, measured after an unmeasured warm-up step at the
-    same size (so one-time allocations such as cuBLAS workspaces never count). That is
-    exactly :meth:`peak_bytes`: measure a budget with it and the trial compares like with
-    like. ``last_peak_bytes`` keeps the last measured peak of a step that fitted.
+    With ``budget_bytes`` a simulated :class:`~course_utils.oom.MemoryBudget` applies to
+    what :meth:`peak_bytes` measures: on the CPU it fails mid-forward, as an allocator
+    would. ``last_peak_bytes``: the last measured peak of a step that fitted.
 
     >>> trial = TrainTrial("mlp", budget_bytes=2**24)
     >>> trial(1) is None, trial.last_peak_bytes > 0
@@ -325,19 +291,14 @@ class TrainTrial:
 
     @property
     def min_batch_size(self) -> int:
-        """2 when the model has a BatchNorm layer, else 1. In training mode BatchNorm needs
-        more than one value per channel: a batch of 1 raises ``ValueError`` where a layer
-        sees a 1 x 1 image (the end of ResNet-18 on 32 x 32 inputs). Start batch-size
-        searches here: ``find_max_batch_size(trial, low=trial.min_batch_size)``
-        (Lightning's finder starts at 2 for the same reason)."""
+        """2 when the model has BatchNorm (training on one sample raises ``ValueError``
+        where a layer sees a 1 x 1 image), else 1: where batch-size searches start."""
         norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
         return 2 if any(isinstance(m, norms) for m in self.step().model.modules()) else 1
 
     def peak_bytes(self, batch_size: int) -> int:
-        """The memory of one step at ``batch_size``, measured as the budget check does:
-        on a GPU the allocator peak (:func:`~course_utils.footprint.peak_memory`) of a
-        step after an unmeasured warm-up step at that size; on the CPU the bytes saved
-        for backward. Use it as ``memory_of`` for :func:`predict_max_batch_size`."""
+        """One step's memory at ``batch_size``, as the budget check measures it: on a GPU
+        the allocator peak after a warm-up step; on the CPU the bytes saved for backward."""
         step = self.step()
 
         def run() -> None:
@@ -383,9 +344,8 @@ class SweepRow:
 
     @property
     def cpu_samples_per_s(self) -> float:
-        """Samples per CPU-second of this process: on a CPU device, the throughput of the
-        time the cores really spent on the step (wall time on a shared machine also
-        counts other processes' turns). Not the device's time on a GPU."""
+        """Samples per CPU-second of this process (on a shared CPU, wall time also counts
+        other processes' turns)."""
         return self.batch_size / self.cpu_step_s if self.cpu_step_s > 0 else 0.0
 
 
@@ -478,19 +438,12 @@ def batch_size_sweep(
     """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
     (default: the powers of two up to 4096), stopping at the first out-of-memory error.
 
-    For each size: an unmeasured warm-up call, then one call measured with
-    :func:`~course_utils.footprint.peak_memory` (``warmup=1``), then
-    :func:`~course_utils.timing.benchmark` times ``repeats`` synchronized calls after
-    ``warmup`` more. The peak is what one step at that size needs once everything made
-    once has been made: on CUDA the allocator's peak during the step above the memory
-    allocated before it (the batch, activations, gradients, temporaries and per-call
-    cuDNN workspaces; not the parameters, the optimizer state or the cuBLAS workspaces
-    that the first step of a process allocates and keeps); on the CPU the bytes saved for
-    backward, which is what grows with the batch. ``budget_bytes`` treats a peak above it
-    as out of memory (a simulated :class:`~course_utils.oom.MemoryBudget`);
-    ``time_limit_s`` stops before a size (not the first) once the sweep has run that long.
-    Throughput is ``batch_size / median step time``; ``cpu_step_s`` is this process's CPU
-    time per call (``time.process_time``, all threads) over the warm-up and timed calls.
+    Per size: :func:`~course_utils.footprint.peak_memory` with ``warmup=1`` (what a step
+    needs once one-time allocations are made), then
+    :func:`~course_utils.timing.benchmark` of ``repeats`` calls after ``warmup`` more.
+    ``budget_bytes``: a simulated :class:`~course_utils.oom.MemoryBudget` on the peak;
+    ``time_limit_s`` stops before a size (not the first) once the sweep ran that long;
+    ``cpu_step_s``: this process's CPU time per call.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -519,9 +472,7 @@ def batch_size_sweep(
                 raise
             message = error_summary(error)
             failed = SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message)
-        if failed is not None:
-            # Outside ``except``: there the traceback still holds the failed step's
-            # frames and their tensors, so the memory could not be given back.
+        if failed is not None:  # outside ``except``, where the traceback held its tensors
             rows.append(failed)
             release_cached_memory()
             break
@@ -535,12 +486,8 @@ def batch_size_sweep(
 
 @dataclass(frozen=True)
 class OomRecovery:
-    """The result of :func:`run_with_oom_recovery`.
-
-    ``batch_size``: the size that ran (the requested one when it fitted). ``error``: the
-    first line of the out-of-memory message, ``None`` when there was none. ``search``: the
-    :func:`find_max_batch_size` result after an out-of-memory error.
-    """
+    """The size that ran, the out-of-memory message (``None``: the requested size fitted)
+    and the :func:`find_max_batch_size` search that followed it."""
 
     requested: int
     batch_size: int
@@ -557,12 +504,10 @@ def run_with_oom_recovery(
 ) -> OomRecovery:
     """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
 
-    The pattern: catch the error (:func:`~course_utils.oom.is_out_of_memory`), leave the
-    ``except`` block so the traceback and the failed step's tensors die, free memory
-    (:func:`~course_utils.oom.release_cached_memory`), then find the largest size below
-    the one that failed with :func:`find_max_batch_size` (each trial is a real ``step``).
-    Other errors are raised again; :class:`MemoryError` if not even a batch of ``low``
-    fits. Pass ``low=2`` for a model with BatchNorm, which cannot train on one sample.
+    Catch the error, leave the ``except`` block (the traceback holds the failed step's
+    tensors), free memory, then :func:`find_max_batch_size` below the size that failed.
+    Other errors are raised again; :class:`MemoryError` if not even ``low`` fits
+    (``low=2`` for BatchNorm).
 
     >>> def step(n):
     ...     MemoryBudget(48).charge(n)  # a budget of 48 bytes, one byte per sample

@@ -28,9 +28,7 @@ from course_utils.device import cuda_gpu_count
 from course_utils.oom import release_cached_memory
 from course_utils.units import MIB
 
-# ---------------------------------------------------------------------------------------
-# What the process uses: allocated, reserved, the driver's view, and the CUDA context
-# ---------------------------------------------------------------------------------------
+# --- what the process uses: allocated, reserved, the driver's view, and the CUDA context
 
 CPU_NOTE = (
     "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to the C "
@@ -46,14 +44,10 @@ def process_rss_mib() -> float:
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU's memory as PyTorch, CUDA and the driver see it, in MiB.
-
-    ``allocated``: bytes in live tensors. ``reserved``: what the caching allocator holds
-    (allocated plus cached blocks). ``peak_allocated``: the most allocated since the last
-    ``torch.cuda.reset_peak_memory_stats``. ``free``/``total``: ``torch.cuda.mem_get_info``
-    for the whole GPU (every process). ``process_used``: NVML's per-process figure (the
-    nvidia-smi process table), ``None`` when NVML cannot see this process.
-    """
+    """One GPU's memory in MiB: ``allocated`` (live tensors), ``reserved`` (the caching
+    allocator: tensors plus cache), ``peak_allocated`` (since the last
+    ``reset_peak_memory_stats``), ``free``/``total`` (``mem_get_info``, every process) and
+    ``process_used`` (NVML's per-process figure; ``None`` when NVML cannot see us)."""
 
     device: str
     name: str
@@ -126,8 +120,7 @@ class MemoryReport:
 
 
 def _has_context(index: int) -> bool:
-    """Whether this process already has a CUDA context on ``cuda:index`` (asking creates
-    none; without the private query, the GPUs where it holds memory)."""
+    """Whether this process has a CUDA context on ``cuda:index`` (asking creates none)."""
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
     if has_context is not None:
         try:
@@ -138,11 +131,8 @@ def _has_context(index: int) -> bool:
 
 
 def _gpus_in_use() -> list[int]:
-    """CUDA indices where this process holds memory or has a context.
-
-    Not simply "the current device": a process that trains on ``cuda:1`` has no context on
-    ``cuda:0``, and reading ``mem_get_info(0)`` would create one (about 0.5 GiB there).
-    """
+    """CUDA indices where this process holds memory or has a context: reading
+    ``mem_get_info`` on another GPU would create a context there (about 0.5 GiB)."""
     if not torch.cuda.is_initialized():
         return []
     count = torch.cuda.device_count()
@@ -167,11 +157,8 @@ def gpu_memory(index: int) -> GpuMemory:
 
 
 def memory_report() -> MemoryReport:
-    """Allocated, reserved, peak, ``mem_get_info`` and NVML, for every GPU in use.
-
-    On a machine without a GPU (or before CUDA starts in this process) the report has no
-    GPU table: it gives the process's resident memory and says why.
-    """
+    """Allocated, reserved, peak, ``mem_get_info`` and NVML, for every GPU in use; without
+    one (or before CUDA starts) the process's resident memory, and why."""
     indices = _gpus_in_use()
     if indices:
         note = (
@@ -232,15 +219,10 @@ def format_readings(readings: list[MemoryReading]) -> str:
 
 
 def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
-    """What ``del`` and ``torch.cuda.empty_cache()`` do, stage by stage.
+    """What ``del`` and ``torch.cuda.empty_cache()`` do, in six stages (see the labels).
 
-    1. baseline (after freeing the cache); 2. a tensor of ``mib`` MiB allocated;
-    3. ``del`` it (on a GPU its memory stays reserved, cached); 4. a new tensor of the same
-    size (reuses the cache: reserved does not grow); 5. ``empty_cache()`` while that tensor
-    is alive (frees nothing); 6. ``del`` and ``empty_cache()`` (reserved back to baseline).
-    On a CPU only the RSS column has numbers: PyTorch has no cache there, but the C
-    library may keep freed pages resident, so on a CPU stage 3 runs ``del`` and then
-    glibc's ``malloc_trim`` (its label says so).
+    On a CPU only the RSS column has numbers: PyTorch has no cache there, but glibc may
+    keep freed pages resident, so stage 3 runs ``del`` and then ``malloc_trim``.
     """
     device = torch.device(device)
     elements = mib * MIB // 4
@@ -270,9 +252,7 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
     return readings
 
 
-# ---------------------------------------------------------------------------------------
-# Allocator settings: read once, when CUDA initializes
-# ---------------------------------------------------------------------------------------
+# --------------------------------- allocator settings: read once, when CUDA initializes
 
 ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
@@ -297,16 +277,10 @@ def configure_allocator(
     garbage_collection_threshold: float | None = None,
     **other: str | int | float | bool,
 ) -> str:
-    """Set the CUDA caching allocator's options; returns the setting written.
-
-    Writes ``PYTORCH_CUDA_ALLOC_CONF`` and its newer name ``PYTORCH_ALLOC_CONF`` (both,
-    so old and new PyTorch read it), keeping options already set there that you do not
-    change. PyTorch reads them once, when CUDA initializes, so this raises
-    :class:`AllocatorAlreadyInitializedError` once CUDA is initialized in this process:
-    restart the kernel and call it first (or set the variable before starting Python).
-
-    ``expandable_segments=True`` lets the allocator grow one segment instead of reserving
-    many, which reduces fragmentation. ``other`` takes any further option by name.
+    """Set the CUDA caching allocator's options (``other``: any further one by name);
+    returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF`` and ``PYTORCH_ALLOC_CONF``
+    (old and new names), keeping options already set. PyTorch reads it once, when CUDA
+    initializes: afterwards this raises :class:`AllocatorAlreadyInitializedError`.
 
     >>> from unittest import mock
     >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
@@ -339,9 +313,7 @@ def configure_allocator(
     return text
 
 
-# ---------------------------------------------------------------------------------------
-# Memory snapshots: every allocation and free, with the Python stack that made it
-# ---------------------------------------------------------------------------------------
+# ------ memory snapshots: every allocation and free, with the Python stack that made it
 
 VIEWER_URL = "https://pytorch.org/memory_viz"
 
@@ -364,12 +336,10 @@ def capture_memory_snapshot(
 ) -> MemorySnapshot:
     """Run ``fn()`` while recording CUDA memory history; dump the snapshot to ``path``.
 
-    The snapshot (a pickle) lists every segment and block with the stack trace of the
-    allocation, and the last ``max_entries`` allocation and free events. Drag it onto
-    https://pytorch.org/memory_viz (it stays on your computer). With ``html=True`` a
-    self-contained ``.html`` file is written next to it too (``torch.cuda._memory_viz``;
-    the page loads the viewer's JavaScript from the internet). Without CUDA ``fn`` still
-    runs, and nothing is written.
+    The pickle lists every segment and block with the stack of its allocation, and the
+    last ``max_entries`` events, for https://pytorch.org/memory_viz; ``html=True`` also
+    writes an ``.html`` page (its viewer loads from the internet). Without CUDA ``fn``
+    still runs and nothing is written.
     """
     path = Path(path)
     if cuda_gpu_count() == 0:
@@ -408,19 +378,14 @@ def capture_memory_snapshot(
     return MemorySnapshot(path, html_path, view + ".")
 
 
-# ---------------------------------------------------------------------------------------
-# Fragmentation: cached memory that cannot be returned or reused for a bigger tensor
-# ---------------------------------------------------------------------------------------
+# --- fragmentation: cached memory that cannot be returned or reused for a bigger tensor
 
 
 @dataclass(frozen=True)
 class Fragmentation:
-    """The allocator's segments summarised, in MiB.
-
-    ``cached``: reserved but not allocated. ``largest_free_block``: the biggest tensor the
-    cache can hold without reserving more. ``stuck``: cached memory in segments that also
-    hold a live tensor, which ``empty_cache`` cannot return.
-    """
+    """The allocator's segments, in MiB. ``largest_free_block``: the biggest tensor the
+    cache holds without reserving more; ``stuck``: cache in segments that also hold a live
+    tensor, which ``empty_cache`` cannot return."""
 
     segments: int
     reserved_mib: float
@@ -459,14 +424,10 @@ def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
 
 
 def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6) -> Fragmentation:
-    """Make the allocator fragment on purpose, and measure it after ``empty_cache``.
-
-    Allocates ``blocks`` tensors of ``block_mib`` MiB, frees two of every three, and
-    returns :func:`summarize_segments` of what remains (the survivors are freed after).
-    Without expandable segments, tensors of 1 to 10 MiB share 20 MiB segments, so one
-    survivor pins its segment: the freed space is cached but cannot be returned, and a
-    tensor bigger than the gaps needs a new segment. Needs a CUDA device.
-    """
+    """Fragment the CUDA allocator on purpose: allocate ``blocks`` tensors of
+    ``block_mib`` MiB, free two of every three, ``empty_cache`` and summarise the segments.
+    Without expandable segments tensors of 1 to 10 MiB share 20 MiB segments, so one
+    survivor pins its segment."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("fragmentation is a property of the CUDA caching allocator")
@@ -513,9 +474,7 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
     return results
 
 
-# ---------------------------------------------------------------------------------------
-# A real memory cap on a GPU (the simulated one for a CPU is oom.MemoryBudget)
-# ---------------------------------------------------------------------------------------
+# --------- a real memory cap on a GPU (the simulated one for a CPU is oom.MemoryBudget)
 
 
 @contextmanager
