@@ -432,7 +432,6 @@ def batch_size_sweep(
     repeats: int = 3,
     warmup: int = 1,
     budget_bytes: int | None = None,
-    time_limit_s: float | None = None,
     knee_fraction: float = 0.9,
 ) -> BatchSweep:
     """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
@@ -442,7 +441,6 @@ def batch_size_sweep(
     needs once one-time allocations are made), then
     :func:`~course_utils.timing.benchmark` of ``repeats`` calls after ``warmup`` more.
     ``budget_bytes``: a simulated :class:`~course_utils.oom.MemoryBudget` on the peak;
-    ``time_limit_s`` stops before a size (not the first) once the sweep ran that long;
     ``cpu_step_s``: this process's CPU time per call.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
@@ -452,11 +450,8 @@ def batch_size_sweep(
     device = torch.device(device)
     rows: list[SweepRow] = []
     method = ""
-    started = time.perf_counter()
     sizes = [2**k for k in range(13)] if sizes is None else sizes
     for size in progress.track(sizes, "batch-size sweep", unit="size"):
-        if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
-            break
         failed: SweepRow | None = None
         try:
             run = functools.partial(trial, size)

@@ -1,18 +1,7 @@
-"""Where a training step's memory goes, measured.
-
-* :func:`saved_tensor_bytes`: the bytes autograd keeps for the backward pass while a
-  function runs (activations), counted with ``torch.autograd.graph.saved_tensors_hooks``.
-  Works on every device; each storage is counted once.
-* :func:`peak_memory`: the peak memory of a function. On CUDA, the caching allocator's
-  peak (``torch.cuda.max_memory_allocated``) above what was allocated before. The CPU has
-  no allocator statistics, so there it reports the bytes saved for backward, the part of
-  a training step's memory that grows with the batch (or, with ``rss=True``, the
-  process's resident memory), and says so in ``method``.
-  ``warmup=1`` first calls the function once unmeasured: the first CUDA step of a process
-  or a model allocates things once and keeps them (cuBLAS workspaces, lazily built
-  parameters and optimizer state), which a single measured call would count.
-
-Used by notebooks 03 and 04 and by the batch-size sweep.
+"""Where a training step's memory goes, measured: the bytes autograd saves for backward
+(:func:`saved_tensor_bytes`, every device), the peak memory of a function
+(:func:`peak_memory`), and a step's breakdown into parameters, gradients, optimizer state
+and activations (:func:`memory_breakdown`). Notebooks 03, 04 and 07 and the batch finders.
 """
 
 from __future__ import annotations
@@ -27,7 +16,6 @@ import psutil
 import torch
 from torch import nn
 
-from course_utils.device import to_device
 from course_utils.oom import MemoryBudget
 from course_utils.training import OPTIMIZERS, TrainStep
 from course_utils.units import MIB
@@ -41,10 +29,9 @@ def saved_tensor_bytes(
 ) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
 
-    Tensors sharing a storage with one of ``exclude`` are not counted (pass the model's
-    parameters to count activations only: a layer saves its weight for backward too).
-    With a ``budget``, its simulated out-of-memory error is raised as soon as the saved
-    bytes exceed it, mid-forward, as an allocator with that much memory would.
+    Each storage counts once; those of ``exclude`` (the parameters: a layer saves its
+    weight too) not at all. A ``budget`` raises its simulated out-of-memory error as soon
+    as the saved bytes exceed it, mid-forward, as an allocator would.
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -110,19 +97,15 @@ def _rss_peak(fn: Callable[[], Any]) -> int:
 def peak_memory(
     fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0, rss: bool = False
 ) -> PeakMemory:
-    """Peak memory of ``fn()`` on ``device`` (see the module documentation).
+    """Peak memory of ``fn()`` on ``device``, and how it was measured.
 
-    On CUDA: the most bytes allocated at once during the call, minus the bytes allocated
-    when it started, so tensors that already existed (parameters, optimizer state) do not
-    count, but everything the call allocates does, even if freed before it returns
-    (activations, gradients, temporaries, per-call cuDNN workspaces). ``warmup`` calls of
-    ``fn`` run first, unmeasured: they make the one-time allocations a first call would
-    add (cuBLAS workspaces, kept for the process; a model or optimizer state built
-    lazily on the first step). Use ``warmup=1`` to measure what every step needs.
-
-    On the CPU: the bytes autograd saved for backward, or with ``rss=True`` (for a whole
-    run rather than one step) the process's resident memory sampled every 5 ms above its
-    start: approximate, and lower for a second run that reuses memory a first one freed.
+    On CUDA: the allocator's peak during the call above what was allocated at its start
+    (everything the call allocates, even if freed before it returns). ``warmup`` calls run
+    first, unmeasured, to make one-time allocations (cuBLAS workspaces, lazy optimizer
+    state): ``warmup=1`` measures what every step needs. The CPU has no allocator
+    statistics: the bytes autograd saved for backward (what grows with the batch), or with
+    ``rss=True`` (a whole run) the process's resident memory sampled every 5 ms above its
+    start, approximate and lower for a run that reuses memory an earlier one freed.
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> peak_memory(lambda: (x * x).sum(), "cpu", warmup=1).peak_bytes  # CPU: saved bytes
@@ -195,12 +178,8 @@ _OPTIMIZER_SLOTS = dict(
 
 
 def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
-    """The optimizer state predicted from the parameters alone (one of ``OPTIMIZERS``):
-
-    * ``"sgd"``: nothing;
-    * ``"momentum"``: one momentum buffer per parameter (1x the parameters);
-    * ``"adam"``, ``"adamw"``: two moving averages (2x the parameters) plus a step
-      counter per parameter tensor, a float32 scalar (4 bytes) in PyTorch 2.
+    """The optimizer state predicted from the parameters: SGD none, momentum 1x, Adam(W)
+    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2).
 
     >>> expected_optimizer_state_bytes(nn.Linear(10, 5), "adam")  # 2 * 220 + 2 tensors * 4
     448
@@ -214,16 +193,12 @@ def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
 
 
 def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
-    """Activation bytes predicted from shapes alone, before running anything for real.
+    """Activation bytes predicted from shapes: "training keeps every layer's output".
 
-    A copy of the model runs on the ``meta`` device (tensors with shapes and dtypes but
-    no data, so no memory and almost no time); forward hooks add up the bytes of every
-    leaf module's output, plus the input; outputs that are views or in-place results
-    take no new memory and are skipped. That is the rule of thumb "training keeps every
-    layer's output for the backward pass". Self-attention (``nn.MultiheadAttention``)
-    computes its inside with functions no hook sees; it counts as queries, keys,
-    values, the attention output and the result (5 x dim per token) plus the attention
-    probabilities (heads x length per token).
+    A copy of the model runs on the ``meta`` device (shapes, no data); hooks add the
+    input and every leaf module's output, skipping views and in-place results.
+    ``nn.MultiheadAttention``'s inside, which no hook sees, counts 5 x dim per token
+    (queries, keys, values, attention output, result) plus heads x length (probabilities).
 
     >>> activation_estimate(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), torch.ones(2, 8))
     128
@@ -317,12 +292,9 @@ CPU_METHOD = (
 def measure_activations(
     forward_backward: Callable[[], Any], device: torch.device | str, exclude: Iterable[torch.Tensor]
 ) -> tuple[int, str]:
-    """Activation bytes of ``forward_backward()`` and how they were measured.
-
-    On CUDA: the allocator's peak during the call above what was allocated before it (so
-    parameters, gradients and optimizer state allocated before do not count). On the CPU:
-    the bytes saved for backward, ``exclude`` (the parameters) left out.
-    """
+    """Activation bytes of ``forward_backward()`` and how they were measured: on CUDA the
+    allocator's peak above its start; on the CPU the bytes saved for backward, without
+    ``exclude`` (the parameters)."""
     device = torch.device(device)
     if device.type == "cuda":
         return peak_memory(forward_backward, device).peak_bytes, CUDA_METHOD
@@ -333,12 +305,9 @@ def measure_activations(
 def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 30) -> int:
     """Run ``step(batch)`` until its optimizer really stepped; return how many steps ran.
 
-    With fp16 and a ``GradScaler``, a step whose scaled gradients overflow (inf or nan) is
-    skipped: ``scaler.step`` does not call ``optimizer.step()``, so a fresh optimizer
-    still has no state, and ``scaler.update()`` halves the scale. At the default initial
-    scale of 2**16 the first step of a fresh model often overflows (fp16's largest number
-    is 65504). A skipped step is seen as the scale going down; without a scaler (fp32,
-    bf16) the first step is always taken.
+    With fp16 a ``GradScaler`` skips a step whose scaled gradients overflow (a fresh
+    model's first step often does at the initial scale of 2**16; fp16 ends at 65504): the
+    optimizer gets no state and the scale goes down, which is how a skip is seen.
     """
     scaler = step.scaler
     for attempt in range(1, max_steps + 1):
@@ -357,24 +326,17 @@ def memory_breakdown(
 ) -> MemoryBreakdown:
     """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
 
-    1. Estimate the activations from shapes (:func:`activation_estimate`), before running.
-    2. Run one real step, so that the optimizer creates its state (lazily, at the first
-       step; with fp16 a step the scaler skipped for overflow does not count), and
-       give every parameter a zeroed gradient: now the static part (parameters,
-       gradients, optimizer state) is allocated, and is read from the tensors themselves.
-       With fp16 the gradient scaler may skip the first steps (an overflow): steps run
-       until one is taken (:func:`step_until_taken`).
-    3. Run forward and backward once more and measure the activations above the static
-       part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
-       channels_last) apply. The gradients are then cleared.
+    1. Estimate the activations from shapes (:func:`activation_estimate`; not with
+       ``estimate=False``).
+    2. Run steps until one is taken (:func:`step_until_taken`), so the optimizer state
+       exists, and give every parameter a zeroed gradient: the static part (parameters,
+       gradients, optimizer state) is then read from the tensors themselves.
+    3. Measure forward and backward once more (:func:`measure_activations`), with the
+       step's toggles; then clear the gradients.
 
-    The step's parameters change (one optimizer step, more if fp16 skipped some): use a
-    fresh model for training.
-    ``estimate=False`` skips step 1 (``activations_estimate`` is then 0).
+    The step's parameters change: use a fresh model for training.
     """
-    inputs, targets = to_device(tuple(batch[:2]), step.device)
-    if step.config.channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    inputs, targets = step.prepare(batch)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
     step_until_taken(step, (inputs, targets))
     parameters = list(step.model.parameters())

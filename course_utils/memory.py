@@ -273,14 +273,13 @@ def _parse_alloc_conf(text: str) -> dict[str, str]:
 def configure_allocator(
     *,
     expandable_segments: bool | None = None,
-    max_split_size_mb: int | None = None,
-    garbage_collection_threshold: float | None = None,
     **other: str | int | float | bool,
 ) -> str:
-    """Set the CUDA caching allocator's options (``other``: any further one by name);
-    returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF`` and ``PYTORCH_ALLOC_CONF``
-    (old and new names), keeping options already set. PyTorch reads it once, when CUDA
-    initializes: afterwards this raises :class:`AllocatorAlreadyInitializedError`.
+    """Set the CUDA caching allocator's options (``other``: any by name, such as
+    ``max_split_size_mb=128``); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
+    and ``PYTORCH_ALLOC_CONF`` (old and new names), keeping options already set. PyTorch
+    reads it when CUDA initializes: afterwards this raises
+    :class:`AllocatorAlreadyInitializedError`.
 
     >>> from unittest import mock
     >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
@@ -291,10 +290,6 @@ def configure_allocator(
     wanted: dict[str, str | int | float | bool] = dict(other)
     if expandable_segments is not None:
         wanted["expandable_segments"] = expandable_segments
-    if max_split_size_mb is not None:
-        wanted["max_split_size_mb"] = max_split_size_mb
-    if garbage_collection_threshold is not None:
-        wanted["garbage_collection_threshold"] = garbage_collection_threshold
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")

@@ -1,13 +1,8 @@
 """Out of memory: recognising the error, releasing memory, and a simulated budget.
 
-* :func:`is_out_of_memory` and :func:`error_summary`: is this error "out of memory", and
-  its first line.
-* :func:`release_cached_memory`: ``gc.collect()``, glibc's ``malloc_trim`` and
-  ``torch.cuda.empty_cache()``, after you dropped your own references.
-* :func:`drop_references`: drop what a notebook keeps alive (named variables, the output
-  history, the saved traceback), then :func:`release_cached_memory`.
-* :class:`MemoryBudget`: the one simulated memory limit of every CPU demonstration; it
-  raises an out-of-memory error that this module, Lightning and accelerate recognise.
+:func:`release_cached_memory` collects garbage and returns caches after you dropped your
+references; :func:`drop_references` drops what a notebook keeps alive first.
+:class:`MemoryBudget` is the one simulated memory limit of every CPU demonstration.
 """
 
 from __future__ import annotations
@@ -26,11 +21,8 @@ from course_utils.units import MIB
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """True when ``error`` means "out of memory" on a GPU or in the CPU allocator.
-
-    ``torch.cuda.OutOfMemoryError`` always; otherwise a ``RuntimeError`` (or
-    ``MemoryError``) whose message says "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or
-    the CPU allocator's "DefaultCPUAllocator: can't allocate memory".
+    """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError``, or a ``RuntimeError``
+    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU).
 
     >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
     True
@@ -56,10 +48,9 @@ def error_summary(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """A simulated memory limit of ``limit_bytes``, for machines where a real one cannot
-    be hit safely (a CPU swaps, then the kernel kills the process, long before PyTorch
-    raises). :meth:`charge` raises ``torch.cuda.OutOfMemoryError``, labelled simulated,
-    when ``nbytes`` exceed the budget.
+    """A simulated memory limit, where a real one cannot be hit safely (a CPU swaps, then
+    the kernel kills the process). :meth:`charge` raises ``torch.cuda.OutOfMemoryError``,
+    labelled simulated, worded so that Lightning and accelerate recognise it too.
 
     >>> MemoryBudget(100 * MIB).charge(50 * MIB)
     >>> MemoryBudget(100 * MIB).charge(150 * MIB)  # doctest: +ELLIPSIS
@@ -217,16 +208,11 @@ def _reserved_bytes() -> int:
 
 
 def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> DroppedReferences:
-    """Drop what a notebook keeps alive: named variables, the output history, the saved
-    traceback; then :func:`release_cached_memory`.
-
-    ``names`` are deleted from ``namespace`` (default: the IPython user namespace, or the
-    caller's globals outside IPython). Output-history entries (``Out[N]``, ``_N``, ``_``,
-    ``__``, ``___``) are dropped when they are, or contain, a named object, a tensor, a
-    module or an optimizer. The saved exception (``sys.last_traceback``,
-    ``sys.last_value``, ``sys.last_exc``) is cleared, and its frames' local variables
-    with it. Other references (another variable, a list, an optimizer you kept) still
-    keep a tensor alive: delete them too.
+    """Drop what a notebook keeps alive, then :func:`release_cached_memory`: ``names`` in
+    ``namespace`` (default: IPython's, else the caller's globals), output-history entries
+    (``Out[N]``, ``_N``, ``_``...) holding one of them, a tensor, a module or an
+    optimizer, and the saved exception with its frames' locals. Other references you
+    keep (a list, a second variable) still keep a tensor alive.
 
     >>> import weakref
     >>> space = {"x": torch.ones(1000)}
@@ -257,8 +243,6 @@ def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> Dro
             dropped.not_found.append(name)
     before = _reserved_bytes()
     dropped.collected = gc.collect()
-    _trim_c_heap()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
+    release_cached_memory()
     dropped.released_mib = (before - _reserved_bytes()) / MIB
     return dropped

@@ -1,31 +1,21 @@
 """Memory-saving techniques compared: one row per technique, measured the same way.
 
-Notebook 04 asks of each technique what it does to a training step's peak memory, to the
-largest batch that fits, and to throughput (with FLOPs and MFU). :func:`compare_techniques`
-measures every row with the same code:
-
-* peak memory: :func:`course_utils.footprint.memory_breakdown` (static part plus the
-  activations measured during forward and backward; evaluation rows: the forward only);
-* largest batch: :func:`course_utils.batch.find_max_batch_size` with a trial that runs
-  one step at that size. On a GPU a trial that does not fit raises CUDA's real
-  out-of-memory error. A CPU has no such limit worth hitting (the operating system would
-  swap, then kill the process, long before PyTorch raised an error), so there the trial
-  runs out of a simulated :class:`~course_utils.oom.MemoryBudget` you impose
-  (``budget_bytes``), as if the CPU were a device with that much memory;
-* throughput: :func:`course_utils.timing.benchmark` of one step at a fixed batch size,
-  samples per second; MFU from :func:`course_utils.models.model_costs` FLOPs and
-  :func:`course_utils.flops.device_peak` (datasheet on a known GPU, a measured matmul
-  peak on a CPU).
-
-A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so.
+For each row of notebook 04, :func:`compare_techniques` measures the peak memory of a step
+(:func:`~course_utils.footprint.memory_breakdown`), the largest batch that fits
+(:func:`~course_utils.batch.find_max_batch_size`; on a GPU against CUDA's real limit, on
+a CPU against a simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``,
+since the operating system would swap and kill the process long before PyTorch raised),
+and throughput with FLOPs and MFU (:func:`~course_utils.flops.device_peak`). A
+``gpu_only`` row is not measured on a CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,17 +85,14 @@ def standard_techniques(
     smaller_kwargs: dict[str, Any] | None = None,
 ) -> list[Technique]:
     """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
-
-    On a CPU, mixed precision is bf16 autocast (it runs on any CPU; fast only with
-    AVX512-BF16 or AMX) and the channels_last and inference_mode rows are GPU-only; on
-    a GPU the mixed precision is :func:`~course_utils.device.pick_precision`'s choice
-    (fp16 with a GradScaler on a T4, bf16 from compute capability 8.0).
-    """
+    Mixed precision: :func:`~course_utils.device.pick_precision`'s choice on a GPU, bf16
+    on a CPU (fast only with AVX512-BF16 or AMX); channels_last and inference_mode rows
+    are GPU-only."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
     base = TrainConfig(precision=PrecisionName.FP32, optimizer="adam", lr=1e-3)
-    with_ = partial_config(base)
+    with_ = functools.partial(dataclasses.replace, base)
     return [
         Technique("baseline (fp32, Adam)", base, expect="the reference row"),
         Technique(
@@ -150,15 +137,6 @@ def standard_techniques(
             expect="fewer parameters: smaller static part; activations need not shrink",
         ),
     ]
-
-
-def partial_config(base: TrainConfig) -> Callable[..., TrainConfig]:
-    """A function that returns ``base`` with some fields changed.
-
-    >>> partial_config(TrainConfig())(optimizer="adam").optimizer
-    'adam'
-    """
-    return lambda **changes: dataclasses.replace(base, **changes)
 
 
 def random_batch(
@@ -233,15 +211,14 @@ def measure_technique(
             step_until_taken(trial_step, random_batch(min(2, high), device, image_size))
 
         def trial(n: int) -> None:
-            inputs, targets = random_batch(n, device, image_size)
+            batch = random_batch(n, device, image_size)
             if device.type == "cuda":  # the real thing: CUDA raises OutOfMemoryError
-                trial_step((inputs, targets))
+                trial_step(batch)
                 return
             # CPU: the activations the forward pass saves (as memory_breakdown counts
             # them, without running backward), on top of the static part, must fit
             assert budget_bytes is not None
-            if trial_step.config.channels_last:
-                inputs = inputs.contiguous(memory_format=torch.channels_last)
+            inputs, targets = trial_step.prepare(batch)
 
             def forward() -> torch.Tensor:
                 with autocast(device, trial_step.precision):
@@ -310,23 +287,16 @@ def measure_step(
     batch_size: int,
     device: torch.device | str,
     *,
-    exclude: Any = (),
+    exclude: Iterable[torch.Tensor] = (),
     optimizer: torch.optim.Optimizer | None = None,
     memory: bool = True,
     repeats: int = 3,
 ) -> StepMeasurement:
-    """Measure ``step_fn()``, one training step as a notebook writes it out.
-
-    1. Warm-up, unmeasured: one call, or with ``optimizer`` calls until it has state (at
-       most 10; an fp16 step that a ``GradScaler`` skips creates none), so that one-time
-       allocations (optimizer state, cuBLAS workspaces, compilation) are not measured.
-       Pass ``optimizer`` only for one that keeps state (not plain SGD).
-    2. Memory (``memory=True``): :func:`course_utils.footprint.measure_activations` of one
-       call. On CUDA the allocator's peak during the step above what was allocated
-       before it; on a CPU the bytes autograd saved for backward, ``exclude`` (the
-       parameters) left out.
-    3. Time: :func:`course_utils.timing.benchmark`, the median of ``repeats`` calls.
-    """
+    """Measure ``step_fn()``, one training step as a notebook writes it out: after a
+    warm-up (with a stateful ``optimizer``: until it has state, at most 10 calls, since a
+    skipped fp16 step creates none), its memory
+    (:func:`~course_utils.footprint.measure_activations`, ``exclude``: the parameters)
+    and the median time of ``repeats`` calls."""
     device = torch.device(device)
     step_fn()
     for _ in range(9):
@@ -364,11 +334,8 @@ def compare_techniques(
 ) -> list[TechniqueResult]:
     """:func:`measure_technique` for every row, sharing the measured device peaks.
 
-    The largest-batch finder runs ``gc.collect()`` after every trial that does not fit;
-    with torch imported, one collection scans a few hundred thousand objects (about
-    0.2 s on a small CPU). ``gc.freeze()`` moves the objects that exist already to a
-    generation the collector skips, so each collection looks only at what the trials
-    created; ``gc.unfreeze()`` puts them back afterwards.
+    The finder's ``gc.collect()`` after each failed trial scans every object torch made
+    (about 0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration.
     """
     peaks: dict[torch.dtype, Peak] = {}
     gc.freeze()

@@ -1,30 +1,18 @@
 """The course's reference training step, where every technique is a toggle.
 
 One code path trains every model of notebooks 03 to 08; a lesson changes a field of
-:class:`TrainConfig` instead of writing another loop:
-
-* ``precision``: ``"auto"`` or a :class:`~course_utils.device.PrecisionName`
-  (``"fp32"``, ``"fp16"``: autocast plus ``torch.amp.GradScaler``, ``"bf16"``: autocast
-  only), resolved by :func:`course_utils.device.pick_precision`.
-* ``accumulation_steps``: split each batch into that many micro-batches, run forward and
-  backward on each (gradients add up), then take one optimizer step. Memory is that of a
-  micro-batch; the gradient is that of the whole batch.
-* ``checkpointing``: recompute the activations of chosen blocks during backward
-  (``torch.utils.checkpoint``): less memory, more time.
-* ``channels_last``: NHWC memory layout for the model and image batches (faster
-  convolutions on tensor cores).
-* ``compile``: ``torch.compile``, guarded: if compiling fails on the first step (an old
-  GPU, no C++ compiler) the step says so and runs eagerly.
-* ``optimizer``: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"adamw"``; gradients are
-  cleared with ``zero_grad(set_to_none=True)`` unless ``set_to_none=False``.
-
-It uses the modern ``torch.amp`` API (``torch.autocast``, ``torch.amp.GradScaler``), never
-``torch.cuda.amp``. :func:`train_accumulated` and :func:`scaled_lr` are notebook 03's
-effective batch: accumulation and the linear learning-rate scaling rule.
+:class:`TrainConfig` instead of writing another loop: ``precision`` (``"auto"`` or a
+:class:`~course_utils.device.PrecisionName`, resolved by
+:func:`~course_utils.device.pick_precision`; fp16 adds a ``torch.amp.GradScaler``),
+``accumulation_steps`` (micro-batches whose gradients add up before one optimizer step),
+``checkpointing`` (``torch.utils.checkpoint`` of chosen blocks), ``channels_last``,
+``compile`` (guarded: a failed compile runs eagerly), ``optimizer`` and ``set_to_none``.
+:func:`train_accumulated` and :func:`scaled_lr` are notebook 03's effective batch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -40,7 +28,13 @@ from course_utils.models import build_model, checkpoint_blocks
 from course_utils.oom import error_summary, is_out_of_memory
 from course_utils.timing import synchronizer
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "momentum": functools.partial(torch.optim.SGD, momentum=0.9),
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+OPTIMIZERS = tuple(_OPTIMIZERS)
 
 
 @dataclass
@@ -68,22 +62,9 @@ def make_optimizer(
     name: str, parameters: Iterable[nn.Parameter], lr: float
 ) -> torch.optim.Optimizer:
     """SGD, SGD with momentum 0.9, Adam or AdamW by name."""
-    params = list(parameters)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"optimizer={name!r}: use one of {', '.join(OPTIMIZERS)}")
-
-
-def _layout(tensor: Any, channels_last: bool) -> Any:
-    if channels_last and isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
-        return tensor.contiguous(memory_format=torch.channels_last)
-    return tensor
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"optimizer={name!r}: use one of {', '.join(OPTIMIZERS)}")
+    return _OPTIMIZERS[name](list(parameters), lr=lr)
 
 
 class TrainStep:
@@ -169,9 +150,15 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=self.config.set_to_none)
         self.steps += 1
 
-    def __call__(self, batch: Sequence[Any]) -> torch.Tensor:
+    def prepare(self, batch: Sequence[Any]) -> tuple[Any, Any]:
+        """``(inputs, targets)`` of ``batch`` on the step's device, in its memory layout."""
         inputs, targets = to_device(tuple(batch[:2]), self.device)
-        inputs = _layout(inputs, self.config.channels_last)
+        if self.config.channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs, targets
+
+    def __call__(self, batch: Sequence[Any]) -> torch.Tensor:
+        inputs, targets = self.prepare(batch)
         self.model.train()
         total = len(targets)
         chunks = min(self.config.accumulation_steps, total)

@@ -71,11 +71,9 @@ def test_knee_definition_on_a_hand_made_table():
     assert BatchSweep([], "test", "cpu").knee() is None
 
 
-def test_budget_and_time_limit_stop_the_sweep():
+def test_a_budget_stops_the_sweep():
     sweep = batch_size_sweep(saving_trial(), [1, 2, 4, 8], repeats=1, budget_bytes=3000)
     assert [r.batch_size for r in sweep.rows] == [1, 2, 4] and sweep.rows[-1].out_of_memory
-    quick = batch_size_sweep(saving_trial(fixed_s=0.02), [1, 2, 4], repeats=1, time_limit_s=0.0)
-    assert len(quick.rows) == 1
 
 
 def test_plot_marks_the_knee():
