@@ -287,9 +287,10 @@ def configure_allocator(
     ...     configure_allocator(expandable_segments=True)
     'max_split_size_mb:128,expandable_segments:True'
     """
-    wanted: dict[str, str | int | float | bool] = dict(other)
+    wanted: dict[str, str | int | float | bool] = {}
     if expandable_segments is not None:
         wanted["expandable_segments"] = expandable_segments
+    wanted.update(other)
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
