@@ -99,13 +99,11 @@ def peak_memory(
 ) -> PeakMemory:
     """Peak memory of ``fn()`` on ``device``, and how it was measured.
 
-    On CUDA: the allocator's peak during the call above what was allocated at its start
-    (everything the call allocates, even if freed before it returns). ``warmup`` calls run
-    first, unmeasured, to make one-time allocations (cuBLAS workspaces, lazy optimizer
-    state): ``warmup=1`` measures what every step needs. The CPU has no allocator
-    statistics: the bytes autograd saved for backward (what grows with the batch), or with
-    ``rss=True`` (a whole run) the process's resident memory sampled every 5 ms above its
-    start, approximate and lower for a run that reuses memory an earlier one freed.
+    CUDA: the allocator's peak during the call above its start. ``warmup`` unmeasured
+    calls first make one-time allocations (cuBLAS workspaces, lazy optimizer state). The
+    CPU has no allocator statistics: the bytes saved for backward (what grows with the
+    batch), or with ``rss=True`` (a whole run) the resident memory sampled every 5 ms
+    above its start (approximate; lower for a run reusing memory an earlier one freed).
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> peak_memory(lambda: (x * x).sum(), "cpu", warmup=1).peak_bytes  # CPU: saved bytes

@@ -354,8 +354,8 @@ PLAIN, LIGHTNING = "plain", "lightning"
 
 
 def turn_order(rounds: int) -> list[str]:
-    """The two ways take turns, each round starting with the way the previous one ended
-    with, so that a machine whose speed drifts favours neither.
+    """Each round starts with the way the previous one ended with: a drifting machine
+    favours neither.
 
     >>> turn_order(2)
     ['plain', 'lightning', 'lightning', 'plain']
