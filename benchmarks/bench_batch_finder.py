@@ -6,20 +6,20 @@ Finders compared, on the same trial functions:
 * ``course predict+confirm``: ``course_utils.batch.predict_max_batch_size`` (needs the
   memory of a step: on the simulated limit, the simulation's own memory model; on the
   real model, the bytes saved for backward);
-* ``lightning power`` / ``lightning binsearch``: Lightning's ``scale_batch_size``
-  algorithm, reproduced faithfully from ``lightning/pytorch/tuner/batch_size_scaling.py``
-  (``_run_power_scaling``, ``_run_binsearch_scaling``; defaults init_val=2, max_val=8192,
-  margin=0.05 in binsearch mode) by ``course_utils.batch.lightning_scale_batch_size``.
-  Lightning runs 3 training steps per trial by default (``steps_per_trial=3``): the
-  ``steps`` column counts them;
+* ``lightning power`` / ``lightning binsearch``: Lightning's own
+  ``Tuner(trainer).scale_batch_size`` (defaults init_val=2, max_val=8192, margin=0.05 in
+  binsearch mode), called by ``course_utils.lightning.scale_batch_size`` with one step
+  per trial. Lightning runs 3 training steps per trial by default
+  (``steps_per_trial=3``): the ``steps`` column counts them;
 * ``accelerate (start 128)`` and ``accelerate (start 8192)``: the real
-  ``accelerate.utils.find_executable_batch_size`` (x0.9 after each out-of-memory error).
+  ``accelerate.utils.find_executable_batch_size`` (x0.9 after each out-of-memory error),
+  wrapped by :func:`accelerate_find_batch_size` below.
 
 1. A simulated limit: a trial that raises "CUDA out of memory" above M, memory
    ``fixed + per_sample * n``, for many M (no real work: counts the calls).
 2. A real model on the CPU (small_cnn, width 16) under an imposed memory budget: a trial
-   raises an out-of-memory ``RuntimeError`` as soon as the bytes autograd saves for
-   backward exceed the budget (``TrainTrial(budget_bytes=...)``). The true limit is found
+   runs out of its simulated ``MemoryBudget`` as soon as the bytes autograd saves for
+   backward exceed it (``TrainTrial(budget_bytes=...)``). The true limit is found
    by scanning batch sizes.
 
 Writes batch_finder.json and batch_finder.md (the comparison table) under --out.
@@ -33,18 +33,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import find_executable_batch_size
 from common import parse_out, write_figures
 
 from course_utils.batch import (
     MaxBatchSize,
     TrainTrial,
-    accelerate_find_batch_size,
+    Trial,
     find_max_batch_size,
-    lightning_scale_batch_size,
     predict_max_batch_size,
 )
 from course_utils.env import measured_on
 from course_utils.footprint import saved_tensor_bytes
+from course_utils.lightning import scale_batch_size
+from course_utils.oom import MemoryBudget
 
 MAXIMA = [1, 3, 10, 33, 100, 127, 128, 129, 500, 1000, 3000, 4097, 8000]
 FIXED, PER_SAMPLE = 50_000, 1_000  # bytes of the simulated step
@@ -58,14 +60,41 @@ def finders(memory_of: Callable[[int], int], budget: int) -> dict[str, Finder]:
         "course predict+confirm": lambda trial: predict_max_batch_size(
             trial, memory_of, budget, high=8192
         ),
-        "lightning power": lambda trial: lightning_scale_batch_size(trial, "power"),
-        "lightning binsearch": lambda trial: lightning_scale_batch_size(trial, "binsearch"),
+        "lightning power": lambda trial: scale_batch_size(trial, "power"),
+        "lightning binsearch": lambda trial: scale_batch_size(trial, "binsearch"),
         "accelerate (start 128)": lambda trial: accelerate_find_batch_size(trial, 128),
         "accelerate (start 8192)": lambda trial: accelerate_find_batch_size(trial, 8192),
     }
 
 
 STEPS_PER_TRIAL = {"lightning power": 3, "lightning binsearch": 3}
+
+
+def accelerate_find_batch_size(
+    trial: Callable[[int], Any], starting_batch_size: int = 128
+) -> MaxBatchSize:
+    """Hugging Face accelerate's ``find_executable_batch_size``: start at
+    ``starting_batch_size`` and multiply by 0.9 after each out-of-memory error. It never
+    grows: a start below the limit is returned as is."""
+    history: list[Trial] = []
+
+    def run(batch_size: int) -> int:
+        start = time.perf_counter()
+        try:
+            trial(batch_size)
+        except Exception as error:
+            history.append(Trial(batch_size, False, time.perf_counter() - start, str(error)[:200]))
+            raise
+        history.append(Trial(batch_size, True, time.perf_counter() - start))
+        return batch_size
+
+    try:
+        found = find_executable_batch_size(run, starting_batch_size=starting_batch_size)()
+    except RuntimeError as error:
+        if "reached zero" not in str(error):
+            raise
+        found = 0
+    return MaxBatchSize(batch_size=found, limit=found, trials=len(history), history=history)
 
 
 def simulated(maximum: int) -> list[dict[str, Any]]:
@@ -75,8 +104,7 @@ def simulated(maximum: int) -> list[dict[str, Any]]:
         return FIXED + PER_SAMPLE * n
 
     def trial(n: int) -> None:
-        if memory_of(n) > budget:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 MiB (simulated)")
+        MemoryBudget(budget).charge(memory_of(n))
 
     rows = []
     for name, finder in finders(memory_of, budget).items():

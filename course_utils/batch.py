@@ -1,38 +1,35 @@
-"""Batch size: the largest batch that fits in memory.
+"""Batch size: the largest batch that fits in memory, and the throughput knee.
 
-:func:`find_max_batch_size` calls ``trial(batch_size)`` (for example one training step at
-that size) and finds the largest size that does not run out of memory: it doubles from
-``low`` until a trial fails, then bisects between the last size that fitted and the first
-that did not. With a true limit ``M`` it needs at most ``2 * ceil(log2(M)) + 2`` trials.
-With ``isolate=True`` each trial runs in a fresh subprocess, so memory leaked or
-fragmented by one trial cannot make the next one fail.
-
-:func:`predict_max_batch_size` goes further when the memory of a step can be measured (a
-GPU's allocator statistics): it measures two small batches, fits memory = fixed + per
-sample x batch, predicts the limit for the memory available and confirms it with a few
-trials around the prediction instead of doubling from 1.
-
-:func:`batch_size_sweep` measures throughput, step time and peak memory for a range of
-batch sizes and finds the knee: **the smallest batch size whose throughput reaches 90% of
-the best measured throughput** (``knee_fraction``). Past the knee a larger batch costs
-memory and buys almost no speed. Used by notebooks 03, 04 and 07.
+:func:`find_max_batch_size` doubles ``trial(batch_size)`` from ``low`` until it runs out
+of memory, then bisects: with a true limit ``M``, at most ``2 * ceil(log2(M)) + 2``
+trials. :func:`predict_max_batch_size` fits memory = fixed + per sample x batch from two
+measured probes and confirms the prediction with a few trials.
+:func:`run_with_oom_recovery` continues a step that ran out of memory at the largest size
+that fits. :func:`batch_size_sweep` finds the knee: **the smallest batch size whose
+throughput reaches 90% of the best measured throughput**. Notebooks 03, 04, 05 and 07.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import multiprocessing
-import pickle
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
+from torch import nn
 
 from course_utils import progress
-from course_utils.memory import error_summary, is_out_of_memory, release_memory
+from course_utils.footprint import peak_memory, saved_tensor_bytes
+from course_utils.models import build_model
+from course_utils.oom import MemoryBudget, error_summary, is_out_of_memory, release_cached_memory
+from course_utils.timing import benchmark
+from course_utils.training import TrainConfig, TrainStep
+from course_utils.units import MIB
 
 
 @dataclass(frozen=True)
@@ -47,11 +44,8 @@ class Trial:
 
 @dataclass
 class MaxBatchSize:
-    """The result of :func:`find_max_batch_size`.
-
-    ``batch_size`` is the answer (after the margin; 0 when not even a batch of 1 fits),
-    ``limit`` the largest size that fitted, ``trials`` how many times the trial ran.
-    """
+    """A finder's answer (after the margin; 0 when not even ``low`` fits), the largest
+    size that fitted (``limit``) and how many times the trial ran."""
 
     batch_size: int
     limit: int
@@ -61,90 +55,19 @@ class MaxBatchSize:
     predicted: int | None = None  # :func:`predict_max_batch_size`'s prediction, if any
 
 
-def _child(trial: Callable[[int], Any], batch_size: int, results: Any) -> None:
-    """Run one trial in a subprocess and send back ("ok" | "oom" | "error", message)."""
-    try:
-        trial(batch_size)
-        results.send(("ok", ""))
-    except BaseException as error:
-        kind = "oom" if is_out_of_memory(error) else "error"
-        results.send((kind, f"{type(error).__name__}: {error}"[:500]))
-
-
-def _fresh_process_context() -> Any:
-    """``forkserver`` where it exists (each trial is forked from a clean server process
-    that has imported torch once: fresh, and fast to start), else ``spawn``."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["course_utils.batch"])
-        return context
-    return multiprocessing.get_context("spawn")
-
-
-def run_isolated(trial: Callable[[int], Any], batch_size: int, timeout_s: float = 600.0) -> None:
-    """Call ``trial(batch_size)`` in a fresh subprocess and raise what it raised:
-    a ``RuntimeError`` saying "out of memory" when the trial ran out of memory or the
-    process was killed by a signal (the Linux OOM killer sends SIGKILL), another
-    ``RuntimeError`` for any other failure. The subprocess is forked from a clean
-    ``forkserver`` process (which never ran a trial) or, where there is none, spawned.
-    ``trial`` must be picklable (defined at the
-    top level of a module, or a ``functools.partial`` of such a function).
-    """
-    try:
-        pickle.dumps(trial)
-    except Exception as error:
-        raise TypeError(
-            f"isolate=True needs a picklable trial (a module-level function): {error}"
-        ) from None
-    context = _fresh_process_context()
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(trial, batch_size, send), daemon=True)
-    process.start()
-    send.close()
-    outcome: tuple[str, str] | None = None
-    if receive.poll(timeout_s):
-        try:
-            outcome = receive.recv()
-        except EOFError:  # the child died before answering
-            outcome = None
-    process.join(5 if outcome else timeout_s)
-    if process.is_alive():
-        process.kill()
-        process.join()
-    if outcome is None:
-        code = process.exitcode
-        if code is not None and code < 0:
-            raise RuntimeError(
-                f"out of memory (assumed): the trial's process was killed by signal {-code}"
-            )
-        raise RuntimeError(f"the trial's process exited with code {code} without an answer")
-    kind, message = outcome
-    if kind == "oom":
-        raise RuntimeError(f"out of memory in the trial's subprocess: {message}")
-    if kind == "error":
-        raise RuntimeError(f"the trial failed in its subprocess: {message}")
-
-
-def _attempt(
-    trial: Callable[[int], Any], batch_size: int, history: list[Trial], isolate: bool = False
-) -> bool:
+def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
     start = time.perf_counter()
     message = None
     try:
-        if isolate:
-            run_isolated(trial, batch_size)
-        else:
-            trial(batch_size)
+        trial(batch_size)
         fits = True
     except Exception as error:
         if not is_out_of_memory(error):
             raise
         fits = False
         message = error_summary(error)
-        # the exception's traceback refers to the frames that hold the big tensors:
-        # drop it before freeing (Python deletes ``error`` at the end of this block).
-    if not fits:  # a fitting trial's tensors die when it returns; a failed one's may sit
-        release_memory()  # in reference cycles with the traceback, and in the GPU cache
+    if not fits:  # outside ``except``: the traceback holding the failed step's tensors is gone
+        release_cached_memory()
     history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
     progress.tick()
     return fits
@@ -157,20 +80,14 @@ def find_max_batch_size(
     low: int = 1,
     high: int | None = None,
     margin: float = 0.0,
-    isolate: bool = False,
 ) -> MaxBatchSize:
-    """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory.
-
-    Out of memory means ``torch.cuda.OutOfMemoryError`` or a ``RuntimeError`` whose
-    message says so (CUDA or the CPU allocator); any other exception is raised again.
-    Memory is freed after each failed trial (``gc.collect()`` and ``empty_cache()``).
-    ``high`` caps the search; ``margin`` (0 to <1) returns that fraction less than the
-    limit found, leaving room for fragmentation and for other processes. ``isolate=True``
-    runs each trial in a fresh subprocess (:func:`run_isolated`; seconds per trial).
+    """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory
+    (:func:`~course_utils.oom.is_out_of_memory`; other errors are raised again), freeing
+    memory after each failure. ``high`` caps the search; ``margin`` (0 to <1) takes that
+    fraction off the limit, for fragmentation and other processes.
 
     >>> def trial(n):
-    ...     if n > 100:
-    ...         raise RuntimeError("CUDA out of memory (simulated)")
+    ...     MemoryBudget(100).charge(n)  # a budget of 100 bytes, one byte per sample
     >>> found = find_max_batch_size(trial)
     >>> found.batch_size, found.trials
     (100, 14)
@@ -189,7 +106,7 @@ def find_max_batch_size(
     while True:  # grow by doubling
         if high is not None:
             size = min(size, high)
-        if _attempt(trial, size, history, isolate):
+        if _attempt(trial, size, history):
             good = size
             if high is not None and size >= high:
                 break
@@ -197,7 +114,7 @@ def find_max_batch_size(
         else:
             bad = size
             break
-    return _bisect(trial, good, bad, history, margin, isolate=isolate)
+    return _bisect(trial, good, bad, history, margin)
 
 
 def _bisect(
@@ -207,14 +124,13 @@ def _bisect(
     history: list[Trial],
     margin: float,
     *,
-    isolate: bool = False,
     predicted: int | None = None,
 ) -> MaxBatchSize:
-    """Bisect between the largest size that fitted (``good``) and the smallest that did
-    not (``bad``; ``None`` when the search was capped), then build the result."""
+    """Bisect between the largest size that fitted and the smallest that did not
+    (``None``: the search was capped)."""
     while bad is not None and bad - good > 1:
         middle = (good + bad) // 2
-        if _attempt(trial, middle, history, isolate):
+        if _attempt(trial, middle, history):
             good = middle
         else:
             bad = middle
@@ -239,7 +155,7 @@ def _with_margin(good: int, margin: float) -> int:
 def predict_max_batch_size(
     trial: Callable[[int], Any],
     memory_of: Callable[[int], int],
-    budget_bytes: int,
+    available_bytes: int,
     *,
     probes: tuple[int, int] = (2, 4),
     low: int = 1,
@@ -248,28 +164,17 @@ def predict_max_batch_size(
 ) -> MaxBatchSize:
     """Predict the largest batch from measured memory, then confirm it with a few trials.
 
-    ``memory_of(n)`` runs a step at batch size ``n`` and returns its peak memory in bytes,
-    measured after a warm-up step at that size so that one-time allocations do not count
-    (:meth:`TrainTrial.peak_bytes`, or on a GPU
-    ``footprint.peak_memory(lambda: trial(n), device, warmup=1).peak_bytes``). It is
-    called at the two ``probes``; a straight line through them (fixed bytes + bytes per
-    sample x n) gives the batch size that fills ``budget_bytes``. The prediction is then
-    confirmed by exponential search around it (+1, +2, +4, ... while trials fit, or -1,
-    -2, -4, ... while they do not) and bisection: when memory really grows linearly the
-    answer takes 4 or 5 calls instead of about ``2 log2(M)``. The two probes count as trials.
-    ``low`` is where a search starts when it has to fall back to
-    :func:`find_max_batch_size` (2 for a model with BatchNorm: see
-    :attr:`TrainTrial.min_batch_size`), and the smallest prediction.
-
-    On a GPU a convolution's memory is not quite a straight line: cuDNN picks an algorithm
-    for each input shape, and the workspace it allocates during the call can differ by
-    tens of MiB between neighbouring batch sizes. The prediction is then off, and the
-    confirming trials correct it (a network of ``Linear`` layers is close to linear).
+    ``memory_of(n)``: the peak bytes of a step at ``n`` after a warm-up step
+    (:meth:`TrainTrial.peak_bytes`), called at the two ``probes`` (they count as trials).
+    The line through them gives the size that fills ``available_bytes``
+    (:func:`usable_cuda_bytes`, or a simulated budget); galloping trials around it
+    (+1, +2, +4... or -1, -2, -4...) and bisection confirm it: 4 or 5 calls when memory is
+    linear. cuDNN's per-shape workspaces make a GPU's line bumpy; the trials correct
+    that. ``low``: the smallest prediction and where a fallback search starts.
 
     >>> limit = lambda n: 1000 + 300 * n           # bytes a step at batch n needs
     >>> def trial(n):
-    ...     if limit(n) > 100_000:
-    ...         raise RuntimeError("out of memory (simulated)")
+    ...     MemoryBudget(100_000).charge(limit(n))
     >>> found = predict_max_batch_size(trial, limit, 100_000)
     >>> found.batch_size, found.predicted, found.trials
     (330, 330, 4)
@@ -287,7 +192,7 @@ def predict_max_batch_size(
             if not is_out_of_memory(error):
                 raise
         if len(measured) < (1 if size == small else 2):
-            release_memory()  # even the probes do not fit (outside ``except``: see above)
+            release_cached_memory()  # even the probes do not fit (outside ``except``: see above)
             progress.tick()
             fallback = find_max_batch_size(
                 trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
@@ -304,7 +209,7 @@ def predict_max_batch_size(
         found.trials = len(found.history)
         return found
     fixed = measured[0] - per_sample * small
-    predicted = max(low, math.floor((budget_bytes - fixed) / per_sample))
+    predicted = max(low, math.floor((available_bytes - fixed) / per_sample))
     if high is not None:
         predicted = min(predicted, high)
     good, bad = 0, None  # trust only trials: the probes may have run differently
@@ -328,7 +233,7 @@ def predict_max_batch_size(
     return _bisect(trial, good, bad, history, margin, predicted=predicted)
 
 
-def cuda_memory_budget(device: torch.device | str) -> int:
+def usable_cuda_bytes(device: torch.device | str) -> int:
     """Bytes a step on a CUDA ``device`` can still use: free device memory plus the
     blocks PyTorch's caching allocator holds but does not use."""
     device = torch.device(device)
@@ -341,18 +246,12 @@ def cuda_memory_budget(device: torch.device | str) -> int:
 
 
 class TrainTrial:
-    """One training step of a course model at a given batch size: a picklable trial.
+    """One :class:`~course_utils.training.TrainStep` of a course model on a random
+    CIFAR-shaped batch of the given size (the model is built on first use).
 
-    ``TrainTrial("small_cnn")(64)`` builds the model on first use (kept for later
-    calls, not pickled), makes a random CIFAR-shaped batch of 64 on the device and runs
-    one :class:`~course_utils.training.TrainStep`. With ``budget_bytes`` it imposes a
-    memory budget and raises ``RuntimeError("out of memory ...")`` beyond it, as a real
-    allocator would: on the CPU as soon as the bytes saved for backward exceed it
-    (mid-forward, :func:`~course_utils.footprint.saved_tensor_bytes`); on a GPU when the
-    allocator peak of the step does, measured after an unmeasured warm-up step at the
-    same size (so one-time allocations such as cuBLAS workspaces never count). That is
-    exactly :meth:`peak_bytes`: measure a budget with it and the trial compares like with
-    like. ``last_peak_bytes`` keeps the last measured peak of a step that fitted.
+    With ``budget_bytes`` a simulated :class:`~course_utils.oom.MemoryBudget` applies to
+    what :meth:`peak_bytes` measures: on the CPU it fails mid-forward, as an allocator
+    would. ``last_peak_bytes``: the last measured peak of a step that fitted.
 
     >>> trial = TrainTrial("mlp", budget_bytes=2**24)
     >>> trial(1) is None, trial.last_peak_bytes > 0
@@ -380,19 +279,11 @@ class TrainTrial:
         self.precision = precision
         self.model_kwargs = dict(model_kwargs or {})
         self.last_peak_bytes = 0
-        self._step: Any = None
+        self._step: TrainStep | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_step"] = None  # a subprocess builds its own model
-        return state
-
-    def step(self) -> Any:
+    def step(self) -> TrainStep:
         """The :class:`~course_utils.training.TrainStep` (built on first use)."""
         if self._step is None:
-            from course_utils.models import build_model
-            from course_utils.training import TrainConfig, TrainStep
-
             torch.manual_seed(0)
             model = build_model(self.model_name, num_classes=self.num_classes, **self.model_kwargs)
             self._step = TrainStep(model, self.device, TrainConfig(precision=self.precision))
@@ -400,22 +291,14 @@ class TrainTrial:
 
     @property
     def min_batch_size(self) -> int:
-        """2 when the model has a BatchNorm layer, else 1. In training mode BatchNorm needs
-        more than one value per channel: a batch of 1 raises ``ValueError`` where a layer
-        sees a 1 x 1 image (the end of ResNet-18 on 32 x 32 inputs). Start batch-size
-        searches here: ``find_max_batch_size(trial, low=trial.min_batch_size)``
-        (Lightning's finder starts at 2 for the same reason)."""
-        nn = torch.nn
+        """2 when the model has BatchNorm (training on one sample raises ``ValueError``
+        where a layer sees a 1 x 1 image), else 1: where batch-size searches start."""
         norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
         return 2 if any(isinstance(m, norms) for m in self.step().model.modules()) else 1
 
     def peak_bytes(self, batch_size: int) -> int:
-        """The memory of one step at ``batch_size``, measured as the budget check does:
-        on a GPU the allocator peak (:func:`~course_utils.footprint.peak_memory`) of a
-        step after an unmeasured warm-up step at that size; on the CPU the bytes saved
-        for backward. Use it as ``memory_of`` for :func:`predict_max_batch_size`."""
-        from course_utils.footprint import peak_memory, saved_tensor_bytes
-
+        """One step's memory at ``batch_size``, as the budget check measures it: on a GPU
+        the allocator peak after a warm-up step; on the CPU the bytes saved for backward."""
         step = self.step()
 
         def run() -> None:
@@ -431,21 +314,16 @@ class TrainTrial:
         return inputs, torch.randint(0, self.num_classes, (batch_size,), device=self.device)
 
     def __call__(self, batch_size: int) -> None:
-        from course_utils.footprint import budget_exceeded_message, saved_tensor_bytes
-
         step = self.step()
         if self.budget_bytes is None:
             step(self.batch(batch_size))
             return
-        device_type = torch.device(self.device).type
-        if device_type != "cuda":  # fail mid-forward, as an allocator does
-            _, peak = saved_tensor_bytes(
-                lambda: step(self.batch(batch_size)), limit_bytes=self.budget_bytes
-            )
+        budget = MemoryBudget(self.budget_bytes)
+        if torch.device(self.device).type != "cuda":  # fail mid-forward, as an allocator does
+            _, peak = saved_tensor_bytes(lambda: step(self.batch(batch_size)), budget=budget)
         else:
             peak = self.peak_bytes(batch_size)
-        if peak > self.budget_bytes:
-            raise RuntimeError(budget_exceeded_message(self.budget_bytes, device_type))
+            budget.charge(peak)
         self.last_peak_bytes = peak
 
 
@@ -466,9 +344,8 @@ class SweepRow:
 
     @property
     def cpu_samples_per_s(self) -> float:
-        """Samples per CPU-second of this process: on a CPU device, the throughput of the
-        time the cores really spent on the step (wall time on a shared machine also
-        counts other processes' turns). Not the device's time on a GPU."""
+        """Samples per CPU-second of this process (on a shared CPU, wall time also counts
+        other processes' turns)."""
         return self.batch_size / self.cpu_step_s if self.cpu_step_s > 0 else 0.0
 
 
@@ -502,19 +379,6 @@ class BatchSweep:
             key=lambda row: row.batch_size,
         )
 
-    def table(self) -> list[dict[str, Any]]:
-        """The rows as dictionaries (memory in MiB), for printing or JSON."""
-        return [
-            {
-                "batch_size": row.batch_size,
-                "step_ms": round(row.step_s * 1e3, 3),
-                "samples_per_s": round(row.samples_per_s, 1),
-                "peak_mib": round(row.peak_bytes / 2**20, 2),
-                "out_of_memory": row.out_of_memory,
-            }
-            for row in self.rows
-        ]
-
     def __str__(self) -> str:
         lines = [f"{'batch':>6} {'step ms':>9} {'samples/s':>10} {'peak MiB':>9}"]
         for row in self.rows:
@@ -523,7 +387,7 @@ class BatchSweep:
             else:
                 lines.append(
                     f"{row.batch_size:>6} {row.step_s * 1e3:>9.2f} {row.samples_per_s:>10.1f} "
-                    f"{row.peak_bytes / 2**20:>9.2f}"
+                    f"{row.peak_bytes / MIB:>9.2f}"
                 )
         knee = self.knee()
         if knee is not None:
@@ -533,17 +397,14 @@ class BatchSweep:
             )
         return "\n".join(lines)
 
-    def plot(self, title: str = "") -> Any:
-        """Throughput and peak memory against batch size (log2 axis), knee marked.
-        Returns the matplotlib figure."""
-        import matplotlib.pyplot as plt
-
+    def plot(self, title: str = "") -> Figure:
+        """Throughput and peak memory against batch size (log2 axis), knee marked."""
         rows = self.fitted
         sizes = [row.batch_size for row in rows]
         figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
         left.plot(sizes, [row.samples_per_s for row in rows], "o-")
         left.set_ylabel("throughput (samples/s)")
-        right.plot(sizes, [row.peak_bytes / 2**20 for row in rows], "s-", color="tab:orange")
+        right.plot(sizes, [row.peak_bytes / MIB for row in rows], "s-", color="tab:orange")
         right.set_ylabel("peak memory (MiB)")
         right.set_title(self.memory_method, fontsize=8)
         knee = self.knee()
@@ -563,20 +424,6 @@ class BatchSweep:
         return figure
 
 
-def powers_of_two(low: int = 1, high: int = 4096) -> list[int]:
-    """``low``, ``2 low``, ``4 low``, ... up to ``high``.
-
-    >>> powers_of_two(4, 40)
-    [4, 8, 16, 32]
-    """
-    sizes = []
-    size = low
-    while size <= high:
-        sizes.append(size)
-        size *= 2
-    return sizes
-
-
 def batch_size_sweep(
     trial: Callable[[int], Any],
     sizes: Sequence[int] | Iterable[int] | None = None,
@@ -585,48 +432,33 @@ def batch_size_sweep(
     repeats: int = 3,
     warmup: int = 1,
     budget_bytes: int | None = None,
-    time_limit_s: float | None = None,
     knee_fraction: float = 0.9,
 ) -> BatchSweep:
     """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
-    (default: powers of two up to 4096), stopping at the first out-of-memory error.
+    (default: the powers of two up to 4096), stopping at the first out-of-memory error.
 
-    For each size: an unmeasured warm-up call, then one call measured with
-    :func:`~course_utils.footprint.peak_memory` (``warmup=1``), then
-    :func:`~course_utils.timing.benchmark` times ``repeats`` synchronized calls after
-    ``warmup`` more. The peak is what one step at that size needs once everything made
-    once has been made: on CUDA the allocator's peak during the step above the memory
-    allocated before it (the batch, activations, gradients, temporaries and per-call
-    cuDNN workspaces; not the parameters, the optimizer state or the cuBLAS workspaces
-    that the first step of a process allocates and keeps); on the CPU the bytes saved for
-    backward, which is what grows with the batch. ``budget_bytes`` treats a peak above it
-    as out of memory (a memory limit imposed on the CPU); ``time_limit_s`` stops before a
-    size (not the first) once the sweep has run that long. Throughput is
-    ``batch_size / median step time``; ``cpu_step_s`` is this process's CPU time per
-    call (``time.process_time``, all threads) over the warm-up and timed calls.
+    Per size: :func:`~course_utils.footprint.peak_memory` with ``warmup=1`` (what a step
+    needs once one-time allocations are made), then
+    :func:`~course_utils.timing.benchmark` of ``repeats`` calls after ``warmup`` more.
+    ``budget_bytes``: a simulated :class:`~course_utils.oom.MemoryBudget` on the peak;
+    ``cpu_step_s``: this process's CPU time per call.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
     ([1, 2, 4], True)
     """
-    from course_utils.footprint import budget_exceeded_message, peak_memory
-    from course_utils.timing import benchmark
-
     device = torch.device(device)
     rows: list[SweepRow] = []
     method = ""
-    started = time.perf_counter()
-    sizes = powers_of_two() if sizes is None else sizes
+    sizes = [2**k for k in range(13)] if sizes is None else sizes
     for size in progress.track(sizes, "batch-size sweep", unit="size"):
-        if rows and time_limit_s is not None and time.perf_counter() - started > time_limit_s:
-            break
         failed: SweepRow | None = None
         try:
             run = functools.partial(trial, size)
             peak = peak_memory(run, device, warmup=1)
             method = peak.method
-            if budget_bytes is not None and peak.peak_bytes > budget_bytes:
-                raise RuntimeError(budget_exceeded_message(budget_bytes, device.type))
+            if budget_bytes is not None:
+                MemoryBudget(budget_bytes).charge(peak.peak_bytes)
             cpu_start = time.process_time()
             timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
             cpu_step_s = (time.process_time() - cpu_start) / (warmup + repeats)
@@ -635,179 +467,62 @@ def batch_size_sweep(
                 raise
             message = error_summary(error)
             failed = SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message)
-        if failed is not None:
-            # Outside ``except``: there the traceback still holds the failed step's
-            # frames and their tensors, so the memory could not be given back.
+        if failed is not None:  # outside ``except``, where the traceback held its tensors
             rows.append(failed)
-            release_memory()
+            release_cached_memory()
             break
         step_s = timing.median_s
         rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes, cpu_step_s=cpu_step_s))
     return BatchSweep(rows, method, str(device), knee_fraction)
 
 
-# ------------------------------------------------------- the peers, for comparison
+# ------------------------------------------------- recovering from out of memory
 
 
-def lightning_scale_batch_size(
-    trial: Callable[[int], Any],
-    mode: str = "power",
-    *,
-    init_val: int = 2,
-    max_trials: int = 25,
-    max_val: int = 8192,
-    margin: float = 0.05,
-) -> MaxBatchSize:
-    """PyTorch Lightning's batch-size finder, on a plain ``trial`` function.
+@dataclass(frozen=True)
+class OomRecovery:
+    """The size that ran, the out-of-memory message (``None``: the requested size fitted)
+    and the :func:`find_max_batch_size` search that followed it."""
 
-    A faithful reproduction of ``_run_power_scaling`` and ``_run_binsearch_scaling`` in
-    ``lightning/pytorch/tuner/batch_size_scaling.py`` (lightning 2.6), with its defaults
-    (``init_val=2``, ``max_trials=25``, ``max_val=8192``, ``margin=0.05`` applied in
-    ``"binsearch"`` mode only). Where Lightning runs ``steps_per_trial`` (default 3)
-    training steps of its Trainer, this calls ``trial(batch_size)`` once; the check that
-    the batch size stays below the dataset's length is left out. ``trials`` counts calls.
+    requested: int
+    batch_size: int
+    error: str | None
+    search: MaxBatchSize | None = None
 
-    >>> def trial(n):
-    ...     if n > 100:
-    ...         raise RuntimeError("CUDA out of memory (simulated)")
-    >>> lightning_scale_batch_size(trial, "power").batch_size
-    64
-    >>> lightning_scale_batch_size(trial, "binsearch").batch_size  # 100, less the margin
-    95
+    @property
+    def recovered(self) -> bool:
+        return self.error is not None
+
+
+def run_with_oom_recovery(
+    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0, low: int = 1
+) -> OomRecovery:
+    """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
+
+    Catch the error, leave the ``except`` block (the traceback holds the failed step's
+    tensors), free memory, then :func:`find_max_batch_size` below the size that failed.
+    Other errors are raised again; :class:`MemoryError` if not even ``low`` fits
+    (``low=2`` for BatchNorm).
+
+    >>> def step(n):
+    ...     MemoryBudget(48).charge(n)  # a budget of 48 bytes, one byte per sample
+    >>> result = run_with_oom_recovery(step, 64)
+    >>> result.recovered, result.batch_size
+    (True, 48)
     """
-    if mode not in ("power", "binsearch"):
-        raise ValueError(f"mode={mode!r}: use 'power' or 'binsearch'")
-    history: list[Trial] = []
-    new_size = init_val
-    last_successful_size = new_size
-    if mode == "power":
-        any_success = False
-        for i in range(max_trials):
-            if new_size >= max_val:
-                break
-            if _attempt(trial, new_size, history):
-                last_successful_size = new_size
-                if i + 1 >= max_trials:
-                    new_size = last_successful_size
-                    break
-                new_size = min(int(new_size * 2.0), max_val)
-                any_success = True
-            else:
-                new_size = int(new_size * 0.5)
-                if any_success:
-                    break
-        found = new_size
-    else:
-        low, high, count = 1, None, 0
-        while True:
-            if new_size >= max_val:
-                break
-            if _attempt(trial, new_size, history):
-                last_successful_size = new_size
-                count += 1
-                if count >= max_trials:
-                    new_size = last_successful_size
-                    break
-                low = new_size
-                if high:
-                    if high - low <= 1:
-                        break
-                    changed_to = (high + low) // 2
-                else:
-                    changed_to = int(new_size * 2.0)
-                changed_to = min(changed_to, max_val)
-                if changed_to == new_size:
-                    break
-                new_size = changed_to
-            else:
-                high = new_size
-                new_size = (high + low) // 2
-                if high - low <= 1:
-                    break
-        found = new_size
-        if margin > 0:
-            found = max(1, int(found * (1 - margin)))
-    limit = max((t.batch_size for t in history if t.fits), default=0)
-    return MaxBatchSize(
-        batch_size=found, limit=limit, trials=len(history), history=history, capped=False
-    )
-
-
-def accelerate_find_batch_size(
-    trial: Callable[[int], Any], starting_batch_size: int = 128
-) -> MaxBatchSize:
-    """Hugging Face accelerate's ``find_executable_batch_size`` (the real function, from
-    ``accelerate.utils``): start at ``starting_batch_size`` and multiply by 0.9 after each
-    out-of-memory error. It never grows: a start below the limit is returned as is.
-    Needs ``accelerate`` (a development dependency of the course).
-    """
-    from accelerate.utils import find_executable_batch_size
-
-    history: list[Trial] = []
-
-    def run(batch_size: int) -> int:
-        start = time.perf_counter()
-        try:
-            trial(batch_size)
-        except Exception as error:
-            history.append(Trial(batch_size, False, time.perf_counter() - start, str(error)[:200]))
-            raise
-        history.append(Trial(batch_size, True, time.perf_counter() - start))
-        return batch_size
-
+    message = None
     try:
-        found = find_executable_batch_size(run, starting_batch_size=starting_batch_size)()
-    except RuntimeError as error:
-        if "reached zero" not in str(error):
+        step(batch_size)
+    except Exception as error:
+        if not is_out_of_memory(error):
             raise
-        found = 0
-    return MaxBatchSize(batch_size=found, limit=found, trials=len(history), history=history)
-
-
-# --------------------------------------------------- effective batch and learning rate
-
-
-def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
-    """The linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD"):
-    multiply the learning rate by the factor the batch grows by.
-
-    >>> scaled_lr(0.1, 32, 128)
-    0.4
-    """
-    return base_lr * batch / base_batch
-
-
-def train_accumulated(
-    dataset: Any,
-    *,
-    micro_batch: int,
-    accumulation_steps: int = 1,
-    lr: float = 0.05,
-    optimizer_steps: int = 20,
-    model_name: str = "small_cnn",
-    model_kwargs: dict[str, Any] | None = None,
-    device: torch.device | str = "cpu",
-    seed: int = 0,
-) -> Any:
-    """Train a fresh model (seeded) with an effective batch of ``micro_batch x
-    accumulation_steps`` for ``optimizer_steps`` steps, through
-    :class:`~course_utils.training.TrainStep` (``TrainConfig.accumulation_steps``) and
-    :func:`~course_utils.training.train`; returns the :class:`TrainResult` (a loss per
-    optimizer step). The data order is fixed by ``seed``, so runs differ only in the
-    batch and the learning rate. Only ``micro_batch`` samples are in memory at once.
-    """
-    from torch.utils.data import DataLoader
-
-    from course_utils.models import build_model
-    from course_utils.training import TrainConfig, TrainStep, train
-
-    torch.manual_seed(seed)
-    model = build_model(model_name, **(model_kwargs or {}))
-    config = TrainConfig(precision="fp32", accumulation_steps=accumulation_steps, lr=lr)
-    step = TrainStep(model, device, config)
-    batch = micro_batch * accumulation_steps
-    loader = DataLoader(
-        dataset, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
-    )
-    epochs = math.ceil(optimizer_steps * batch / len(dataset))
-    return train(step, loader, max_steps=optimizer_steps, epochs=max(1, epochs))
+        message = error_summary(error)
+    if message is None:
+        return OomRecovery(batch_size, batch_size, None)
+    release_cached_memory()  # outside the except block: the traceback is gone
+    if batch_size <= low:
+        raise MemoryError(f"not even a batch of {low} fits: {message}")
+    search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)
+    if search.batch_size == 0:
+        raise MemoryError(f"not even a batch of {low} fits: {message}")
+    return OomRecovery(batch_size, search.batch_size, message, search)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import torch
@@ -51,11 +52,8 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 
 def _arch_flags() -> list[str]:
-    """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...).
-
-    Read from the build itself: ``torch.cuda.get_arch_list()`` first asks
-    ``torch.cuda.is_available()``, which creates a driver context (a later ``fork`` fails).
-    """
+    """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...), read
+    without ``torch.cuda.get_arch_list()``, which creates a driver context."""
     get_flags = getattr(torch._C, "_cuda_getArchFlags", None)
     try:
         flags = get_flags() if get_flags else None
@@ -73,11 +71,9 @@ def _arch_number(flag: str) -> tuple[int, int] | None:
 
 
 def build_runs_on(capability: tuple[int, int], arch_flags: list[str]) -> bool:
-    """Whether a torch built for ``arch_flags`` has kernels for a GPU of ``capability``.
-
-    A GPU runs machine code (``sm_XY``) built for its own major version and an equal or
-    lower minor one, and PTX (``compute_XY``) of an equal or lower version, compiled when
-    loaded. Without a list (the flags cannot be read) the answer is True.
+    """Whether a torch built for ``arch_flags`` has kernels for a GPU of ``capability``:
+    machine code (``sm_XY``) of its major version and an equal or lower minor, or PTX
+    (``compute_XY``) of an equal or lower version. No list (unreadable): True.
 
     >>> build_runs_on((6, 0), ["sm_75", "sm_80", "sm_90", "compute_90"])  # P100, CUDA 13
     False
@@ -98,12 +94,9 @@ def build_runs_on(capability: tuple[int, int], arch_flags: list[str]) -> bool:
 
 
 def gpu_problems() -> list[str]:
-    """Why GPUs that the driver shows cannot be used by this torch (``[]``: none).
-
-    Checked without initializing CUDA: the driver's newest CUDA version against the one
-    this torch was built with (a CUDA 13 build needs a driver for CUDA 13, 580 or newer),
-    and each visible GPU's compute capability against the build's architecture list
-    (recent builds dropped ``sm_60``: a P100 cannot run them).
+    """Why GPUs that the driver shows cannot be used by this torch (``[]``: none), checked
+    without initializing CUDA: the driver's CUDA version against the build's, and each
+    GPU's compute capability against the build's architectures (no ``sm_60``: no P100).
     """
     if not torch.backends.cuda.is_built():
         return []
@@ -129,14 +122,8 @@ def gpu_problems() -> list[str]:
 
 
 def cuda_gpu_count() -> int:
-    """How many GPUs PyTorch can use, found without initializing CUDA in this process.
-
-    0 when torch is a CPU-only build, no GPU is present, or this torch cannot run on the
-    GPUs there are (:func:`gpu_problems` says why). Respects ``CUDA_VISIBLE_DEVICES``.
-
-    >>> cuda_gpu_count() >= 0
-    True
-    """
+    """How many GPUs PyTorch can use, found without initializing CUDA (NVML, else a
+    subprocess); 0 also when this torch cannot run on them (:func:`gpu_problems`)."""
     if not torch.backends.cuda.is_built():
         return 0
     if torch.cuda.is_initialized():
@@ -179,12 +166,9 @@ def _gpu_with_most_free_memory() -> tuple[int, str]:
 
 
 def choose_device(prefer: str | None = None) -> DeviceChoice:
-    """Choose a device: CUDA, then Apple MPS, then the CPU, and say why.
-
-    ``prefer`` (or the ``COURSE_DEVICE`` environment variable) forces a choice:
-    ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"mps"``. Among several GPUs the one with
-    the most free memory (read through NVML) wins. A preferred device that does not
-    exist raises ``ValueError`` with what to do.
+    """Choose a device: CUDA (the GPU with the most free memory), then Apple MPS, then the
+    CPU, and say why. ``prefer`` (or ``COURSE_DEVICE``): ``"cpu"``, ``"cuda"``,
+    ``"cuda:1"`` or ``"mps"``; one that does not exist raises ``ValueError``.
 
     >>> choose_device("cpu").device
     device(type='cpu')
@@ -271,21 +255,46 @@ def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
     )
 
 
+class PrecisionName(str, Enum):
+    """The training precisions of the course (``str`` values: ``"fp32"`` == ``FP32``)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"  # autocast to float16, with a torch.amp.GradScaler
+    BF16 = "bf16"  # autocast to bfloat16, no scaler needed
+
+    def __str__(self) -> str:  # "fp16" in messages and f-strings, on every Python
+        return str(self.value)
+
+
+AUTO = "auto"  # ask pick_precision to choose for the device
+_DTYPES = {
+    PrecisionName.FP32: torch.float32,
+    PrecisionName.FP16: torch.float16,
+    PrecisionName.BF16: torch.bfloat16,
+}
+
+
 @dataclass(frozen=True)
 class Precision:
-    """A training precision: what to pass to ``torch.autocast`` and Lightning."""
+    """A training precision and why it was chosen."""
 
-    name: str  # "fp32", "fp16" or "bf16"
-    dtype: torch.dtype  # the autocast dtype (float32 means: no autocast)
-    autocast: bool  # wrap forward passes in torch.autocast(device_type, dtype)
-    grad_scaler: bool  # use torch.amp.GradScaler (needed for fp16 only)
-    lightning: str  # the Trainer(precision=...) string
+    name: PrecisionName
     reason: str
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The autocast dtype (float32 means: no autocast)."""
+        return _DTYPES[self.name]
 
-FP32 = ("fp32", torch.float32, False, False, "32-true")
-FP16 = ("fp16", torch.float16, True, True, "16-mixed")
-BF16 = ("bf16", torch.bfloat16, True, False, "bf16-mixed")
+    @property
+    def autocast(self) -> bool:
+        """Whether forward passes run in ``torch.autocast(device_type, dtype)``."""
+        return self.name != PrecisionName.FP32
+
+    @property
+    def grad_scaler(self) -> bool:
+        """Whether the step needs ``torch.amp.GradScaler`` (fp16 only)."""
+        return self.name == PrecisionName.FP16
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
@@ -299,53 +308,48 @@ def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def pick_precision(
-    device: torch.device | str, capability: tuple[int, int] | None = None
+    device: torch.device | str,
+    requested: str = AUTO,
+    *,
+    capability: tuple[int, int] | None = None,
 ) -> Precision:
-    """Choose mixed precision for a device.
+    """The precision to train in on ``device``: ``requested`` (a :class:`PrecisionName`)
+    as is, or for ``"auto"``: bf16 from compute capability 8.0; fp16 with a GradScaler on
+    7.0-7.5 (V100, T4: bf16 is only emulated there, even if
+    ``torch.cuda.is_bf16_supported()``); fp32 below, and on the CPU and MPS (CPU bf16 is
+    fast only with AVX512-BF16 or AMX). ``capability`` overrides the GPU's own.
 
-    * CUDA, compute capability >= 8.0 (A100, L4, H100...): bf16 autocast, no scaler.
-    * CUDA, 7.0-7.5 (V100, T4): fp16 autocast with ``torch.amp.GradScaler("cuda")``:
-      fp16 tensor cores exist, bf16 is only emulated (slow) even if
-      ``torch.cuda.is_bf16_supported()`` says True.
-    * CUDA below 7.0: fp32 (no tensor cores, little to gain).
-    * CPU and MPS: fp32. bf16 autocast runs on the CPU but is fast only on CPUs with
-      AVX512-BF16 or AMX; the course keeps the CPU path simple and exact.
-
-    ``capability`` overrides the GPU's own (useful to ask "what would a T4 use?").
-
-    >>> pick_precision("cuda", capability=(7, 5)).lightning
-    '16-mixed'
-    >>> pick_precision("cpu").name
-    'fp32'
+    >>> pick_precision("cuda", capability=(7, 5)).name
+    <PrecisionName.FP16: 'fp16'>
+    >>> pick_precision("cpu").name, pick_precision("cpu", "bf16").dtype
+    (<PrecisionName.FP32: 'fp32'>, torch.bfloat16)
     """
+    if requested != AUTO:
+        if requested not in {p.value for p in PrecisionName}:
+            names = ", ".join([AUTO, *(p.value for p in PrecisionName)])
+            raise ValueError(f"precision={requested!r}: use one of {names}")
+        return Precision(PrecisionName(requested), f"{requested} requested")
     device = torch.device(device)
+    fp32, fp16, bf16 = PrecisionName.FP32, PrecisionName.FP16, PrecisionName.BF16
     if device.type != "cuda":
-        return Precision(
-            *FP32,
-            reason=f"{device.type}: float32 (mixed precision pays off on GPU tensor cores)",
-        )
+        return Precision(fp32, f"{device.type}: float32 (mixed precision pays off on GPUs)")
     capability = capability or _cuda_capability(device)
     if capability is None:
-        return Precision(*FP32, reason="CUDA capability unknown: float32 to be safe")
+        return Precision(fp32, "CUDA capability unknown: float32 to be safe")
     label = f"compute capability {capability[0]}.{capability[1]}"
     if capability >= (8, 0):
-        return Precision(*BF16, reason=f"{label}: native bf16, no loss scaling needed")
+        return Precision(bf16, f"{label}: native bf16, no loss scaling needed")
     if capability >= (7, 0):
         return Precision(
-            *FP16,
-            reason=f"{label}: fp16 tensor cores; bf16 would be emulated (slow); "
-            "fp16 needs a GradScaler",
+            fp16, f"{label}: fp16 tensor cores; bf16 would be emulated (slow); needs a GradScaler"
         )
-    return Precision(*FP32, reason=f"{label}: no tensor cores, float32")
+    return Precision(fp32, f"{label}: no tensor cores, float32")
 
 
 def autocast(device: torch.device | str, precision: Precision) -> AbstractContextManager[Any]:
-    """``torch.autocast(device.type, precision.dtype)`` when the precision uses autocast,
-    otherwise a context that does nothing.
-
-    Not ``torch.autocast(..., enabled=False)``: that still checks the device type, and
-    raises for ``"mps"`` before torch 2.5 (MPS autocast came in 2.5) and for devices
-    without autocast support (``"meta"``).
+    """``torch.autocast(device.type, precision.dtype)``, or a context that does nothing for
+    fp32 (``torch.autocast(enabled=False)`` still raises for ``"mps"`` before torch 2.5
+    and for ``"meta"``).
 
     >>> with autocast("meta", pick_precision("cpu")):
     ...     pass
@@ -359,11 +363,9 @@ def autocast(device: torch.device | str, precision: Precision) -> AbstractContex
 
 
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None = None) -> Any:
-    """Move every tensor in a nested batch (tuples, lists, dicts, namedtuples) to ``device``.
-
-    Other values (strings, numbers, None) are returned unchanged. With
-    ``non_blocking=None`` a copy is asynchronous exactly when it can be: the tensor lives
-    in pinned memory and goes to a CUDA device (``DataLoader(pin_memory=True)``).
+    """Move every tensor in a nested batch (tuples, lists, dicts, namedtuples) to ``device``;
+    other values stay. ``non_blocking=None``: asynchronous exactly when a pinned tensor
+    goes to a CUDA device.
 
     >>> out = to_device({"x": torch.ones(2), "meta": ["id", torch.zeros(1)]}, "cpu")
     >>> out["x"].device, out["meta"][0]
@@ -391,10 +393,7 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
 
 
 def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside a nested batch (tuples, lists, dicts, namedtuples), in order.
-
-    The check that goes with :func:`to_device`: after moving a batch, every tensor in it
-    should be on the new device. Strings, numbers and other values are skipped.
+    """Every tensor inside a nested batch, in order (to check :func:`to_device`).
 
     >>> batch = {"x": torch.ones(2), "meta": ["id", (torch.zeros(1),)]}
     >>> [tuple(t.shape) for t in tensors_in(batch)]

@@ -1,63 +1,37 @@
-"""Where a training step's memory goes, measured.
-
-* :func:`saved_tensor_bytes`: the bytes autograd keeps for the backward pass while a
-  function runs (activations), counted with ``torch.autograd.graph.saved_tensors_hooks``.
-  Works on every device; each storage is counted once.
-* :func:`peak_memory`: the peak memory of a function. On CUDA, the caching allocator's
-  peak (``torch.cuda.max_memory_allocated``) above what was allocated before. The CPU has
-  no allocator statistics, so there it reports the bytes saved for backward, the part of
-  a training step's memory that grows with the batch, and says so in ``method``.
-  ``warmup=1`` first calls the function once unmeasured: the first CUDA step of a process
-  or a model allocates things once and keeps them (cuBLAS workspaces, lazily built
-  parameters and optimizer state), which a single measured call would count.
-
-Used by notebooks 03 and 04 and by the batch-size sweep.
+"""Where a training step's memory goes, measured: the bytes autograd saves for backward
+(:func:`saved_tensor_bytes`, every device), the peak memory of a function
+(:func:`peak_memory`), and a step's breakdown into parameters, gradients, optimizer state
+and activations (:func:`memory_breakdown`). Notebooks 03, 04 and 07 and the batch finders.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
-
-def budget_exceeded_message(limit_bytes: int, device_type: str = "cpu") -> str:
-    """The error message of an imposed memory budget: labelled as simulated, and worded
-    so that PyTorch Lightning's, accelerate's and this course's out-of-memory checks all
-    recognize it. ``device_type="cuda"``: worded as a CUDA error, and says that the
-    allocator's peak of a step is what exceeded the budget.
-
-    >>> budget_exceeded_message(2**20, "cuda")[:20]
-    'CUDA out of memory. '
-    """
-    if device_type == "cuda":
-        return (
-            "CUDA out of memory. (simulated: the allocator peak of the step exceeds the "
-            f"imposed budget of {limit_bytes / 2**20:.2f} MiB)"
-        )
-    return (
-        "DefaultCPUAllocator: can't allocate memory: out of memory. (simulated: the "
-        f"imposed budget of {limit_bytes / 2**20:.2f} MiB is exceeded)"
-    )
+from course_utils.oom import MemoryBudget
+from course_utils.training import OPTIMIZERS, TrainStep
+from course_utils.units import MIB
 
 
 def saved_tensor_bytes(
     fn: Callable[[], Any],
     exclude: Iterable[torch.Tensor] = (),
     *,
-    limit_bytes: int | None = None,
+    budget: MemoryBudget | None = None,
 ) -> tuple[Any, int]:
     """Run ``fn()``; return its result and the bytes autograd saved for backward.
 
-    Tensors sharing a storage with one of ``exclude`` are not counted (pass the model's
-    parameters to count activations only: a layer saves its weight for backward too).
-    With ``limit_bytes``, raise ``RuntimeError("out of memory ...")`` as soon as the
-    saved bytes exceed it, as an allocator with that much memory would (a memory budget
-    imposed on the CPU; the batch-size finder's benchmarks use it).
+    Each storage counts once; those of ``exclude`` (the parameters: a layer saves its
+    weight too) not at all. A ``budget`` raises its simulated out-of-memory error as soon
+    as the saved bytes exceed it, mid-forward, as an allocator would.
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -76,8 +50,8 @@ def saved_tensor_bytes(
         if key not in seen and storage.nbytes() > 0:
             seen.add(key)
             total += storage.nbytes()
-            if limit_bytes is not None and total > limit_bytes:
-                raise RuntimeError(budget_exceeded_message(limit_bytes))
+            if budget is not None:
+                budget.charge(total)
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -94,32 +68,42 @@ class PeakMemory:
 
     @property
     def peak_mib(self) -> float:
-        return self.peak_bytes / 2**20
+        return self.peak_bytes / MIB
 
 
-def cuda_allocator_peak(fn: Callable[[], Any], device: torch.device) -> tuple[Any, int]:
-    """Run ``fn()``; return its result and the most bytes the CUDA caching allocator had
-    allocated at once during the call, above what was allocated when it started."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    result = fn()
-    torch.cuda.synchronize(device)
-    return result, torch.cuda.max_memory_allocated(device) - before
+def _rss_peak(fn: Callable[[], Any]) -> int:
+    """The process's resident memory, sampled every 5 ms while ``fn()`` runs, above what
+    it was before."""
+    process = psutil.Process()
+    start = process.memory_info().rss
+    highest = start
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal highest
+        while not done.wait(0.005):
+            highest = max(highest, process.memory_info().rss)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        watcher.join()
+    return max(highest, process.memory_info().rss) - start
 
 
 def peak_memory(
-    fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0
+    fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0, rss: bool = False
 ) -> PeakMemory:
-    """Peak memory of ``fn()`` on ``device`` (see the module documentation).
+    """Peak memory of ``fn()`` on ``device``, and how it was measured.
 
-    On CUDA: the most bytes allocated at once during the call, minus the bytes allocated
-    when it started, so tensors that already existed (parameters, optimizer state) do not
-    count, but everything the call allocates does, even if freed before it returns
-    (activations, gradients, temporaries, per-call cuDNN workspaces). ``warmup`` calls of
-    ``fn`` run first, unmeasured: they make the one-time allocations a first call would
-    add (cuBLAS workspaces, kept for the process; a model or optimizer state built
-    lazily on the first step). Use ``warmup=1`` to measure what every step needs.
+    CUDA: the allocator's peak during the call above its start. ``warmup`` unmeasured
+    calls first make one-time allocations (cuBLAS workspaces, lazy optimizer state). The
+    CPU has no allocator statistics: the bytes saved for backward (what grows with the
+    batch), or with ``rss=True`` (a whole run) the resident memory sampled every 5 ms
+    above its start (approximate; lower for a run reusing memory an earlier one freed).
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> peak_memory(lambda: (x * x).sum(), "cpu", warmup=1).peak_bytes  # CPU: saved bytes
@@ -131,8 +115,15 @@ def peak_memory(
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
-        _, peak = cuda_allocator_peak(fn, device)
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
         return PeakMemory(peak, "CUDA caching allocator: max_memory_allocated above the start")
+    if rss:
+        return PeakMemory(_rss_peak(fn), "CPU: process RSS peak above the start")
     _, saved = saved_tensor_bytes(fn)
     return PeakMemory(saved, "CPU: bytes autograd saved for backward (no CPU allocator stats)")
 
@@ -165,17 +156,6 @@ def parameter_bytes(model: nn.Module) -> int:
     return tensor_bytes(model.parameters())
 
 
-def gradient_bytes(model: nn.Module) -> int:
-    """Bytes the gradients take once backward has run: one gradient per trainable
-    parameter, of the parameter's shape and dtype (under autocast too: the gradient of
-    a float32 weight is float32).
-
-    >>> gradient_bytes(nn.Linear(10, 5))
-    220
-    """
-    return tensor_bytes(p for p in model.parameters() if p.requires_grad)
-
-
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the tensors an optimizer keeps between steps (read from its ``state``).
 
@@ -190,22 +170,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 # slots of parameter size per trainable parameter, and whether a step counter is kept
-_OPTIMIZER_SLOTS = {
-    "sgd": (0, False),
-    "momentum": (1, False),
-    "adam": (2, True),
-    "adamw": (2, True),
-}
+_OPTIMIZER_SLOTS = dict(
+    zip(OPTIMIZERS, [(0, False), (1, False), (2, True), (2, True)], strict=True)
+)
 
 
 def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
-    """The optimizer state predicted from the parameters alone (see ``OPTIMIZERS`` of
-    :mod:`course_utils.training`):
-
-    * ``"sgd"``: nothing;
-    * ``"momentum"``: one momentum buffer per parameter (1x the parameters);
-    * ``"adam"``, ``"adamw"``: two moving averages (2x the parameters) plus a step
-      counter per parameter tensor, a float32 scalar (4 bytes) in PyTorch 2.
+    """The optimizer state predicted from the parameters: SGD none, momentum 1x, Adam(W)
+    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2).
 
     >>> expected_optimizer_state_bytes(nn.Linear(10, 5), "adam")  # 2 * 220 + 2 tensors * 4
     448
@@ -219,16 +191,12 @@ def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
 
 
 def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
-    """Activation bytes predicted from shapes alone, before running anything for real.
+    """Activation bytes predicted from shapes: "training keeps every layer's output".
 
-    A copy of the model runs on the ``meta`` device (tensors with shapes and dtypes but
-    no data, so no memory and almost no time); forward hooks add up the bytes of every
-    leaf module's output, plus the input; outputs that are views or in-place results
-    take no new memory and are skipped. That is the rule of thumb "training keeps every
-    layer's output for the backward pass". Self-attention (``nn.MultiheadAttention``)
-    computes its inside with functions no hook sees; it counts as queries, keys,
-    values, the attention output and the result (5 x dim per token) plus the attention
-    probabilities (heads x length per token).
+    A copy of the model runs on the ``meta`` device (shapes, no data); hooks add the
+    input and every leaf module's output, skipping views and in-place results.
+    ``nn.MultiheadAttention``'s inside, which no hook sees, counts 5 x dim per token
+    (queries, keys, values, attention output, result) plus heads x length (probabilities).
 
     >>> activation_estimate(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), torch.ones(2, 8))
     128
@@ -305,8 +273,8 @@ class MemoryBreakdown:
         ]
 
     def __str__(self) -> str:
-        lines = [f"{part:37} {value / 2**20:10.2f} MiB" for part, value in self.rows()]
-        lines.append(f"{'peak = static + measured activations':37} {self.peak / 2**20:10.2f} MiB")
+        lines = [f"{part:37} {value / MIB:10.2f} MiB" for part, value in self.rows()]
+        lines.append(f"{'peak = static + measured activations':37} {self.peak / MIB:10.2f} MiB")
         return "\n".join(lines) + f"\n(activations: {self.method})"
 
 
@@ -322,12 +290,9 @@ CPU_METHOD = (
 def measure_activations(
     forward_backward: Callable[[], Any], device: torch.device | str, exclude: Iterable[torch.Tensor]
 ) -> tuple[int, str]:
-    """Activation bytes of ``forward_backward()`` and how they were measured.
-
-    On CUDA: the allocator's peak during the call above what was allocated before it (so
-    parameters, gradients and optimizer state allocated before do not count). On the CPU:
-    the bytes saved for backward, ``exclude`` (the parameters) left out.
-    """
+    """Activation bytes of ``forward_backward()`` and how they were measured: on CUDA the
+    allocator's peak above its start; on the CPU the bytes saved for backward, without
+    ``exclude`` (the parameters)."""
     device = torch.device(device)
     if device.type == "cuda":
         return peak_memory(forward_backward, device).peak_bytes, CUDA_METHOD
@@ -335,53 +300,41 @@ def measure_activations(
     return saved, CPU_METHOD
 
 
-def step_until_taken(step: Any, batch: Any, *, max_steps: int = 30) -> int:
-    """Run ``step(batch)`` (a :class:`~course_utils.training.TrainStep`) until its
-    optimizer really stepped; return how many steps ran.
+def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 30) -> int:
+    """Run ``step(batch)`` until its optimizer really stepped; return how many steps ran.
 
-    With fp16 and a ``GradScaler``, a step whose scaled gradients overflow (inf or nan) is
-    skipped: ``scaler.step`` does not call ``optimizer.step()``, so a fresh optimizer
-    still has no state, and ``scaler.update()`` halves the scale. At the default initial
-    scale of 2**16 the first step of a fresh model often overflows (fp16's largest number
-    is 65504). A skipped step is seen as the scale going down; without a scaler (fp32,
-    bf16) the first step is always taken.
+    With fp16 a ``GradScaler`` skips a step whose scaled gradients overflow (a fresh
+    model's first step often does at the initial scale of 2**16; fp16 ends at 65504): the
+    optimizer gets no state and the scale goes down, which is how a skip is seen.
     """
-    scaler = getattr(step, "scaler", None)
+    scaler = step.scaler
     for attempt in range(1, max_steps + 1):
-        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+        scale = scaler.get_scale() if scaler.is_enabled() else None
         step(batch)
-        if scale is None or scaler is None or scaler.get_scale() >= scale:
+        if scale is None or scaler.get_scale() >= scale:
             return attempt
     raise RuntimeError(
         f"the gradient scaler skipped all {max_steps} steps (scale now "
-        f"{scaler.get_scale() if scaler is not None else 1:g}): the loss or the gradients "
-        "are not finite"
+        f"{scaler.get_scale():g}): the loss or the gradients are not finite"
     )
 
 
-def memory_breakdown(step: Any, batch: Any, *, estimate: bool = True) -> MemoryBreakdown:
+def memory_breakdown(
+    step: TrainStep, batch: Sequence[Any], *, estimate: bool = True
+) -> MemoryBreakdown:
     """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
 
-    1. Estimate the activations from shapes (:func:`activation_estimate`), before running.
-    2. Run one real step, so that the optimizer creates its state (lazily, at the first
-       step; with fp16 a step the scaler skipped for overflow does not count), and
-       give every parameter a zeroed gradient: now the static part (parameters,
-       gradients, optimizer state) is allocated, and is read from the tensors themselves.
-       With fp16 the gradient scaler may skip the first steps (an overflow): steps run
-       until one is taken (:func:`step_until_taken`).
-    3. Run forward and backward once more and measure the activations above the static
-       part (:func:`measure_activations`); the step's toggles (precision, checkpointing,
-       channels_last) apply. The gradients are then cleared.
+    1. Estimate the activations from shapes (:func:`activation_estimate`; not with
+       ``estimate=False``).
+    2. Run steps until one is taken (:func:`step_until_taken`), so the optimizer state
+       exists, and give every parameter a zeroed gradient: the static part (parameters,
+       gradients, optimizer state) is then read from the tensors themselves.
+    3. Measure forward and backward once more (:func:`measure_activations`), with the
+       step's toggles; then clear the gradients.
 
-    The step's parameters change (one optimizer step, more if fp16 skipped some): use a
-    fresh model for training.
-    ``estimate=False`` skips step 1 (``activations_estimate`` is then 0).
+    The step's parameters change: use a fresh model for training.
     """
-    from course_utils.device import to_device
-
-    inputs, targets = to_device(tuple(batch[:2]), step.device)
-    if step.config.channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
+    inputs, targets = step.prepare(batch)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
     step_until_taken(step, (inputs, targets))
     parameters = list(step.model.parameters())

@@ -1,34 +1,19 @@
-"""The course's training in PyTorch Lightning: the same model, loss, optimizer and precision.
+"""The course's training in PyTorch Lightning, comparable step for step with the plain loop.
 
-Lightning organizes PyTorch code (the loop, devices, precision, logging, checkpoints);
-it does not make the arithmetic faster. To measure that, everything here reuses
-:mod:`course_utils.training`, so the plain loop and Lightning train the same model on the
-same data and can be compared step for step:
-
-* :class:`CourseModule`: a ``LightningModule`` around a course model, the loss of
-  :class:`~course_utils.training.TrainStep` (cross-entropy) and
-  :func:`~course_utils.training.make_optimizer`, configured by a
-  :class:`~course_utils.training.TrainConfig`.
-* :func:`make_trainer`: a ``Trainer`` preset with ``accelerator="auto"``,
-  ``devices="auto"`` and the precision string of
-  :func:`~course_utils.device.pick_precision`; quiet under tests (no progress bar, no
-  tips), with a progress bar for a learner.
-* :class:`UtilizationLogger`: a callback that logs GPU utilization, memory and power
-  (NVML, through :func:`course_utils.monitor.sample`) every N steps, or CPU utilization and
-  process memory without a GPU; :func:`read_metrics` and :func:`plot_metrics` show them.
-* :class:`EpochTimer` and :func:`compare_with_plain_loop`: time per epoch and peak memory
-  of both ways, from one run.
-* Checkpoints that survive a Colab disconnect: :func:`mount_drive` (asks once, never
-  stops "Run all"), :func:`checkpoint_dir`, :func:`checkpointing`,
-  :class:`SimulatedDisconnect`.
-
-Notebook 05 teaches this module.
+Lightning organizes PyTorch code (loop, devices, precision, logging, checkpoints); it does
+not make the arithmetic faster. :class:`CourseModule` trains a course model with
+:class:`~course_utils.training.TrainStep`'s loss and optimizer; :func:`make_trainer` is
+the course's ``Trainer``; :class:`UtilizationLogger` logs NVML readings;
+:func:`compare_with_plain_loop` times both ways; :func:`scale_batch_size` runs Lightning's
+own batch-size finder; the rest keeps checkpoints across a Colab disconnect. Notebook 05
+teaches this module.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import functools
 import importlib.util
 import logging
 import math
@@ -36,7 +21,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -45,17 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import psutil
+import matplotlib.pyplot as plt
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.tuner import Tuner
+from matplotlib.figure import Figure
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
-from course_utils.device import pick_device
-from course_utils.footprint import cuda_allocator_peak
+from course_utils.batch import MaxBatchSize, Trial
+from course_utils.device import AUTO, Precision, PrecisionName, pick_device, pick_precision
+from course_utils.env import where_am_i
+from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.timing import synchronizer
-from course_utils.training import TrainConfig, TrainStep, make_optimizer, resolve_precision, train
+from course_utils.training import TrainConfig, TrainStep, make_optimizer, train
 
 # Lightning's own loggers: "GPU available: ...", tips, the model summary.
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
@@ -74,15 +63,10 @@ NOISY_WARNINGS = (
 
 
 class CourseModule(pl.LightningModule):
-    """A course model trained the way :class:`~course_utils.training.TrainStep` trains it.
-
-    ``training_step`` computes the same cross-entropy loss on the same batch;
-    ``configure_optimizers`` builds the optimizer with the same
-    :func:`~course_utils.training.make_optimizer` from ``config.optimizer`` and
-    ``config.lr``. Precision is the Trainer's job (see :func:`make_trainer`), as autocast
-    and the gradient scaler are ``TrainStep``'s. ``lr`` and ``batch_size`` are attributes
-    so that Lightning's learning-rate finder and batch-size scaler can change them;
-    give ``dataset`` to let the module make its own ``train_dataloader``.
+    """A course model trained the way :class:`~course_utils.training.TrainStep` trains it:
+    the same loss and :func:`~course_utils.training.make_optimizer`; precision is the
+    Trainer's job. ``lr`` and ``batch_size`` are attributes for Lightning's tuners;
+    ``dataset`` lets the module make its own ``train_dataloader``.
 
     >>> from course_utils.models import build_model
     >>> module = CourseModule(build_model("mlp", hidden=8, depth=1), TrainConfig(lr=0.1))
@@ -128,11 +112,8 @@ class CourseModule(pl.LightningModule):
 
 
 def quiet_by_default() -> bool:
-    """Whether :func:`make_trainer` should be quiet when not told.
-
-    Quiet under the tests (``COURSE_WORKLOAD=small`` or pytest) and in scripts whose
-    output is not a terminal; a learner in Jupyter or at a terminal sees progress bars.
-    """
+    """Quiet under the tests (``COURSE_WORKLOAD=small``, pytest) and in scripts whose
+    output is not a terminal; a learner in Jupyter or at a terminal sees progress bars."""
     if os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small":
         return True
     if "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
@@ -141,59 +122,41 @@ def quiet_by_default() -> bool:
     return not in_ipython and not sys.stdout.isatty()
 
 
-def silence_lightning() -> None:
-    """Hide Lightning's info lines ("GPU available", tips) and warnings that tiny runs
-    trigger on purpose. Errors and other warnings still show."""
-    for name in LIGHTNING_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    for pattern in NOISY_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
+LIGHTNING_PRECISION = {
+    PrecisionName.FP32: "32-true",
+    PrecisionName.FP16: "16-mixed",
+    PrecisionName.BF16: "bf16-mixed",
+}
 
 
-def lightning_precision(precision: str = "auto", device: torch.device | str | None = None) -> str:
-    """The ``Trainer(precision=...)`` string for a course precision name.
-
-    ``"auto"`` asks :func:`~course_utils.device.pick_precision` about ``device`` (default:
-    the device Lightning's ``accelerator="auto"`` would use): ``"16-mixed"`` on a T4,
-    ``"bf16-mixed"`` from compute capability 8.0, ``"32-true"`` on the CPU. Lightning
-    strings pass through unchanged.
+def lightning_precision(
+    precision: str | Precision = AUTO, device: torch.device | str | None = None
+) -> str:
+    """The ``Trainer(precision=...)`` string for a :class:`~course_utils.device.Precision`,
+    a course name, or ``"auto"`` (:func:`~course_utils.device.pick_precision` for
+    ``device``, default the one ``accelerator="auto"`` uses); Lightning strings pass.
 
     >>> lightning_precision("auto", "cpu"), lightning_precision("fp16")
     ('32-true', '16-mixed')
+    >>> lightning_precision(pick_precision("cuda", capability=(8, 0)))
+    'bf16-mixed'
     >>> lightning_precision("bf16-mixed")
     'bf16-mixed'
     """
+    if isinstance(precision, Precision):
+        return LIGHTNING_PRECISION[precision.name]
     if "-" in precision:  # already a Lightning string such as "16-mixed"
         return precision
     target = torch.device(device) if device is not None else pick_device()
-    return resolve_precision(precision, target).lightning
-
-
-def has_tensorboard() -> bool:
-    """True when the ``tensorboard`` package is installed (for ``TensorBoardLogger``)."""
-    return importlib.util.find_spec("tensorboard") is not None
-
-
-def make_loggers(root_dir: Path | str, name: str = "course") -> list[Any]:
-    """A ``CSVLogger`` (read by :func:`read_metrics`), plus a ``TensorBoardLogger`` when
-    TensorBoard is installed, both under ``root_dir``."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    loggers: list[Any] = [CSVLogger(root_dir, name=name)]
-    if has_tensorboard():
-        loggers.append(TensorBoardLogger(root_dir, name=name, default_hp_metric=False))
-    return loggers
+    return LIGHTNING_PRECISION[pick_precision(target, precision).name]
 
 
 class ForkSafeThreads(Callback):
     """One PyTorch CPU thread in each process that ``ddp_notebook`` (or ``ddp_fork``) forks.
 
-    A forked child inherits the parent's OpenMP thread pool but not its threads, so its
-    first multi-threaded CPU operation can crash: on a 16-core machine DDP's first
-    broadcast segfaulted in every child (``torch.cat`` inside ``flatten_dense_tensors``).
-    With one thread PyTorch never enters the pool; and N processes share the cores anyway.
-    It acts only in the children (another process ID than where it was created), in
-    ``setup``, which Lightning calls before it wraps the model in DDP.
+    A forked child inherits the parent's OpenMP thread pool but not its threads: on a
+    16-core machine DDP's first broadcast segfaulted in every child (``torch.cat`` in
+    ``flatten_dense_tensors``). It acts in the children only, in ``setup``, before DDP.
     """
 
     def __init__(self) -> None:
@@ -202,9 +165,6 @@ class ForkSafeThreads(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.world_size > 1 and os.getpid() != self.parent_pid:
             torch.set_num_threads(1)
-
-
-FORK_STRATEGIES = ("ddp_notebook", "ddp_fork")
 
 
 def make_trainer(
@@ -223,29 +183,28 @@ def make_trainer(
 ) -> pl.Trainer:
     """The course's ``Trainer``: modern flags, sensible logging, quiet under tests.
 
-    * ``accelerator="auto"`` and ``devices="auto"``: a CUDA GPU (all of them), else Apple
-      MPS, else the CPU.
-    * ``precision``: a course name (``"auto"``, ``"fp32"``, ``"fp16"``, ``"bf16"``) or a
-      Lightning string, see :func:`lightning_precision`.
-    * ``root_dir``: where logs and checkpoints go (default: a new temporary folder, so a
-      notebook's folder never fills with ``lightning_logs/``).
-    * ``logger=True``: :func:`make_loggers` (CSV, and TensorBoard when installed).
-    * ``quiet`` (default :func:`quiet_by_default`): no progress bar, model summary,
-      "GPU available" lines or tips.
-
-    * ``strategy="ddp_notebook"`` (or ``"ddp_fork"``) adds :class:`ForkSafeThreads`.
-
-    Other keyword arguments go to ``Trainer`` unchanged.
+    ``precision``: see :func:`lightning_precision`. ``root_dir`` (default: a new temporary
+    folder, so a notebook's folder never fills with ``lightning_logs/``) gets a CSV log,
+    and a TensorBoard one when installed (``logger=True``). ``quiet`` (default
+    :func:`quiet_by_default`): no progress bar, model summary, "GPU available" lines,
+    tips, or warnings that tiny runs trigger on purpose. ``strategy="ddp_notebook"`` (or
+    ``"ddp_fork"``) adds :class:`ForkSafeThreads`. Other keyword arguments go to
+    ``Trainer``.
     """
     callbacks = list(callbacks)
-    if overrides.get("strategy") in FORK_STRATEGIES:
+    if overrides.get("strategy") in ("ddp_notebook", "ddp_fork"):
         callbacks.append(ForkSafeThreads())
     quiet = quiet_by_default() if quiet is None else quiet
     if quiet:
-        silence_lightning()
+        for name in LIGHTNING_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        for pattern in NOISY_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
     root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="course-pl-"))
     if logger is True:
-        logger = make_loggers(root)
+        logger = [CSVLogger(root, name="course")]
+        if importlib.util.find_spec("tensorboard") is not None:
+            logger.append(TensorBoardLogger(root, name="course", default_hp_metric=False))
     device = torch.device("cpu") if accelerator == "cpu" else None
     options: dict[str, Any] = {
         "accelerator": accelerator,
@@ -270,19 +229,14 @@ def make_trainer(
 
 
 class UtilizationLogger(Callback):
-    """Log GPU utilization, memory and power every ``every_n_steps`` training steps.
+    """Log what ``nvidia-smi`` shows (NVML, through :func:`course_utils.monitor.sample`:
+    utilization, memory used, power) every ``every_n_steps`` steps; without a GPU, CPU
+    utilization and this process's resident memory.
 
-    Lightning's ``DeviceStatsMonitor`` logs the CUDA caching allocator's statistics (what
-    PyTorch holds), not what the driver sees. This callback logs what ``nvidia-smi``
-    shows, read through NVML by :func:`course_utils.monitor.sample`: utilization
-    (percent of time a kernel ran), memory used, power draw. Without a GPU it logs CPU
-    utilization and this process's resident memory, with the prefix ``cpu/``.
-
-    Metrics go to every logger of the Trainer (CSV, TensorBoard) as ``gpu/<field>`` or
-    ``cpu/<field>``, and to :attr:`history` (a list of dicts, each with ``step``); the
-    readings themselves (:class:`course_utils.monitor.Reading`) are in :attr:`readings`.
-    ``gpu_index`` (NVML numbering) overrides the GPU the Trainer trains on; NVML readings
-    are whole-GPU figures, other processes included.
+    Lightning's ``DeviceStatsMonitor`` logs the caching allocator's statistics instead.
+    Metrics (``gpu/<field>`` or ``cpu/<field>``) go to the Trainer's loggers and to
+    :attr:`history`; the readings to :attr:`readings`. ``gpu_index`` (NVML numbering)
+    overrides the Trainer's GPU; NVML figures include other processes.
     """
 
     def __init__(self, every_n_steps: int = 10, gpu_index: int | None = None) -> None:
@@ -304,14 +258,7 @@ class UtilizationLogger(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         monitor.sample(None)  # psutil's CPU percent counts from the previous call: prime it
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         step = trainer.global_step
         if step % self.every_n_steps != 0:
             return
@@ -326,8 +273,6 @@ class UtilizationLogger(Callback):
 
 def metrics_csv(trainer: pl.Trainer) -> Path | None:
     """The ``metrics.csv`` written by the Trainer's ``CSVLogger``, if it has one."""
-    from lightning.pytorch.loggers import CSVLogger
-
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
             logger.save()
@@ -352,10 +297,8 @@ def plot_metrics(
     series: dict[str, list[tuple[int, float]]],
     names: Sequence[str] | None = None,
     title: str = "",
-) -> Any:
-    """One small plot per metric against the training step; returns the figure."""
-    import matplotlib.pyplot as plt
-
+) -> Figure:
+    """One small plot per metric against the training step."""
     chosen = [name for name in (names or sorted(series)) if series.get(name)]
     if not chosen:
         raise ValueError(f"no such metrics; logged: {sorted(series)}")
@@ -397,46 +340,6 @@ class EpochTimer(Callback):
             self.on_epoch()
 
 
-@dataclass(frozen=True)
-class PeakUse:
-    """Peak memory of a run and how it was measured."""
-
-    peak_mib: float
-    method: str
-
-
-def measure_peak(fn: Callable[[], Any], device: torch.device | str) -> tuple[Any, PeakUse]:
-    """Run ``fn()``; return its result and its peak memory on ``device``.
-
-    CUDA: the caching allocator's ``max_memory_allocated`` above what was allocated
-    before (exact). CPU: this process's resident memory (RSS), sampled every 5 ms, above
-    what it was before: approximate, and lower for a second run that reuses memory the
-    first one freed.
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        result, peak = cuda_allocator_peak(fn, device)
-        return result, PeakUse(peak / 2**20, "CUDA allocator peak above the start")
-    process = psutil.Process()
-    start = process.memory_info().rss
-    highest = [start]
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.005):
-            highest[0] = max(highest[0], process.memory_info().rss)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        result = fn()
-    finally:
-        done.set()
-        watcher.join()
-    highest[0] = max(highest[0], process.memory_info().rss)
-    return result, PeakUse((highest[0] - start) / 2**20, "CPU: process RSS peak above the start")
-
-
 def _kept(seconds: Sequence[float]) -> list[float]:
     """A run's epoch times without its first epoch (warm-up) when it has 3 or more."""
     return list(seconds[1:]) if len(seconds) >= 3 else list(seconds)
@@ -451,9 +354,8 @@ PLAIN, LIGHTNING = "plain", "lightning"
 
 
 def turn_order(rounds: int) -> list[str]:
-    """The order of the runs: the two ways take turns, and each round starts with the way
-    the previous round ended with (plain, Lightning, Lightning, plain, ...), so that a
-    machine that slows down or speeds up during the runs favours neither way.
+    """Each round starts with the way the previous one ended with: a drifting machine
+    favours neither.
 
     >>> turn_order(2)
     ['plain', 'lightning', 'lightning', 'plain']
@@ -466,11 +368,8 @@ def turn_order(rounds: int) -> list[str]:
 
 @dataclass
 class Comparison:
-    """Plain loop vs Lightning on the same model, data and settings, taking turns.
-
-    ``plain_runs`` and ``lightning_runs`` hold each run's epoch times (one run of each
-    way per round, in :attr:`order`); ``plain_epoch_s`` and ``lightning_epoch_s`` are all
-    of them in one list. Totals are medians over the runs; peaks are the first run's.
+    """Plain loop vs Lightning, taking turns: each run's epoch times (one run of each way
+    per round, in :attr:`order`); totals are medians over the runs, peaks the first run's.
     """
 
     device: str
@@ -482,8 +381,8 @@ class Comparison:
     lightning_runs: list[list[float]] = field(default_factory=list)
     plain_total_s: float = 0.0  # building the step + all epochs (median over runs)
     lightning_total_s: float = 0.0  # building the Trainer + fit(), setup included
-    plain_peak: PeakUse | None = None
-    lightning_peak: PeakUse | None = None
+    plain_peak: PeakMemory | None = None
+    lightning_peak: PeakMemory | None = None
 
     @property
     def rounds(self) -> int:
@@ -514,14 +413,13 @@ class Comparison:
 
     @property
     def overhead_ratio(self) -> float:
-        """Lightning's time per epoch divided by the plain loop's (1.0: no overhead): the
-        median of the ratios of each round, whose two runs are adjacent in time."""
+        """Lightning's time per epoch over the plain loop's: the median of the rounds'
+        ratios (each round's two runs are adjacent in time)."""
         return statistics.median(q / p for p, q in self._pairs())
 
     @property
     def overhead_s_per_epoch(self) -> float:
-        """Extra seconds per epoch in Lightning, median over rounds (Lightning's parity
-        test allows its small RNN case 0.05 s per epoch)."""
+        """Extra seconds per epoch in Lightning, median over rounds."""
         return statistics.median(q - p for p, q in self._pairs())
 
     @property
@@ -531,9 +429,8 @@ class Comparison:
 
     @property
     def noise(self) -> float:
-        """How much the same way's epochs differ on this machine: the larger, over the two
-        ways, of (slowest - fastest) / median of the epochs kept (warm-ups left out).
-        0.1 means that repeating the same work varied by 10%."""
+        """The larger, over the two ways, of (slowest - fastest) / median of the epochs
+        kept: 0.1 means that repeating the same work varied by 10% here."""
         spreads = []
         for runs in (self.plain_runs, self.lightning_runs):
             kept = [s for run in runs for s in _kept(run)]
@@ -542,22 +439,14 @@ class Comparison:
 
     def rows(self) -> list[dict[str, Any]]:
         """The side-by-side table: one row per way of training."""
+        ways = [
+            ("plain loop", self.plain_s_per_epoch, self.plain_total_s, self.plain_peak),
+            ("Lightning", self.lightning_s_per_epoch, self.lightning_total_s, self.lightning_peak),
+        ]
         return [
-            {
-                "way": way,
-                "s_per_epoch": per_epoch,
-                "total_s": total,
-                "peak_mib": peak.peak_mib if peak else float("nan"),
-            }
-            for way, per_epoch, total, peak in (
-                ("plain loop", self.plain_s_per_epoch, self.plain_total_s, self.plain_peak),
-                (
-                    "Lightning",
-                    self.lightning_s_per_epoch,
-                    self.lightning_total_s,
-                    self.lightning_peak,
-                ),
-            )
+            {"way": way, "s_per_epoch": s, "total_s": total, "peak_mib": peak.peak_mib}
+            for way, s, total, peak in ways
+            if peak is not None
         ]
 
     def __str__(self) -> str:
@@ -587,16 +476,11 @@ def compare_with_plain_loop(
     seed: int = 0,
     rounds: int = 2,
 ) -> Comparison:
-    """Train ``build()`` for ``epochs`` with the plain loop and with Lightning, taking turns.
-
-    Each of ``rounds`` rounds runs both ways once, in the order of :func:`turn_order`
-    (plain, Lightning, then Lightning, plain, ...), so neither way always runs first on a
-    machine whose speed drifts. Every run starts from the same weights (``seed``), sees
-    the same ``loader`` and uses the same optimizer and precision; one untimed training
-    step runs first (warm-up). Returns each run's epoch times, the runs' total time
-    (Lightning's includes building the Trainer and its setup) and the peak memory of the
-    first run of each way. Lightning's module also logs the loss every step, as a real
-    run would.
+    """Train ``build()`` for ``epochs`` with the plain loop and with Lightning, ``rounds``
+    times each in the order of :func:`turn_order`, from the same weights (``seed``), data,
+    optimizer and precision, after one untimed warm-up step. Lightning's totals include
+    building the Trainer; peak memory: :func:`~course_utils.footprint.peak_memory` (on the
+    CPU the process's RSS). Lightning's module logs the loss every step, as a real run would.
     """
     if rounds < 1 or epochs < 1:
         raise ValueError("rounds and epochs must be at least 1")
@@ -613,12 +497,12 @@ def compare_with_plain_loop(
     TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
     accelerator = "gpu" if target.type == "cuda" else target.type
 
-    def plain() -> list[float]:
+    def plain(seconds: list[float]) -> None:
         step = TrainStep(copy.deepcopy(initial), target, config)
-        each_epoch = progress.track(range(epochs), "plain PyTorch loop", unit="epoch")
-        return [train(step, loader, epochs=1).seconds for _ in each_epoch]
+        for _ in progress.track(range(epochs), "plain PyTorch loop", unit="epoch"):
+            seconds.append(train(step, loader, epochs=1).seconds)
 
-    def lightning() -> list[float]:
+    def lightning(seconds: list[float]) -> None:
         timer = EpochTimer(on_epoch=progress.tick)
         trainer = make_trainer(
             max_epochs=epochs,
@@ -631,12 +515,14 @@ def compare_with_plain_loop(
         )
         with progress.task("Lightning", total=epochs, unit="epoch"):
             trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
-        return timer.seconds
+        seconds.extend(timer.seconds)
 
     totals: dict[str, list[float]] = {PLAIN: [], LIGHTNING: []}
     for way in turn_order(rounds):
+        seconds: list[float] = []
+        run = functools.partial(plain if way == PLAIN else lightning, seconds)
         start = time.perf_counter()
-        seconds, peak = measure_peak(plain if way == PLAIN else lightning, target)
+        peak = peak_memory(run, target, rss=True)
         totals[way].append(time.perf_counter() - start)
         result.order.append(way)
         if way == PLAIN:
@@ -650,6 +536,75 @@ def compare_with_plain_loop(
     return result
 
 
+# ------------------------------------------- Lightning's batch-size finder, for comparison
+
+
+class _TrialModule(pl.LightningModule):
+    """A module whose training step is ``trial(len(batch))``, so that Lightning's ``Tuner``
+    can search the batch size of a plain trial function; every call goes to ``history``."""
+
+    def __init__(self, trial: Callable[[int], Any], history: list[Trial], batch_size: int) -> None:
+        super().__init__()
+        self.trial, self.history, self.batch_size = trial, history, batch_size
+        self.weight = nn.Parameter(torch.zeros(()))  # an optimizer step counts a step
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        # Lightning stops growing at the dataset's length: make it never the limit
+        return DataLoader(range(2**31), batch_size=self.batch_size)  # type: ignore[arg-type]
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            self.trial(len(batch))
+        except Exception as error:
+            self.history.append(Trial(len(batch), False, time.perf_counter() - start, str(error)))
+            raise
+        self.history.append(Trial(len(batch), True, time.perf_counter() - start))
+        return self.weight * 0.0
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def scale_batch_size(
+    trial: Callable[[int], Any],
+    mode: str = "power",
+    *,
+    init_val: int = 2,
+    max_trials: int = 25,
+    max_val: int = 8192,
+    margin: float = 0.05,
+) -> MaxBatchSize:
+    """Lightning's batch-size finder, ``Tuner(trainer).scale_batch_size``, on a plain
+    ``trial`` (one step per size), with Lightning's defaults (``margin`` applies in
+    ``"binsearch"`` mode only). ``"power"`` doubles until a trial fails and returns half
+    the size that failed; ``"binsearch"`` then bisects. The trial's out-of-memory error
+    must be one Lightning recognises (CUDA's, the CPU allocator's, a ``MemoryBudget``'s).
+
+    >>> from course_utils.oom import MemoryBudget
+    >>> def trial(n):
+    ...     MemoryBudget(100).charge(n)  # a budget of 100 bytes, one byte per sample
+    >>> scale_batch_size(trial, "power").batch_size, scale_batch_size(trial, "binsearch").batch_size
+    (64, 95)
+    """
+    history: list[Trial] = []
+    module = _TrialModule(trial, history, init_val)  # the first trial runs at init_val
+    trainer = make_trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, quiet=True, precision="fp32"
+    )
+    found = Tuner(trainer).scale_batch_size(
+        module,
+        mode=mode,
+        steps_per_trial=1,
+        init_val=init_val,
+        max_trials=max_trials,
+        max_val=max_val,
+        margin=margin,
+    )
+    limit = max((t.batch_size for t in history if t.fits), default=0)
+    return MaxBatchSize(batch_size=found or 0, limit=limit, trials=len(history), history=history)
+
+
 # ------------------------------------------------------------ checkpoint and resume
 
 
@@ -658,23 +613,14 @@ class SimulatedDisconnect(RuntimeError):
 
 
 class DisconnectAfter(Callback):
-    """Stop training abruptly (raise :class:`SimulatedDisconnect`) after ``steps`` steps.
-
-    It runs before ``ModelCheckpoint`` (Lightning runs checkpoint callbacks last), so the
-    step it stops at is not saved: resuming starts from the last periodic checkpoint.
-    """
+    """Raise :class:`SimulatedDisconnect` after ``steps`` steps. It runs before
+    ``ModelCheckpoint`` (Lightning runs checkpoint callbacks last), so the step it stops at
+    is not saved: resuming starts from the last periodic checkpoint."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         if trainer.global_step >= self.steps:
             raise SimulatedDisconnect(f"runtime disconnected after step {trainer.global_step}")
 
@@ -685,19 +631,14 @@ _DRIVE_REFUSED: set[str] = set()  # mount points where mounting failed: ask only
 
 
 def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_MOUNT) -> bool:
-    """Mount Google Drive on Colab for checkpoints that survive a disconnect; never raise.
+    """Mount Google Drive on Colab (asking the learner); ``True`` when it is mounted.
 
-    On Colab, ``google.colab.drive.mount`` asks the learner for permission. When it is
-    refused (or fails, or times out), this prints one line and returns ``False``, and
-    does not ask again in this session: a notebook's "Run all" goes on, saving to the
-    runtime's own disk. Elsewhere it does nothing and returns ``False``. ``True`` when
-    Drive is mounted (already, or now).
+    Refused, failed or timed out: one line printed, ``False``, and no second question in
+    this session, so "Run all" goes on. Elsewhere: ``False``.
 
     >>> mount_drive(environment="local")
     False
     """
-    from course_utils.env import where_am_i
-
     if (environment or where_am_i()) != "colab":
         return False
     mount_point = Path(mount_point)
@@ -706,7 +647,7 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     if str(mount_point) in _DRIVE_REFUSED:
         return False
     try:
-        from google.colab import drive
+        from google.colab import drive  # lazy: platform-only (Colab)
 
         drive.mount(str(mount_point))  # asks for permission once per session
     except Exception as error:  # refused, timed out, or google.colab missing
@@ -722,21 +663,14 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
 def checkpoint_dir(
     name: str, environment: str | None = None, *, drive_mounted: bool | None = None
 ) -> Path:
-    """Where to keep checkpoints so that they survive the session.
-
-    On Colab with Google Drive mounted (:func:`mount_drive`):
-    ``/content/drive/MyDrive/pytorch-gpu-course/<name>``: the runtime's own disk is lost
-    when it disconnects. ``drive_mounted=None`` looks whether it is. Elsewhere, or on
-    Colab without Drive: ``build/checkpoints/<name>`` in the course checkout, or a
-    temporary folder when the package is installed elsewhere.
+    """Where checkpoints survive the session: on Colab with Drive mounted (``None``: look),
+    under Drive; else ``build/checkpoints/<name>`` in the checkout, or a temporary folder.
 
     >>> checkpoint_dir("demo", environment="colab", drive_mounted=True).as_posix()
     '/content/drive/MyDrive/pytorch-gpu-course/demo'
     >>> checkpoint_dir("demo", environment="colab", drive_mounted=False).name
     'demo'
     """
-    from course_utils.env import where_am_i
-
     if drive_mounted is None:
         drive_mounted = (DRIVE_MOUNT / "MyDrive").is_dir()
     if (environment or where_am_i()) == "colab" and drive_mounted:
@@ -751,11 +685,7 @@ def checkpointing(folder: Path | str, every_n_steps: int) -> ModelCheckpoint:
     """A ``ModelCheckpoint`` that saves every ``every_n_steps`` steps and keeps
     ``last.ckpt`` (the one to resume from) in ``folder``."""
     return ModelCheckpoint(
-        dirpath=str(folder),
-        filename="step-{step}",
-        every_n_train_steps=every_n_steps,
-        save_top_k=1,
-        save_last=True,
+        str(folder), "step-{step}", every_n_train_steps=every_n_steps, save_last=True
     )
 
 

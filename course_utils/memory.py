@@ -1,91 +1,34 @@
-"""GPU memory: what is used and by whom, freeing it in a notebook, allocator settings,
-snapshots, fragmentation, and recovering from out-of-memory errors.
+"""GPU memory: what is used and by whom, allocator settings, snapshots, fragmentation,
+and a real memory cap.
 
 PyTorch's CUDA caching allocator keeps freed blocks *reserved* for reuse; nvidia-smi shows
 the reserved memory plus the CUDA context. ``torch.cuda.empty_cache()`` returns only
-cached blocks that no live tensor uses. Used by the batch-size finder
-(:mod:`course_utils.batch`) and notebook 07.
+cached blocks that no live tensor uses. Out-of-memory errors and freeing references are
+in :mod:`course_utils.oom`. Notebook 07 teaches this module.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import json
 import os
 import pickle
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
+from course_utils import nvml
+from course_utils.device import cuda_gpu_count
+from course_utils.oom import release_cached_memory
+from course_utils.units import MIB
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """True when ``error`` means "out of memory" on a GPU or in the CPU allocator.
-
-    ``torch.cuda.OutOfMemoryError`` always; otherwise a ``RuntimeError`` (or
-    ``MemoryError``) whose message says "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or
-    the CPU allocator's "DefaultCPUAllocator: can't allocate memory".
-
-    >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
-    True
-    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    False
-    """
-    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
-        return True
-    if not isinstance(error, RuntimeError):
-        return False
-    message = str(error).lower()
-    return "out of memory" in message or "can't allocate memory" in message
-
-
-def error_summary(error: BaseException) -> str:
-    """The first line of an error's message (at most 200 characters), or its type's name.
-
-    >>> error_summary(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\\nmore"))
-    'CUDA out of memory. Tried to allocate 2.00 GiB'
-    """
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-
-
-def _trim_c_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS (Linux; elsewhere nothing).
-
-    Freed CPU memory can stay resident in the C heap, and the next allocation reuses it
-    without the process's RSS moving: a measurement of "del frees at once" then reads 0.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def release_memory() -> None:
-    """Collect garbage, return cached GPU blocks to the driver and freed C-heap pages to
-    the OS.
-
-    Call it after dropping your own references: it cannot free tensors that something
-    still refers to.
-    """
-    gc.collect()
-    _trim_c_heap()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------------------------------
-# What the process uses: allocated, reserved, the driver's view, and the CUDA context
-# ---------------------------------------------------------------------------------------
-
-MIB = 1024 * 1024
+# --- what the process uses: allocated, reserved, the driver's view, and the CUDA context
 
 CPU_NOTE = (
     "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to the C "
@@ -95,26 +38,16 @@ CPU_NOTE = (
 
 
 def process_rss_mib() -> float:
-    """Resident memory of this process in MiB (what ``top`` shows as RES).
-
-    >>> process_rss_mib() > 0
-    True
-    """
-    import psutil
-
+    """Resident memory of this process in MiB (what ``top`` shows as RES)."""
     return psutil.Process().memory_info().rss / MIB
 
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """One GPU's memory as PyTorch, CUDA and the driver see it, in MiB.
-
-    ``allocated``: bytes in live tensors. ``reserved``: what the caching allocator holds
-    (allocated plus cached blocks). ``peak_allocated``: the most allocated since the last
-    ``torch.cuda.reset_peak_memory_stats``. ``free``/``total``: ``torch.cuda.mem_get_info``
-    for the whole GPU (every process). ``process_used``: NVML's per-process figure (the
-    nvidia-smi process table), ``None`` when NVML cannot see this process.
-    """
+    """One GPU's memory in MiB: ``allocated`` (live tensors), ``reserved`` (the caching
+    allocator: tensors plus cache), ``peak_allocated`` (since the last
+    ``reset_peak_memory_stats``), ``free``/``total`` (``mem_get_info``, every process) and
+    ``process_used`` (NVML's per-process figure; ``None`` when NVML cannot see us)."""
 
     device: str
     name: str
@@ -187,8 +120,7 @@ class MemoryReport:
 
 
 def _has_context(index: int) -> bool:
-    """Whether this process already has a CUDA context on ``cuda:index`` (asking creates
-    none; without the private query, the GPUs where it holds memory)."""
+    """Whether this process has a CUDA context on ``cuda:index`` (asking creates none)."""
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
     if has_context is not None:
         try:
@@ -199,11 +131,8 @@ def _has_context(index: int) -> bool:
 
 
 def _gpus_in_use() -> list[int]:
-    """CUDA indices where this process holds memory or has a context.
-
-    Not simply "the current device": a process that trains on ``cuda:1`` has no context on
-    ``cuda:0``, and reading ``mem_get_info(0)`` would create one (about 0.5 GiB there).
-    """
+    """CUDA indices where this process holds memory or has a context: reading
+    ``mem_get_info`` on another GPU would create a context there (about 0.5 GiB)."""
     if not torch.cuda.is_initialized():
         return []
     count = torch.cuda.device_count()
@@ -212,8 +141,6 @@ def _gpus_in_use() -> list[int]:
 
 def gpu_memory(index: int) -> GpuMemory:
     """Read :class:`GpuMemory` for ``cuda:index`` (initializes CUDA on that GPU)."""
-    from course_utils import nvml
-
     free, total = torch.cuda.mem_get_info(index)
     nvml_index = nvml.nvml_index(index)
     used = None if nvml_index is None else nvml.process_memory_used_mib(nvml_index)
@@ -230,15 +157,8 @@ def gpu_memory(index: int) -> GpuMemory:
 
 
 def memory_report() -> MemoryReport:
-    """Allocated, reserved, peak, ``mem_get_info`` and NVML, for every GPU in use.
-
-    On a machine without a GPU (or before CUDA starts in this process) the report has no
-    GPU table: it gives the process's resident memory and says why.
-
-    >>> report = memory_report()
-    >>> report.process_rss_mib > 0
-    True
-    """
+    """Allocated, reserved, peak, ``mem_get_info`` and NVML, for every GPU in use; without
+    one (or before CUDA starts) the process's resident memory, and why."""
     indices = _gpus_in_use()
     if indices:
         note = (
@@ -299,15 +219,10 @@ def format_readings(readings: list[MemoryReading]) -> str:
 
 
 def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
-    """What ``del`` and ``torch.cuda.empty_cache()`` do, stage by stage.
+    """What ``del`` and ``torch.cuda.empty_cache()`` do, in six stages (see the labels).
 
-    1. baseline (after freeing the cache); 2. a tensor of ``mib`` MiB allocated;
-    3. ``del`` it (on a GPU its memory stays reserved, cached); 4. a new tensor of the same
-    size (reuses the cache: reserved does not grow); 5. ``empty_cache()`` while that tensor
-    is alive (frees nothing); 6. ``del`` and ``empty_cache()`` (reserved back to baseline).
-    On a CPU only the RSS column has numbers: PyTorch has no cache there, but the C
-    library may keep freed pages resident, so on a CPU stage 3 runs ``del`` and then
-    glibc's ``malloc_trim`` (its label says so).
+    On a CPU only the RSS column has numbers: PyTorch has no cache there, but glibc may
+    keep freed pages resident, so stage 3 runs ``del`` and then ``malloc_trim``.
     """
     device = torch.device(device)
     elements = mib * MIB // 4
@@ -317,14 +232,14 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
 
-    release_memory()
+    release_cached_memory()
     readings = [read_memory(device, "1 baseline")]
     tensor = torch.ones(elements, device=device)
     readings.append(read_memory(device, f"2 tensor of {mib} MiB allocated"))
     del tensor
     stage = "3 del tensor"
     if device.type == "cpu":  # PyTorch keeps nothing; glibc may, until asked to trim
-        _trim_c_heap()
+        release_cached_memory()
         stage = "3 del tensor + malloc_trim (CPU)"
     readings.append(read_memory(device, stage))
     again = torch.ones(elements, device=device)
@@ -337,181 +252,7 @@ def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryR
     return readings
 
 
-# ---------------------------------------------------------------------------------------
-# Freeing memory in a notebook: the variable, the Out history, the saved traceback
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class FreedMemory:
-    """What :func:`free_memory` did; ``print`` it for a summary."""
-
-    deleted: list[str] = field(default_factory=list)
-    not_found: list[str] = field(default_factory=list)
-    history_entries: list[str] = field(default_factory=list)
-    cleared_traceback: bool = False
-    collected: int = 0
-    released_mib: float = 0.0  # reserved GPU memory returned to the driver
-
-    def __str__(self) -> str:
-        lines = [
-            "deleted: " + (", ".join(self.deleted) or "nothing"),
-            "output history entries dropped: " + (", ".join(self.history_entries) or "none"),
-            "saved traceback cleared: " + ("yes" if self.cleared_traceback else "there was none"),
-            f"gc.collect() found {self.collected} unreachable objects",
-            f"GPU memory returned to the driver: {self.released_mib:.1f} MiB",
-        ]
-        if self.not_found:
-            lines.insert(1, "not found (already gone?): " + ", ".join(self.not_found))
-        return "\n".join(lines)
-
-
-def _ipython_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
-    """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
-    list/tuple/dict holding one."""
-    if id(value) in ids:
-        return True
-    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
-        return True
-    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_memory(item, ids, depth + 1) for item in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
-    return False
-
-
-_TRACEBACK_ATTRIBUTES = ("last_traceback", "last_value", "last_exc", "last_type")
-
-
-def _clear_saved_traceback(shell: Any) -> bool:
-    """Forget the exception Python and IPython keep for post-mortem debugging."""
-    found = False
-    for name in ("last_value", "last_exc"):
-        error = getattr(sys, name, None)
-        seen: set[int] = set()
-        while isinstance(error, BaseException) and id(error) not in seen:
-            seen.add(id(error))
-            if error.__traceback__ is not None:
-                traceback.clear_frames(error.__traceback__)  # drop the frames' locals
-            error = error.__cause__ or error.__context__
-    if getattr(sys, "last_traceback", None) is not None:
-        traceback.clear_frames(sys.last_traceback)
-    for name in _TRACEBACK_ATTRIBUTES:
-        if getattr(sys, name, None) is not None:
-            found = True
-        if hasattr(sys, name):
-            delattr(sys, name)
-    if shell is not None:
-        formatter: Any = getattr(shell, "InteractiveTB", None)
-        if getattr(formatter, "tb", None) is not None:
-            formatter.tb = None  # kept for %debug
-        result: Any = getattr(shell, "last_execution_result", None)
-        if getattr(result, "error_in_exec", None) is not None:
-            result.error_in_exec = None
-            found = True
-    return found
-
-
-def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[str]:
-    """Drop output-history entries that hold memory: ``Out[N]``/``_N``, ``_``, ``__``, ``___``."""
-    dropped: list[str] = []
-    history = namespace.get("Out")
-    if isinstance(history, dict):
-        for key, value in list(history.items()):
-            if _holds_memory(value, ids):
-                del history[key]
-                dropped.append(f"Out[{key}]")
-                namespace.pop(f"_{key}", None)
-    for name, value in list(namespace.items()):  # _N without an Out entry
-        if name[:1] == "_" and name[1:].isdigit() and _holds_memory(value, ids):
-            del namespace[name]
-            dropped.append(name)
-    hook = getattr(shell, "displayhook", None)
-    for name in ("_", "__", "___"):
-        if name in namespace and _holds_memory(namespace[name], ids):
-            namespace[name] = ""
-            dropped.append(name)
-        if hook is not None and _holds_memory(getattr(hook, name, None), ids):
-            setattr(hook, name, "")
-    hidden = getattr(shell, "user_ns_hidden", None)  # IPython's copy of _, _N and friends
-    if isinstance(hidden, dict):
-        for name, value in list(hidden.items()):
-            if not _holds_memory(value, ids):
-                continue
-            if name in ("_", "__", "___"):
-                hidden[name] = ""
-            elif name[:1] == "_" and name[1:].isdigit():
-                del hidden[name]
-    result: Any = getattr(shell, "last_execution_result", None)
-    if result is not None and _holds_memory(getattr(result, "result", None), ids):
-        result.result = None
-    return dropped
-
-
-def _reserved_bytes() -> int:
-    if not torch.cuda.is_initialized():
-        return 0
-    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
-
-
-def free_memory(*names: str, namespace: dict[str, Any] | None = None) -> FreedMemory:
-    """Free what a notebook keeps alive: named variables, the output history, the
-    saved traceback; then ``gc.collect()`` and ``torch.cuda.empty_cache()``.
-
-    ``names`` are deleted from ``namespace`` (default: the IPython user namespace, or the
-    caller's globals outside IPython). Output-history entries (``Out[N]``, ``_N``, ``_``,
-    ``__``, ``___``) are dropped when they are, or contain, a named object, a tensor, a
-    module or an optimizer. The saved exception (``sys.last_traceback``,
-    ``sys.last_value``, ``sys.last_exc``) is cleared, and its frames' local variables
-    with it. Other references (another variable, a list, an optimizer you kept) still
-    keep a tensor alive: delete them too.
-
-    >>> import weakref
-    >>> space = {"x": torch.ones(1000)}
-    >>> space["Out"] = {1: space["x"]}
-    >>> alive = weakref.ref(space["x"])
-    >>> freed = free_memory("x", namespace=space)
-    >>> alive() is None, freed.deleted, freed.history_entries
-    (True, ['x'], ['Out[1]'])
-    """
-    shell = _ipython_shell()
-    if namespace is None:
-        if shell is not None:
-            namespace = shell.user_ns
-        else:
-            caller = sys._getframe(1)
-            namespace = caller.f_globals
-            del caller
-    assert namespace is not None
-    freed = FreedMemory()
-    ids = {id(namespace[name]) for name in names if name in namespace}
-    freed.cleared_traceback = _clear_saved_traceback(shell)
-    freed.history_entries = _drop_history(namespace, shell, ids)
-    for name in names:
-        if name in namespace:
-            del namespace[name]
-            freed.deleted.append(name)
-        else:
-            freed.not_found.append(name)
-    before = _reserved_bytes()
-    freed.collected = gc.collect()
-    if torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    freed.released_mib = (before - _reserved_bytes()) / MIB
-    return freed
-
-
-# ---------------------------------------------------------------------------------------
-# Allocator settings: read once, when CUDA initializes
-# ---------------------------------------------------------------------------------------
+# --------------------------------- allocator settings: read once, when CUDA initializes
 
 ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
@@ -532,20 +273,13 @@ def _parse_alloc_conf(text: str) -> dict[str, str]:
 def configure_allocator(
     *,
     expandable_segments: bool | None = None,
-    max_split_size_mb: int | None = None,
-    garbage_collection_threshold: float | None = None,
     **other: str | int | float | bool,
 ) -> str:
-    """Set the CUDA caching allocator's options; returns the setting written.
-
-    Writes ``PYTORCH_CUDA_ALLOC_CONF`` and its newer name ``PYTORCH_ALLOC_CONF`` (both,
-    so old and new PyTorch read it), keeping options already set there that you do not
-    change. PyTorch reads them once, when CUDA initializes, so this raises
-    :class:`AllocatorAlreadyInitializedError` once CUDA is initialized in this process:
-    restart the kernel and call it first (or set the variable before starting Python).
-
-    ``expandable_segments=True`` lets the allocator grow one segment instead of reserving
-    many, which reduces fragmentation. ``other`` takes any further option by name.
+    """Set the CUDA caching allocator's options (``other``: any by name, such as
+    ``max_split_size_mb=128``); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
+    and ``PYTORCH_ALLOC_CONF`` (old and new names), keeping options already set. PyTorch
+    reads it when CUDA initializes: afterwards this raises
+    :class:`AllocatorAlreadyInitializedError`.
 
     >>> from unittest import mock
     >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
@@ -553,13 +287,10 @@ def configure_allocator(
     ...     configure_allocator(expandable_segments=True)
     'max_split_size_mb:128,expandable_segments:True'
     """
-    wanted: dict[str, str | int | float | bool] = dict(other)
+    wanted: dict[str, str | int | float | bool] = {}
     if expandable_segments is not None:
         wanted["expandable_segments"] = expandable_segments
-    if max_split_size_mb is not None:
-        wanted["max_split_size_mb"] = max_split_size_mb
-    if garbage_collection_threshold is not None:
-        wanted["garbage_collection_threshold"] = garbage_collection_threshold
+    wanted.update(other)
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
@@ -578,9 +309,7 @@ def configure_allocator(
     return text
 
 
-# ---------------------------------------------------------------------------------------
-# Memory snapshots: every allocation and free, with the Python stack that made it
-# ---------------------------------------------------------------------------------------
+# ------ memory snapshots: every allocation and free, with the Python stack that made it
 
 VIEWER_URL = "https://pytorch.org/memory_viz"
 
@@ -603,15 +332,11 @@ def capture_memory_snapshot(
 ) -> MemorySnapshot:
     """Run ``fn()`` while recording CUDA memory history; dump the snapshot to ``path``.
 
-    The snapshot (a pickle) lists every segment and block with the stack trace of the
-    allocation, and the last ``max_entries`` allocation and free events. Drag it onto
-    https://pytorch.org/memory_viz (it stays on your computer). With ``html=True`` a
-    self-contained ``.html`` file is written next to it too (``torch.cuda._memory_viz``;
-    the page loads the viewer's JavaScript from the internet). Without CUDA ``fn`` still
-    runs, and nothing is written.
+    The pickle lists every segment and block with the stack of its allocation, and the
+    last ``max_entries`` events, for https://pytorch.org/memory_viz; ``html=True`` also
+    writes an ``.html`` page (its viewer loads from the internet). Without CUDA ``fn``
+    still runs and nothing is written.
     """
-    from course_utils.device import cuda_gpu_count
-
     path = Path(path)
     if cuda_gpu_count() == 0:
         fn()
@@ -635,7 +360,7 @@ def capture_memory_snapshot(
     html_path = None
     if html:
         try:
-            from torch.cuda import _memory_viz
+            from torch.cuda import _memory_viz  # lazy: private torch module, may move or go
 
             with path.open("rb") as file:
                 data = pickle.load(file)
@@ -649,19 +374,14 @@ def capture_memory_snapshot(
     return MemorySnapshot(path, html_path, view + ".")
 
 
-# ---------------------------------------------------------------------------------------
-# Fragmentation: cached memory that cannot be returned or reused for a bigger tensor
-# ---------------------------------------------------------------------------------------
+# --- fragmentation: cached memory that cannot be returned or reused for a bigger tensor
 
 
 @dataclass(frozen=True)
 class Fragmentation:
-    """The allocator's segments summarised, in MiB.
-
-    ``cached``: reserved but not allocated. ``largest_free_block``: the biggest tensor the
-    cache can hold without reserving more. ``stuck``: cached memory in segments that also
-    hold a live tensor, which ``empty_cache`` cannot return.
-    """
+    """The allocator's segments, in MiB. ``largest_free_block``: the biggest tensor the
+    cache holds without reserving more; ``stuck``: cache in segments that also hold a live
+    tensor, which ``empty_cache`` cannot return."""
 
     segments: int
     reserved_mib: float
@@ -700,14 +420,10 @@ def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
 
 
 def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6) -> Fragmentation:
-    """Make the allocator fragment on purpose, and measure it after ``empty_cache``.
-
-    Allocates ``blocks`` tensors of ``block_mib`` MiB, frees two of every three, and
-    returns :func:`summarize_segments` of what remains (the survivors are freed after).
-    Without expandable segments, tensors of 1 to 10 MiB share 20 MiB segments, so one
-    survivor pins its segment: the freed space is cached but cannot be returned, and a
-    tensor bigger than the gaps needs a new segment. Needs a CUDA device.
-    """
+    """Fragment the CUDA allocator on purpose: allocate ``blocks`` tensors of
+    ``block_mib`` MiB, free two of every three, ``empty_cache`` and summarise the segments.
+    Without expandable segments tensors of 1 to 10 MiB share 20 MiB segments, so one
+    survivor pins its segment."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("fragmentation is a property of the CUDA caching allocator")
@@ -754,9 +470,7 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
     return results
 
 
-# ---------------------------------------------------------------------------------------
-# Recovering from out-of-memory without restarting
-# ---------------------------------------------------------------------------------------
+# --------- a real memory cap on a GPU (the simulated one for a CPU is oom.MemoryBudget)
 
 
 @contextmanager
@@ -780,7 +494,7 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     finally:
         torch.cuda.set_per_process_memory_fraction(previous, index)
         _FRACTIONS[index] = previous
-        release_memory()
+        release_cached_memory()
 
 
 # The fractions memory_cap set, for torch versions that cannot read the current one back.
@@ -796,83 +510,3 @@ def _memory_fraction(index: int) -> float:
         except Exception:  # not readable on this build: use what memory_cap set
             pass
     return _FRACTIONS.get(index, 1.0)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A pretend GPU memory limit for machines without a GPU: :meth:`charge` raises
-    ``torch.cuda.OutOfMemoryError`` (marked "simulated") past ``limit_mib``.
-
-    >>> MemoryBudget(100).charge(50 * MIB)
-    >>> MemoryBudget(100).charge(150 * MIB)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    torch.OutOfMemoryError: CUDA out of memory (simulated): tried to allocate 150.0 MiB ...
-    """
-
-    limit_mib: float
-
-    def charge(self, nbytes: int) -> None:
-        if nbytes > self.limit_mib * MIB:
-            raise torch.cuda.OutOfMemoryError(
-                f"CUDA out of memory (simulated): tried to allocate {nbytes / MIB:.1f} MiB "
-                f"with a budget of {self.limit_mib:.1f} MiB"
-            )
-
-
-@dataclass(frozen=True)
-class OomRecovery:
-    """The result of :func:`run_with_oom_recovery`.
-
-    ``batch_size``: the size that ran (the requested one when it fitted). ``error``: the
-    first line of the out-of-memory message, ``None`` when there was none. ``search``: the
-    :func:`~course_utils.batch.find_max_batch_size` result after an out-of-memory error.
-    """
-
-    requested: int
-    batch_size: int
-    error: str | None
-    search: Any = None
-
-    @property
-    def recovered(self) -> bool:
-        return self.error is not None
-
-
-def run_with_oom_recovery(
-    step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0, low: int = 1
-) -> OomRecovery:
-    """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
-
-    The pattern: catch the error (:func:`is_out_of_memory`), leave the ``except`` block
-    so the traceback and the failed step's tensors die, free memory
-    (:func:`release_memory`), then find the largest size below the one that failed with
-    :func:`~course_utils.batch.find_max_batch_size` (each trial is a real ``step``).
-    Other errors are raised again; :class:`MemoryError` if not even a batch of ``low``
-    fits. Pass ``low=2`` for a model with BatchNorm, which cannot train on one sample.
-
-    >>> def step(n):
-    ...     if n > 48:
-    ...         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-    >>> result = run_with_oom_recovery(step, 64)
-    >>> result.recovered, result.batch_size
-    (True, 48)
-    """
-    from course_utils.batch import find_max_batch_size
-
-    message = None
-    try:
-        step(batch_size)
-    except Exception as error:
-        if not is_out_of_memory(error):
-            raise
-        message = error_summary(error)
-    if message is None:
-        return OomRecovery(batch_size, batch_size, None)
-    release_memory()  # outside the except block: the traceback is gone
-    if batch_size <= low:
-        raise MemoryError(f"not even a batch of {low} fits: {message}")
-    search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)
-    if search.batch_size == 0:
-        raise MemoryError(f"not even a batch of {low} fits: {message}")
-    return OomRecovery(batch_size, search.batch_size, message, search)

@@ -1,40 +1,32 @@
 """Memory-saving techniques compared: one row per technique, measured the same way.
 
-Notebook 04 asks of each technique what it does to a training step's peak memory, to the
-largest batch that fits, and to throughput (with FLOPs and MFU). :func:`compare_techniques`
-measures every row with the same code:
-
-* peak memory: :func:`course_utils.footprint.memory_breakdown` (static part plus the
-  activations measured during forward and backward; evaluation rows: the forward only);
-* largest batch: :func:`course_utils.batch.find_max_batch_size` with a trial that runs
-  one step at that size. On a GPU a trial that does not fit raises CUDA's real
-  out-of-memory error. A CPU has no such limit worth hitting (the operating system would
-  swap, then kill the process, long before PyTorch raised an error), so there the trial
-  raises an out-of-memory ``RuntimeError`` when the measured peak exceeds a budget you
-  impose (``budget_bytes``), as if the CPU were a device with that much memory;
-* throughput: :func:`course_utils.timing.benchmark` of one step at a fixed batch size,
-  samples per second; MFU from :func:`course_utils.models.model_costs` FLOPs and
-  :func:`course_utils.flops.device_peak_flops` (datasheet on a known GPU, a measured matmul
-  peak on a CPU).
-
-A row that needs a GPU (``gpu_only``) is not measured on a CPU: its cells say so.
+For each row of notebook 04, :func:`compare_techniques` measures the peak memory of a step
+(:func:`~course_utils.footprint.memory_breakdown`), the largest batch that fits
+(:func:`~course_utils.batch.find_max_batch_size`; on a GPU against CUDA's real limit, on
+a CPU against a simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``,
+since the operating system would swap and kill the process long before PyTorch raised),
+and throughput with FLOPs and MFU (:func:`~course_utils.flops.device_peak_flops`). A
+``gpu_only`` row is not measured on a CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 from torch import nn
 
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
-from course_utils.device import autocast, pick_precision
+from course_utils.device import PrecisionName, autocast, pick_precision
 from course_utils.flops import PeakFlops, device_peak_flops, mfu
 from course_utils.footprint import (
     measure_activations,
@@ -45,8 +37,10 @@ from course_utils.footprint import (
     tensor_bytes,
 )
 from course_utils.models import build_model, model_costs
+from course_utils.oom import MemoryBudget
 from course_utils.timing import benchmark
-from course_utils.training import TrainConfig, TrainStep, resolve_precision
+from course_utils.training import TrainConfig, TrainStep
+from course_utils.units import MIB
 
 
 @dataclass(frozen=True)
@@ -82,7 +76,7 @@ class TechniqueResult:
 
     @property
     def peak_mib(self) -> float | None:
-        return None if self.peak_bytes is None else self.peak_bytes / 2**20
+        return None if self.peak_bytes is None else self.peak_bytes / MIB
 
 
 def standard_techniques(
@@ -91,17 +85,14 @@ def standard_techniques(
     smaller_kwargs: dict[str, Any] | None = None,
 ) -> list[Technique]:
     """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
-
-    On a CPU, mixed precision is bf16 autocast (it runs on any CPU; fast only with
-    AVX512-BF16 or AMX) and the channels_last and inference_mode rows are GPU-only; on
-    a GPU the mixed precision is :func:`~course_utils.device.pick_precision`'s choice
-    (fp16 with a GradScaler on a T4, bf16 from compute capability 8.0).
-    """
+    Mixed precision: :func:`~course_utils.device.pick_precision`'s choice on a GPU, bf16
+    on a CPU (fast only with AVX512-BF16 or AMX); channels_last and inference_mode rows
+    are GPU-only."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    amp = pick_precision(device).name if on_gpu else "bf16"
-    base = TrainConfig(precision="fp32", optimizer="adam", lr=1e-3)
-    with_ = partial_config(base)
+    amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
+    base = TrainConfig(precision=PrecisionName.FP32, optimizer="adam", lr=1e-3)
+    with_ = functools.partial(dataclasses.replace, base)
     return [
         Technique("baseline (fp32, Adam)", base, expect="the reference row"),
         Technique(
@@ -148,39 +139,12 @@ def standard_techniques(
     ]
 
 
-def partial_config(base: TrainConfig) -> Callable[..., TrainConfig]:
-    """A function that returns ``base`` with some fields changed.
-
-    >>> partial_config(TrainConfig())(optimizer="adam").optimizer
-    'adam'
-    """
-    return lambda **changes: dataclasses.replace(base, **changes)
-
-
 def random_batch(
     batch_size: int, device: torch.device | str, image_size: int = 32, num_classes: int = 10
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Random CIFAR-shaped images and labels, made directly on ``device``."""
     inputs = torch.randn(batch_size, 3, image_size, image_size, device=device)
     return inputs, torch.randint(0, num_classes, (batch_size,), device=device)
-
-
-def forward_activation_bytes(step: TrainStep, batch: Sequence[torch.Tensor]) -> int:
-    """Bytes saved for backward by the step's forward pass and loss alone (with its
-    precision, checkpointing and layout): on a CPU, the same activation count as
-    :func:`course_utils.footprint.memory_breakdown` at a third of the cost (no backward,
-    no optimizer step)."""
-    inputs, targets = batch[0], batch[1]
-    if step.config.channels_last and inputs.dim() == 4:
-        inputs = inputs.contiguous(memory_format=torch.channels_last)
-    precision = step.precision
-
-    def forward() -> torch.Tensor:
-        with autocast(step.device, precision):
-            return step.loss_fn(step.model(inputs), targets)
-
-    _, saved = saved_tensor_bytes(forward, exclude=step.model.parameters())
-    return saved
 
 
 def _evaluation_peak(model: nn.Module, inputs: torch.Tensor, device: torch.device) -> int:
@@ -216,7 +180,7 @@ def measure_technique(
     if name == "tiny_transformer":  # its position embedding is sized for the image
         kwargs = {"image_size": image_size, **kwargs}
     cost = model_costs(name, batch_size=1, image_size=image_size, **kwargs)
-    dtype = resolve_precision(technique.config.precision, device).dtype
+    dtype = pick_precision(device, technique.config.precision).dtype
     peaks = peaks if peaks is not None else {}
     if dtype not in peaks:
         peaks[dtype] = device_peak_flops(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
@@ -247,16 +211,24 @@ def measure_technique(
             step_until_taken(trial_step, random_batch(min(2, high), device, image_size))
 
         def trial(n: int) -> None:
-            inputs = random_batch(n, device, image_size)
+            batch = random_batch(n, device, image_size)
             if device.type == "cuda":  # the real thing: CUDA raises OutOfMemoryError
-                trial_step(inputs)
+                trial_step(batch)
                 return
-            needed = static + forward_activation_bytes(trial_step, inputs)
-            if budget_bytes is not None and needed > budget_bytes:
-                raise RuntimeError(
-                    f"out of memory (imposed CPU budget): a batch of {n} needs "
-                    f"{needed / 2**20:.1f} MiB, the budget is {budget_bytes / 2**20:.1f} MiB"
-                )
+            # CPU: the activations the forward pass saves (as memory_breakdown counts
+            # them, without running backward), on top of the static part, must fit
+            assert budget_bytes is not None
+            inputs, targets = trial_step.prepare(batch)
+
+            def forward() -> torch.Tensor:
+                with autocast(device, trial_step.precision):
+                    return trial_step.loss_fn(trial_step.model(inputs), targets)
+
+            saved_tensor_bytes(
+                forward,
+                exclude=trial_step.model.parameters(),
+                budget=MemoryBudget(budget_bytes - static),
+            )
 
         batch = random_batch(batch_size, device, image_size)
 
@@ -301,7 +273,7 @@ class StepMeasurement:
 
     def __str__(self) -> str:
         memory = (
-            "not measured" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.2f} MiB"
+            "not measured" if self.memory_bytes is None else f"{self.memory_bytes / MIB:.2f} MiB"
         )
         return (
             f"{self.name}: {self.seconds * 1e3:.1f} ms/step ({self.samples_per_s:.0f} samples/s), "
@@ -315,23 +287,16 @@ def measure_step(
     batch_size: int,
     device: torch.device | str,
     *,
-    exclude: Any = (),
+    exclude: Iterable[torch.Tensor] = (),
     optimizer: torch.optim.Optimizer | None = None,
     memory: bool = True,
     repeats: int = 3,
 ) -> StepMeasurement:
-    """Measure ``step_fn()``, one training step as a notebook writes it out.
-
-    1. Warm-up, unmeasured: one call, or with ``optimizer`` calls until it has state (at
-       most 10; an fp16 step that a ``GradScaler`` skips creates none), so that one-time
-       allocations (optimizer state, cuBLAS workspaces, compilation) are not measured.
-       Pass ``optimizer`` only for one that keeps state (not plain SGD).
-    2. Memory (``memory=True``): :func:`course_utils.footprint.measure_activations` of one
-       call. On CUDA the allocator's peak during the step above what was allocated
-       before it; on a CPU the bytes autograd saved for backward, ``exclude`` (the
-       parameters) left out.
-    3. Time: :func:`course_utils.timing.benchmark`, the median of ``repeats`` calls.
-    """
+    """Measure ``step_fn()``, one training step as a notebook writes it out: after a
+    warm-up (with a stateful ``optimizer``: until it has state, at most 10 calls, since a
+    skipped fp16 step creates none), its memory
+    (:func:`~course_utils.footprint.measure_activations`, ``exclude``: the parameters)
+    and the median time of ``repeats`` calls."""
     device = torch.device(device)
     step_fn()
     for _ in range(9):
@@ -354,7 +319,7 @@ def format_steps(rows: Sequence[StepMeasurement]) -> str:
     for r in rows:
         memory, ratio = "-", ""
         if r.memory_bytes is not None:
-            memory = f"{r.memory_bytes / 2**20:.2f}"
+            memory = f"{r.memory_bytes / MIB:.2f}"
             if base.memory_bytes:
                 ratio = f"{r.memory_bytes / base.memory_bytes:.2f}"
         lines.append(
@@ -369,11 +334,8 @@ def compare_techniques(
 ) -> list[TechniqueResult]:
     """:func:`measure_technique` for every row, sharing the measured device peaks.
 
-    The largest-batch finder runs ``gc.collect()`` after every trial that does not fit;
-    with torch imported, one collection scans a few hundred thousand objects (about
-    0.2 s on a small CPU). ``gc.freeze()`` moves the objects that exist already to a
-    generation the collector skips, so each collection looks only at what the trials
-    created; ``gc.unfreeze()`` puts them back afterwards.
+    The finder's ``gc.collect()`` after each failed trial scans every object torch made
+    (about 0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration.
     """
     peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
@@ -400,18 +362,16 @@ def format_table(results: Sequence[TechniqueResult]) -> str:
         assert r.flops_per_sample is not None and r.mfu is not None
         capped = ">=" if r.max_batch_capped else ""
         lines.append(
-            f"{r.name:38} {r.peak_bytes / 2**20:9.2f} {r.static_bytes / 2**20:8.2f} "
-            f"{r.activation_bytes / 2**20:8.2f} {capped + str(r.max_batch):>10} "
+            f"{r.name:38} {r.peak_bytes / MIB:9.2f} {r.static_bytes / MIB:8.2f} "
+            f"{r.activation_bytes / MIB:8.2f} {capped + str(r.max_batch):>10} "
             f"{r.samples_per_s:10.1f} {r.flops_per_sample / 1e9:12.4f} {r.mfu:7.2%}"
         )
     return "\n".join(lines)
 
 
-def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
+def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Figure:
     """One chart of the table: peak memory (static and activations), largest batch and
     throughput per technique; rows not measured here are marked on every panel."""
-    import matplotlib.pyplot as plt
-
     names = [r.name for r in results]
     rows = list(range(len(results)))
     fig, axes = plt.subplots(1, 3, figsize=(13, 0.45 * len(results) + 1.6), sharey=True)
@@ -422,8 +382,8 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Any:
                 ax.text(0, y, "  GPU only: not measured here", va="center", color="gray")
             continue
         assert r.static_bytes is not None and r.activation_bytes is not None
-        memory.barh(y, r.static_bytes / 2**20, color="tab:blue")
-        memory.barh(y, r.activation_bytes / 2**20, left=r.static_bytes / 2**20, color="tab:orange")
+        memory.barh(y, r.static_bytes / MIB, color="tab:blue")
+        memory.barh(y, r.activation_bytes / MIB, left=r.static_bytes / MIB, color="tab:orange")
         batch.barh(y, r.max_batch or 0, color="tab:green", hatch="//" if r.max_batch_capped else "")
         speed.barh(y, r.samples_per_s or 0, color="tab:purple")
     memory.legend(["static (parameters, gradients, optimizer)", "activations"], fontsize=8)

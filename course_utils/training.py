@@ -1,29 +1,19 @@
 """The course's reference training step, where every technique is a toggle.
 
 One code path trains every model of notebooks 03 to 08; a lesson changes a field of
-:class:`TrainConfig` instead of writing another loop:
-
-* ``precision``: ``"auto"`` (:func:`course_utils.device.pick_precision`), ``"fp32"``,
-  ``"fp16"`` (autocast plus ``torch.amp.GradScaler``) or ``"bf16"`` (autocast only).
-* ``accumulation_steps``: split each batch into that many micro-batches, run forward and
-  backward on each (gradients add up), then take one optimizer step. Memory is that of a
-  micro-batch; the gradient is that of the whole batch.
-* ``checkpointing``: recompute the activations of chosen blocks during backward
-  (``torch.utils.checkpoint``): less memory, more time.
-* ``channels_last``: NHWC memory layout for the model and image batches (faster
-  convolutions on tensor cores).
-* ``compile``: ``torch.compile``, guarded: if compiling fails on the first step (an old
-  GPU, no C++ compiler) the step says so and runs eagerly.
-* ``optimizer``: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"adamw"``; gradients are
-  cleared with ``zero_grad(set_to_none=True)`` unless ``set_to_none=False``.
-
-It uses the modern ``torch.amp`` API (``torch.autocast``, ``torch.amp.GradScaler``), never
-``torch.cuda.amp``.
+:class:`TrainConfig` instead of writing another loop: ``precision`` (``"auto"`` or a
+:class:`~course_utils.device.PrecisionName`, resolved by
+:func:`~course_utils.device.pick_precision`; fp16 adds a ``torch.amp.GradScaler``),
+``accumulation_steps`` (micro-batches whose gradients add up before one optimizer step),
+``checkpointing`` (``torch.utils.checkpoint`` of chosen blocks), ``channels_last``,
+``compile`` (guarded: a failed compile runs eagerly), ``optimizer`` and ``set_to_none``.
+:func:`train_accumulated` and :func:`scaled_lr` are notebook 03's effective batch.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,21 +21,27 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
-from course_utils.device import BF16, FP16, FP32, Precision, autocast, pick_precision, to_device
-from course_utils.memory import error_summary, is_out_of_memory
-from course_utils.models import checkpoint_blocks
+from course_utils.device import AUTO, autocast, pick_device, pick_precision, to_device
+from course_utils.models import build_model, checkpoint_blocks
+from course_utils.oom import error_summary, is_out_of_memory
 from course_utils.timing import synchronizer
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "momentum": functools.partial(torch.optim.SGD, momentum=0.9),
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+}
+OPTIMIZERS = tuple(_OPTIMIZERS)
 
 
 @dataclass
 class TrainConfig:
     """The toggles of :class:`TrainStep` (see the module documentation)."""
 
-    precision: str = "auto"
+    precision: str = AUTO
     accumulation_steps: int = 1
     checkpointing: bool | Sequence[str] = False
     channels_last: bool = False
@@ -55,47 +51,20 @@ class TrainConfig:
     set_to_none: bool = True
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        pick_precision("cpu", self.precision)  # raises ValueError for an unknown name
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if self.accumulation_steps < 1:
             raise ValueError("accumulation_steps must be at least 1")
 
 
-def resolve_precision(name: str, device: torch.device) -> Precision:
-    """The :class:`~course_utils.device.Precision` for a name, or ``pick_precision``'s
-    choice for ``"auto"``.
-
-    >>> resolve_precision("bf16", torch.device("cpu")).autocast
-    True
-    """
-    if name == "auto":
-        return pick_precision(device)
-    fields = {"fp32": FP32, "fp16": FP16, "bf16": BF16}[name]
-    return Precision(*fields, reason=f"{name} requested")
-
-
 def make_optimizer(
     name: str, parameters: Iterable[nn.Parameter], lr: float
 ) -> torch.optim.Optimizer:
     """SGD, SGD with momentum 0.9, Adam or AdamW by name."""
-    params = list(parameters)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise ValueError(f"optimizer={name!r}: use one of {', '.join(OPTIMIZERS)}")
-
-
-def _layout(tensor: Any, channels_last: bool) -> Any:
-    if channels_last and isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
-        return tensor.contiguous(memory_format=torch.channels_last)
-    return tensor
+    if name not in _OPTIMIZERS:
+        raise ValueError(f"optimizer={name!r}: use one of {', '.join(OPTIMIZERS)}")
+    return _OPTIMIZERS[name](list(parameters), lr=lr)
 
 
 class TrainStep:
@@ -115,11 +84,9 @@ class TrainStep:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> None:
-        from course_utils.device import pick_device
-
         self.config = config or TrainConfig()
         self.device = torch.device(device) if device is not None else pick_device()
-        self.precision = resolve_precision(self.config.precision, self.device)
+        self.precision = pick_precision(self.device, self.config.precision)
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.model = model.to(self.device)
         if self.config.channels_last:
@@ -183,9 +150,15 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=self.config.set_to_none)
         self.steps += 1
 
-    def __call__(self, batch: Sequence[Any]) -> torch.Tensor:
+    def prepare(self, batch: Sequence[Any]) -> tuple[Any, Any]:
+        """``(inputs, targets)`` of ``batch`` on the step's device, in its memory layout."""
         inputs, targets = to_device(tuple(batch[:2]), self.device)
-        inputs = _layout(inputs, self.config.channels_last)
+        if self.config.channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs, targets
+
+    def __call__(self, batch: Sequence[Any]) -> torch.Tensor:
+        inputs, targets = self.prepare(batch)
         self.model.train()
         total = len(targets)
         chunks = min(self.config.accumulation_steps, total)
@@ -247,24 +220,40 @@ def train(
     return TrainResult(losses=values, steps=len(losses), samples=samples, seconds=seconds)
 
 
-def evaluate(
-    model: nn.Module,
-    loader: Iterable[Sequence[Any]],
-    device: torch.device | str,
+def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD"):
+    multiply the learning rate by the factor the batch grows by.
+
+    >>> scaled_lr(0.1, 32, 128)
+    0.4
+    """
+    return base_lr * batch / base_batch
+
+
+def train_accumulated(
+    dataset: Dataset[Any],
     *,
-    inference_mode: bool = True,
-) -> float:
-    """Accuracy of ``model`` on ``loader``, in ``torch.inference_mode()`` by default
-    (no autograd bookkeeping: less memory and time than ``no_grad``)."""
-    device = torch.device(device)
-    model.eval()
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    count = 0
-    mode = torch.inference_mode() if inference_mode else contextlib.nullcontext()
-    with mode:
-        for batch in loader:
-            inputs, targets = to_device(tuple(batch[:2]), device)
-            correct += (model(inputs).argmax(dim=1) == targets).sum()
-            count += len(targets)
-    model.train()
-    return correct.item() / max(count, 1)
+    micro_batch: int,
+    accumulation_steps: int = 1,
+    lr: float = 0.05,
+    optimizer_steps: int = 20,
+    model_name: str = "small_cnn",
+    model_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> TrainResult:
+    """Train a fresh model (seeded) with an effective batch of ``micro_batch x
+    accumulation_steps`` for ``optimizer_steps`` steps (``TrainConfig.accumulation_steps``);
+    a loss per optimizer step. The data order is fixed by ``seed``, so runs differ only
+    in the batch and the learning rate. Only ``micro_batch`` samples are in memory at once.
+    """
+    torch.manual_seed(seed)
+    model = build_model(model_name, **(model_kwargs or {}))
+    config = TrainConfig(precision="fp32", accumulation_steps=accumulation_steps, lr=lr)
+    step = TrainStep(model, device, config)
+    batch = micro_batch * accumulation_steps
+    loader = DataLoader(
+        dataset, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    epochs = math.ceil(optimizer_steps * batch / len(dataset))  # type: ignore[arg-type]
+    return train(step, loader, max_steps=optimizer_steps, epochs=max(1, epochs))

@@ -88,48 +88,6 @@ def test_memory_is_released_between_trials():
     assert find_max_batch_size(trial).batch_size == 20
 
 
-# ------------------------------------------------ isolate=True: a fresh process per trial
-
-_LEAKED: list[int] = []  # what a "leaky" trial keeps alive in its process
-
-
-def leaky_trial(maximum: int, batch_size: int) -> None:
-    """Runs out of memory when this batch plus everything leaked so far exceeds
-    ``maximum``: a process poisoned by earlier trials."""
-    if batch_size + sum(_LEAKED) > maximum:
-        raise RuntimeError("CUDA out of memory (simulated, poisoned by leaks)")
-    _LEAKED.append(batch_size)
-
-
-def killed_trial(batch_size: int) -> None:
-    import os
-    import signal
-
-    if batch_size > 1:
-        os.kill(os.getpid(), signal.SIGKILL)  # what the Linux OOM killer does
-
-
-def test_isolated_trials_are_not_misled_by_a_poisoned_process():
-    import functools
-
-    _LEAKED.clear()
-    in_process = find_max_batch_size(functools.partial(leaky_trial, 5), low=4, high=5)
-    assert in_process.batch_size == 4  # the leak of the first trial made 5 fail
-    _LEAKED.clear()
-    isolated = find_max_batch_size(functools.partial(leaky_trial, 5), low=4, high=5, isolate=True)
-    assert isolated.batch_size == 5 and isolated.trials == 2 and _LEAKED == []
-
-
-def test_a_trial_process_killed_by_a_signal_counts_as_out_of_memory():
-    found = find_max_batch_size(killed_trial, low=1, high=2, isolate=True)
-    assert found.batch_size == 1 and "signal 9" in (found.history[-1].error or "")
-
-
-def test_isolation_needs_a_picklable_trial():
-    with pytest.raises(TypeError, match="picklable"):
-        find_max_batch_size(lambda n: None, isolate=True)
-
-
 def test_a_batchnorm_model_starts_the_search_at_two():
     """BatchNorm in training mode needs more than one value per channel: small_cnn on
     8 x 8 images ends at 1 x 1, so a batch of 1 raises ValueError (not out of memory)."""

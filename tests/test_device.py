@@ -149,23 +149,20 @@ def test_arch_flags_are_read_without_initializing_cuda():
 
 
 @pytest.mark.parametrize(
-    ("capability", "name", "scaler", "lightning"),
+    ("capability", "name", "scaler"),
     [
-        ((7, 5), "fp16", True, "16-mixed"),  # T4
-        ((7, 0), "fp16", True, "16-mixed"),  # V100
-        ((8, 0), "bf16", False, "bf16-mixed"),  # A100
-        ((8, 9), "bf16", False, "bf16-mixed"),  # L4
-        ((9, 0), "bf16", False, "bf16-mixed"),  # H100
-        ((6, 1), "fp32", False, "32-true"),  # GTX 1080
+        ((7, 5), "fp16", True),  # T4
+        ((7, 0), "fp16", True),  # V100
+        ((8, 0), "bf16", False),  # A100
+        ((8, 9), "bf16", False),  # L4
+        ((9, 0), "bf16", False),  # H100
+        ((6, 1), "fp32", False),  # GTX 1080
     ],
 )
-def test_precision_follows_compute_capability(capability, name, scaler, lightning):
+def test_precision_follows_compute_capability(capability, name, scaler):
     precision = dev.pick_precision("cuda", capability=capability)
-    assert (precision.name, precision.grad_scaler, precision.lightning) == (
-        name,
-        scaler,
-        lightning,
-    )
+    assert (precision.name, precision.grad_scaler) == (name, scaler)
+    assert dev.pick_precision("cuda", name).name == name  # a requested name is kept
     assert precision.autocast == (name != "fp32")
     assert f"{capability[0]}.{capability[1]}" in precision.reason
 

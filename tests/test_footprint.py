@@ -10,7 +10,6 @@ from torch import nn
 from course_utils.footprint import (
     activation_estimate,
     expected_optimizer_state_bytes,
-    gradient_bytes,
     memory_breakdown,
     optimizer_state_bytes,
     parameter_bytes,
@@ -18,9 +17,10 @@ from course_utils.footprint import (
 )
 from course_utils.models import MODEL_NAMES, build_model
 from course_utils.techniques import (
+    Technique,
     compare_techniques,
     format_table,
-    forward_activation_bytes,
+    measure_technique,
     random_batch,
     standard_techniques,
 )
@@ -47,7 +47,7 @@ def test_static_bytes_match_numel_times_element_size_exactly(optimizer):
     breakdown = memory_breakdown(step, random_batch(4, "cpu"))
     params = list(model.parameters())
     assert breakdown.parameters == parameter_bytes(model) == _numel_bytes(params)
-    assert breakdown.gradients == gradient_bytes(model) == _numel_bytes(params)
+    assert breakdown.gradients == _numel_bytes(params)
     # the optimizer's real state tensors, read independently of optimizer_state_bytes
     state = [v for s in step.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     assert breakdown.optimizer_state == _numel_bytes(state) == optimizer_state_bytes(step.optimizer)
@@ -62,7 +62,6 @@ def test_half_precision_parameters_count_two_bytes_and_frozen_ones_have_no_gradi
     model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2)).half()
     model[0].requires_grad_(False)
     assert parameter_bytes(model) == 2 * (110 + 22)
-    assert gradient_bytes(model) == 2 * 22
     assert expected_optimizer_state_bytes(model, "momentum") == 2 * 22
     with pytest.raises(ValueError, match="optimizer"):
         expected_optimizer_state_bytes(model, "lion")
@@ -114,14 +113,21 @@ def test_checkpointing_and_bf16_measure_fewer_activation_bytes():
     assert activations(precision="bf16") < plain
 
 
-def test_forward_only_count_equals_the_full_step_count_on_cpu():
-    torch.manual_seed(0)
+def test_the_cpu_budget_trial_counts_what_memory_breakdown_counts():
+    """The CPU trial of measure_technique runs the forward pass only, yet counts the
+    activations memory_breakdown measures: a budget of exactly the step's peak at batch 4
+    fits batch 4, one byte less does not."""
+    peaks: dict = {}
     for toggles in ({}, {"checkpointing": True}, {"precision": "bf16"}):
         config = TrainConfig(**{"precision": "fp32", **toggles})
         step = TrainStep(build_model("small_cnn", width=8), "cpu", config)
-        inputs = random_batch(4, "cpu")
-        full = memory_breakdown(step, inputs, estimate=False).activations
-        assert forward_activation_bytes(step, inputs) == full, toggles
+        peak = memory_breakdown(step, random_batch(4, "cpu"), estimate=False).peak
+        for budget in (peak, peak - 1):
+            row = measure_technique(
+                Technique("t", config), "cpu", model="small_cnn", model_kwargs={"width": 8},
+                budget_bytes=budget, high=4, repeats=1, peaks=peaks,
+            )  # fmt: skip
+            assert (row.max_batch == 4) == (budget == peak), (toggles, budget, row.max_batch)
 
 
 def test_technique_table_on_cpu_measures_what_it_can_and_labels_the_rest():

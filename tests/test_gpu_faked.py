@@ -111,7 +111,7 @@ def test_every_consumer_maps_cuda_numbers_to_nvml_numbers(monkeypatch):
 
     asked: list[int | None] = []
     monkeypatch.setattr(capstone, "sample", lambda index: asked.append(index) or Reading(0, "cpu"))
-    monkeypatch.setattr(capstone, "TrainStep", lambda *a, **k: (lambda batch: torch.zeros(())))
+    monkeypatch.setattr(capstone, "TrainStep", lambda *a, **k: lambda batch: torch.zeros(()))
     monkeypatch.setattr(capstone, "StepProfiler", _InstantProfiler)
     capstone.run_recipe(capstone.SLOW, capstone.make_data(16), "cuda:0", samples=16)
     assert asked[1:] == [2, 2]  # the capstone samples the GPU that trains, not NVML's 0
@@ -190,7 +190,7 @@ def test_memory_cap_restores_the_fraction_in_force_before(monkeypatch):
         torch.cuda, "set_per_process_memory_fraction", lambda f, i: fractions.__setitem__(i, f)
     )
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", None, raising=False)
-    monkeypatch.setattr(memory, "release_memory", lambda: None)
+    monkeypatch.setattr(memory, "release_cached_memory", lambda: None)
     with memory.memory_cap("cuda:0", 8 * 1024):
         assert fractions[0] == 0.5
         with memory.memory_cap("cuda:0", 4 * 1024):
@@ -217,7 +217,7 @@ def test_a_failed_batch_size_is_released_after_the_traceback_is_gone(monkeypatch
     def release():
         alive_at_release.append(any(ref() is not None for ref in held))
 
-    monkeypatch.setattr(batch, "release_memory", release)
+    monkeypatch.setattr(batch, "release_cached_memory", release)
     sweep = batch.batch_size_sweep(trial, [2, 4, 8], repeats=1, warmup=0)
     assert [row.out_of_memory for row in sweep.rows] == [False, True]
     assert alive_at_release == [False]
@@ -280,7 +280,7 @@ def test_fp32_never_calls_autocast(monkeypatch):
     loss = step((torch.ones(3, 4), torch.zeros(3, dtype=torch.long)))
     assert torch.isfinite(loss)
     with pytest.raises(RuntimeError, match="unsupported autocast"):
-        autocast("cpu", training.resolve_precision("bf16", torch.device("cpu"))).__enter__()
+        autocast("cpu", pick_precision("cpu", "bf16")).__enter__()
 
 
 def test_the_amp_breakdown_counts_optimizer_state_even_when_the_first_step_overflows():

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils.data import SyntheticImages
+from course_utils.device import pick_precision
 from course_utils.lightning import (
     CourseModule,
     DisconnectAfter,
@@ -165,6 +166,10 @@ def test_precision_strings_follow_pick_precision():
     assert lightning_precision("fp16", "cuda") == "16-mixed"
     assert lightning_precision("bf16") == "bf16-mixed"
     assert lightning_precision("16-mixed") == "16-mixed"
+    t4, a100 = (pick_precision("cuda", capability=c) for c in ((7, 5), (8, 0)))
+    assert (lightning_precision(t4), lightning_precision(a100)) == ("16-mixed", "bf16-mixed")
+    with pytest.raises(ValueError, match="fp8"):
+        lightning_precision("fp8")
 
 
 def test_trainer_is_quiet_under_tests():
@@ -271,16 +276,15 @@ def test_on_a_gpu_lightning_matches_the_plain_loop_in_fp32(loader, monkeypatch):
 @pytest.mark.gpu
 def test_on_a_gpu_auto_precision_is_the_same_both_ways_and_trains(loader):
     """ "auto": fp16 + GradScaler on a T4, bf16 from compute capability 8.0, for both."""
-    from course_utils.device import pick_precision
     from course_utils.lightning import lightning_precision
 
     chosen = pick_precision("cuda:0")
-    assert lightning_precision("auto", torch.device("cuda:0")) == chosen.lightning
+    assert lightning_precision("auto", torch.device("cuda:0")) == lightning_precision(chosen)
     torch.manual_seed(0)
     initial = tiny_cnn()
     module = CourseModule(copy.deepcopy(initial), TrainConfig(precision="auto", lr=0.05))
     trainer = make_trainer(max_steps=5, accelerator="gpu", devices=[0], logger=False)
-    assert trainer.precision == chosen.lightning
+    assert trainer.precision == lightning_precision(chosen)
     trainer.fit(module, loader)
     assert max_difference(initial, module.model.cpu()) > 1e-3
     assert all(torch.isfinite(p).all() for p in module.model.parameters())

@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import memory
+from course_utils import memory, oom
+from course_utils.batch import run_with_oom_recovery
 from course_utils.memory import (
     ALLOC_CONF_VARIABLES,
-    MIB,
     AllocatorAlreadyInitializedError,
     GpuMemory,
     capture_memory_snapshot,
     configure_allocator,
     empty_cache_experiment,
     format_gpu_table,
-    free_memory,
     memory_report,
-    run_with_oom_recovery,
     summarize_segments,
 )
+from course_utils.oom import MemoryBudget, drop_references
+from course_utils.units import MIB
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = 4 * MIB  # elements: a 16 MiB float32 tensor
@@ -36,31 +36,29 @@ BIG = 4 * MIB  # elements: a 16 MiB float32 tensor
 @pytest.fixture
 def saved_traceback_attributes():
     """Restore sys.last_* after a test that sets them."""
-    saved = {
-        name: getattr(sys, name) for name in memory._TRACEBACK_ATTRIBUTES if hasattr(sys, name)
-    }
+    saved = {name: getattr(sys, name) for name in oom._TRACEBACK_ATTRIBUTES if hasattr(sys, name)}
     yield
-    for name in memory._TRACEBACK_ATTRIBUTES:
+    for name in oom._TRACEBACK_ATTRIBUTES:
         if hasattr(sys, name):
             delattr(sys, name)
     for name, value in saved.items():
         setattr(sys, name, value)
 
 
-def test_free_memory_drops_a_tensor_held_only_by_the_out_history():
+def test_drop_references_drops_a_tensor_held_only_by_the_out_history():
     tensor = torch.ones(BIG)
     alive = weakref.ref(tensor)
     namespace = {"Out": {3: tensor, 4: "some text"}, "_3": tensor, "_": tensor, "_4": "some text"}
     del tensor
     assert alive() is not None, "the fake history should keep the tensor alive"
-    freed = free_memory(namespace=namespace)
-    assert alive() is None, "the tensor survived free_memory"
+    freed = drop_references(namespace=namespace)
+    assert alive() is None, "the tensor survived drop_references"
     assert set(freed.history_entries) >= {"Out[3]", "_"}
     assert namespace["Out"] == {4: "some text"}, "an entry without a tensor was dropped"
     assert namespace["_4"] == "some text" and "_3" not in namespace
 
 
-def test_free_memory_drops_history_entries_that_hold_a_named_object():
+def test_drop_references_drops_history_entries_that_hold_a_named_object():
     class Holder:  # not a tensor: matched because it is the named variable
         pass
 
@@ -68,13 +66,13 @@ def test_free_memory_drops_history_entries_that_hold_a_named_object():
     namespace = {"holder": holder, "Out": {1: holder, 2: [torch.ones(2)], 3: 42}}
     alive = weakref.ref(holder)
     del holder
-    freed = free_memory("holder", namespace=namespace)
+    freed = drop_references("holder", namespace=namespace)
     assert alive() is None
     assert freed.deleted == ["holder"]
     assert namespace["Out"] == {3: 42}, "a list holding a tensor is an entry to drop too"
 
 
-def test_free_memory_clears_a_saved_traceback(saved_traceback_attributes):
+def test_drop_references_clears_a_saved_traceback(saved_traceback_attributes):
     probes: list[weakref.ref[torch.Tensor]] = []
 
     def failing_step() -> None:
@@ -88,21 +86,21 @@ def test_free_memory_clears_a_saved_traceback(saved_traceback_attributes):
         sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
         sys.last_exc = error
     assert probes[0]() is not None, "the saved traceback should keep the frame's tensor"
-    freed = free_memory(namespace={})
+    freed = drop_references(namespace={})
     assert freed.cleared_traceback
-    assert probes[0]() is None, "the tensor in the failed frame survived free_memory"
-    assert not any(getattr(sys, name, None) for name in memory._TRACEBACK_ATTRIBUTES)
+    assert probes[0]() is None, "the tensor in the failed frame survived drop_references"
+    assert not any(getattr(sys, name, None) for name in oom._TRACEBACK_ATTRIBUTES)
 
 
-def test_free_memory_deletes_names_and_an_optimizer_keeps_parameters_alive():
+def test_drop_references_deletes_names_and_an_optimizer_keeps_parameters_alive():
     model = torch.nn.Linear(256, 256)
     namespace = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
     weight = weakref.ref(model.weight)
     del model
-    freed = free_memory("model", "missing", namespace=namespace)
+    freed = drop_references("model", "missing", namespace=namespace)
     assert freed.deleted == ["model"] and freed.not_found == ["missing"]
     assert weight() is not None, "the optimizer still refers to the parameters"
-    free_memory("optimizer", namespace=namespace)
+    drop_references("optimizer", namespace=namespace)
     assert weight() is None and namespace == {}
     assert "missing" in str(freed)
 
@@ -110,16 +108,16 @@ def test_free_memory_deletes_names_and_an_optimizer_keeps_parameters_alive():
 _module_level_tensor = None
 
 
-def test_free_memory_defaults_to_the_callers_globals_outside_ipython():
+def test_drop_references_defaults_to_the_callers_globals_outside_ipython():
     global _module_level_tensor
     _module_level_tensor = torch.ones(BIG)
     alive = weakref.ref(_module_level_tensor)
-    freed = free_memory("_module_level_tensor")
+    freed = drop_references("_module_level_tensor")
     assert "_module_level_tensor" not in globals()
     assert alive() is None and freed.deleted == ["_module_level_tensor"]
 
 
-def test_free_memory_in_a_real_ipython_shell():
+def test_drop_references_in_a_real_ipython_shell():
     """The Out history, _N and a cell's traceback as IPython keeps them."""
     script = textwrap.dedent(
         """
@@ -140,7 +138,7 @@ def test_free_memory_in_a_real_ipython_shell():
         ns = shell.user_ns
         assert ns["alive"]() is not None, "Out should hold the tensor"
         assert ns["probes"][0]() is not None, "the traceback should hold the tensor"
-        shell.run_cell("from course_utils.memory import free_memory; r = free_memory()")
+        shell.run_cell("from course_utils.oom import drop_references; r = drop_references()")
         print("OUT", ns["alive"]() is None, "TB", ns["probes"][0]() is None,
               "ENTRIES", ns["r"].history_entries, "CLEARED", ns["r"].cleared_traceback)
         """
@@ -216,7 +214,7 @@ def test_oom_recovery_finds_a_smaller_batch_and_reraises_other_errors():
 
     def step(n: int) -> None:
         sizes.append(n)
-        memory.MemoryBudget(limit_mib=40).charge(n * MIB)
+        MemoryBudget(40 * MIB).charge(n * MIB)
 
     result = run_with_oom_recovery(step, 100)
     assert result.recovered and result.batch_size == 40 and result.requested == 100
@@ -231,7 +229,7 @@ def test_oom_recovery_finds_a_smaller_batch_and_reraises_other_errors():
     with pytest.raises(RuntimeError, match="shapes"):
         run_with_oom_recovery(broken, 16)
     with pytest.raises(MemoryError, match="not even a batch of 1"):
-        run_with_oom_recovery(lambda n: memory.MemoryBudget(0.5).charge(n * MIB), 16)
+        run_with_oom_recovery(lambda n: MemoryBudget(MIB // 2).charge(n * MIB), 16)
 
 
 def test_summarize_segments_finds_stuck_cache():
@@ -281,7 +279,7 @@ def test_reserved_returns_to_baseline_after_del_and_empty_cache():
 
 
 @pytest.mark.gpu
-def test_memory_report_and_free_memory_on_a_gpu():
+def test_memory_report_and_drop_references_on_a_gpu():
     namespace = {"x": torch.ones(64 * MIB, device="cuda")}  # 256 MiB
     namespace["Out"] = {1: namespace["x"]}
     report = memory_report()
@@ -290,7 +288,7 @@ def test_memory_report_and_free_memory_on_a_gpu():
     assert gpu.allocated_mib <= gpu.reserved_mib and gpu.free_mib <= gpu.total_mib
     if gpu.outside_allocator_mib is not None:
         assert gpu.outside_allocator_mib > 0, "the CUDA context should show in NVML"
-    freed = free_memory("x", namespace=namespace)
+    freed = drop_references("x", namespace=namespace)
     assert freed.released_mib >= 256
 
 

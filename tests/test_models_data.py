@@ -11,8 +11,8 @@ from torch import nn
 from course_utils.classroom import CheckFailed, check, check_close
 from course_utils.data import SyntheticImages
 from course_utils.flops import count_flops
-from course_utils.memory import is_out_of_memory
 from course_utils.models import MODEL_NAMES, blocks_of, build_model, count_parameters
+from course_utils.oom import is_out_of_memory
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

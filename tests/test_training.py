@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from course_utils.classroom import CheckFailed, check, check_close, passed
 from course_utils.data import SyntheticImages
 from course_utils.models import build_model, checkpoint_blocks, uncheckpoint_blocks
-from course_utils.training import TrainConfig, TrainStep, evaluate, train
+from course_utils.training import TrainConfig, TrainStep, train
 
 
 def _batch(n=32, seed=0):
@@ -189,7 +189,9 @@ def test_training_lowers_the_loss(optimizer):
     assert result.steps == 24 and result.samples == 768 and result.samples_per_s > 0
     first, last = sum(result.losses[:4]) / 4, sum(result.losses[-4:]) / 4
     assert last < 0.7 * first, (first, last)
-    assert evaluate(step.model, loader, "cpu") > 0.3  # 10 classes: chance is 0.1
+    with torch.inference_mode():
+        correct = sum((step.model.eval()(x).argmax(1) == y).sum().item() for x, y in loader)
+    assert correct / result.samples * 3 > 0.3  # accuracy; 10 classes: chance is 0.1
 
 
 def test_zero_grad_set_to_none_toggle():

@@ -1,0 +1,248 @@
+"""Out of memory: recognising the error, releasing memory, and a simulated budget.
+
+:func:`release_cached_memory` collects garbage and returns caches after you dropped your
+references; :func:`drop_references` drops what a notebook keeps alive first.
+:class:`MemoryBudget` is the one simulated memory limit of every CPU demonstration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from course_utils.units import MIB
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError``, or a ``RuntimeError``
+    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU).
+
+    >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
+    True
+    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
+    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    message = str(error).lower()
+    return "out of memory" in message or "can't allocate memory" in message
+
+
+def error_summary(error: BaseException) -> str:
+    """The first line of an error's message (at most 200 characters), or its type's name.
+
+    >>> error_summary(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\\nmore"))
+    'CUDA out of memory. Tried to allocate 2.00 GiB'
+    """
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A simulated memory limit, where a real one cannot be hit safely (a CPU swaps, then
+    the kernel kills the process). :meth:`charge` raises ``torch.cuda.OutOfMemoryError``,
+    labelled simulated, worded so that Lightning and accelerate recognise it too.
+
+    >>> MemoryBudget(100 * MIB).charge(50 * MIB)
+    >>> MemoryBudget(100 * MIB).charge(150 * MIB)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    torch.OutOfMemoryError: CUDA out of memory. (simulated: 150.00 MiB needed, budget 100.00 MiB)
+    """
+
+    limit_bytes: int
+
+    def charge(self, nbytes: int) -> None:
+        if nbytes > self.limit_bytes:
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory. (simulated: {nbytes / MIB:.2f} MiB needed, "
+                f"budget {self.limit_bytes / MIB:.2f} MiB)"
+            )
+
+
+def _trim_c_heap() -> None:
+    """Ask glibc to give freed heap pages back to the OS (Linux; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def release_cached_memory() -> None:
+    """Collect garbage, return cached GPU blocks to the driver and freed C-heap pages to
+    the OS. It cannot free tensors that something still refers to: drop those first."""
+    gc.collect()
+    _trim_c_heap()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------- what a notebook keeps alive, and dropping it
+
+
+@dataclass
+class DroppedReferences:
+    """What :func:`drop_references` did; ``print`` it for a summary."""
+
+    deleted: list[str] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+    history_entries: list[str] = field(default_factory=list)
+    cleared_traceback: bool = False
+    collected: int = 0
+    released_mib: float = 0.0  # reserved GPU memory returned to the driver
+
+    def __str__(self) -> str:
+        lines = [
+            "deleted: " + (", ".join(self.deleted) or "nothing"),
+            "output history entries dropped: " + (", ".join(self.history_entries) or "none"),
+            "saved traceback cleared: " + ("yes" if self.cleared_traceback else "there was none"),
+            f"gc.collect() found {self.collected} unreachable objects",
+            f"GPU memory returned to the driver: {self.released_mib:.1f} MiB",
+        ]
+        if self.not_found:
+            lines.insert(1, "not found (already gone?): " + ", ".join(self.not_found))
+        return "\n".join(lines)
+
+
+def _ipython_shell() -> Any:
+    if "IPython" not in sys.modules:
+        return None
+    return sys.modules["IPython"].get_ipython()
+
+
+def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
+    """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
+    list/tuple/dict holding one."""
+    if id(value) in ids:
+        return True
+    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
+        return True
+    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_memory(item, ids, depth + 1) for item in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
+    return False
+
+
+_TRACEBACK_ATTRIBUTES = ("last_traceback", "last_value", "last_exc", "last_type")
+
+
+def _clear_saved_traceback(shell: Any) -> bool:
+    """Forget the exception Python and IPython keep for post-mortem debugging."""
+    found = False
+    for name in ("last_value", "last_exc"):
+        error = getattr(sys, name, None)
+        seen: set[int] = set()
+        while isinstance(error, BaseException) and id(error) not in seen:
+            seen.add(id(error))
+            if error.__traceback__ is not None:
+                traceback.clear_frames(error.__traceback__)  # drop the frames' locals
+            error = error.__cause__ or error.__context__
+    if getattr(sys, "last_traceback", None) is not None:
+        traceback.clear_frames(sys.last_traceback)
+    for name in _TRACEBACK_ATTRIBUTES:
+        if getattr(sys, name, None) is not None:
+            found = True
+        if hasattr(sys, name):
+            delattr(sys, name)
+    if shell is not None:
+        formatter: Any = getattr(shell, "InteractiveTB", None)
+        if getattr(formatter, "tb", None) is not None:
+            formatter.tb = None  # kept for %debug
+        result: Any = getattr(shell, "last_execution_result", None)
+        if getattr(result, "error_in_exec", None) is not None:
+            result.error_in_exec = None
+            found = True
+    return found
+
+
+def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[str]:
+    """Drop output-history entries that hold memory: ``Out[N]``/``_N``, ``_``, ``__``, ``___``."""
+    dropped: list[str] = []
+    history = namespace.get("Out")
+    if isinstance(history, dict):
+        for key, value in list(history.items()):
+            if _holds_memory(value, ids):
+                del history[key]
+                dropped.append(f"Out[{key}]")
+                namespace.pop(f"_{key}", None)
+    for name, value in list(namespace.items()):  # _N without an Out entry
+        if name[:1] == "_" and name[1:].isdigit() and _holds_memory(value, ids):
+            del namespace[name]
+            dropped.append(name)
+    hook = getattr(shell, "displayhook", None)
+    for name in ("_", "__", "___"):
+        if name in namespace and _holds_memory(namespace[name], ids):
+            namespace[name] = ""
+            dropped.append(name)
+        if hook is not None and _holds_memory(getattr(hook, name, None), ids):
+            setattr(hook, name, "")
+    hidden = getattr(shell, "user_ns_hidden", None)  # IPython's copy of _, _N and friends
+    if isinstance(hidden, dict):
+        for name, value in list(hidden.items()):
+            if not _holds_memory(value, ids):
+                continue
+            if name in ("_", "__", "___"):
+                hidden[name] = ""
+            elif name[:1] == "_" and name[1:].isdigit():
+                del hidden[name]
+    result: Any = getattr(shell, "last_execution_result", None)
+    if result is not None and _holds_memory(getattr(result, "result", None), ids):
+        result.result = None
+    return dropped
+
+
+def _reserved_bytes() -> int:
+    if not torch.cuda.is_initialized():
+        return 0
+    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+
+
+def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> DroppedReferences:
+    """Drop what a notebook keeps alive, then :func:`release_cached_memory`: ``names`` in
+    ``namespace`` (default: IPython's, else the caller's globals), output-history entries
+    (``Out[N]``, ``_N``, ``_``...) holding one of them, a tensor, a module or an
+    optimizer, and the saved exception with its frames' locals. Other references you
+    keep (a list, a second variable) still keep a tensor alive.
+
+    >>> import weakref
+    >>> space = {"x": torch.ones(1000)}
+    >>> space["Out"] = {1: space["x"]}
+    >>> alive = weakref.ref(space["x"])
+    >>> dropped = drop_references("x", namespace=space)
+    >>> alive() is None, dropped.deleted, dropped.history_entries
+    (True, ['x'], ['Out[1]'])
+    """
+    shell = _ipython_shell()
+    if namespace is None:
+        if shell is not None:
+            namespace = shell.user_ns
+        else:
+            caller = sys._getframe(1)
+            namespace = caller.f_globals
+            del caller
+    assert namespace is not None
+    dropped = DroppedReferences()
+    ids = {id(namespace[name]) for name in names if name in namespace}
+    dropped.cleared_traceback = _clear_saved_traceback(shell)
+    dropped.history_entries = _drop_history(namespace, shell, ids)
+    for name in names:
+        if name in namespace:
+            del namespace[name]
+            dropped.deleted.append(name)
+        else:
+            dropped.not_found.append(name)
+    before = _reserved_bytes()
+    dropped.collected = gc.collect()
+    release_cached_memory()
+    dropped.released_mib = (before - _reserved_bytes()) / MIB
+    return dropped
