@@ -4,9 +4,7 @@ CUDA kernels run asynchronously: ``c = a @ b`` returns as soon as the kernel is 
 so a stopwatch around it measures the launch, not the work. :func:`benchmark` waits for
 the device before starting and before stopping the clock (``torch.cuda.synchronize``),
 runs a few untimed warm-up calls first (cuBLAS handles, kernel selection, caches), and
-reports the median and interquartile range over several repeats.
-
-Every notebook that times anything uses :func:`benchmark`. Notebook 01 teaches it.
+reports the median and interquartile range over several repeats. Notebook 01 teaches it.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from unittest import mock
@@ -27,13 +25,8 @@ import torch
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
-    """A function that waits until all queued work on ``device`` has finished.
-
-    CPU work is synchronous, so for the CPU it does nothing.
-
-    >>> synchronizer("cpu")() is None
-    True
-    """
+    """A function that waits until all queued work on ``device`` has finished (on the CPU,
+    whose work is synchronous, it does nothing)."""
     device = torch.device(device)
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -50,7 +43,6 @@ class Timing:
     warmup: int
     synchronized: bool
     device: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -106,10 +98,6 @@ def benchmark(
     before the clock starts and before it stops; ``synchronize=False`` shows what naive
     timing would measure (on a GPU: mostly the kernel launches). ``sync`` replaces the
     device's synchronize function (tests and simulations use it).
-
-    >>> t = benchmark(lambda: sum(range(1000)), warmup=1, repeats=5)
-    >>> len(t.times_s), t.warmup
-    (5, 1)
     """
     if warmup < 0 or repeats < 1 or number < 1:
         raise ValueError("need warmup >= 0, repeats >= 1 and number >= 1")
@@ -177,8 +165,7 @@ class SimulatedGPU:
 
     ``launch(seconds)`` queues "work" and returns at once, as a CUDA kernel launch does;
     a background thread performs the queued work in order; ``synchronize()`` waits until
-    the queue is empty, as ``torch.cuda.synchronize()`` does. It is a teaching model,
-    not a measurement of any GPU.
+    the queue is empty, as ``torch.cuda.synchronize()`` does. A teaching model, not a GPU.
 
     >>> gpu = SimulatedGPU()
     >>> gpu.launch(0.01); gpu.synchronize(); gpu.completed
@@ -230,16 +217,6 @@ def fake_cuda(gpu: SimulatedGPU) -> Iterator[list[tuple[Any, ...]]]:
         yield calls
 
 
-def matmul_gflops(n: int, seconds: float) -> float:
-    """Throughput of an ``n x n`` by ``n x n`` matmul: ``2 n^3`` FLOPs (one multiply and
-    one add per multiply-accumulate) divided by the time, in GFLOP/s.
-
-    >>> matmul_gflops(1000, 1.0)
-    2.0
-    """
-    return 2 * n**3 / seconds / 1e9
-
-
 def compare_matmul(
     sizes: list[int],
     devices: list[torch.device | str],
@@ -250,11 +227,10 @@ def compare_matmul(
     seed: int = 0,
     settle_s: float = 0.2,
 ) -> list[dict[str, Any]]:
-    """Time the same float32 square matmul in NumPy and in torch on each device.
+    """Time the same square matmul in NumPy (float32) and in torch on each device.
 
-    Returns one row per (library, device, size) with the median time, the IQR and
-    GFLOP/s, and ``max_abs_diff``: the largest difference from NumPy's result, which
-    shows that both compute the same thing.
+    One row per (library, device, size): median time, IQR, GFLOP/s (``2 n^3`` FLOPs: a
+    multiply and an add per multiply-accumulate) and ``max_abs_diff`` from NumPy's result.
 
     ``settle_s`` is a pause after each measurement. NumPy's and torch's CPU thread pools
     keep spinning for a while after their last call; without the pause the next library
@@ -290,6 +266,6 @@ def _matmul_row(library: str, device: str, n: int, timing: Timing, diff: float) 
         "n": n,
         "median_ms": timing.median_s * 1e3,
         "iqr_ms": timing.iqr_s * 1e3,
-        "gflops": matmul_gflops(n, timing.median_s),
+        "gflops": 2 * n**3 / timing.median_s / 1e9,
         "max_abs_diff": diff,
     }

@@ -1,0 +1,4 @@
+"""Units the course measures in."""
+
+MIB = 2**20
+"""Bytes in a mebibyte (MiB)."""
