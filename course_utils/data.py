@@ -1,24 +1,9 @@
-"""Datasets defined in the package, so DataLoader workers can pickle them.
+"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine.
 
-Workers started with ``spawn`` or ``forkserver`` (macOS, Windows, and Python 3.14's
-Linux default) pickle the dataset; a class defined in a notebook's ``__main__`` cannot
-be found by them. Everything here is importable, hence picklable.
-
-* :class:`SyntheticImages`: a CIFAR-shaped, deterministic, learnable dataset made from
-  a seed (each class has its own mean pattern plus noise). Generated here, labelled as
-  such wherever it stands in for real data.
-* :class:`EncodedImages`: the same images stored as PNG or JPEG bytes, decoded and
-  augmented (random resized crop, flip, normalize) for every sample, as an image folder
-  is read in practice: a realistic CPU-bound input pipeline.
-* :class:`PreDecodedImages`: the images decoded once into one ``uint8`` tensor; samples
-  are cheap slices, 4x smaller to copy than float32, and :func:`augment_on_device`
-  augments a whole batch on the device instead of per sample on the CPU.
-* :func:`load_cifar10`: CIFAR-10 through torchvision, with a download timeout and a
-  labelled synthetic stand-in when there is no internet.
-* :func:`suggest_loader_kwargs`: DataLoader settings computed from this machine (cores,
-  ``/dev/shm``, start method, OS, GPU), each with its reason.
-
-Notebook 03 builds a slow pipeline from these and makes it fast step by step.
+The datasets live in the package so that DataLoader workers started with ``spawn`` or
+``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them; a class
+defined in a notebook's ``__main__`` cannot be found by them. :class:`SyntheticImages` are
+generated here, and labelled as such wherever they stand in for real data.
 """
 
 from __future__ import annotations
@@ -34,7 +19,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import Dataset
+from torchvision import datasets, transforms
+
+from course_utils.device import cuda_gpu_count
+from course_utils.units import MIB
 
 # the normalization applied by every pipeline here (images are synthetic: round numbers)
 MEAN = 0.5
@@ -42,11 +32,11 @@ STD = 0.25
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
-    """``size`` float32 images of shape ``(channels, image_size, image_size)`` with labels.
+    """``size`` float32 images ``(3, image_size, image_size)``, each ``pattern[label] +
+    noise_std * noise``: learnable, so a loss curve goes down.
 
-    Sample ``i`` is the same on every call and in every process (it is generated from
-    ``seed`` and ``i``), so results do not depend on worker count or order. Images are
-    ``pattern[label] + noise * noise_std``: learnable, so a loss curve goes down.
+    Sample ``i`` is generated from ``seed`` and ``i``: the same on every call and in every
+    process, so results do not depend on worker count or order.
 
     >>> data = SyntheticImages(size=8)
     >>> image, label = data[3]
@@ -55,23 +45,17 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
     """
 
     def __init__(
-        self,
-        size: int = 1024,
-        num_classes: int = 10,
-        image_size: int = 32,
-        channels: int = 3,
-        seed: int = 0,
-        noise_std: float = 1.0,
+        self, size: int = 1024, image_size: int = 32, seed: int = 0, noise_std: float = 1.0
     ) -> None:
-        if size < 1 or num_classes < 1:
-            raise ValueError("size and num_classes must be at least 1")
+        if size < 1:
+            raise ValueError("size must be at least 1")
         self.size = size
-        self.num_classes = num_classes
-        self.shape = (channels, image_size, image_size)
+        self.num_classes = 10
+        self.shape = (3, image_size, image_size)
         self.seed = seed
         self.noise_std = noise_std
         generator = torch.Generator().manual_seed(seed)
-        self.patterns = torch.randn(num_classes, *self.shape, generator=generator)
+        self.patterns = torch.randn(self.num_classes, *self.shape, generator=generator)
 
     def __len__(self) -> int:
         return self.size
@@ -102,16 +86,12 @@ def _normalize(images: torch.Tensor) -> torch.Tensor:
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images stored as encoded bytes (``"png"`` or ``"jpeg"``) at ``stored_size`` pixels,
-    decoded and augmented for each sample, returning float32 ``(3, image_size,
-    image_size)`` tensors and labels.
+    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
+    image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
 
-    The pictures are :class:`SyntheticImages` (learnable, generated here), upscaled to
-    ``stored_size`` and encoded once at construction with Pillow. Each ``__getitem__``
-    decodes the bytes with Pillow, takes a random crop of 35% to 100% of the area,
-    resizes it to ``image_size``, flips it half of the time and normalizes it: the work an
-    ImageNet-style ``RandomResizedCrop`` pipeline does, on one CPU core per worker.
-    ``augment=False`` takes the centre instead (evaluation).
+    Each ``__getitem__`` decodes with Pillow, takes a random crop of 35% to 100% of the
+    area, resizes it to ``image_size``, flips it half of the time and normalizes it (an
+    ImageNet-style ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
 
     >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
     >>> image, label = data[1]
@@ -127,18 +107,14 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
         stored_size: int = 64,
         image_size: int = 32,
         augment: bool = True,
-        seed: int = 0,
-        num_classes: int = 10,
     ) -> None:
-        from PIL import Image
-
         if image_format not in ("png", "jpeg"):
             raise ValueError(f"image_format={image_format!r}: use 'png' or 'jpeg'")
         self.image_format = image_format
         self.stored_size = stored_size
         self.image_size = image_size
         self.augment = augment
-        source = SyntheticImages(size=size, num_classes=num_classes, seed=seed)
+        source = SyntheticImages(size=size)
         self.labels = [source.label(i) for i in range(size)]
         self.encoded: list[bytes] = []
         for index in range(size):
@@ -157,15 +133,11 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
     def decode(self, index: int) -> torch.Tensor:
         """Sample ``index`` decoded, as ``uint8`` ``(3, stored_size, stored_size)``."""
-        from PIL import Image
-
         with Image.open(io.BytesIO(self.encoded[index])) as image:
             array = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
         return array.view(self.stored_size, self.stored_size, 3).permute(2, 0, 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
         with Image.open(io.BytesIO(self.encoded[index])) as image:
             picture = image.convert("RGB")
         side = self.stored_size
@@ -188,13 +160,11 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 
 class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images already decoded into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
+    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
 
-    A sample is a slice: no decoding, no augmentation, so a DataLoader needs no workers.
-    (``augment_per_sample=True`` instead augments each sample on the CPU, returning
-    float32 ``image_size`` images: pre-decoded, but still augmented per sample.)
-    Batches stay ``uint8`` (a quarter of float32's bytes to copy to the device);
-    :func:`augment_on_device` then crops, flips and normalizes the whole batch there.
+    A sample is a slice, so a DataLoader needs no workers; batches stay ``uint8`` (a
+    quarter of float32's bytes to copy) and :func:`augment_on_device` augments them there.
+    ``augment_per_sample=True`` augments each sample on the CPU instead (float32 output).
 
     >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
     >>> data[0][0].dtype, tuple(data.images.shape)
@@ -244,9 +214,9 @@ def augment_on_device(
     """Random resized crop, horizontal flip and normalization of a ``uint8`` batch
     ``(N, C, H, W)``, on the batch's device, for all samples at once.
 
-    Each sample gets its own square crop (``min_area`` to 100% of the area, random
-    position) and a coin-flip mirror, applied as one ``affine_grid``/``grid_sample`` call:
-    the same augmentation as :class:`EncodedImages`, vectorized.
+    Each sample gets its own square crop (``min_area`` to 100% of the area) and a
+    coin-flip mirror, in one ``affine_grid``/``grid_sample`` call: the augmentation of
+    :class:`EncodedImages`, vectorized.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
@@ -278,8 +248,6 @@ def augment_on_device(
 
 # ----------------------------------------------------------------------- CIFAR-10
 
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-
 
 @dataclass
 class LoadedData:
@@ -306,11 +274,9 @@ def load_cifar10(
 
     The download gives up after ``timeout_s`` seconds without an answer (a socket
     timeout, restored afterwards). Offline, or when anything else goes wrong, it returns
-    :class:`SyntheticImages` of ``fallback_size`` CIFAR-shaped samples instead, and says
-    so in ``source`` and ``note``: label every result measured on it as synthetic.
+    ``fallback_size`` :class:`SyntheticImages` instead and says so in ``source`` and
+    ``note``: label every result measured on it as synthetic.
     """
-    from torchvision import datasets, transforms
-
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )
@@ -357,11 +323,7 @@ class LoaderAdvice:
 
 def usable_cores() -> int:
     """CPU cores this process may run on (``os.sched_getaffinity``: containers and
-    ``taskset`` restrict it below ``os.cpu_count()``).
-
-    >>> usable_cores() >= 1
-    True
-    """
+    ``taskset`` restrict it below ``os.cpu_count()``)."""
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
@@ -386,18 +348,15 @@ def suggest_loader_kwargs(
 ) -> LoaderAdvice:
     """DataLoader settings computed from this machine, each with its reason.
 
-    Every fact can be passed in (to see the advice for another machine, or in tests);
-    by default it is read here: usable cores, the size of ``/dev/shm``, the
-    multiprocessing start method, the OS, and whether a CUDA GPU exists (counted without
-    initializing CUDA, :func:`~course_utils.device.cuda_gpu_count`).
+    Every fact can be passed in (the advice for another machine); by default it is read
+    here: usable cores, the size of ``/dev/shm``, the start method, the OS, and the CUDA
+    GPUs (counted without initializing CUDA).
 
     >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
     ...                                platform="linux", gpus=1)
     >>> advice.kwargs["num_workers"], advice.kwargs["pin_memory"]
     (2, True)
     """
-    from course_utils.device import cuda_gpu_count
-
     cores = usable_cores() if cores is None else cores
     shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
     platform = platform or sys.platform
@@ -431,7 +390,7 @@ def suggest_loader_kwargs(
     if shm is not None and small_shm and workers > 2:
         workers = 2
         reasons["num_workers"] += (
-            f"; capped at 2 because /dev/shm is only {shm / 2**20:.0f} MiB (Docker's default "
+            f"; capped at 2 because /dev/shm is only {shm / MIB:.0f} MiB (Docker's default "
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
     kwargs["num_workers"] = workers

@@ -4,15 +4,10 @@
 * ``mlp``: a plain multi-layer perceptron on flattened images.
 * ``resnet18`` and ``mobilenet_v3_small``: torchvision's architectures (``weights=None``,
   no download), the "real" models of the memory and batch-size lessons.
-* ``tiny_transformer``: a small vision transformer: the image cut into 4x4 patches, then
-  pre-norm transformer encoder blocks (self-attention and an MLP), then a classifier.
-
-:func:`model_costs` gives a model's parameter count and FLOPs (forward, and a training
-step) for a batch, counted by :func:`course_utils.flops.count_flops`.
+* ``tiny_transformer``: a small vision transformer (4x4 patches, pre-norm encoder blocks).
 
 Every model keeps its repeated blocks in a list that :func:`checkpoint_blocks` can wrap
 with gradient checkpointing, without changing the model's ``state_dict`` keys.
-Used by notebooks 03 to 08 through :mod:`course_utils.training`.
 """
 
 from __future__ import annotations
@@ -22,8 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torchvision
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+from course_utils.flops import count_flops
 
 MODEL_NAMES = ("small_cnn", "mlp", "resnet18", "mobilenet_v3_small", "tiny_transformer")
 
@@ -46,17 +45,10 @@ class SmallCNN(nn.Module):
     BatchNorm's statistics are per micro-batch).
     """
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        width: int = 32,
-        in_channels: int = 3,
-        depth: int = 4,
-        norm: str = "batch",
-    ) -> None:
+    def __init__(self, num_classes: int = 10, width: int = 32, depth: int = 4, norm: str = "batch"):
         super().__init__()
         blocks: list[nn.Module] = []
-        channels = in_channels
+        channels = 3
         for i in range(depth):
             out = width * 2 ** min(i, 3)
             blocks.append(
@@ -102,31 +94,27 @@ class MLP(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """A small vision transformer for 32x32 images (ViT-style, pre-norm).
+    """A small vision transformer (ViT-style, pre-norm).
 
-    The image is cut into ``patch x patch`` patches, each embedded into ``dim`` numbers by
-    one strided convolution; a learned position embedding is added; ``depth`` encoder
-    blocks (multi-head self-attention, then a two-layer MLP, each with a residual) mix
-    the patches; the mean over patches goes to a linear classifier. Dropout is 0 so that
-    a step is deterministic. The blocks live in ``blocks`` for :func:`checkpoint_blocks`.
+    The image is cut into 4x4 patches, each embedded into ``dim`` numbers by one strided
+    convolution, plus a learned position embedding; ``depth`` encoder blocks (self-attention,
+    then an MLP twice as wide, each with a residual) mix them; the mean over patches goes to
+    a linear classifier. Dropout is 0 so that a step is deterministic.
     """
 
     def __init__(
         self,
         num_classes: int = 10,
         image_size: int = 32,
-        patch: int = 4,
         dim: int = 64,
         depth: int = 4,
         heads: int = 4,
-        mlp_ratio: int = 2,
-        in_channels: int = 3,
     ) -> None:
         super().__init__()
-        if image_size % patch:
-            raise ValueError(f"image_size {image_size} is not a multiple of patch {patch}")
-        patches = (image_size // patch) ** 2
-        self.embed = nn.Conv2d(in_channels, dim, kernel_size=patch, stride=patch)
+        if image_size % 4:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch 4")
+        patches = (image_size // 4) ** 2
+        self.embed = nn.Conv2d(3, dim, kernel_size=4, stride=4)
         self.position = nn.Parameter(torch.zeros(1, patches, dim))
         nn.init.normal_(self.position, std=0.02)
         self.blocks = nn.Sequential(
@@ -134,7 +122,7 @@ class TinyTransformer(nn.Module):
                 nn.TransformerEncoderLayer(
                     dim,
                     heads,
-                    dim_feedforward=mlp_ratio * dim,
+                    dim_feedforward=2 * dim,
                     dropout=0.0,
                     activation="gelu",
                     batch_first=True,
@@ -164,8 +152,6 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     if name == "tiny_transformer":
         return TinyTransformer(num_classes=num_classes, **kwargs)
     if name in ("resnet18", "mobilenet_v3_small"):
-        import torchvision
-
         builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
         return builder(weights=None, num_classes=num_classes, **kwargs)
     raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
@@ -195,43 +181,30 @@ class ModelCost:
         return self.training_flops / self.batch_size
 
 
-def model_costs(
-    name: str,
-    batch_size: int = 1,
-    image_size: int = 32,
-    channels: int = 3,
-    **kwargs: Any,
-) -> ModelCost:
+def model_costs(name: str, batch_size: int = 1, image_size: int = 32, **kwargs: Any) -> ModelCost:
     """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images.
 
     The forward FLOPs are counted by :func:`course_utils.flops.count_flops` (matmuls,
     convolutions, attention; elementwise operations count zero), in training mode so that
-    PyTorch's fused inference path for transformer layers does not hide them from the
-    counter, and with the math attention kernel (the fused CPU kernel is not counted).
-    A training step is counted as 3x the forward (forward, plus gradients for activations
-    and for weights, each about one forward), the usual convention for MFU.
-    Why not count the backward too: the counter of torch 2.14 counts the backward of a
-    grouped (depthwise) convolution as if it were dense, ``groups`` times too many FLOPs,
-    which would inflate MobileNet's count about 20x.
+    PyTorch's fused inference path for transformer layers does not hide them, and with
+    the math attention kernel (the counter does not see the fused CPU kernel). A training
+    step is 3x the forward (gradients for activations and for weights each cost about one
+    forward), the usual convention for MFU; the backward is not counted because the
+    counter of torch 2.14 counts a grouped (depthwise) convolution's backward as dense,
+    inflating MobileNet's count about 20x.
 
     >>> cost = model_costs("mlp", hidden=16, depth=1)  # 3072*16 + 16*10 multiply-adds
     >>> cost.parameters, cost.forward_flops, cost.training_flops
     (49338, 98624, 295872)
     """
-    from course_utils.flops import count_flops
-
     if name == "tiny_transformer":  # its position embedding is sized for the image
         kwargs = {"image_size": image_size, **kwargs}
     if name == "mlp":  # its first layer is sized for the flattened image
-        kwargs = {"in_features": channels * image_size**2, **kwargs}
+        kwargs = {"in_features": 3 * image_size**2, **kwargs}
     model = build_model(name, **kwargs)
     counted = max(batch_size, 2)  # BatchNorm refuses a batch of 1 in training mode
-    inputs = torch.randn(counted, channels, image_size, image_size)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    # the math attention kernel is made of matmuls the counter sees; the fused CPU kernel
-    # is invisible to it (attention would count zero)
-    with sdpa_kernel(SDPBackend.MATH):
+    inputs = torch.randn(counted, 3, image_size, image_size)
+    with sdpa_kernel(SDPBackend.MATH):  # matmuls the counter sees
         forward = count_flops(model, inputs) * batch_size // counted  # linear in the batch
     return ModelCost(name, count_parameters(model), batch_size, forward, 3 * forward)
 
@@ -280,9 +253,3 @@ def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[
             f"no block named {sorted(missing)}; blocks: {[n for n, _ in blocks_of(model)]}"
         )
     return chosen
-
-
-def uncheckpoint_blocks(model: nn.Module) -> None:
-    """Undo :func:`checkpoint_blocks`."""
-    for _, block in blocks_of(model):
-        vars(block).pop("forward", None)
