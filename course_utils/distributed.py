@@ -1,38 +1,14 @@
-"""Several GPUs (or CPU processes): DistributedDataParallel with torchrun, and its checks.
+"""Several GPUs (or CPU processes): DistributedDataParallel under torchrun, and its checks.
 
 DDP is *data* parallelism: every process holds a full copy of the model, trains on its own
-slice of each global batch, and during ``backward()`` the gradients are averaged across
-processes (an all-reduce, overlapped with the backward pass), so every copy takes the same
-optimizer step. It does not make a model fit that is too big for one GPU; for that see
-:class:`SplitModel` (model parallelism) and FSDP (which shards parameters, gradients and
-optimizer state across GPUs).
+slice of each global batch, and ``backward()`` averages the gradients across processes
+(an all-reduce), so every copy takes the same step. It does not fit a model too big for
+one GPU: :func:`split_model` (model parallelism) or FSDP (sharding) do. Notebook 06.
 
-The training entry point, one process per GPU (or per CPU slot with ``gloo``)::
+The training entry point, one process per GPU (or per CPU slot with ``gloo``); for several
+nodes run the same command on each with ``--nnodes`` and one c10d ``--rdzv-endpoint``::
 
     torchrun --nproc_per_node=2 -m course_utils.distributed train --steps 20 --out build/ddp
-
-Multi-node: run the same command on every node with a shared rendezvous (any free port on
-the first node; ``--rdzv-id`` names the job)::
-
-    torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d \\
-        --rdzv-endpoint=node0.example.org:29500 --rdzv-id=job42 \\
-        -m course_utils.distributed train --out /shared/ddp
-
-What :func:`init_distributed` does for each process: picks the backend (``nccl`` on GPUs,
-``gloo`` on CPU); calls ``torch.cuda.set_device(local_rank)`` before anything touches CUDA
-(else every process creates a context on GPU 0); sets a timeout so that when one rank
-fails the others raise instead of waiting forever (``init_process_group(timeout=...)``;
-on NCCL also ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``; on gloo a ``monitored_barrier`` names
-the rank that did not arrive). torchrun itself stops the other workers when one exits
-with an error. Logging and checkpoints happen on rank 0 only.
-
-Also here: :func:`equivalence_check` (DDP on W processes with per-rank batch B ends with the
-same parameters as one process with batch W*B), :func:`measure_scaling`,
-:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline),
-:class:`SplitModel`, :func:`launch_nodes` (several torchrun "nodes" at once, a multi-node
-job on one machine) and :func:`run_as_ranks` (a function run as N forked gloo ranks with
-torchrun's environment, for the notebook's DDP exercise). Notebook 06 ("Multi-GPU")
-teaches this module.
 """
 
 from __future__ import annotations
@@ -41,6 +17,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -49,10 +26,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -62,24 +40,16 @@ from course_utils import progress
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count
 from course_utils.models import build_model
+from course_utils.timing import benchmark
 from course_utils.training import TrainConfig, TrainStep, train
+from course_utils.units import MIB
 
 TOLERANCE = 1e-5
+"""Largest parameter difference for "DDP equals one process" on CPU (float32 rounding)."""
 DEFAULT_TIMEOUT_S = 120.0
-CHECKPOINT_NAME = "checkpoint.pt"
-SUMMARY_NAME = "summary.json"
 
 
 # --------------------------------------------------------------------------- process group
-
-
-def pick_backend(device: torch.device | str) -> str:
-    """``"nccl"`` for CUDA devices, ``"gloo"`` otherwise (CPU; also works on any OS).
-
-    >>> pick_backend("cpu"), pick_backend("cuda:1")
-    ('gloo', 'nccl')
-    """
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
 @dataclass(frozen=True)
@@ -92,19 +62,15 @@ class DistContext:
     device: torch.device
     backend: str
 
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one process that logs and saves checkpoints."""
-        return self.rank == 0
-
 
 def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
-    """Join the process group that torchrun set up (it sets ``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
+    """Join the process group torchrun set up (from ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``): ``nccl`` on GPU ``local_rank`` when this node has one
+    per local process (``device="auto"``), else ``gloo`` on the CPU.
 
-    ``device="auto"`` uses GPU ``local_rank`` when this node has one for each local process,
-    else the CPU. ``timeout_s`` bounds every collective: a rank that stops answering makes
-    the others raise after that long instead of hanging.
+    ``torch.cuda.set_device`` comes before anything touches CUDA (else every process opens
+    a context on GPU 0). ``timeout_s`` bounds every collective: when a rank stops
+    answering the others raise instead of hanging (gloo's ``monitored_barrier`` names it).
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -120,19 +86,13 @@ def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         chosen = torch.device("cpu")
     else:
         raise ValueError(f"device={device!r}: use 'auto', 'cuda' or 'cpu'")
-    backend = pick_backend(chosen)
+    backend = "nccl" if chosen.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)
     if backend == "gloo":
         dist.monitored_barrier(timeout=timeout)  # names a rank that never arrives
     return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), chosen, backend)
-
-
-def shutdown_distributed() -> None:
-    """``destroy_process_group()`` if a group exists (call it at the end of every run)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def free_port() -> int:
@@ -142,76 +102,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def torchrun_command(
-    target: Sequence[str],
-    nproc: int,
-    *,
-    nnodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "course",
+def torchrun_train(
+    config: RunConfig, nproc: int, device: str = "cpu", *, nnodes: int = 1, endpoint: str = ""
 ) -> list[str]:
-    """The torchrun command line for ``target`` (``["-m", "module", ...]`` or a script).
-
-    It runs torchrun as ``python -m torch.distributed.run`` with this Python, so the
-    workers use the same environment. The c10d rendezvous on ``rdzv_endpoint``
-    (default: a free local port) is the one multi-node jobs use.
-
-    >>> torchrun_command(["train.py"], 2, rdzv_endpoint="127.0.0.1:29500")[3:]
-    ['--nnodes=1', '--nproc_per_node=2', '--rdzv-backend=c10d', \
-'--rdzv-endpoint=127.0.0.1:29500', '--rdzv-id=course', 'train.py']
-    """
-    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"  # IPv4 only: free_port checked it
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
-        *target,
-    ]
-
-
-def launch(
-    command: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run a torchrun command; kill its whole process group if it outlives ``timeout_s``.
-
-    The safety net behind the in-job timeouts: a launch never hangs the caller. Raises
-    ``RuntimeError`` on timeout (with the output so far).
-    """
-    with subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,  # its own process group, so the workers die with it
-    ) as process:
-        try:
-            output, _ = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            raise RuntimeError(
-                f"torchrun did not finish in {timeout_s:g} s; last: {failure_summary(output)}"
-            ) from None
-        return subprocess.CompletedProcess(list(command), process.returncode, output, "")
+    """The torchrun command (``python -m torch.distributed.run``, this Python) that runs
+    :func:`train_worker` with ``config`` on ``nproc`` processes per node, with a c10d
+    rendezvous on ``endpoint`` (default: a free local port)."""
+    endpoint = endpoint or f"127.0.0.1:{free_port()}"  # IPv4: the address free_port checked
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
+    command += [f"--nproc_per_node={nproc}", "--rdzv-backend=c10d"]
+    command += [f"--rdzv-endpoint={endpoint}", "--rdzv-id=course"]
+    command += ["-m", "course_utils.distributed", "train", f"--device={device}"]
+    values = {name: value for name, value in asdict(config).items() if value is not None}
+    return command + [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
 
 
 def launch_nodes(
     commands: Sequence[Sequence[str]], timeout_s: float, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Start several torchrun agents at once (one per "node", here all on this machine)
-    and wait for all of them; kill every one of them if they outlive ``timeout_s``.
+    """Start several torchrun agents at once (one per "node", here all on this machine),
+    wait for all, and kill them all (their process groups) if they outlive ``timeout_s``.
 
     Multi-node on one machine: each command is ``torchrun --nnodes=N ...`` with the same
-    c10d rendezvous endpoint; they meet there and agree on the ranks. Each agent writes to
-    its own file, not a pipe (a full pipe would stall one node and so the whole job).
-    Raises ``RuntimeError`` on timeout, with the end of every node's output.
+    c10d rendezvous endpoint. Each agent writes to its own file, not a pipe (a full pipe
+    would stall one node and so the whole job). Raises ``RuntimeError`` on timeout, with
+    the end of every node's output: a launch never hangs the caller.
     """
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="nodes-") as folder, contextlib.ExitStack() as stack:
@@ -249,7 +164,9 @@ def launch_nodes(
             f"node {n}: {failure_summary(out)} [last lines: {' | '.join(out.splitlines()[-12:])}]"
             for n, out in enumerate(outputs)
         )
-        raise RuntimeError(f"the {len(agents)} nodes did not finish in {timeout_s:g} s ({tails})")
+        raise RuntimeError(
+            f"{len(agents)} torchrun agent(s) did not finish in {timeout_s:g} s ({tails})"
+        )
     return [
         subprocess.CompletedProcess(list(command), agent.returncode, output, "")
         for command, agent, output in zip(commands, agents, outputs, strict=True)
@@ -272,9 +189,9 @@ def failure_summary(output: str) -> str:
 
 @dataclass
 class RunConfig:
-    """One DDP training run. ``batch_size`` is per process; the global batch is
-    ``batch_size * world_size``. ``model="mlp"`` or ``small_cnn`` with ``norm="group"``
-    keep the result independent of how a batch is split (see :func:`equivalence_check`)."""
+    """One DDP training run. ``batch_size`` is per process (the global batch is ``batch_size
+    * world_size``). ``mlp``, or ``small_cnn`` with ``norm="group"``, give a result that
+    does not depend on how a batch is split (see :func:`split_batch_gradient_difference`)."""
 
     model: str = "mlp"
     norm: str = "group"  # small_cnn only
@@ -315,28 +232,16 @@ class _FailAt:
             yield batch
 
 
-def make_loader(config: RunConfig, rank: int, world_size: int) -> DataLoader[Any]:
-    """A DataLoader over this rank's share of ``SyntheticImages``.
-
-    ``DistributedSampler`` shuffles with ``seed + epoch`` (``train`` calls ``set_epoch``)
-    and gives rank ``r`` the indices ``r, r + W, r + 2W, ...`` of that order; so at each
-    step the W per-rank batches together are W*B consecutive samples of it, exactly the
-    batch one process with ``num_replicas=1`` and batch W*B sees.
-    """
-    data = SyntheticImages(size=config.dataset_size, seed=config.seed)
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        data, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
-    )
-    return DataLoader(data, batch_size=config.batch_size, sampler=sampler)
-
-
 def run_training(
     config: RunConfig, context: DistContext | None = None
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Train ``config.steps`` steps; with ``context`` as one DDP rank, else in one process.
 
-    Returns the (unwrapped) model and a summary: losses (this rank's), seconds and the
-    global samples per second of the timed steps.
+    Returns the unwrapped model and a summary: this rank's losses, and the seconds and
+    global samples per second of the timed steps. The data is ``SyntheticImages`` under a
+    ``DistributedSampler``: it shuffles with ``seed + epoch`` and gives rank ``r`` the
+    indices ``r, r + W, ...`` of that order, so the W per-rank batches of a step are the
+    batch of W*B samples one process with ``num_replicas=1`` sees.
     """
     rank, world = (context.rank, context.world_size) if context else (0, 1)
     device = context.device if context else torch.device("cpu")
@@ -346,7 +251,11 @@ def run_training(
         # DDP broadcasts rank 0's parameters, then all-reduces gradients during backward()
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     step = TrainStep(model, device, TrainConfig(precision="fp32", optimizer="sgd", lr=config.lr))
-    loader: Any = make_loader(config, rank, world)
+    data = SyntheticImages(size=config.dataset_size, seed=config.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=config.seed
+    )
+    loader: Any = DataLoader(data, batch_size=config.batch_size, sampler=sampler)
     if config.fail_rank == rank:
         loader = _FailAt(loader, config, rank)
     warm = train(step, loader, max_steps=config.warmup_steps) if config.warmup_steps else None
@@ -354,60 +263,58 @@ def run_training(
         dist.barrier()  # start the clock together
     # as many epochs as the steps need (train calls sampler.set_epoch for each)
     result = train(step, loader, max_steps=config.steps, epochs=config.steps)
-    losses = (warm.losses if warm else []) + result.losses
     summary = {
         "world_size": world,
-        "backend": context.backend if context else None,
         "device": str(device),
-        "per_rank_batch": config.batch_size,
         "global_batch": config.batch_size * world,
-        "steps": result.steps,
-        "losses": losses,
-        "seconds": result.seconds,
+        "losses": (warm.losses if warm else []) + result.losses,
         "samples_per_s": result.samples_per_s * world,
-        "threads_per_process": torch.get_num_threads(),
         "config": asdict(config),
     }
     return getattr(model, "module", model), summary
 
 
 def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
-    """The body of one torchrun worker: join, train, log and save on rank 0, leave."""
+    """The body of one torchrun worker: join, train, and on rank 0 alone log and save
+    (``checkpoint.pt``, the unwrapped ``state_dict``, and ``summary.json`` in ``out``)."""
     context = init_distributed(device, config.timeout_s)
     try:
         model, summary = run_training(config, context)
-        if context.is_main:  # one log and one checkpoint, not world_size of them
+        if context.rank == 0:  # one log and one checkpoint, not world_size of them
             for number, loss in enumerate(summary["losses"], start=1):
                 if number % config.log_every == 0 or number == len(summary["losses"]):
                     print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
             print(
-                f"[rank 0] {summary['world_size']} process(es), backend {context.backend}, "
+                f"[rank 0] {context.world_size} process(es), backend {context.backend}, "
                 f"{summary['samples_per_s']:.1f} samples/s",
                 flush=True,
             )
             if config.out:
-                save_run(Path(config.out), model, summary)
+                out = Path(config.out)
+                out.mkdir(parents=True, exist_ok=True)
+                torch.save(model.state_dict(), out / "checkpoint.pt")
+                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if context.backend == "gloo":
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=config.timeout_s))
         return summary
     finally:
-        shutdown_distributed()
+        dist.destroy_process_group()
 
 
-def save_run(out: Path, model: nn.Module, summary: dict[str, Any]) -> None:
-    """Write ``checkpoint.pt`` (the model's ``state_dict``) and ``summary.json``."""
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / CHECKPOINT_NAME)
-    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def train_command(config: RunConfig, device: str = "auto") -> list[str]:
-    """The arguments after ``torchrun ...`` that run :func:`train_worker` with ``config``."""
-    args = ["-m", "course_utils.distributed", "train", f"--device={device}"]
-    for name, value in asdict(config).items():
-        if value is not None:
-            args.append(f"--{name.replace('_', '-')}={value}")
-    return args
+def _torchrun_job(
+    config: RunConfig, nproc: int, device: str, timeout_s: float, env: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Run :func:`train_worker` under torchrun; return rank 0's summary and final state."""
+    with tempfile.TemporaryDirectory(prefix="ddp-") as folder:
+        run = RunConfig(**{**asdict(config), "out": folder})
+        done = launch_nodes([torchrun_train(run, nproc, device)], timeout_s, env)[0]
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"the DDP run on {nproc} process(es) failed (exit {done.returncode}): "
+                f"{failure_summary(done.stdout)}"
+            )
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        return summary, torch.load(Path(folder) / "checkpoint.pt", weights_only=True)
 
 
 # --------------------------------------------------------------------------- checks
@@ -441,7 +348,8 @@ def split_batch_gradient_difference(
     This is what DDP computes (each rank's mean-loss gradient, averaged by the all-reduce)
     against what one process computes. Zero up to rounding for models whose forward treats
     samples independently (Linear, Conv, GroupNorm); not for BatchNorm in training mode,
-    which normalizes each sub-batch with its own mean and variance.
+    which normalizes each sub-batch with its own statistics (``nn.SyncBatchNorm`` computes
+    them over all ranks).
     """
     loss_fn = nn.CrossEntropyLoss()
     model.zero_grad(set_to_none=True)
@@ -464,8 +372,6 @@ class EquivalenceResult:
     world_size: int
     per_rank_batch: int
     steps: int
-    ddp_summary: dict[str, Any] = field(default_factory=dict)
-    output: str = ""
 
     @property
     def equal(self) -> bool:
@@ -497,30 +403,18 @@ def equivalence_check(
     timeout_s: float = 180.0,
 ) -> EquivalenceResult:
     """Train with DDP on ``nproc`` CPU processes (gloo, via torchrun), then in this process
-    on the combined batch, and compare the final parameters.
+    on the combined batch (:func:`reference_model`), and compare the final parameters.
 
     They agree because DDP averages the gradients of the ranks' mean losses, which equals
-    the gradient of the mean loss over the combined batch (plain SGD turns equal gradients
-    into equal steps). BatchNorm breaks this: it normalizes each rank's batch with that
-    batch's own statistics, so a rank's forward differs from the combined batch's;
-    ``nn.SyncBatchNorm`` computes the statistics over all ranks and restores it.
+    the gradient of the mean loss over the combined batch, and plain SGD turns equal
+    gradients into equal steps.
     """
     config = config or RunConfig(steps=4, batch_size=8, dataset_size=64)
     if config.dataset_size % (nproc * config.batch_size):
         raise ValueError("dataset_size must be a multiple of nproc * batch_size (no padding)")
-    with tempfile.TemporaryDirectory(prefix="ddp-check-") as folder:
-        run = RunConfig(**{**asdict(config), "out": folder})
-        done = launch(torchrun_command(train_command(run, "cpu"), nproc), timeout_s)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"the DDP run failed (exit {done.returncode}): {failure_summary(done.stdout)}"
-            )
-        ddp_state = torch.load(Path(folder) / CHECKPOINT_NAME, weights_only=True)
-        summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
+    _, ddp_state = _torchrun_job(config, nproc, "cpu", timeout_s, {})
     difference = max_parameter_difference(ddp_state, reference_model(config, nproc))
-    return EquivalenceResult(
-        difference, tolerance, nproc, config.batch_size, config.steps, summary, done.stdout
-    )
+    return EquivalenceResult(difference, tolerance, nproc, config.batch_size, config.steps)
 
 
 def measure_scaling(
@@ -529,31 +423,19 @@ def measure_scaling(
     device: str = "auto",
     timeout_s: float = 300.0,
 ) -> list[dict[str, Any]]:
-    """Global throughput of the same per-process batch on 1..N processes, and the scaling
-    efficiency ``throughput(N) / (N * throughput(1))``.
+    """Global throughput of the same per-process batch on each process count (one torchrun
+    job each), and the scaling efficiency ``throughput(N) / (N * throughput(1))``.
 
-    Each process count is a separate torchrun job; every process uses one CPU thread
-    (``OMP_NUM_THREADS=1``) so that a process is the unit of work on CPU. With GPUs
-    (``device="auto"``) each process drives one GPU.
+    Every process uses one CPU thread (``OMP_NUM_THREADS=1``), so that on a CPU a process
+    is the unit of work; with GPUs (``device="auto"``) each process drives one GPU.
     """
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
+    quiet = RunConfig(**{**asdict(config), "log_every": 10**9})
     rows: list[dict[str, Any]] = []
     for count in progress.track(process_counts, "DDP scaling", unit="run"):
-        with tempfile.TemporaryDirectory(prefix="ddp-scaling-") as folder:
-            run = RunConfig(**{**asdict(config), "out": folder, "log_every": 10**9})
-            command = torchrun_command(train_command(run, device), count)
-            done = launch(command, timeout_s, env={"OMP_NUM_THREADS": "1"})
-            if done.returncode != 0:
-                raise RuntimeError(f"{count} process(es) failed: {failure_summary(done.stdout)}")
-            summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
-        rows.append(
-            {
-                "processes": count,
-                "device": summary["device"],
-                "samples_per_s": summary["samples_per_s"],
-                "global_batch": summary["global_batch"],  # per-process batch x processes
-            }
-        )
+        summary, _ = _torchrun_job(quiet, count, device, timeout_s, {"OMP_NUM_THREADS": "1"})
+        keys = ("device", "samples_per_s", "global_batch")  # global: per-process x processes
+        rows.append({"processes": count, **{key: summary[key] for key in keys}})
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["processes"] * base)
@@ -562,8 +444,6 @@ def measure_scaling(
 
 def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> Any:
     """Throughput against processes, with the ideal (linear) line; returns the axes."""
-    import matplotlib.pyplot as plt
-
     ax = ax or plt.subplots(figsize=(5, 3.5))[1]
     counts = [row["processes"] for row in rows]
     measured = [row["samples_per_s"] for row in rows]
@@ -595,7 +475,6 @@ class RanksRun:
     outputs: dict[int, str]
     saved_by: list[int]
     set_epoch_calls: dict[int, list[int]]
-    seconds: float
 
     @property
     def ok(self) -> bool:
@@ -665,10 +544,7 @@ def run_as_ranks(
     A ``NotImplementedError`` in a rank (an exercise not answered yet) is raised here too,
     so that a grader reports it as such.
     """
-    import multiprocessing
-
     context = multiprocessing.get_context("fork")
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
         port = free_port()
         ranks = [
@@ -716,7 +592,6 @@ def run_as_ranks(
                 rank: [int(x) for x in (read(f"set-epoch-{rank}.txt") or "").split()]
                 for rank in range(world_size)
             },
-            seconds=time.perf_counter() - start,
         )
 
 
@@ -768,7 +643,7 @@ def data_parallel_report(
         rows[name] = {
             "samples_per_s": batch_size / seconds,
             "peak_mib_per_gpu": [
-                torch.cuda.max_memory_allocated(index) / 2**20 for index in range(gpus)
+                torch.cuda.max_memory_allocated(index) / MIB for index in range(gpus)
             ],
         }
     report["measured"] = rows
@@ -780,8 +655,6 @@ def _time_training_step(
     module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int
 ) -> float:
     """Median seconds of one SGD training step of ``module`` on the batch (synchronized)."""
-    from course_utils.timing import benchmark
-
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -799,16 +672,13 @@ def _time_training_step(
 class SplitModel(nn.Module):
     """A model cut into stages, each on its own device; activations hop between them.
 
-    This is model (pipeline) parallelism in its simplest form: it lets a model too big for
-    one GPU run on two, but only one device works at a time (no pipelining). ``handoffs``
-    records each activation moved between devices in the last forward: ``(from, to,
-    shape, bytes)``. The same code runs with ``devices=("cpu", "cpu")``.
+    Model (pipeline) parallelism in its simplest form: a model too big for one GPU runs on
+    two, but one device works at a time (no pipelining). ``handoffs`` records each
+    activation moved in the last forward: ``(from, to, shape, bytes)``.
     """
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[str | torch.device]):
         super().__init__()
-        if len(stages) != len(devices):
-            raise ValueError("give one device per stage")
         self.devices = [torch.device(device) for device in devices]
         self.stages = nn.ModuleList(
             stage.to(device) for stage, device in zip(stages, self.devices, strict=True)
@@ -858,9 +728,7 @@ def _parser() -> argparse.ArgumentParser:
     trainer = commands.add_parser("train", help="train with DDP; rank 0 logs and saves")
     trainer.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     for name, value in asdict(RunConfig()).items():
-        kind = float if name in ("lr", "timeout_s") else int if name != "model" else str
-        if name in ("out", "norm", "fail_mode"):
-            kind = str
+        kind = {"out": str, "fail_rank": int}.get(name, type(value))  # the None defaults
         trainer.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     return parser
 
