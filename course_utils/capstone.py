@@ -1,36 +1,23 @@
-"""The capstone: a slow training loop, its knobs, and a measured run of any loop.
+"""The capstone: measure a training loop, fix its habits, measure again.
 
 A loop is a function ``loop(data, model, device, timed) -> losses`` that builds its own
-DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``:
-:func:`run_loop` gives it a fresh ``small_cnn`` and times it, and :func:`compare_loops`
-runs several in turns. ``timed`` stops after the run's sample budget and times the wait
-for each batch. Spies count ``.item()`` on autograd results (the loss) and
-``torch.cuda.empty_cache()`` calls, and the loss on a fixed batch is taken before and
-after, so a check can see what a CPU cannot time.
+DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``.
+:func:`run_loop` gives it a fresh ``small_cnn`` and profiles it (``timed`` stops after the
+sample budget and times the wait for each batch); spies count ``.item()`` on the loss and
+``torch.cuda.empty_cache()`` calls, and the loss on a fixed batch before and after shows
+that it trains: what a CPU cannot time, a check can still see.
 
-A :class:`Recipe` is the loop of the lesson with its habits as knobs, and
-:func:`run_recipe` measures it the same way:
-
-- ``decode``: ``"per-sample"`` decodes and augments every image on the CPU inside the
-  DataLoader (:class:`~course_utils.data.EncodedImages`); ``"once"`` decodes the dataset
-  once, before the loop (:class:`~course_utils.data.PreDecodedImages`) and augments whole
-  batches on the device (:func:`~course_utils.data.augment_on_device`);
-- ``num_workers``: 0 decodes in the training process itself, between steps;
-- ``batch_size``: 8 pays the per-step overhead (Python, kernel launches) for few samples;
-- ``pin_memory``: page-locked batches copy to a GPU faster, and asynchronously;
-- ``precision``: ``"fp32"`` leaves a T4's fp16 tensor cores idle; ``"auto"`` picks fp16
-  with a gradient scaler on a T4, bf16 from Ampere on, fp32 on a CPU;
-- ``item_every_step``: ``loss.item()`` after each step makes the CPU wait for the GPU;
-- ``empty_cache_every_step``: ``torch.cuda.empty_cache()`` returns the allocator's cached
-  blocks to the driver, so the next step allocates them again (slow ``cudaMalloc``).
-
-On a CPU the GPU-only knobs change nothing.
+A :class:`Recipe` is the lesson's loop with each habit a knob: ``decode`` per sample on
+the CPU or ``"once"`` before the loop (then augmented on the device), ``num_workers``,
+``batch_size`` (8 pays the per-step overhead for few samples), ``pin_memory``,
+``precision`` (``"auto"``: fp16 with a scaler on a T4, bf16 from Ampere on, fp32 on a
+CPU), ``item_every_step`` (the CPU waits for the GPU) and ``empty_cache_every_step`` (the
+next step allocates the cache again). On a CPU the GPU-only knobs change nothing.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -115,9 +102,9 @@ class Recipe:
 SLOW = Recipe()
 
 
-def make_data(size: int, *, stored_size: int = 128, image_size: int = 32) -> EncodedImages:
+def make_data(size: int, *, stored_size: int = 128) -> EncodedImages:
     """The capstone's dataset: ``size`` PNG-encoded synthetic images, decoded per sample."""
-    return EncodedImages(size=size, stored_size=stored_size, image_size=image_size)
+    return EncodedImages(size=size, stored_size=stored_size)
 
 
 def largest_phase(profile: LoopProfile) -> str:
@@ -141,7 +128,6 @@ class LoopRun:
     loss_after: float  # ... and after the loop
     item_calls: int  # ``.item()`` on tensors with a grad_fn (the loss), during the loop
     empty_cache_calls: int
-    total_s: float  # the whole call, one-time work (pre-decoding, workers) included
     monitor: Reading  # read at the end: GPU-Util, or CPU utilization during the run
     device: str
 
@@ -238,14 +224,12 @@ def run_loop(
         torch.set_num_threads(cpu_threads)
     gpu_index = nvml_index_of(device)  # NVML's number for the GPU that trains
     sample(gpu_index)  # starts the CPU-utilization interval
-    start = time.perf_counter()
     try:
         with _spies() as counts:
             losses = loop(data, model, device, timed)
         sync()
     finally:
         torch.set_num_threads(threads)
-    total = time.perf_counter() - start
     profile = profiler.report()
     profile.device = str(device)
     return LoopRun(
@@ -256,7 +240,6 @@ def run_loop(
         loss_after=_fixed_batch_loss(model, fixed, device),
         item_calls=counts["item"],
         empty_cache_calls=counts["empty_cache"],
-        total_s=total,
         monitor=sample(gpu_index),
         device=str(device),
     )

@@ -1,9 +1,9 @@
 """Datasets, the CIFAR-10 download, and DataLoader settings for this machine.
 
 The datasets live in the package so that DataLoader workers started with ``spawn`` or
-``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them; a class
-defined in a notebook's ``__main__`` cannot be found by them. :class:`SyntheticImages` are
-generated here, and labelled as such wherever they stand in for real data.
+``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them, which they
+cannot do for a class defined in a notebook. :class:`SyntheticImages` are generated here,
+and labelled as such wherever they stand in for real data.
 """
 
 from __future__ import annotations
@@ -74,13 +74,6 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
         return self.patterns[label] + self.noise_std * noise, label
 
 
-def _to_uint8(image: torch.Tensor, size: int) -> torch.Tensor:
-    """A float image of :class:`SyntheticImages` as ``uint8`` at ``size`` x ``size``."""
-    if image.shape[-1] != size:
-        image = F.interpolate(image[None], size=(size, size), mode="bilinear")[0]
-    return (image * 0.2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
-
-
 def _normalize(images: torch.Tensor) -> torch.Tensor:
     return (images.float() / 255 - MEAN) / STD
 
@@ -89,9 +82,9 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
     """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
     image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
 
-    Each ``__getitem__`` decodes with Pillow, takes a random crop of 35% to 100% of the
-    area, resizes it to ``image_size``, flips it half of the time and normalizes it (an
-    ImageNet-style ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
+    Each sample is decoded with Pillow, cropped to a random 35% to 100% of its area,
+    resized to ``image_size``, flipped half of the time and normalized (ImageNet's
+    ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
 
     >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
     >>> image, label = data[1]
@@ -118,9 +111,12 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
         self.labels = [source.label(i) for i in range(size)]
         self.encoded: list[bytes] = []
         for index in range(size):
-            pixels = _to_uint8(source[index][0], stored_size).permute(1, 2, 0).numpy()
+            image = F.interpolate(source[index][0][None], (stored_size,) * 2, mode="bilinear")
+            pixels = (image[0] * 0.2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
             buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, format=image_format.upper(), quality=90)
+            Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(
+                buffer, format=image_format.upper(), quality=90
+            )
             self.encoded.append(buffer.getvalue())
 
     def __len__(self) -> int:
@@ -138,33 +134,22 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
         return array.view(self.stored_size, self.stored_size, 3).permute(2, 0, 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with Image.open(io.BytesIO(self.encoded[index])) as image:
-            picture = image.convert("RGB")
-        side = self.stored_size
+        image, side = self.decode(index), self.stored_size
         if self.augment:
             crop = int(side * float(torch.empty(1).uniform_(0.35, 1.0)) ** 0.5)
             left, top = (int(v) for v in torch.randint(0, side - crop + 1, (2,)))
-            flip = bool(torch.rand(()) < 0.5)
-        else:
-            crop, left, top, flip = side, 0, 0, False
-        picture = picture.resize(
-            (self.image_size, self.image_size),
-            Image.Resampling.BILINEAR,
-            box=(left, top, left + crop, top + crop),
-        )
-        if flip:
-            picture = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        size = self.image_size
-        pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8)
-        return _normalize(pixels.view(size, size, 3).permute(2, 0, 1)), self.labels[index]
+            image = image[:, top : top + crop, left : left + crop]
+            if torch.rand(()) < 0.5:
+                image = image.flip(-1)
+        size = (self.image_size, self.image_size)
+        resized = F.interpolate(image[None].float(), size, mode="bilinear", antialias=True)
+        return _normalize(resized[0].clamp(0, 255)), self.labels[index]
 
 
 class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
-
-    A sample is a slice, so a DataLoader needs no workers; batches stay ``uint8`` (a
-    quarter of float32's bytes to copy) and :func:`augment_on_device` augments them there.
-    ``augment_per_sample=True`` augments each sample on the CPU instead (float32 output).
+    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels: a sample
+    is a slice, and batches stay ``uint8`` (a quarter of float32's bytes to copy) for
+    :func:`augment_on_device`. ``augment_per_sample=True`` augments each on the CPU instead.
 
     >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
     >>> data[0][0].dtype, tuple(data.images.shape)
@@ -211,12 +196,9 @@ def augment_on_device(
     min_area: float = 0.35,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Random resized crop, horizontal flip and normalization of a ``uint8`` batch
-    ``(N, C, H, W)``, on the batch's device, for all samples at once.
-
-    Each sample gets its own square crop (``min_area`` to 100% of the area) and a
-    coin-flip mirror, in one ``affine_grid``/``grid_sample`` call: the augmentation of
-    :class:`EncodedImages`, vectorized.
+    """The augmentation of :class:`EncodedImages` for a whole ``uint8`` batch ``(N, C, H,
+    W)`` on its device: each sample's own square crop (``min_area`` to 100% of the area)
+    and coin-flip mirror in one ``affine_grid``/``grid_sample`` call, then normalization.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
@@ -233,14 +215,11 @@ def augment_on_device(
         return (low + (high - low) * values).to(device)
 
     scale = uniform(min_area, 1.0).sqrt()  # side of the crop, as a fraction of the image
-    shift_x = (uniform(-1.0, 1.0)) * (1 - scale)
-    shift_y = (uniform(-1.0, 1.0)) * (1 - scale)
-    flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0).to(device)
     theta = torch.zeros(count, 2, 3, device=device)
-    theta[:, 0, 0] = scale * flip
-    theta[:, 0, 2] = shift_x
+    theta[:, 0, 2] = uniform(-1.0, 1.0) * (1 - scale)  # shift x
+    theta[:, 1, 2] = uniform(-1.0, 1.0) * (1 - scale)  # shift y
+    theta[:, 0, 0] = scale * torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0)  # flip x
     theta[:, 1, 1] = scale
-    theta[:, 1, 2] = shift_y
     size = (count, images.shape[1], image_size, image_size)
     grid = F.affine_grid(theta, list(size), align_corners=False)
     return F.grid_sample(_normalize(images), grid, mode="bilinear", align_corners=False)
@@ -257,10 +236,6 @@ class LoadedData:
     source: str
     note: str
 
-    @property
-    def is_real(self) -> bool:
-        return self.source == "cifar10"
-
 
 def load_cifar10(
     root: str | os.PathLike[str] = "data",
@@ -273,9 +248,8 @@ def load_cifar10(
     """CIFAR-10 from torchvision (normalized float tensors), downloading it if needed.
 
     The download gives up after ``timeout_s`` seconds without an answer (a socket
-    timeout, restored afterwards). Offline, or when anything else goes wrong, it returns
-    ``fallback_size`` :class:`SyntheticImages` instead and says so in ``source`` and
-    ``note``: label every result measured on it as synthetic.
+    timeout). Offline, or when anything else goes wrong, it returns ``fallback_size``
+    :class:`SyntheticImages` and says so in ``source`` and ``note``: label results on them.
     """
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
@@ -309,8 +283,8 @@ def load_cifar10(
 
 @dataclass
 class LoaderAdvice:
-    """DataLoader keyword arguments for this machine, the reason for each, and the facts
-    they were computed from. ``DataLoader(dataset, batch_size=..., **advice.kwargs)``."""
+    """DataLoader keyword arguments, the reason for each, and the facts they come from:
+    ``DataLoader(dataset, batch_size=..., **advice.kwargs)``."""
 
     kwargs: dict[str, Any]
     reasons: dict[str, str]
@@ -330,8 +304,7 @@ def usable_cores() -> int:
 
 
 def shared_memory_bytes(path: str = "/dev/shm") -> int | None:
-    """The size of ``/dev/shm`` (where workers put batches for the main process), or None
-    where it does not exist (macOS, Windows)."""
+    """The size of ``/dev/shm`` (where workers put batches), or None (macOS, Windows)."""
     try:
         return shutil.disk_usage(path).total
     except OSError:
@@ -348,9 +321,8 @@ def suggest_loader_kwargs(
 ) -> LoaderAdvice:
     """DataLoader settings computed from this machine, each with its reason.
 
-    Every fact can be passed in (the advice for another machine); by default it is read
-    here: usable cores, the size of ``/dev/shm``, the start method, the OS, and the CUDA
-    GPUs (counted without initializing CUDA).
+    Each fact (usable cores, ``/dev/shm``, start method, OS, CUDA GPUs) is read here
+    unless passed in, to see the advice for another machine.
 
     >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
     ...                                platform="linux", gpus=1)
@@ -361,63 +333,61 @@ def suggest_loader_kwargs(
     shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
     platform = platform or sys.platform
     method = start_method or multiprocessing.get_start_method(allow_none=True)
-    if method is None:
-        method = (
-            "fork"
-            if platform.startswith("linux") and sys.version_info < (3, 14)
-            else ("forkserver" if platform.startswith("linux") else "spawn")
-        )
+    if method is None:  # Python's default for the platform
+        linux = platform.startswith("linux")
+        method = "spawn" if not linux else "fork" if sys.version_info < (3, 14) else "forkserver"
     gpus = cuda_gpu_count() if gpus is None else gpus
-    kwargs: dict[str, Any] = {}
-    reasons: dict[str, str] = {}
-
     if cores <= 1:
-        workers = 0
-        reasons["num_workers"] = "1 usable core: workers would only compete with the main process"
+        workers, why = 0, "1 usable core: workers would only compete with the main process"
     elif cores <= 4:
-        workers = cores
-        reasons["num_workers"] = (
-            f"{cores} usable cores (os.sched_getaffinity): one worker per core; the main "
-            "process mostly waits for the GPU (Colab has 2)"
+        workers, why = (
+            cores,
+            (
+                f"{cores} usable cores (os.sched_getaffinity): one worker per core; the main "
+                "process mostly waits for the GPU (Colab has 2)"
+            ),
         )
     else:
-        workers = min(cores - 1, 16)
-        reasons["num_workers"] = (
-            f"{cores} usable cores: one left for the main process (which launches the GPU "
-            "work), at most 16"
+        workers, why = (
+            min(cores - 1, 16),
+            (
+                f"{cores} usable cores: one left for the main process (which launches the GPU "
+                "work), at most 16"
+            ),
         )
     small_shm = shm is not None and shm < 2**30
     if shm is not None and small_shm and workers > 2:
         workers = 2
-        reasons["num_workers"] += (
+        why += (
             f"; capped at 2 because /dev/shm is only {shm / MIB:.0f} MiB (Docker's default "
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
-    kwargs["num_workers"] = workers
-
-    kwargs["pin_memory"] = gpus > 0
-    reasons["pin_memory"] = (
-        f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster, and "
-        "non_blocking=True returns to the host at once (overlap with compute needs a "
-        "second stream or the loader's look-ahead)"
-        if gpus
-        else "no CUDA GPU: pinning only costs time"
-    )
-    kwargs["persistent_workers"] = workers > 0
     slow_start = method in ("spawn", "forkserver")
-    reasons["persistent_workers"] = (
-        "no workers"
+    kwargs: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": gpus > 0,
+        "persistent_workers": workers > 0,
+    }
+    reasons = {
+        "num_workers": why,
+        "pin_memory": (
+            f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster, and "
+            "non_blocking=True returns to the host at once (overlap with compute needs a "
+            "second stream or the loader's look-ahead)"
+            if gpus
+            else "no CUDA GPU: pinning only costs time"
+        ),
+        "persistent_workers": "no workers"
         if workers == 0
         else f"keep workers between epochs: start method {method!r}"
         + (
             " starts each worker by importing torch and unpickling the dataset (seconds)"
             if slow_start
             else " is cheap, but re-creating workers every epoch still costs"
-        )
-    )
+        ),
+    }
     if workers > 0:
-        prefetch = 2 if small_shm or workers > 2 else 4
-        kwargs["prefetch_factor"] = prefetch
+        kwargs["prefetch_factor"] = prefetch = 2 if small_shm or workers > 2 else 4
         reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
             "PyTorch's default; memory in /dev/shm is scarce or workers are many"
             if prefetch == 2

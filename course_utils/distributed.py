@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,9 @@ DEFAULT_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class DistContext:
-    """Who this process is in the job. ``rank`` is global, ``local_rank`` per node."""
+    """Who this process is in the job (``rank`` is global: 0 to ``world_size - 1``)."""
 
     rank: int
-    local_rank: int
     world_size: int
     device: torch.device
     backend: str
@@ -92,7 +92,7 @@ def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         dist.init_process_group(backend, timeout=timeout)
     if backend == "gloo":
         dist.monitored_barrier(timeout=timeout)  # names a rank that never arrives
-    return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), chosen, backend)
+    return DistContext(dist.get_rank(), dist.get_world_size(), chosen, backend)
 
 
 def free_port() -> int:
@@ -120,13 +120,10 @@ def torchrun_train(
 def launch_nodes(
     commands: Sequence[Sequence[str]], timeout_s: float, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Start several torchrun agents at once (one per "node", here all on this machine),
-    wait for all, and kill them all (their process groups) if they outlive ``timeout_s``.
-
-    Multi-node on one machine: each command is ``torchrun --nnodes=N ...`` with the same
-    c10d rendezvous endpoint. Each agent writes to its own file, not a pipe (a full pipe
-    would stall one node and so the whole job). Raises ``RuntimeError`` on timeout, with
-    the end of every node's output: a launch never hangs the caller.
+    """Run torchrun agents at once (for several "nodes": ``--nnodes=N`` and one c10d
+    endpoint) and wait for all; if they outlive ``timeout_s``, kill their process groups
+    and raise ``RuntimeError`` with the end of each one's output. Each writes to a file,
+    not a pipe: a full pipe would stall one node and so the whole job.
     """
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="nodes-") as folder, contextlib.ExitStack() as stack:
@@ -235,13 +232,12 @@ class _FailAt:
 def run_training(
     config: RunConfig, context: DistContext | None = None
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Train ``config.steps`` steps; with ``context`` as one DDP rank, else in one process.
+    """Train ``config.steps`` steps, as one DDP rank with ``context``, else in one process;
+    return the unwrapped model and a summary (this rank's losses, global samples/s).
 
-    Returns the unwrapped model and a summary: this rank's losses, and the seconds and
-    global samples per second of the timed steps. The data is ``SyntheticImages`` under a
-    ``DistributedSampler``: it shuffles with ``seed + epoch`` and gives rank ``r`` the
-    indices ``r, r + W, ...`` of that order, so the W per-rank batches of a step are the
-    batch of W*B samples one process with ``num_replicas=1`` sees.
+    ``DistributedSampler`` shuffles with ``seed + epoch`` and gives rank ``r`` the indices
+    ``r, r + W, ...`` of that order: the W per-rank batches of a step are the W*B samples
+    that one process (``num_replicas=1``) gets in one batch.
     """
     rank, world = (context.rank, context.world_size) if context else (0, 1)
     device = context.device if context else torch.device("cpu")
@@ -269,7 +265,6 @@ def run_training(
         "global_batch": config.batch_size * world,
         "losses": (warm.losses if warm else []) + result.losses,
         "samples_per_s": result.samples_per_s * world,
-        "config": asdict(config),
     }
     return getattr(model, "module", model), summary
 
@@ -343,14 +338,10 @@ def max_parameter_difference(
 def split_batch_gradient_difference(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, parts: int = 2
 ) -> float:
-    """How far the average of ``parts`` sub-batch gradients is from the full-batch gradient.
-
-    This is what DDP computes (each rank's mean-loss gradient, averaged by the all-reduce)
-    against what one process computes. Zero up to rounding for models whose forward treats
-    samples independently (Linear, Conv, GroupNorm); not for BatchNorm in training mode,
-    which normalizes each sub-batch with its own statistics (``nn.SyncBatchNorm`` computes
-    them over all ranks).
-    """
+    """How far the average of ``parts`` sub-batch gradients (what DDP's all-reduce gives)
+    is from the full-batch gradient (one process). Zero up to rounding when the forward
+    treats samples independently; not with BatchNorm, which normalizes each sub-batch with
+    its own statistics (``nn.SyncBatchNorm`` uses all ranks')."""
     loss_fn = nn.CrossEntropyLoss()
     model.zero_grad(set_to_none=True)
     loss_fn(model(inputs), targets).backward()
@@ -381,9 +372,8 @@ class EquivalenceResult:
 def reference_model(config: RunConfig, world_size: int) -> nn.Module:
     """One process, batch ``world_size * config.batch_size``, the same samples and steps.
 
-    It runs with one CPU thread, as torchrun starts each CPU worker (``OMP_NUM_THREADS=1``):
-    with many threads the reductions inside matmuls add in another order, and over tens of
-    steps those last-bit differences grew to 1.3e-5 on a 16-core machine.
+    It runs with one CPU thread, as torchrun's CPU workers do: with many threads matmuls
+    add in another order, and over tens of steps the differences grew to 1.3e-5 (16 cores).
     """
     single = RunConfig(**{**asdict(config), "batch_size": config.batch_size * world_size})
     single.out, single.fail_rank = None, None
@@ -402,12 +392,9 @@ def equivalence_check(
     tolerance: float = TOLERANCE,
     timeout_s: float = 180.0,
 ) -> EquivalenceResult:
-    """Train with DDP on ``nproc`` CPU processes (gloo, via torchrun), then in this process
-    on the combined batch (:func:`reference_model`), and compare the final parameters.
-
-    They agree because DDP averages the gradients of the ranks' mean losses, which equals
-    the gradient of the mean loss over the combined batch, and plain SGD turns equal
-    gradients into equal steps.
+    """Train with DDP on ``nproc`` CPU processes (gloo, torchrun), then in this process on
+    the combined batch (:func:`reference_model`), and compare the final parameters. They
+    agree: the average of the ranks' mean-loss gradients is the combined batch's gradient.
     """
     config = config or RunConfig(steps=4, batch_size=8, dataset_size=64)
     if config.dataset_size % (nproc * config.batch_size):
@@ -423,12 +410,9 @@ def measure_scaling(
     device: str = "auto",
     timeout_s: float = 300.0,
 ) -> list[dict[str, Any]]:
-    """Global throughput of the same per-process batch on each process count (one torchrun
-    job each), and the scaling efficiency ``throughput(N) / (N * throughput(1))``.
-
-    Every process uses one CPU thread (``OMP_NUM_THREADS=1``), so that on a CPU a process
-    is the unit of work; with GPUs (``device="auto"``) each process drives one GPU.
-    """
+    """Global throughput of the same per-process batch for each process count (a torchrun
+    job each) and the efficiency ``throughput(N) / (N * throughput(1))``. Each process has
+    one CPU thread (``OMP_NUM_THREADS=1``), or drives one GPU."""
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
     quiet = RunConfig(**{**asdict(config), "log_every": 10**9})
     rows: list[dict[str, Any]] = []
@@ -453,9 +437,7 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
     for count, value, row in zip(counts, measured, rows, strict=True):
         ax.annotate(f"{row['efficiency']:.0%}", (count, value), textcoords="offset points",
                     xytext=(4, -12))  # fmt: skip
-    ax.set_xticks(counts)
-    ax.set_xlabel("processes")
-    ax.set_ylabel("samples / s (all processes)")
+    ax.set(xticks=counts, xlabel="processes", ylabel="samples / s (all processes)")
     ax.set_title(f"DDP scaling, {label}", fontsize=9)
     ax.legend()
     return ax
@@ -466,9 +448,8 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
 
 @dataclass
 class RanksRun:
-    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: killed when it ran
-    too long or when another rank failed), error and output, and two spies: which ranks
-    called ``torch.save`` and the epochs each rank passed to ``sampler.set_epoch``."""
+    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: stopped), error and
+    output, the ranks that called ``torch.save`` and the epochs given to ``set_epoch``."""
 
     exit_codes: list[int | None]
     errors: dict[int, str]
@@ -534,15 +515,13 @@ def _rank_main(
 def run_as_ranks(
     fn: Any, world_size: int = 2, args: Sequence[Any] = (), timeout_s: float = 60.0
 ) -> RanksRun:
-    """Run ``fn(*args)`` in ``world_size`` forked CPU processes, as torchrun would start a
-    script: each gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``PORT``
-    (127.0.0.1, a free port), so ``dist.init_process_group("gloo")`` works unchanged.
+    """Run ``fn(*args)`` in ``world_size`` forked CPU processes with torchrun's environment
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` on a free local port, ...), so that
+    ``dist.init_process_group("gloo")`` works unchanged; fork lets ``fn`` live in a notebook.
 
-    Fork (Linux) lets ``fn`` be a function defined in a notebook. When one rank fails the
-    others are stopped (as torchrun does), and all are after ``timeout_s``. The spies record
-    which ranks call ``torch.save`` and what they pass to ``DistributedSampler.set_epoch``.
-    A ``NotImplementedError`` in a rank (an exercise not answered yet) is raised here too,
-    so that a grader reports it as such.
+    When one rank fails the others are stopped (as torchrun does), and all are after
+    ``timeout_s``. A ``NotImplementedError`` in a rank (an unanswered exercise) is raised
+    here, so that a grader reports it as such.
     """
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
@@ -601,14 +580,10 @@ def run_as_ranks(
 def data_parallel_report(
     model: nn.Module, batch_size: int = 64, steps: int = 5, image_size: int = 32
 ) -> dict[str, Any]:
-    """What ``nn.DataParallel`` does here, measured when there are 2+ GPUs.
-
-    With 2+ GPUs: training-step throughput on one GPU and with DataParallel on all, and
-    each GPU's peak allocated memory (GPU 0 holds the parameters, the gathered outputs
-    and the loss, so it carries more). Without: the explanation, and the proof that on
-    CPU ``nn.DataParallel`` wraps the module but runs it unchanged (``device_ids == []``;
-    with one GPU it runs it on ``cuda:0``).
-    Initializes CUDA when GPUs are present: run it after any fork-based launcher.
+    """What ``nn.DataParallel`` does here. With 2+ GPUs: training throughput on one GPU
+    and with DataParallel, and each GPU's peak memory (GPU 0, which gathers the outputs
+    and holds the loss, carries more). Else: the explanation, and a check that it runs
+    the module unchanged. Initializes CUDA when there are GPUs: call it after any fork.
     """
     gpus = cuda_gpu_count()
     wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
@@ -639,7 +614,10 @@ def data_parallel_report(
     for name, module in (("one_gpu", model.to("cuda:0")), ("data_parallel", wrapped)):
         for index in range(gpus):
             torch.cuda.reset_peak_memory_stats(index)
-        seconds = _time_training_step(module, inputs, targets, steps)
+        step = TrainStep(module, "cuda:0", TrainConfig(precision="fp32", optimizer="sgd"))
+        seconds = benchmark(
+            partial(step, (inputs, targets)), device="cuda:0", repeats=steps
+        ).median_s
         rows[name] = {
             "samples_per_s": batch_size / seconds,
             "peak_mib_per_gpu": [
@@ -651,30 +629,14 @@ def data_parallel_report(
     return report
 
 
-def _time_training_step(
-    module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int
-) -> float:
-    """Median seconds of one SGD training step of ``module`` on the batch (synchronized)."""
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(module(inputs), targets).backward()
-        optimizer.step()
-
-    return benchmark(step, device=inputs.device, warmup=2, repeats=steps).median_s
-
-
 # --------------------------------------------------------------------------- model parallel
 
 
 class SplitModel(nn.Module):
     """A model cut into stages, each on its own device; activations hop between them.
 
-    Model (pipeline) parallelism in its simplest form: a model too big for one GPU runs on
-    two, but one device works at a time (no pipelining). ``handoffs`` records each
-    activation moved in the last forward: ``(from, to, shape, bytes)``.
+    Model parallelism in its simplest form: one device works at a time (no pipelining).
+    ``handoffs``: each activation moved in the last forward, ``(from, to, shape, bytes)``.
     """
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[str | torch.device]):
@@ -697,9 +659,8 @@ class SplitModel(nn.Module):
 
 
 def split_model(model: nn.Module, devices: Sequence[str | torch.device]) -> SplitModel:
-    """Split a course model (``blocks`` then ``head``) into two stages on two devices:
-    the first half of the blocks on ``devices[0]``, the rest and the head on ``devices[1]``.
-    """
+    """Split a course model (``blocks``, ``head``) in two: the first half of the blocks on
+    ``devices[0]``, the rest and the head on ``devices[1]``."""
     blocks = getattr(model, "blocks", None)
     head = getattr(model, "head", None)
     if not isinstance(blocks, nn.Sequential) or head is None or len(devices) != 2:

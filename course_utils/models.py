@@ -1,13 +1,6 @@
-"""The course's models, built by name, with parameter counts.
-
-* ``small_cnn``: a four-block CNN for 32x32 images (CIFAR-shaped), fast on a CPU.
-* ``mlp``: a plain multi-layer perceptron on flattened images.
-* ``resnet18`` and ``mobilenet_v3_small``: torchvision's architectures (``weights=None``,
-  no download), the "real" models of the memory and batch-size lessons.
-* ``tiny_transformer``: a small vision transformer (4x4 patches, pre-norm encoder blocks).
-
-Every model keeps its repeated blocks in a list that :func:`checkpoint_blocks` can wrap
-with gradient checkpointing, without changing the model's ``state_dict`` keys.
+"""The course's models by name: ``small_cnn`` (fast on a CPU), ``mlp``, torchvision's
+``resnet18`` and ``mobilenet_v3_small`` (``weights=None``: no download) and a
+``tiny_transformer``; their costs; and gradient checkpointing of their blocks.
 """
 
 from __future__ import annotations
@@ -38,12 +31,9 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 class SmallCNN(nn.Module):
-    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier.
-
-    ``norm="batch"`` is the realistic default. Use ``"group"`` or ``"none"`` when a
-    result must not depend on how a batch is split (accumulation and DDP equivalence:
-    BatchNorm's statistics are per micro-batch).
-    """
+    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier. Use
+    ``norm="group"`` or ``"none"`` when a result must not depend on how a batch is split
+    (accumulation, DDP): BatchNorm's statistics are per micro-batch."""
 
     def __init__(self, num_classes: int = 10, width: int = 32, depth: int = 4, norm: str = "batch"):
         super().__init__()
@@ -94,13 +84,9 @@ class MLP(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """A small vision transformer (ViT-style, pre-norm).
-
-    The image is cut into 4x4 patches, each embedded into ``dim`` numbers by one strided
-    convolution, plus a learned position embedding; ``depth`` encoder blocks (self-attention,
-    then an MLP twice as wide, each with a residual) mix them; the mean over patches goes to
-    a linear classifier. Dropout is 0 so that a step is deterministic.
-    """
+    """A small ViT: 4x4 patches embedded by a strided convolution plus a learned position,
+    ``depth`` pre-norm encoder blocks, the mean over patches to a linear classifier. No
+    dropout, so that a step is deterministic."""
 
     def __init__(
         self,
@@ -157,20 +143,19 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
 
 
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+def count_parameters(model: nn.Module) -> int:
     """Number of parameters (elements, not bytes).
 
     >>> count_parameters(nn.Linear(10, 5))
     55
     """
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+    return sum(p.numel() for p in model.parameters())
 
 
 @dataclass(frozen=True)
 class ModelCost:
-    """Size and work of a model for one batch: parameters, and FLOPs (2 per multiply-add)."""
+    """Parameters of a model and FLOPs (2 per multiply-add) for one batch."""
 
-    name: str
     parameters: int
     batch_size: int
     forward_flops: int
@@ -184,14 +169,12 @@ class ModelCost:
 def model_costs(name: str, batch_size: int = 1, image_size: int = 32, **kwargs: Any) -> ModelCost:
     """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images.
 
-    The forward FLOPs are counted by :func:`course_utils.flops.count_flops` (matmuls,
-    convolutions, attention; elementwise operations count zero), in training mode so that
-    PyTorch's fused inference path for transformer layers does not hide them, and with
-    the math attention kernel (the counter does not see the fused CPU kernel). A training
-    step is 3x the forward (gradients for activations and for weights each cost about one
-    forward), the usual convention for MFU; the backward is not counted because the
-    counter of torch 2.14 counts a grouped (depthwise) convolution's backward as dense,
-    inflating MobileNet's count about 20x.
+    :func:`~course_utils.flops.count_flops` counts the forward (matmuls, convolutions,
+    attention; elementwise work counts zero) in training mode, so that the fused inference
+    path of transformer layers does not hide them, and with the math attention kernel (the
+    fused CPU kernel is invisible to it). A training step is 3x the forward (the usual MFU
+    convention); the backward is not counted: torch 2.14's counter counts a grouped
+    convolution's backward as dense, inflating MobileNet's count about 20x.
 
     >>> cost = model_costs("mlp", hidden=16, depth=1)  # 3072*16 + 16*10 multiply-adds
     >>> cost.parameters, cost.forward_flops, cost.training_flops
@@ -206,15 +189,12 @@ def model_costs(name: str, batch_size: int = 1, image_size: int = 32, **kwargs: 
     inputs = torch.randn(counted, 3, image_size, image_size)
     with sdpa_kernel(SDPBackend.MATH):  # matmuls the counter sees
         forward = count_flops(model, inputs) * batch_size // counted  # linear in the batch
-    return ModelCost(name, count_parameters(model), batch_size, forward, 3 * forward)
+    return ModelCost(count_parameters(model), batch_size, forward, 3 * forward)
 
 
 def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The repeated blocks of a course model, the natural units for checkpointing.
-
-    SmallCNN and MLP: ``blocks.N``; ResNet: ``layer1`` to ``layer4``; MobileNet:
-    ``features.N``. Other models: their direct children.
-    """
+    """The repeated blocks of a model, the units of checkpointing: ``blocks.N`` (the
+    course's), ``features.N`` (MobileNet), ``layer1``-``layer4`` (ResNet), else children."""
     for container in ("blocks", "features"):
         inner = getattr(model, container, None)
         if isinstance(inner, nn.Sequential):
@@ -234,13 +214,10 @@ def _checkpointed_forward(module: nn.Module, forward: Callable[..., Any]) -> Cal
 
 
 def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[str]:
-    """Wrap blocks of ``model`` with gradient checkpointing, in place; return their names.
-
-    A checkpointed block keeps only its input during the forward pass and recomputes
-    its activations during backward: less memory, about one extra forward of time.
-    ``names`` selects blocks (default: all of :func:`blocks_of`). The ``state_dict`` is
-    unchanged (the block's ``forward`` is replaced, not the block). Idempotent.
-    """
+    """Wrap blocks of ``model`` (default: all of :func:`blocks_of`) with gradient
+    checkpointing, in place, and return their names. A checkpointed block keeps only its
+    input and recomputes its activations during backward. Its ``forward`` is replaced, so
+    the ``state_dict`` keys stay; wrapping twice changes nothing."""
     chosen = []
     for name, block in blocks_of(model):
         if names is not None and name not in names:

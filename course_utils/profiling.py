@@ -1,24 +1,12 @@
-"""Where a training step's time goes: waiting for data, copying it, computing.
+"""Where a training step's time goes: the data wait (``next`` on the DataLoader), the copy
+to the device, and the compute (forward, backward, optimizer step).
 
-A step has three phases, and the device does useful work only in the last: the **data
-wait** (``next(iterator)`` on the DataLoader), the **copy** of the batch to the device,
-and the **compute** (forward, backward, optimizer step). :class:`StepProfiler` times each.
-CUDA work is asynchronous, so with ``synchronize=True`` (the default) it waits for the
-device after the copy and after the compute, charging each phase the time it really took;
-that costs the overlap of CPU and GPU. With ``synchronize=False`` the copy and compute
-times measure only the launches. On the CPU both agree.
-
-The **starved fraction** is the share of the wall time in which the device had nothing to
-compute (data wait plus copy): near 1, a faster model or GPU will not help.
-
-Use it around any loop (``profile_loop(loader, step, device)`` does this in one call)::
-
-    profiler = StepProfiler(device)
-    for batch in profiler.iterate(loader):   # batch is already on the device
-        step(batch)
-    print(profiler.report())
-
-``benchmarks/bench_profiler_overhead.py`` measures its overhead (under 2% of a step).
+CUDA work is asynchronous, so :class:`StepProfiler` by default synchronizes the device
+after the copy and after the compute, charging each phase the time it really took (at the
+cost of the CPU/GPU overlap); with ``synchronize=False`` copy and compute measure only the
+launches. A starved fraction (data wait plus copy, over the wall time) near 1 means a
+faster model or GPU will not help. ``benchmarks/bench_profiler_overhead.py`` measures the
+profiler's overhead (under 2% of a step).
 """
 
 from __future__ import annotations
@@ -39,10 +27,9 @@ class LoopProfile:
     """What :class:`StepProfiler` measured over the steps after the warm-up (seconds).
 
     ``wall_s`` runs from the first measured step's data wait to the last one's compute,
-    followed by a device synchronization even when not ``synchronized``. ``warmup_s`` is
-    the time of the excluded warm-up steps (worker start-up shows there). ``cpu_s`` is
-    this process's CPU time (``time.process_time``, all threads) over the measured steps:
-    with ``num_workers=0`` it includes decoding; on a GPU it also counts spinning.
+    and a device synchronization even when not ``synchronized``. ``cpu_s`` is this
+    process's CPU time (``time.process_time``, all threads) over the same steps: with
+    ``num_workers=0`` it includes decoding; on a GPU it also counts spinning.
     """
 
     num_steps: int = 0
@@ -51,8 +38,6 @@ class LoopProfile:
     copy_s: float = 0.0
     compute_s: float = 0.0
     wall_s: float = 0.0
-    warmup_steps: int = 0
-    warmup_s: float = 0.0
     cpu_s: float = 0.0
     synchronized: bool = True
     device: str = "cpu"
@@ -124,10 +109,9 @@ def _samples(batch: Any) -> int:
 class StepProfiler:
     """Times the data wait, copy and compute of each step of a loop (see the module doc).
 
-    The first ``warmup`` steps are timed apart and left out of the report.
-    ``non_blocking`` goes to :func:`~course_utils.device.to_device` (``None``: asynchronous
-    exactly when the batch is pinned and goes to a GPU). ``sync`` replaces the device's
-    synchronize function (tests use it).
+    The first ``warmup`` steps are left out of the report. Batches move with
+    :func:`~course_utils.device.to_device` (asynchronous when pinned and going to a GPU).
+    ``sync`` replaces the device's synchronize function (tests use it).
     """
 
     def __init__(
@@ -136,7 +120,6 @@ class StepProfiler:
         *,
         synchronize: bool = True,
         warmup: int = 1,
-        non_blocking: bool | None = None,
         sync: Callable[[], None] | None = None,
     ) -> None:
         if warmup < 0:
@@ -144,7 +127,6 @@ class StepProfiler:
         self.device = torch.device(device)
         self.synchronize = synchronize
         self.warmup = warmup
-        self.non_blocking = non_blocking
         self._sync = sync or synchronizer(self.device)
         self._profile = LoopProfile(synchronized=synchronize, device=str(self.device))
 
@@ -166,21 +148,19 @@ class StepProfiler:
         sync()  # work queued before the loop must not be charged to the first step
         iterator = iter(loader)
         done = 0
-        measured_start = warm_start = clock()
-        cpu_start = cpu_clock()
+        measured_start, cpu_start = clock(), cpu_clock()
         try:
             while max_steps is None or done < max_steps:
                 if done == self.warmup:  # the first measured step starts here
                     sync()
                     measured_start, cpu_start = clock(), cpu_clock()
-                    profile.warmup_s = measured_start - warm_start
                 start = clock()
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     break
                 fetched = clock()
-                batch = to_device(batch, self.device, self.non_blocking)
+                batch = to_device(batch, self.device)
                 if self.synchronize:
                     sync()
                 copied = clock()
@@ -199,8 +179,6 @@ class StepProfiler:
                         profile.compute_s += end - copied
                         profile.wall_s = end - measured_start
                         profile.cpu_s = cpu_clock() - cpu_start
-                    else:
-                        profile.warmup_steps = done
         finally:
             if not self.synchronize and done > self.warmup:
                 sync()  # the device's queued work belongs to the wall time
@@ -215,7 +193,6 @@ def profile_loop(
     max_steps: int | None = None,
     warmup: int = 1,
     synchronize: bool = True,
-    non_blocking: bool | None = None,
 ) -> LoopProfile:
     """Run ``compute(batch)`` (a :class:`~course_utils.training.TrainStep`, say) on each
     batch of ``loader`` moved to ``device``, and return the :class:`LoopProfile`.
@@ -224,9 +201,7 @@ def profile_loop(
     >>> profile.num_steps, profile.samples
     (3, 6)
     """
-    profiler = StepProfiler(
-        device, synchronize=synchronize, warmup=warmup, non_blocking=non_blocking
-    )
+    profiler = StepProfiler(device, synchronize=synchronize, warmup=warmup)
     for batch in profiler.iterate(loader, max_steps=max_steps):
         compute(batch)
     return profiler.report()
