@@ -240,12 +240,12 @@ class LoadedData:
 def load_cifar10(
     root: str | os.PathLike[str] = "data",
     *,
-    train: bool = True,
     timeout_s: float = 10.0,
     fallback_size: int = 1024,
     download: bool = True,
 ) -> LoadedData:
-    """CIFAR-10 from torchvision (normalized float tensors), downloading it if needed.
+    """CIFAR-10's training set from torchvision (normalized float tensors), downloading it
+    if needed.
 
     The download gives up after ``timeout_s`` seconds without an answer (a socket
     timeout). Offline, or when anything else goes wrong, it returns ``fallback_size``
@@ -255,7 +255,7 @@ def load_cifar10(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )
     try:
-        dataset = datasets.CIFAR10(root, train=train, transform=transform, download=False)
+        dataset = datasets.CIFAR10(root, transform=transform, download=False)
         return LoadedData(dataset, "cifar10", f"CIFAR-10 found in {root}")
     except RuntimeError:
         pass  # not downloaded yet
@@ -264,13 +264,13 @@ def load_cifar10(
         previous = socket.getdefaulttimeout()
         socket.setdefaulttimeout(timeout_s)
         try:
-            dataset = datasets.CIFAR10(root, train=train, transform=transform, download=True)
+            dataset = datasets.CIFAR10(root, transform=transform, download=True)
             return LoadedData(dataset, "cifar10", f"CIFAR-10 downloaded to {root}")
         except Exception as error:  # offline, DNS, timeout, bad archive: fall back
             problem = f"{type(error).__name__}: {str(error).strip()[:160]}"
         finally:
             socket.setdefaulttimeout(previous)
-    synthetic = SyntheticImages(size=fallback_size, seed=0 if train else 1)
+    synthetic = SyntheticImages(size=fallback_size)
     note = (
         f"SYNTHETIC stand-in for CIFAR-10 ({fallback_size} generated CIFAR-shaped images; "
         f"could not get the real data: {problem})"
@@ -337,68 +337,51 @@ def suggest_loader_kwargs(
         linux = platform.startswith("linux")
         method = "spawn" if not linux else "fork" if sys.version_info < (3, 14) else "forkserver"
     gpus = cuda_gpu_count() if gpus is None else gpus
-    if cores <= 1:
-        workers, why = 0, "1 usable core: workers would only compete with the main process"
-    elif cores <= 4:
-        workers, why = (
-            cores,
-            (
-                f"{cores} usable cores (os.sched_getaffinity): one worker per core; the main "
-                "process mostly waits for the GPU (Colab has 2)"
-            ),
+    workers = 0 if cores <= 1 else cores if cores <= 4 else min(cores - 1, 16)
+    reasons = {
+        "num_workers": f"{cores} usable {'core' if cores == 1 else 'cores'} (sched_getaffinity): "
+        + (
+            "workers would only compete with the main process"
+            if cores <= 1
+            else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
+            if cores <= 4
+            else "one left for the main process (which launches the GPU work), at most 16"
         )
-    else:
-        workers, why = (
-            min(cores - 1, 16),
-            (
-                f"{cores} usable cores: one left for the main process (which launches the GPU "
-                "work), at most 16"
-            ),
-        )
+    }
     small_shm = shm is not None and shm < 2**30
     if shm is not None and small_shm and workers > 2:
         workers = 2
-        why += (
+        reasons["num_workers"] += (
             f"; capped at 2 because /dev/shm is only {shm / MIB:.0f} MiB (Docker's default "
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
     slow_start = method in ("spawn", "forkserver")
-    kwargs: dict[str, Any] = {
-        "num_workers": workers,
-        "pin_memory": gpus > 0,
-        "persistent_workers": workers > 0,
-    }
-    reasons = {
-        "num_workers": why,
-        "pin_memory": (
-            f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster, and "
-            "non_blocking=True returns to the host at once (overlap with compute needs a "
-            "second stream or the loader's look-ahead)"
-            if gpus
-            else "no CUDA GPU: pinning only costs time"
-        ),
-        "persistent_workers": "no workers"
-        if workers == 0
-        else f"keep workers between epochs: start method {method!r}"
-        + (
-            " starts each worker by importing torch and unpickling the dataset (seconds)"
-            if slow_start
-            else " is cheap, but re-creating workers every epoch still costs"
-        ),
-    }
+    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": gpus > 0}
+    reasons["pin_memory"] = (
+        f"{gpus} CUDA GPU(s): pinned batches copy faster, and non_blocking=True returns to "
+        "the host at once (overlapping compute needs a second stream or the loader's look-ahead)"
+        if gpus
+        else "no CUDA GPU: pinning only costs time"
+    )
+    kwargs["persistent_workers"] = workers > 0
+    start = f"keep workers between epochs: start method {method!r} " + (
+        "starts each by importing torch and unpickling the dataset (seconds)"
+        if slow_start
+        else "is cheap, but re-creating workers every epoch still costs"
+    )
+    reasons["persistent_workers"] = start if workers else "no workers"
     if workers > 0:
         kwargs["prefetch_factor"] = prefetch = 2 if small_shm or workers > 2 else 4
         reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
-            "PyTorch's default; memory in /dev/shm is scarce or workers are many"
+            "PyTorch's default; /dev/shm is scarce or workers are many"
             if prefetch == 2
             else "few workers, so queue more to absorb slow batches"
         )
     kwargs["multiprocessing_context"] = method if workers > 0 else None
-    reasons["multiprocessing_context"] = f"{platform}: {method!r}" + (
-        "; the dataset is pickled to each worker, so it must be importable "
-        "(defined in a package, not in the notebook)"
+    reasons["multiprocessing_context"] = f"{platform}: {method!r}; " + (
+        "the dataset is pickled to each worker: it must be importable (not from a notebook)"
         if slow_start
-        else "; workers inherit the dataset (copy-on-write)"
+        else "workers inherit the dataset (copy-on-write)"
     )
     facts = {
         "usable_cores": cores,

@@ -435,8 +435,9 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
     ax.plot(counts, ideal, "--", color="gray", label="ideal (linear)")
     ax.plot(counts, measured, "o-", label="measured")
     for count, value, row in zip(counts, measured, rows, strict=True):
-        ax.annotate(f"{row['efficiency']:.0%}", (count, value), textcoords="offset points",
-                    xytext=(4, -12))  # fmt: skip
+        ax.annotate(
+            f"{row['efficiency']:.0%}", (count, value), textcoords="offset points", xytext=(4, -12)
+        )
     ax.set(xticks=counts, xlabel="processes", ylabel="samples / s (all processes)")
     ax.set_title(f"DDP scaling, {label}", fontsize=9)
     ax.legend()
@@ -475,7 +476,6 @@ def _rank_main(
     fn: Any, rank: int, world_size: int, port: int, folder: str, args: tuple[Any, ...]
 ) -> None:
     """One forked rank: torchrun's environment variables, one thread, the spies, ``fn``."""
-    report = Path(folder)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -485,31 +485,28 @@ def _rank_main(
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
-    with open(report / f"output-{rank}.txt", "w") as log:
+    seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None}
+    save, set_epoch = torch.save, DistributedSampler.set_epoch
+
+    def spied_save(*save_args: Any, **kwargs: Any) -> Any:
+        seen["saved"] = True
+        return save(*save_args, **kwargs)
+
+    def spied_set_epoch(sampler: Any, epoch: int) -> None:
+        seen["epochs"].append(epoch)
+        set_epoch(sampler, epoch)
+
+    torch.save = spied_save
+    DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
+    with open(Path(folder) / f"output-{rank}.txt", "w") as log:
         sys.stdout = sys.stderr = log
-        original_save, original_set_epoch = torch.save, DistributedSampler.set_epoch
-
-        def save(*save_args: Any, **kwargs: Any) -> Any:
-            (report / f"saved-by-{rank}").touch()
-            return original_save(*save_args, **kwargs)
-
-        def set_epoch(sampler: Any, epoch: int) -> None:
-            with open(report / f"set-epoch-{rank}.txt", "a") as calls:
-                calls.write(f"{epoch}\n")
-            original_set_epoch(sampler, epoch)
-
-        torch.save = save
-        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign,assignment]
-        code = 0
         try:
             fn(*args)
         except BaseException as error:  # reported to the parent, which decides
-            (report / f"error-{rank}.txt").write_text(
-                f"rank {rank}: {type(error).__name__}: {error}"
-            )
-            code = 1
+            seen["error"] = f"rank {rank}: {type(error).__name__}: {error}"
         log.flush()
-    os._exit(code)  # skip the parent's exit handlers (a Jupyter kernel's, for example)
+    (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(seen))
+    os._exit(1 if seen["error"] else 0)  # skip the parent's exit handlers (a Jupyter kernel's)
 
 
 def run_as_ranks(
@@ -549,27 +546,21 @@ def run_as_ranks(
                     else f"rank {rank} was stopped because another rank failed"
                 )
             process.join()
-        report = Path(folder)
-
-        def read(name: str) -> str | None:
-            path = report / name
-            return path.read_text() if path.exists() else None
-
-        codes = [None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)]
-        # the errors in the order they happened: the first is the cause, the rest follow
-        files = sorted(report.glob("error-*.txt"), key=lambda path: path.stat().st_mtime_ns)
-        errors = {int(path.stem.split("-")[1]): path.read_text() for path in files}
+        logs = [Path(folder) / f"output-{rank}.txt" for rank in range(world_size)]
+        # in the order the ranks ended: the first error is the cause, the rest follow
+        files = sorted(Path(folder).glob("rank-*.json"), key=lambda path: path.stat().st_mtime_ns)
+        seen = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in files}
+        errors = {rank: report["error"] for rank, report in seen.items() if report["error"]}
         errors.update({rank: why for rank, why in stopped.items() if rank not in errors})
         if any(text.split(": ", 2)[1:2] == ["NotImplementedError"] for text in errors.values()):
             raise NotImplementedError(next(iter(errors.values())))
         return RanksRun(
-            exit_codes=codes,
+            exit_codes=[None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)],
             errors=errors,
-            outputs={rank: read(f"output-{rank}.txt") or "" for rank in range(world_size)},
-            saved_by=[rank for rank in range(world_size) if (report / f"saved-by-{rank}").exists()],
+            outputs={rank: log.read_text() for rank, log in enumerate(logs) if log.exists()},
+            saved_by=sorted(rank for rank, report in seen.items() if report["saved"]),
             set_epoch_calls={
-                rank: [int(x) for x in (read(f"set-epoch-{rank}.txt") or "").split()]
-                for rank in range(world_size)
+                rank: seen.get(rank, {}).get("epochs", []) for rank in range(world_size)
             },
         )
 
