@@ -129,7 +129,6 @@ class LoopRun:
     item_calls: int  # ``.item()`` on tensors with a grad_fn (the loss), during the loop
     empty_cache_calls: int
     monitor: Reading  # read at the end: GPU-Util, or CPU utilization during the run
-    device: str
 
     @property
     def samples_per_s(self) -> float:
@@ -185,12 +184,11 @@ def run_loop(
     *,
     samples: int = 512,
     width: int = 32,
-    warmup: int = 1,
     cpu_threads: int | None = 1,
 ) -> LoopRun:
     """Run ``loop`` on a fresh ``small_cnn`` (seed 0, ``width`` channels in its first
-    convolution) for about ``samples`` samples (at least 3 steps, after ``warmup``
-    untimed steps) and measure it.
+    convolution) for about ``samples`` samples (at least 3 steps, after one untimed step)
+    and measure it.
 
     ``timed(loader)`` hands the loop the loader's batches, epoch after epoch, where the
     loader puts them (the loop copies them itself), timing the wait for each. On a GPU the
@@ -213,11 +211,11 @@ def run_loop(
     )
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
-    profiler = StepProfiler("cpu", warmup=warmup, synchronize=device.type == "cpu", sync=sync)
+    profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
 
     def timed(loader: Any) -> Iterator[Any]:
         steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
-        return profiler.iterate(_epochs(loader), max_steps=steps + warmup)
+        return profiler.iterate(_epochs(loader), max_steps=steps + 1)  # + the warm-up
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -241,7 +239,6 @@ def run_loop(
         item_calls=counts["item"],
         empty_cache_calls=counts["empty_cache"],
         monitor=sample(gpu_index),
-        device=str(device),
     )
 
 

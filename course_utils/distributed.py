@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -127,14 +127,11 @@ def launch_nodes(
     """
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="nodes-") as folder, contextlib.ExitStack() as stack:
-        logs = [
-            stack.enter_context(open(Path(folder) / f"node-{n}.txt", "w+"))
-            for n in range(len(commands))
-        ]
+        logs = [Path(folder) / f"node-{n}.txt" for n in range(len(commands))]
         agents = [
             subprocess.Popen(
                 list(command),
-                stdout=log,
+                stdout=stack.enter_context(open(log, "w")),
                 stderr=subprocess.STDOUT,
                 text=True,
                 env={**os.environ, **(env or {})},
@@ -143,19 +140,16 @@ def launch_nodes(
             for command, log in zip(commands, logs, strict=True)
         ]
         deadline = time.monotonic() + timeout_s
-        while any(agent.poll() is None for agent in agents):
-            if time.monotonic() > deadline:
-                timed_out = True
-                for agent in agents:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
-                break
-            time.sleep(0.05)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
+        try:
+            for agent in agents:
+                agent.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for agent in agents:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+        outputs = [log.read_text() for log in logs]
     if timed_out:
         tails = "; ".join(
             f"node {n}: {failure_summary(out)} [last lines: {' | '.join(out.splitlines()[-12:])}]"
@@ -201,32 +195,12 @@ class RunConfig:
     log_every: int = 1
     out: str | None = None  # rank 0 writes checkpoint.pt and summary.json here
     timeout_s: float = DEFAULT_TIMEOUT_S
-    fail_rank: int | None = None  # for the failure tests: this rank fails ...
-    fail_step: int = 1  # ... when it reaches this step (1-based) ...
-    fail_mode: str = "raise"  # ... by raising, or by hanging ("hang": only the timeout helps)
 
     def build_model(self) -> nn.Module:
         """The model, initialized from ``seed`` (the same on every rank)."""
         torch.manual_seed(self.seed)
         kwargs: dict[str, Any] = {"norm": self.norm} if self.model == "small_cnn" else {}
         return build_model(self.model, **kwargs)
-
-
-class _FailAt:
-    """A loader that fails on step ``fail_step``: raises, or hangs (tests of the timeout)."""
-
-    def __init__(self, loader: DataLoader[Any], config: RunConfig, rank: int) -> None:
-        self.loader, self.config, self.rank = loader, config, rank
-        self.sampler = loader.sampler
-
-    def __iter__(self) -> Iterator[Any]:
-        for step, batch in enumerate(self.loader, start=1):
-            if step == self.config.fail_step:
-                if self.config.fail_mode == "hang":
-                    print(f"rank {self.rank} hangs on purpose at step {step}", flush=True)
-                    time.sleep(10 * self.config.timeout_s)
-                raise RuntimeError(f"rank {self.rank} fails on purpose at step {step}")
-            yield batch
 
 
 def run_training(
@@ -251,9 +225,7 @@ def run_training(
     sampler: DistributedSampler[Any] = DistributedSampler(
         data, num_replicas=world, rank=rank, shuffle=True, seed=config.seed
     )
-    loader: Any = DataLoader(data, batch_size=config.batch_size, sampler=sampler)
-    if config.fail_rank == rank:
-        loader = _FailAt(loader, config, rank)
+    loader = DataLoader(data, batch_size=config.batch_size, sampler=sampler)
     warm = train(step, loader, max_steps=config.warmup_steps) if config.warmup_steps else None
     if context is not None:
         dist.barrier()  # start the clock together
@@ -376,7 +348,7 @@ def reference_model(config: RunConfig, world_size: int) -> nn.Module:
     add in another order, and over tens of steps the differences grew to 1.3e-5 (16 cores).
     """
     single = RunConfig(**{**asdict(config), "batch_size": config.batch_size * world_size})
-    single.out, single.fail_rank = None, None
+    single.out = None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -680,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
     trainer = commands.add_parser("train", help="train with DDP; rank 0 logs and saves")
     trainer.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     for name, value in asdict(RunConfig()).items():
-        kind = {"out": str, "fail_rank": int}.get(name, type(value))  # the None defaults
+        kind = str if name == "out" else type(value)  # out's default is None
         trainer.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     return parser
 

@@ -103,17 +103,11 @@ class TinyTransformer(nn.Module):
         self.embed = nn.Conv2d(3, dim, kernel_size=4, stride=4)
         self.position = nn.Parameter(torch.zeros(1, patches, dim))
         nn.init.normal_(self.position, std=0.02)
+        # each block: self-attention, then an MLP twice as wide (GELU), each with a residual
+        mlp: dict[str, Any] = {"dim_feedforward": 2 * dim, "dropout": 0.0, "activation": "gelu"}
         self.blocks = nn.Sequential(
             *(
-                nn.TransformerEncoderLayer(
-                    dim,
-                    heads,
-                    dim_feedforward=2 * dim,
-                    dropout=0.0,
-                    activation="gelu",
-                    batch_first=True,
-                    norm_first=True,
-                )
+                nn.TransformerEncoderLayer(dim, heads, batch_first=True, norm_first=True, **mlp)
                 for _ in range(depth)
             )
         )

@@ -161,20 +161,40 @@ def test_ddp_check_cli_runs_torchrun_and_prints_the_difference_last():
     assert float(last.split(": ")[1]) < 1e-5
 
 
+FAILING_RANK = """
+import sys, time
+import torch.distributed as dist
+from course_utils.distributed import init_distributed
+
+mode, timeout_s = sys.argv[1], float(sys.argv[2])
+context = init_distributed("cpu", timeout_s)
+if context.rank == 1:
+    if mode == "hang":
+        print("rank 1 hangs on purpose", flush=True)
+        time.sleep(10 * timeout_s)
+    raise RuntimeError("rank 1 fails on purpose")
+dist.barrier()  # a collective that rank 1 never joins
+print("[rank 0] finished", flush=True)
+"""
+
+
 @pytest.mark.parametrize(("mode", "timeout_s"), [("raise", 60), ("hang", 2)])
-def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s):
+def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s, tmp_path):
     """A rank that raises: torchrun stops the others. A rank that hangs: the others' collective
-    times out after timeout_s, they exit, torchrun stops the hung one."""
-    config = RunConfig(steps=4, fail_rank=1, fail_step=2, fail_mode=mode, timeout_s=timeout_s)
+    times out after init_distributed's timeout_s, they exit, torchrun stops the hung one."""
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    launcher = torchrun_train(RunConfig(), 2, "cpu")  # torchrun's part: up to "-m module"
+    command = [*launcher[: launcher.index("-m", 3)], str(script), mode, str(timeout_s)]
     start = time.perf_counter()
-    done = launch_nodes([torchrun_train(config, 2, "cpu")], SAFETY_NET_S)[0]
+    done = launch_nodes([command], SAFETY_NET_S)[0]
     took = time.perf_counter() - start
     assert done.returncode != 0
     assert f"rank 1 {'fails' if mode == 'raise' else 'hangs'} on purpose" in done.stdout
     if mode == "hang":
         assert "Timed out" in done.stdout or "timed out" in done.stdout.lower()
     assert took < SAFETY_NET_S / 2
-    assert "[rank 0] 2 process(es)" not in done.stdout  # nobody finished training
+    assert "[rank 0] finished" not in done.stdout
 
 
 def _sample_sum(dataset: SyntheticImages, index: int) -> float:
@@ -202,7 +222,7 @@ def test_batchnorm_makes_the_split_batch_differ_and_groupnorm_does_not():
 
 
 def test_run_config_round_trips_through_the_worker_command_line():
-    config = RunConfig(model="small_cnn", steps=3, lr=0.1, fail_rank=1, out="x")
+    config = RunConfig(model="small_cnn", steps=3, lr=0.1, out="x")
     command = torchrun_train(config, 2, "cpu")
     args = command[command.index("course_utils.distributed") + 1 :]
     parsed = vars(distributed._parser().parse_args(args))
