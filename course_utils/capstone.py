@@ -1,18 +1,12 @@
 """The capstone: measure a training loop, fix its habits, measure again.
 
 A loop is a function ``loop(data, model, device, timed) -> losses`` that builds its own
-DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``.
-:func:`run_loop` gives it a fresh ``small_cnn`` and profiles it (``timed`` stops after the
-sample budget and times the wait for each batch); spies count ``.item()`` on the loss and
-``torch.cuda.empty_cache()`` calls, and the loss on a fixed batch before and after shows
-that it trains: what a CPU cannot time, a check can still see.
-
-A :class:`Recipe` is the lesson's loop with each habit a knob: ``decode`` per sample on
-the CPU or ``"once"`` before the loop (then augmented on the device), ``num_workers``,
-``batch_size`` (8 pays the per-step overhead for few samples), ``pin_memory``,
-``precision`` (``"auto"``: fp16 with a scaler on a T4, bf16 from Ampere on, fp32 on a
-CPU), ``item_every_step`` (the CPU waits for the GPU) and ``empty_cache_every_step`` (the
-next step allocates the cache again). On a CPU the GPU-only knobs change nothing.
+DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``;
+:func:`run_loop` measures one. A :class:`Recipe` is the lesson's slow loop with each habit
+a knob: per-sample decoding on the CPU or ``decode="once"`` (then augmenting on the
+device), ``num_workers``, ``batch_size``, ``pin_memory``, ``precision`` (``"auto"``: fp16
+with a scaler on a T4, bf16 from Ampere on, fp32 on a CPU), ``loss.item()`` and
+``torch.cuda.empty_cache()`` every step. On a CPU the GPU-only knobs change nothing.
 """
 
 from __future__ import annotations
@@ -102,11 +96,6 @@ class Recipe:
 SLOW = Recipe()
 
 
-def make_data(size: int, *, stored_size: int = 128) -> EncodedImages:
-    """The capstone's dataset: ``size`` PNG-encoded synthetic images, decoded per sample."""
-    return EncodedImages(size=size, stored_size=stored_size)
-
-
 def largest_phase(profile: LoopProfile) -> str:
     """``"data"``, ``"copy"`` or ``"compute"``: where most of the step time went.
 
@@ -186,18 +175,17 @@ def run_loop(
     width: int = 32,
     cpu_threads: int | None = 1,
 ) -> LoopRun:
-    """Run ``loop`` on a fresh ``small_cnn`` (seed 0, ``width`` channels in its first
-    convolution) for about ``samples`` samples (at least 3 steps, after one untimed step)
-    and measure it.
+    """Run ``loop`` on a fresh ``small_cnn`` (seed 0, ``width`` channels first) for about
+    ``samples`` samples (at least 3 steps, after one untimed step) and measure it.
 
-    ``timed(loader)`` hands the loop the loader's batches, epoch after epoch, where the
-    loader puts them (the loop copies them itself), timing the wait for each. On a GPU the
-    steps are not synchronized one by one (a per-step ``.item()`` must show its cost); the
-    device is synchronized at the end, so the wall time is honest.
+    ``timed(loader)`` yields the loader's batches, epoch after epoch, as the loader makes
+    them, timing the wait for each. On a GPU the steps are not synchronized one by one (a
+    per-step ``.item()`` must show its cost), only the end. Spies count ``.item()`` on the
+    loss and ``empty_cache()`` calls; the loss on a fixed batch before and after shows
+    that the loop trains: what a CPU cannot time, a check can still see.
 
-    On a CPU the loop runs with ``cpu_threads`` PyTorch threads (``None``: unchanged). One
-    is the default: on a loaded 2-core machine the same loops ran many times slower with
-    two threads than with one, and their ratio swung with the load.
+    On a CPU the loop gets ``cpu_threads`` threads (``None``: unchanged): on a loaded 2-core
+    machine loops ran many times slower with two than with one, and their ratio swung.
     """
     device = torch.device(device)
     torch.manual_seed(0)

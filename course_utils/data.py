@@ -29,6 +29,7 @@ from course_utils.units import MIB
 # the normalization applied by every pipeline here (images are synthetic: round numbers)
 MEAN = 0.5
 STD = 0.25
+MIN_AREA = 0.35  # the smallest random crop, as a share of the image's area
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
@@ -82,7 +83,7 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
     """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
     image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
 
-    Each sample is decoded with Pillow, cropped to a random 35% to 100% of its area,
+    Each sample is decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area,
     resized to ``image_size``, flipped half of the time and normalized (ImageNet's
     ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
 
@@ -136,7 +137,7 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, side = self.decode(index), self.stored_size
         if self.augment:
-            crop = int(side * float(torch.empty(1).uniform_(0.35, 1.0)) ** 0.5)
+            crop = int(side * float(torch.empty(1).uniform_(MIN_AREA, 1.0)) ** 0.5)
             left, top = (int(v) for v in torch.randint(0, side - crop + 1, (2,)))
             image = image[:, top : top + crop, left : left + crop]
             if torch.rand(()) < 0.5:
@@ -189,39 +190,28 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
         return self.images[index], int(self.labels[index])
 
 
-def augment_on_device(
-    images: torch.Tensor,
-    image_size: int = 32,
-    *,
-    min_area: float = 0.35,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tensor:
     """The augmentation of :class:`EncodedImages` for a whole ``uint8`` batch ``(N, C, H,
-    W)`` on its device: each sample's own square crop (``min_area`` to 100% of the area)
-    and coin-flip mirror in one ``affine_grid``/``grid_sample`` call, then normalization.
+    W)`` on its device: each sample's own square crop and coin-flip mirror in one
+    ``affine_grid``/``grid_sample`` call, then normalization.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
     >>> tuple(out.shape), out.dtype
     ((4, 3, 32, 32), torch.float32)
     """
-    count = images.shape[0]
-    device = images.device
-
-    def uniform(low: float, high: float) -> torch.Tensor:
-        values = torch.rand(
-            count, generator=generator, device=generator.device if generator else "cpu"
-        )
-        return (low + (high - low) * values).to(device)
-
-    scale = uniform(min_area, 1.0).sqrt()  # side of the crop, as a fraction of the image
+    count, device = images.shape[0], images.device
+    # drawn by the CPU generator (the same under torch.manual_seed on every device), each
+    # uniform between low and 1: the crop's area, its position in x and y, the mirror
+    low = torch.tensor([MIN_AREA, -1.0, -1.0, 0.0])
+    draws = (low + (1 - low) * torch.rand(count, 4)).to(device)
+    scale = draws[:, 0].sqrt()  # side of the crop, as a fraction of the image
     theta = torch.zeros(count, 2, 3, device=device)
-    theta[:, 0, 2] = uniform(-1.0, 1.0) * (1 - scale)  # shift x
-    theta[:, 1, 2] = uniform(-1.0, 1.0) * (1 - scale)  # shift y
-    theta[:, 0, 0] = scale * torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0)  # flip x
+    theta[:, 0, 0] = scale * torch.where(draws[:, 3] < 0.5, -1.0, 1.0)
     theta[:, 1, 1] = scale
-    size = (count, images.shape[1], image_size, image_size)
-    grid = F.affine_grid(theta, list(size), align_corners=False)
+    theta[:, :, 2] = draws[:, 1:3] * (1 - scale[:, None])
+    size = [count, images.shape[1], image_size, image_size]
+    grid = F.affine_grid(theta, size, align_corners=False)
     return F.grid_sample(_normalize(images), grid, mode="bilinear", align_corners=False)
 
 

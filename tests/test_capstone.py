@@ -13,11 +13,10 @@ from course_utils.capstone import (
     Recipe,
     compare_loops,
     largest_phase,
-    make_data,
     run_loop,
     run_recipe,
 )
-from course_utils.data import PreDecodedImages, augment_on_device
+from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.profiling import LoopProfile
 
 
@@ -43,7 +42,7 @@ def test_largest_phase(times, expected):
 
 
 def test_run_recipe_profiles_the_requested_steps_on_cpu():
-    data = make_data(24, stored_size=36)
+    data = EncodedImages(24, stored_size=36)
     run = run_recipe(SLOW.changed(decode="once", batch_size=4), data, "cpu", samples=16,
                      width=4, repeats=2)
     assert run.profile.num_steps == 4 and run.profile.samples == 16  # warm-up excluded
@@ -82,7 +81,7 @@ def _fixed_loop(data, model, device, timed, lr=0.05):
 
 
 def test_run_loop_times_the_data_wait_and_spies_on_the_habits():
-    data = make_data(24, stored_size=36)
+    data = EncodedImages(24, stored_size=36)
     threads = torch.get_num_threads()
     slow = run_loop(_habits_loop, data, "cpu", samples=12, width=4)
     assert torch.get_num_threads() == threads  # one thread during the run only
@@ -101,7 +100,7 @@ def test_run_loop_times_the_data_wait_and_spies_on_the_habits():
 
 
 def test_compare_loops_keeps_the_best_run_of_each_in_order():
-    data = make_data(16, stored_size=36)
+    data = EncodedImages(16, stored_size=36)
     slow, fast = compare_loops([_habits_loop, _fixed_loop], data, "cpu", samples=8, width=4,
                                rounds=2)
     assert (slow.name, fast.name) == ("_habits_loop", "_fixed_loop")

@@ -18,6 +18,7 @@ import torch
 from test_nvml import GPUS, full_fake
 
 from course_utils import batch, capstone, flops, memory, monitor, nvml, training
+from course_utils.data import EncodedImages
 from course_utils.device import autocast, pick_precision
 from course_utils.monitor import Monitor, Reading
 
@@ -109,7 +110,7 @@ def test_every_consumer_maps_cuda_numbers_to_nvml_numbers(monkeypatch):
     def loop(data, model, device, timed):  # no CUDA work: the batches stay on the CPU
         return [0.0 for _ in timed(torch.utils.data.DataLoader(data, batch_size=8))]
 
-    capstone.run_loop(loop, capstone.make_data(16, stored_size=36), "cuda:0", samples=16)
+    capstone.run_loop(loop, EncodedImages(16, stored_size=36), "cuda:0", samples=16)
     assert asked == [2, 2]  # the capstone samples the GPU that trains, not NVML's 0
 
     from course_utils.env import measured_on
