@@ -104,7 +104,6 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
     ) -> None:
         if image_format not in ("png", "jpeg"):
             raise ValueError(f"image_format={image_format!r}: use 'png' or 'jpeg'")
-        self.image_format = image_format
         self.stored_size = stored_size
         self.image_size = image_size
         self.augment = augment
@@ -184,10 +183,10 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
         if self.augment_per_sample:  # the CPU augments each sample (in the workers)
-            image = augment_on_device(self.images[index : index + 1], self.image_size)[0]
-            return image, int(self.labels[index])
-        return self.images[index], int(self.labels[index])
+            image = augment_on_device(image[None], self.image_size)[0]
+        return image, int(self.labels[index])
 
 
 def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tensor:

@@ -125,16 +125,13 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     >>> type(build_model("small_cnn", norm="group")).__name__
     'SmallCNN'
     """
-    if name == "small_cnn":
-        return SmallCNN(num_classes=num_classes, **kwargs)
-    if name == "mlp":
-        return MLP(num_classes=num_classes, **kwargs)
-    if name == "tiny_transformer":
-        return TinyTransformer(num_classes=num_classes, **kwargs)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
     if name in ("resnet18", "mobilenet_v3_small"):
-        builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
-        return builder(weights=None, num_classes=num_classes, **kwargs)
-    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
+        kwargs["weights"] = None  # random initialization: nothing to download
+    ours = {"small_cnn": SmallCNN, "mlp": MLP, "tiny_transformer": TinyTransformer}
+    builder: Callable[..., nn.Module] = ours.get(name) or getattr(torchvision.models, name)
+    return builder(num_classes=num_classes, **kwargs)
 
 
 def count_parameters(model: nn.Module) -> int:
