@@ -192,7 +192,6 @@ class RunConfig:
     lr: float = 0.05
     seed: int = 0
     warmup_steps: int = 0  # untimed steps first (for throughput)
-    log_every: int = 1
     out: str | None = None  # rank 0 writes checkpoint.pt and summary.json here
     timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -249,8 +248,7 @@ def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
         model, summary = run_training(config, context)
         if context.rank == 0:  # one log and one checkpoint, not world_size of them
             for number, loss in enumerate(summary["losses"], start=1):
-                if number % config.log_every == 0 or number == len(summary["losses"]):
-                    print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
+                print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
             print(
                 f"[rank 0] {context.world_size} process(es), backend {context.backend}, "
                 f"{summary['samples_per_s']:.1f} samples/s",
@@ -386,10 +384,9 @@ def measure_scaling(
     job each) and the efficiency ``throughput(N) / (N * throughput(1))``. Each process has
     one CPU thread (``OMP_NUM_THREADS=1``), or drives one GPU."""
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
-    quiet = RunConfig(**{**asdict(config), "log_every": 10**9})
     rows: list[dict[str, Any]] = []
     for count in progress.track(process_counts, "DDP scaling", unit="run"):
-        summary, _ = _torchrun_job(quiet, count, device, timeout_s, {"OMP_NUM_THREADS": "1"})
+        summary, _ = _torchrun_job(config, count, device, timeout_s, {"OMP_NUM_THREADS": "1"})
         keys = ("device", "samples_per_s", "global_batch")  # global: per-process x processes
         rows.append({"processes": count, **{key: summary[key] for key in keys}})
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
@@ -540,9 +537,7 @@ def run_as_ranks(
 # --------------------------------------------------------------------------- DataParallel
 
 
-def data_parallel_report(
-    model: nn.Module, batch_size: int = 64, steps: int = 5, image_size: int = 32
-) -> dict[str, Any]:
+def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5) -> dict[str, Any]:
     """What ``nn.DataParallel`` does here. With 2+ GPUs: training throughput on one GPU
     and with DataParallel, and each GPU's peak memory (GPU 0, which gathers the outputs
     and holds the loss, carries more). Else: the explanation, and a check that it runs
@@ -554,7 +549,7 @@ def data_parallel_report(
     if gpus < 2:
         # with one GPU, DataParallel has moved the module to cuda:0 (device_ids == [0])
         device = next(model.parameters()).device
-        inputs = torch.randn(2, 3, image_size, image_size, device=device)
+        inputs = torch.randn(2, 3, 32, 32, device=device)
         with torch.no_grad():
             same = torch.allclose(wrapped(inputs), model(inputs), rtol=0.0, atol=1e-6)
         report["runs_module_unchanged"] = same
@@ -572,7 +567,7 @@ def data_parallel_report(
         )
         return report
     rows: dict[str, dict[str, Any]] = {}
-    inputs = torch.randn(batch_size, 3, image_size, image_size, device="cuda:0")
+    inputs = torch.randn(batch_size, 3, 32, 32, device="cuda:0")
     targets = torch.randint(0, 10, (batch_size,), device="cuda:0")
     for name, module in (("one_gpu", model.to("cuda:0")), ("data_parallel", wrapped)):
         for index in range(gpus):
