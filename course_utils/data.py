@@ -1,24 +1,9 @@
-"""Datasets defined in the package, so DataLoader workers can pickle them.
+"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine.
 
-Workers started with ``spawn`` or ``forkserver`` (macOS, Windows, and Python 3.14's
-Linux default) pickle the dataset; a class defined in a notebook's ``__main__`` cannot
-be found by them. Everything here is importable, hence picklable.
-
-* :class:`SyntheticImages`: a CIFAR-shaped, deterministic, learnable dataset made from
-  a seed (each class has its own mean pattern plus noise). Generated here, labelled as
-  such wherever it stands in for real data.
-* :class:`EncodedImages`: the same images stored as PNG or JPEG bytes, decoded and
-  augmented (random resized crop, flip, normalize) for every sample, as an image folder
-  is read in practice: a realistic CPU-bound input pipeline.
-* :class:`PreDecodedImages`: the images decoded once into one ``uint8`` tensor; samples
-  are cheap slices, 4x smaller to copy than float32, and :func:`augment_on_device`
-  augments a whole batch on the device instead of per sample on the CPU.
-* :func:`load_cifar10`: CIFAR-10 through torchvision, with a download timeout and a
-  labelled synthetic stand-in when there is no internet.
-* :func:`suggest_loader_kwargs`: DataLoader settings computed from this machine (cores,
-  ``/dev/shm``, start method, OS, GPU), each with its reason.
-
-Notebook 03 builds a slow pipeline from these and makes it fast step by step.
+The datasets live in the package so that DataLoader workers started with ``spawn`` or
+``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them, which they
+cannot do for a class defined in a notebook. :class:`SyntheticImages` are generated here,
+and labelled as such wherever they stand in for real data.
 """
 
 from __future__ import annotations
@@ -34,19 +19,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import Dataset
+from torchvision import datasets, transforms
+
+from course_utils.device import cuda_gpu_count
+from course_utils.units import MIB
 
 # the normalization applied by every pipeline here (images are synthetic: round numbers)
 MEAN = 0.5
 STD = 0.25
+MIN_AREA = 0.35  # the smallest random crop, as a share of the image's area
 
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
-    """``size`` float32 images of shape ``(channels, image_size, image_size)`` with labels.
+    """``size`` float32 images ``(3, image_size, image_size)``, each ``pattern[label] +
+    noise_std * noise``: learnable, so a loss curve goes down.
 
-    Sample ``i`` is the same on every call and in every process (it is generated from
-    ``seed`` and ``i``), so results do not depend on worker count or order. Images are
-    ``pattern[label] + noise * noise_std``: learnable, so a loss curve goes down.
+    Sample ``i`` is generated from ``seed`` and ``i``: the same on every call and in every
+    process, so results do not depend on worker count or order.
 
     >>> data = SyntheticImages(size=8)
     >>> image, label = data[3]
@@ -55,23 +46,17 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
     """
 
     def __init__(
-        self,
-        size: int = 1024,
-        num_classes: int = 10,
-        image_size: int = 32,
-        channels: int = 3,
-        seed: int = 0,
-        noise_std: float = 1.0,
+        self, size: int = 1024, image_size: int = 32, seed: int = 0, noise_std: float = 1.0
     ) -> None:
-        if size < 1 or num_classes < 1:
-            raise ValueError("size and num_classes must be at least 1")
+        if size < 1:
+            raise ValueError("size must be at least 1")
         self.size = size
-        self.num_classes = num_classes
-        self.shape = (channels, image_size, image_size)
+        self.num_classes = 10
+        self.shape = (3, image_size, image_size)
         self.seed = seed
         self.noise_std = noise_std
         generator = torch.Generator().manual_seed(seed)
-        self.patterns = torch.randn(num_classes, *self.shape, generator=generator)
+        self.patterns = torch.randn(self.num_classes, *self.shape, generator=generator)
 
     def __len__(self) -> int:
         return self.size
@@ -90,28 +75,17 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
         return self.patterns[label] + self.noise_std * noise, label
 
 
-def _to_uint8(image: torch.Tensor, size: int) -> torch.Tensor:
-    """A float image of :class:`SyntheticImages` as ``uint8`` at ``size`` x ``size``."""
-    if image.shape[-1] != size:
-        image = F.interpolate(image[None], size=(size, size), mode="bilinear")[0]
-    return (image * 0.2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
-
-
 def _normalize(images: torch.Tensor) -> torch.Tensor:
     return (images.float() / 255 - MEAN) / STD
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images stored as encoded bytes (``"png"`` or ``"jpeg"``) at ``stored_size`` pixels,
-    decoded and augmented for each sample, returning float32 ``(3, image_size,
-    image_size)`` tensors and labels.
+    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
+    image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
 
-    The pictures are :class:`SyntheticImages` (learnable, generated here), upscaled to
-    ``stored_size`` and encoded once at construction with Pillow. Each ``__getitem__``
-    decodes the bytes with Pillow, takes a random crop of 35% to 100% of the area,
-    resizes it to ``image_size``, flips it half of the time and normalizes it: the work an
-    ImageNet-style ``RandomResizedCrop`` pipeline does, on one CPU core per worker.
-    ``augment=False`` takes the centre instead (evaluation).
+    Each sample is decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area,
+    resized to ``image_size``, flipped half of the time and normalized (ImageNet's
+    ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
 
     >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
     >>> image, label = data[1]
@@ -127,24 +101,22 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
         stored_size: int = 64,
         image_size: int = 32,
         augment: bool = True,
-        seed: int = 0,
-        num_classes: int = 10,
     ) -> None:
-        from PIL import Image
-
         if image_format not in ("png", "jpeg"):
             raise ValueError(f"image_format={image_format!r}: use 'png' or 'jpeg'")
-        self.image_format = image_format
         self.stored_size = stored_size
         self.image_size = image_size
         self.augment = augment
-        source = SyntheticImages(size=size, num_classes=num_classes, seed=seed)
+        source = SyntheticImages(size=size)
         self.labels = [source.label(i) for i in range(size)]
         self.encoded: list[bytes] = []
         for index in range(size):
-            pixels = _to_uint8(source[index][0], stored_size).permute(1, 2, 0).numpy()
+            image = F.interpolate(source[index][0][None], (stored_size,) * 2, mode="bilinear")
+            pixels = (image[0] * 0.2 + 0.5).clamp(0, 1).mul(255).round().to(torch.uint8)
             buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, format=image_format.upper(), quality=90)
+            Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(
+                buffer, format=image_format.upper(), quality=90
+            )
             self.encoded.append(buffer.getvalue())
 
     def __len__(self) -> int:
@@ -157,44 +129,27 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
     def decode(self, index: int) -> torch.Tensor:
         """Sample ``index`` decoded, as ``uint8`` ``(3, stored_size, stored_size)``."""
-        from PIL import Image
-
         with Image.open(io.BytesIO(self.encoded[index])) as image:
             array = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
         return array.view(self.stored_size, self.stored_size, 3).permute(2, 0, 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
-        with Image.open(io.BytesIO(self.encoded[index])) as image:
-            picture = image.convert("RGB")
-        side = self.stored_size
+        image, side = self.decode(index), self.stored_size
         if self.augment:
-            crop = int(side * float(torch.empty(1).uniform_(0.35, 1.0)) ** 0.5)
+            crop = int(side * float(torch.empty(1).uniform_(MIN_AREA, 1.0)) ** 0.5)
             left, top = (int(v) for v in torch.randint(0, side - crop + 1, (2,)))
-            flip = bool(torch.rand(()) < 0.5)
-        else:
-            crop, left, top, flip = side, 0, 0, False
-        picture = picture.resize(
-            (self.image_size, self.image_size),
-            Image.Resampling.BILINEAR,
-            box=(left, top, left + crop, top + crop),
-        )
-        if flip:
-            picture = picture.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        size = self.image_size
-        pixels = torch.frombuffer(bytearray(picture.tobytes()), dtype=torch.uint8)
-        return _normalize(pixels.view(size, size, 3).permute(2, 0, 1)), self.labels[index]
+            image = image[:, top : top + crop, left : left + crop]
+            if torch.rand(()) < 0.5:
+                image = image.flip(-1)
+        size = (self.image_size, self.image_size)
+        resized = F.interpolate(image[None].float(), size, mode="bilinear", antialias=True)
+        return _normalize(resized[0].clamp(0, 255)), self.labels[index]
 
 
 class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images already decoded into one ``uint8`` tensor ``(N, 3, H, W)``, with labels.
-
-    A sample is a slice: no decoding, no augmentation, so a DataLoader needs no workers.
-    (``augment_per_sample=True`` instead augments each sample on the CPU, returning
-    float32 ``image_size`` images: pre-decoded, but still augmented per sample.)
-    Batches stay ``uint8`` (a quarter of float32's bytes to copy to the device);
-    :func:`augment_on_device` then crops, flips and normalizes the whole batch there.
+    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels: a sample
+    is a slice, and batches stay ``uint8`` (a quarter of float32's bytes to copy) for
+    :func:`augment_on_device`. ``augment_per_sample=True`` augments each on the CPU instead.
 
     >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
     >>> data[0][0].dtype, tuple(data.images.shape)
@@ -228,57 +183,38 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
         if self.augment_per_sample:  # the CPU augments each sample (in the workers)
-            image = augment_on_device(self.images[index : index + 1], self.image_size)[0]
-            return image, int(self.labels[index])
-        return self.images[index], int(self.labels[index])
+            image = augment_on_device(image[None], self.image_size)[0]
+        return image, int(self.labels[index])
 
 
-def augment_on_device(
-    images: torch.Tensor,
-    image_size: int = 32,
-    *,
-    min_area: float = 0.35,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Random resized crop, horizontal flip and normalization of a ``uint8`` batch
-    ``(N, C, H, W)``, on the batch's device, for all samples at once.
-
-    Each sample gets its own square crop (``min_area`` to 100% of the area, random
-    position) and a coin-flip mirror, applied as one ``affine_grid``/``grid_sample`` call:
-    the same augmentation as :class:`EncodedImages`, vectorized.
+def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tensor:
+    """The augmentation of :class:`EncodedImages` for a whole ``uint8`` batch ``(N, C, H,
+    W)`` on its device: each sample's own square crop and coin-flip mirror in one
+    ``affine_grid``/``grid_sample`` call, then normalization.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
     >>> tuple(out.shape), out.dtype
     ((4, 3, 32, 32), torch.float32)
     """
-    count = images.shape[0]
-    device = images.device
-
-    def uniform(low: float, high: float) -> torch.Tensor:
-        values = torch.rand(
-            count, generator=generator, device=generator.device if generator else "cpu"
-        )
-        return (low + (high - low) * values).to(device)
-
-    scale = uniform(min_area, 1.0).sqrt()  # side of the crop, as a fraction of the image
-    shift_x = (uniform(-1.0, 1.0)) * (1 - scale)
-    shift_y = (uniform(-1.0, 1.0)) * (1 - scale)
-    flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0).to(device)
+    count, device = images.shape[0], images.device
+    # drawn by the CPU generator (the same under torch.manual_seed on every device), each
+    # uniform between low and 1: the crop's area, its position in x and y, the mirror
+    low = torch.tensor([MIN_AREA, -1.0, -1.0, 0.0])
+    draws = (low + (1 - low) * torch.rand(count, 4)).to(device)
+    scale = draws[:, 0].sqrt()  # side of the crop, as a fraction of the image
     theta = torch.zeros(count, 2, 3, device=device)
-    theta[:, 0, 0] = scale * flip
-    theta[:, 0, 2] = shift_x
+    theta[:, 0, 0] = scale * torch.where(draws[:, 3] < 0.5, -1.0, 1.0)
     theta[:, 1, 1] = scale
-    theta[:, 1, 2] = shift_y
-    size = (count, images.shape[1], image_size, image_size)
-    grid = F.affine_grid(theta, list(size), align_corners=False)
+    theta[:, :, 2] = draws[:, 1:3] * (1 - scale[:, None])
+    size = [count, images.shape[1], image_size, image_size]
+    grid = F.affine_grid(theta, size, align_corners=False)
     return F.grid_sample(_normalize(images), grid, mode="bilinear", align_corners=False)
 
 
 # ----------------------------------------------------------------------- CIFAR-10
-
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 
 
 @dataclass
@@ -289,33 +225,26 @@ class LoadedData:
     source: str
     note: str
 
-    @property
-    def is_real(self) -> bool:
-        return self.source == "cifar10"
-
 
 def load_cifar10(
     root: str | os.PathLike[str] = "data",
     *,
-    train: bool = True,
     timeout_s: float = 10.0,
     fallback_size: int = 1024,
     download: bool = True,
 ) -> LoadedData:
-    """CIFAR-10 from torchvision (normalized float tensors), downloading it if needed.
+    """CIFAR-10's training set from torchvision (normalized float tensors), downloading it
+    if needed.
 
     The download gives up after ``timeout_s`` seconds without an answer (a socket
-    timeout, restored afterwards). Offline, or when anything else goes wrong, it returns
-    :class:`SyntheticImages` of ``fallback_size`` CIFAR-shaped samples instead, and says
-    so in ``source`` and ``note``: label every result measured on it as synthetic.
+    timeout). Offline, or when anything else goes wrong, it returns ``fallback_size``
+    :class:`SyntheticImages` and says so in ``source`` and ``note``: label results on them.
     """
-    from torchvision import datasets, transforms
-
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )
     try:
-        dataset = datasets.CIFAR10(root, train=train, transform=transform, download=False)
+        dataset = datasets.CIFAR10(root, transform=transform, download=False)
         return LoadedData(dataset, "cifar10", f"CIFAR-10 found in {root}")
     except RuntimeError:
         pass  # not downloaded yet
@@ -324,13 +253,13 @@ def load_cifar10(
         previous = socket.getdefaulttimeout()
         socket.setdefaulttimeout(timeout_s)
         try:
-            dataset = datasets.CIFAR10(root, train=train, transform=transform, download=True)
+            dataset = datasets.CIFAR10(root, transform=transform, download=True)
             return LoadedData(dataset, "cifar10", f"CIFAR-10 downloaded to {root}")
         except Exception as error:  # offline, DNS, timeout, bad archive: fall back
             problem = f"{type(error).__name__}: {str(error).strip()[:160]}"
         finally:
             socket.setdefaulttimeout(previous)
-    synthetic = SyntheticImages(size=fallback_size, seed=0 if train else 1)
+    synthetic = SyntheticImages(size=fallback_size)
     note = (
         f"SYNTHETIC stand-in for CIFAR-10 ({fallback_size} generated CIFAR-shaped images; "
         f"could not get the real data: {problem})"
@@ -343,8 +272,8 @@ def load_cifar10(
 
 @dataclass
 class LoaderAdvice:
-    """DataLoader keyword arguments for this machine, the reason for each, and the facts
-    they were computed from. ``DataLoader(dataset, batch_size=..., **advice.kwargs)``."""
+    """DataLoader keyword arguments, the reason for each, and the facts they come from:
+    ``DataLoader(dataset, batch_size=..., **advice.kwargs)``."""
 
     kwargs: dict[str, Any]
     reasons: dict[str, str]
@@ -357,19 +286,14 @@ class LoaderAdvice:
 
 def usable_cores() -> int:
     """CPU cores this process may run on (``os.sched_getaffinity``: containers and
-    ``taskset`` restrict it below ``os.cpu_count()``).
-
-    >>> usable_cores() >= 1
-    True
-    """
+    ``taskset`` restrict it below ``os.cpu_count()``)."""
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
 
 
 def shared_memory_bytes(path: str = "/dev/shm") -> int | None:
-    """The size of ``/dev/shm`` (where workers put batches for the main process), or None
-    where it does not exist (macOS, Windows)."""
+    """The size of ``/dev/shm`` (where workers put batches), or None (macOS, Windows)."""
     try:
         return shutil.disk_usage(path).total
     except OSError:
@@ -386,90 +310,67 @@ def suggest_loader_kwargs(
 ) -> LoaderAdvice:
     """DataLoader settings computed from this machine, each with its reason.
 
-    Every fact can be passed in (to see the advice for another machine, or in tests);
-    by default it is read here: usable cores, the size of ``/dev/shm``, the
-    multiprocessing start method, the OS, and whether a CUDA GPU exists (counted without
-    initializing CUDA, :func:`~course_utils.device.cuda_gpu_count`).
+    Each fact (usable cores, ``/dev/shm``, start method, OS, CUDA GPUs) is read here
+    unless passed in, to see the advice for another machine.
 
     >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
     ...                                platform="linux", gpus=1)
     >>> advice.kwargs["num_workers"], advice.kwargs["pin_memory"]
     (2, True)
     """
-    from course_utils.device import cuda_gpu_count
-
     cores = usable_cores() if cores is None else cores
     shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
     platform = platform or sys.platform
     method = start_method or multiprocessing.get_start_method(allow_none=True)
-    if method is None:
-        method = (
-            "fork"
-            if platform.startswith("linux") and sys.version_info < (3, 14)
-            else ("forkserver" if platform.startswith("linux") else "spawn")
-        )
+    if method is None:  # Python's default for the platform
+        linux = platform.startswith("linux")
+        method = "spawn" if not linux else "fork" if sys.version_info < (3, 14) else "forkserver"
     gpus = cuda_gpu_count() if gpus is None else gpus
-    kwargs: dict[str, Any] = {}
-    reasons: dict[str, str] = {}
-
-    if cores <= 1:
-        workers = 0
-        reasons["num_workers"] = "1 usable core: workers would only compete with the main process"
-    elif cores <= 4:
-        workers = cores
-        reasons["num_workers"] = (
-            f"{cores} usable cores (os.sched_getaffinity): one worker per core; the main "
-            "process mostly waits for the GPU (Colab has 2)"
+    workers = 0 if cores <= 1 else cores if cores <= 4 else min(cores - 1, 16)
+    reasons = {
+        "num_workers": f"{cores} usable {'core' if cores == 1 else 'cores'} (sched_getaffinity): "
+        + (
+            "workers would only compete with the main process"
+            if cores <= 1
+            else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
+            if cores <= 4
+            else "one left for the main process (which launches the GPU work), at most 16"
         )
-    else:
-        workers = min(cores - 1, 16)
-        reasons["num_workers"] = (
-            f"{cores} usable cores: one left for the main process (which launches the GPU "
-            "work), at most 16"
-        )
+    }
     small_shm = shm is not None and shm < 2**30
     if shm is not None and small_shm and workers > 2:
         workers = 2
         reasons["num_workers"] += (
-            f"; capped at 2 because /dev/shm is only {shm / 2**20:.0f} MiB (Docker's default "
+            f"; capped at 2 because /dev/shm is only {shm / MIB:.0f} MiB (Docker's default "
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
-    kwargs["num_workers"] = workers
-
-    kwargs["pin_memory"] = gpus > 0
+    slow_start = method in ("spawn", "forkserver")
+    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": gpus > 0}
     reasons["pin_memory"] = (
-        f"{gpus} CUDA GPU(s): pinned (page-locked) batches copy faster, and "
-        "non_blocking=True returns to the host at once (overlap with compute needs a "
-        "second stream or the loader's look-ahead)"
+        f"{gpus} CUDA GPU(s): pinned batches copy faster, and non_blocking=True returns to "
+        "the host at once (overlapping compute needs a second stream or the loader's look-ahead)"
         if gpus
         else "no CUDA GPU: pinning only costs time"
     )
     kwargs["persistent_workers"] = workers > 0
-    slow_start = method in ("spawn", "forkserver")
-    reasons["persistent_workers"] = (
-        "no workers"
-        if workers == 0
-        else f"keep workers between epochs: start method {method!r}"
-        + (
-            " starts each worker by importing torch and unpickling the dataset (seconds)"
-            if slow_start
-            else " is cheap, but re-creating workers every epoch still costs"
-        )
+    start = f"keep workers between epochs: start method {method!r} " + (
+        "starts each by importing torch and unpickling the dataset (seconds)"
+        if slow_start
+        else "is cheap, but re-creating workers every epoch still costs"
     )
+    reasons["persistent_workers"] = start if workers else "no workers"
     if workers > 0:
-        prefetch = 2 if small_shm or workers > 2 else 4
-        kwargs["prefetch_factor"] = prefetch
+        kwargs["prefetch_factor"] = prefetch = 2 if small_shm or workers > 2 else 4
         reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
-            "PyTorch's default; memory in /dev/shm is scarce or workers are many"
+            "PyTorch's default; /dev/shm is scarce or workers are many"
             if prefetch == 2
             else "few workers, so queue more to absorb slow batches"
         )
     kwargs["multiprocessing_context"] = method if workers > 0 else None
-    reasons["multiprocessing_context"] = f"{platform}: {method!r}" + (
-        "; the dataset is pickled to each worker, so it must be importable "
-        "(defined in a package, not in the notebook)"
+    reasons["multiprocessing_context"] = f"{platform}: {method!r}; " + (
+        "the dataset is pickled to each worker: it must be importable (not from a notebook)"
         if slow_start
-        else "; workers inherit the dataset (copy-on-write)"
+        else "workers inherit the dataset (copy-on-write)"
     )
     facts = {
         "usable_cores": cores,

@@ -1,38 +1,14 @@
-"""Several GPUs (or CPU processes): DistributedDataParallel with torchrun, and its checks.
+"""Several GPUs (or CPU processes): DistributedDataParallel under torchrun, and its checks.
 
 DDP is *data* parallelism: every process holds a full copy of the model, trains on its own
-slice of each global batch, and during ``backward()`` the gradients are averaged across
-processes (an all-reduce, overlapped with the backward pass), so every copy takes the same
-optimizer step. It does not make a model fit that is too big for one GPU; for that see
-:class:`SplitModel` (model parallelism) and FSDP (which shards parameters, gradients and
-optimizer state across GPUs).
+slice of each global batch, and ``backward()`` averages the gradients across processes
+(an all-reduce), so every copy takes the same step. It does not fit a model too big for
+one GPU: :func:`split_model` (model parallelism) or FSDP (sharding) do. Notebook 06.
 
-The training entry point, one process per GPU (or per CPU slot with ``gloo``)::
+The training entry point, one process per GPU (or per CPU slot with ``gloo``); for several
+nodes run the same command on each with ``--nnodes`` and one c10d ``--rdzv-endpoint``::
 
     torchrun --nproc_per_node=2 -m course_utils.distributed train --steps 20 --out build/ddp
-
-Multi-node: run the same command on every node with a shared rendezvous (any free port on
-the first node; ``--rdzv-id`` names the job)::
-
-    torchrun --nnodes=2 --nproc_per_node=4 --rdzv-backend=c10d \\
-        --rdzv-endpoint=node0.example.org:29500 --rdzv-id=job42 \\
-        -m course_utils.distributed train --out /shared/ddp
-
-What :func:`init_distributed` does for each process: picks the backend (``nccl`` on GPUs,
-``gloo`` on CPU); calls ``torch.cuda.set_device(local_rank)`` before anything touches CUDA
-(else every process creates a context on GPU 0); sets a timeout so that when one rank
-fails the others raise instead of waiting forever (``init_process_group(timeout=...)``;
-on NCCL also ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``; on gloo a ``monitored_barrier`` names
-the rank that did not arrive). torchrun itself stops the other workers when one exits
-with an error. Logging and checkpoints happen on rank 0 only.
-
-Also here: :func:`equivalence_check` (DDP on W processes with per-rank batch B ends with the
-same parameters as one process with batch W*B), :func:`measure_scaling`,
-:func:`data_parallel_report` (``nn.DataParallel``, the single-process baseline),
-:class:`SplitModel`, :func:`launch_nodes` (several torchrun "nodes" at once, a multi-node
-job on one machine) and :func:`run_as_ranks` (a function run as N forked gloo ranks with
-torchrun's environment, for the notebook's DDP exercise). Notebook 06 ("Multi-GPU")
-teaches this module.
 """
 
 from __future__ import annotations
@@ -41,6 +17,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -48,11 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -62,49 +41,36 @@ from course_utils import progress
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count
 from course_utils.models import build_model
+from course_utils.timing import benchmark
 from course_utils.training import TrainConfig, TrainStep, train
+from course_utils.units import MIB
 
 TOLERANCE = 1e-5
+"""Largest parameter difference for "DDP equals one process" on CPU (float32 rounding)."""
 DEFAULT_TIMEOUT_S = 120.0
-CHECKPOINT_NAME = "checkpoint.pt"
-SUMMARY_NAME = "summary.json"
 
 
 # --------------------------------------------------------------------------- process group
 
 
-def pick_backend(device: torch.device | str) -> str:
-    """``"nccl"`` for CUDA devices, ``"gloo"`` otherwise (CPU; also works on any OS).
-
-    >>> pick_backend("cpu"), pick_backend("cuda:1")
-    ('gloo', 'nccl')
-    """
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
 @dataclass(frozen=True)
 class DistContext:
-    """Who this process is in the job. ``rank`` is global, ``local_rank`` per node."""
+    """Who this process is in the job (``rank`` is global: 0 to ``world_size - 1``)."""
 
     rank: int
-    local_rank: int
     world_size: int
     device: torch.device
     backend: str
 
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one process that logs and saves checkpoints."""
-        return self.rank == 0
-
 
 def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
-    """Join the process group that torchrun set up (it sets ``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``).
+    """Join the process group torchrun set up (from ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``): ``nccl`` on GPU ``local_rank`` when this node has one
+    per local process (``device="auto"``), else ``gloo`` on the CPU.
 
-    ``device="auto"`` uses GPU ``local_rank`` when this node has one for each local process,
-    else the CPU. ``timeout_s`` bounds every collective: a rank that stops answering makes
-    the others raise after that long instead of hanging.
+    ``torch.cuda.set_device`` comes before anything touches CUDA (else every process opens
+    a context on GPU 0). ``timeout_s`` bounds every collective: when a rank stops
+    answering the others raise instead of hanging (gloo's ``monitored_barrier`` names it).
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -120,19 +86,13 @@ def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S)
         chosen = torch.device("cpu")
     else:
         raise ValueError(f"device={device!r}: use 'auto', 'cuda' or 'cpu'")
-    backend = pick_backend(chosen)
+    backend = "nccl" if chosen.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timeout)
     if backend == "gloo":
         dist.monitored_barrier(timeout=timeout)  # names a rank that never arrives
-    return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), chosen, backend)
-
-
-def shutdown_distributed() -> None:
-    """``destroy_process_group()`` if a group exists (call it at the end of every run)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    return DistContext(dist.get_rank(), dist.get_world_size(), chosen, backend)
 
 
 def free_port() -> int:
@@ -142,87 +102,36 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def torchrun_command(
-    target: Sequence[str],
-    nproc: int,
-    *,
-    nnodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    rdzv_id: str = "course",
+def torchrun_train(
+    config: RunConfig, nproc: int, device: str = "cpu", *, nnodes: int = 1, endpoint: str = ""
 ) -> list[str]:
-    """The torchrun command line for ``target`` (``["-m", "module", ...]`` or a script).
-
-    It runs torchrun as ``python -m torch.distributed.run`` with this Python, so the
-    workers use the same environment. The c10d rendezvous on ``rdzv_endpoint``
-    (default: a free local port) is the one multi-node jobs use.
-
-    >>> torchrun_command(["train.py"], 2, rdzv_endpoint="127.0.0.1:29500")[3:]
-    ['--nnodes=1', '--nproc_per_node=2', '--rdzv-backend=c10d', \
-'--rdzv-endpoint=127.0.0.1:29500', '--rdzv-id=course', 'train.py']
-    """
-    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"  # IPv4 only: free_port checked it
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
-        *target,
-    ]
-
-
-def launch(
-    command: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run a torchrun command; kill its whole process group if it outlives ``timeout_s``.
-
-    The safety net behind the in-job timeouts: a launch never hangs the caller. Raises
-    ``RuntimeError`` on timeout (with the output so far).
-    """
-    with subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,  # its own process group, so the workers die with it
-    ) as process:
-        try:
-            output, _ = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            raise RuntimeError(
-                f"torchrun did not finish in {timeout_s:g} s; last: {failure_summary(output)}"
-            ) from None
-        return subprocess.CompletedProcess(list(command), process.returncode, output, "")
+    """The torchrun command (``python -m torch.distributed.run``, this Python) that runs
+    :func:`train_worker` with ``config`` on ``nproc`` processes per node, with a c10d
+    rendezvous on ``endpoint`` (default: a free local port)."""
+    endpoint = endpoint or f"127.0.0.1:{free_port()}"  # IPv4: the address free_port checked
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
+    command += [f"--nproc_per_node={nproc}", "--rdzv-backend=c10d"]
+    command += [f"--rdzv-endpoint={endpoint}", "--rdzv-id=course"]
+    command += ["-m", "course_utils.distributed", "train", f"--device={device}"]
+    values = {name: value for name, value in asdict(config).items() if value is not None}
+    return command + [f"--{name.replace('_', '-')}={value}" for name, value in values.items()]
 
 
 def launch_nodes(
     commands: Sequence[Sequence[str]], timeout_s: float, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Start several torchrun agents at once (one per "node", here all on this machine)
-    and wait for all of them; kill every one of them if they outlive ``timeout_s``.
-
-    Multi-node on one machine: each command is ``torchrun --nnodes=N ...`` with the same
-    c10d rendezvous endpoint; they meet there and agree on the ranks. Each agent writes to
-    its own file, not a pipe (a full pipe would stall one node and so the whole job).
-    Raises ``RuntimeError`` on timeout, with the end of every node's output.
+    """Run torchrun agents at once (for several "nodes": ``--nnodes=N`` and one c10d
+    endpoint) and wait for all; if they outlive ``timeout_s``, kill their process groups
+    and raise ``RuntimeError`` with the end of each one's output. Each writes to a file,
+    not a pipe: a full pipe would stall one node and so the whole job.
     """
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="nodes-") as folder, contextlib.ExitStack() as stack:
-        logs = [
-            stack.enter_context(open(Path(folder) / f"node-{n}.txt", "w+"))
-            for n in range(len(commands))
-        ]
+        logs = [Path(folder) / f"node-{n}.txt" for n in range(len(commands))]
         agents = [
             subprocess.Popen(
                 list(command),
-                stdout=log,
+                stdout=stack.enter_context(open(log, "w")),
                 stderr=subprocess.STDOUT,
                 text=True,
                 env={**os.environ, **(env or {})},
@@ -231,25 +140,24 @@ def launch_nodes(
             for command, log in zip(commands, logs, strict=True)
         ]
         deadline = time.monotonic() + timeout_s
-        while any(agent.poll() is None for agent in agents):
-            if time.monotonic() > deadline:
-                timed_out = True
-                for agent in agents:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
-                break
-            time.sleep(0.05)
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
+        try:
+            for agent in agents:
+                agent.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for agent in agents:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+        outputs = [log.read_text() for log in logs]
     if timed_out:
         tails = "; ".join(
             f"node {n}: {failure_summary(out)} [last lines: {' | '.join(out.splitlines()[-12:])}]"
             for n, out in enumerate(outputs)
         )
-        raise RuntimeError(f"the {len(agents)} nodes did not finish in {timeout_s:g} s ({tails})")
+        raise RuntimeError(
+            f"{len(agents)} torchrun agent(s) did not finish in {timeout_s:g} s ({tails})"
+        )
     return [
         subprocess.CompletedProcess(list(command), agent.returncode, output, "")
         for command, agent, output in zip(commands, agents, outputs, strict=True)
@@ -272,9 +180,9 @@ def failure_summary(output: str) -> str:
 
 @dataclass
 class RunConfig:
-    """One DDP training run. ``batch_size`` is per process; the global batch is
-    ``batch_size * world_size``. ``model="mlp"`` or ``small_cnn`` with ``norm="group"``
-    keep the result independent of how a batch is split (see :func:`equivalence_check`)."""
+    """One DDP training run. ``batch_size`` is per process (the global batch is ``batch_size
+    * world_size``). ``mlp``, or ``small_cnn`` with ``norm="group"``, give a result that
+    does not depend on how a batch is split (see :func:`split_batch_gradient_difference`)."""
 
     model: str = "mlp"
     norm: str = "group"  # small_cnn only
@@ -284,12 +192,8 @@ class RunConfig:
     lr: float = 0.05
     seed: int = 0
     warmup_steps: int = 0  # untimed steps first (for throughput)
-    log_every: int = 1
     out: str | None = None  # rank 0 writes checkpoint.pt and summary.json here
     timeout_s: float = DEFAULT_TIMEOUT_S
-    fail_rank: int | None = None  # for the failure tests: this rank fails ...
-    fail_step: int = 1  # ... when it reaches this step (1-based) ...
-    fail_mode: str = "raise"  # ... by raising, or by hanging ("hang": only the timeout helps)
 
     def build_model(self) -> nn.Module:
         """The model, initialized from ``seed`` (the same on every rank)."""
@@ -298,45 +202,15 @@ class RunConfig:
         return build_model(self.model, **kwargs)
 
 
-class _FailAt:
-    """A loader that fails on step ``fail_step``: raises, or hangs (tests of the timeout)."""
-
-    def __init__(self, loader: DataLoader[Any], config: RunConfig, rank: int) -> None:
-        self.loader, self.config, self.rank = loader, config, rank
-        self.sampler = loader.sampler
-
-    def __iter__(self) -> Iterator[Any]:
-        for step, batch in enumerate(self.loader, start=1):
-            if step == self.config.fail_step:
-                if self.config.fail_mode == "hang":
-                    print(f"rank {self.rank} hangs on purpose at step {step}", flush=True)
-                    time.sleep(10 * self.config.timeout_s)
-                raise RuntimeError(f"rank {self.rank} fails on purpose at step {step}")
-            yield batch
-
-
-def make_loader(config: RunConfig, rank: int, world_size: int) -> DataLoader[Any]:
-    """A DataLoader over this rank's share of ``SyntheticImages``.
-
-    ``DistributedSampler`` shuffles with ``seed + epoch`` (``train`` calls ``set_epoch``)
-    and gives rank ``r`` the indices ``r, r + W, r + 2W, ...`` of that order; so at each
-    step the W per-rank batches together are W*B consecutive samples of it, exactly the
-    batch one process with ``num_replicas=1`` and batch W*B sees.
-    """
-    data = SyntheticImages(size=config.dataset_size, seed=config.seed)
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        data, num_replicas=world_size, rank=rank, shuffle=True, seed=config.seed
-    )
-    return DataLoader(data, batch_size=config.batch_size, sampler=sampler)
-
-
 def run_training(
     config: RunConfig, context: DistContext | None = None
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Train ``config.steps`` steps; with ``context`` as one DDP rank, else in one process.
+    """Train ``config.steps`` steps, as one DDP rank with ``context``, else in one process;
+    return the unwrapped model and a summary (this rank's losses, global samples/s).
 
-    Returns the (unwrapped) model and a summary: losses (this rank's), seconds and the
-    global samples per second of the timed steps.
+    ``DistributedSampler`` shuffles with ``seed + epoch`` and gives rank ``r`` the indices
+    ``r, r + W, ...`` of that order: the W per-rank batches of a step are the W*B samples
+    that one process (``num_replicas=1``) gets in one batch.
     """
     rank, world = (context.rank, context.world_size) if context else (0, 1)
     device = context.device if context else torch.device("cpu")
@@ -346,68 +220,66 @@ def run_training(
         # DDP broadcasts rank 0's parameters, then all-reduces gradients during backward()
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     step = TrainStep(model, device, TrainConfig(precision="fp32", optimizer="sgd", lr=config.lr))
-    loader: Any = make_loader(config, rank, world)
-    if config.fail_rank == rank:
-        loader = _FailAt(loader, config, rank)
+    data = SyntheticImages(size=config.dataset_size, seed=config.seed)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=config.seed
+    )
+    loader = DataLoader(data, batch_size=config.batch_size, sampler=sampler)
     warm = train(step, loader, max_steps=config.warmup_steps) if config.warmup_steps else None
     if context is not None:
         dist.barrier()  # start the clock together
     # as many epochs as the steps need (train calls sampler.set_epoch for each)
     result = train(step, loader, max_steps=config.steps, epochs=config.steps)
-    losses = (warm.losses if warm else []) + result.losses
     summary = {
         "world_size": world,
-        "backend": context.backend if context else None,
         "device": str(device),
-        "per_rank_batch": config.batch_size,
         "global_batch": config.batch_size * world,
-        "steps": result.steps,
-        "losses": losses,
-        "seconds": result.seconds,
+        "losses": (warm.losses if warm else []) + result.losses,
         "samples_per_s": result.samples_per_s * world,
-        "threads_per_process": torch.get_num_threads(),
-        "config": asdict(config),
     }
     return getattr(model, "module", model), summary
 
 
 def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
-    """The body of one torchrun worker: join, train, log and save on rank 0, leave."""
+    """The body of one torchrun worker: join, train, and on rank 0 alone log and save
+    (``checkpoint.pt``, the unwrapped ``state_dict``, and ``summary.json`` in ``out``)."""
     context = init_distributed(device, config.timeout_s)
     try:
         model, summary = run_training(config, context)
-        if context.is_main:  # one log and one checkpoint, not world_size of them
+        if context.rank == 0:  # one log and one checkpoint, not world_size of them
             for number, loss in enumerate(summary["losses"], start=1):
-                if number % config.log_every == 0 or number == len(summary["losses"]):
-                    print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
+                print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
             print(
-                f"[rank 0] {summary['world_size']} process(es), backend {context.backend}, "
+                f"[rank 0] {context.world_size} process(es), backend {context.backend}, "
                 f"{summary['samples_per_s']:.1f} samples/s",
                 flush=True,
             )
             if config.out:
-                save_run(Path(config.out), model, summary)
+                out = Path(config.out)
+                out.mkdir(parents=True, exist_ok=True)
+                torch.save(model.state_dict(), out / "checkpoint.pt")
+                (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if context.backend == "gloo":
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=config.timeout_s))
         return summary
     finally:
-        shutdown_distributed()
+        dist.destroy_process_group()
 
 
-def save_run(out: Path, model: nn.Module, summary: dict[str, Any]) -> None:
-    """Write ``checkpoint.pt`` (the model's ``state_dict``) and ``summary.json``."""
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), out / CHECKPOINT_NAME)
-    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def train_command(config: RunConfig, device: str = "auto") -> list[str]:
-    """The arguments after ``torchrun ...`` that run :func:`train_worker` with ``config``."""
-    args = ["-m", "course_utils.distributed", "train", f"--device={device}"]
-    for name, value in asdict(config).items():
-        if value is not None:
-            args.append(f"--{name.replace('_', '-')}={value}")
-    return args
+def _torchrun_job(
+    config: RunConfig, nproc: int, device: str, timeout_s: float, env: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Run :func:`train_worker` under torchrun; return rank 0's summary and final state."""
+    with tempfile.TemporaryDirectory(prefix="ddp-") as folder:
+        run = RunConfig(**{**asdict(config), "out": folder})
+        done = launch_nodes([torchrun_train(run, nproc, device)], timeout_s, env)[0]
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"the DDP run on {nproc} process(es) failed (exit {done.returncode}): "
+                f"{failure_summary(done.stdout)}"
+            )
+        summary = json.loads((Path(folder) / "summary.json").read_text())
+        return summary, torch.load(Path(folder) / "checkpoint.pt", weights_only=True)
 
 
 # --------------------------------------------------------------------------- checks
@@ -436,13 +308,10 @@ def max_parameter_difference(
 def split_batch_gradient_difference(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, parts: int = 2
 ) -> float:
-    """How far the average of ``parts`` sub-batch gradients is from the full-batch gradient.
-
-    This is what DDP computes (each rank's mean-loss gradient, averaged by the all-reduce)
-    against what one process computes. Zero up to rounding for models whose forward treats
-    samples independently (Linear, Conv, GroupNorm); not for BatchNorm in training mode,
-    which normalizes each sub-batch with its own mean and variance.
-    """
+    """How far the average of ``parts`` sub-batch gradients (what DDP's all-reduce gives)
+    is from the full-batch gradient (one process). Zero up to rounding when the forward
+    treats samples independently; not with BatchNorm, which normalizes each sub-batch with
+    its own statistics (``nn.SyncBatchNorm`` uses all ranks')."""
     loss_fn = nn.CrossEntropyLoss()
     model.zero_grad(set_to_none=True)
     loss_fn(model(inputs), targets).backward()
@@ -464,8 +333,6 @@ class EquivalenceResult:
     world_size: int
     per_rank_batch: int
     steps: int
-    ddp_summary: dict[str, Any] = field(default_factory=dict)
-    output: str = ""
 
     @property
     def equal(self) -> bool:
@@ -475,12 +342,11 @@ class EquivalenceResult:
 def reference_model(config: RunConfig, world_size: int) -> nn.Module:
     """One process, batch ``world_size * config.batch_size``, the same samples and steps.
 
-    It runs with one CPU thread, as torchrun starts each CPU worker (``OMP_NUM_THREADS=1``):
-    with many threads the reductions inside matmuls add in another order, and over tens of
-    steps those last-bit differences grew to 1.3e-5 on a 16-core machine.
+    It runs with one CPU thread, as torchrun's CPU workers do: with many threads matmuls
+    add in another order, and over tens of steps the differences grew to 1.3e-5 (16 cores).
     """
     single = RunConfig(**{**asdict(config), "batch_size": config.batch_size * world_size})
-    single.out, single.fail_rank = None, None
+    single.out = None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -496,31 +362,16 @@ def equivalence_check(
     tolerance: float = TOLERANCE,
     timeout_s: float = 180.0,
 ) -> EquivalenceResult:
-    """Train with DDP on ``nproc`` CPU processes (gloo, via torchrun), then in this process
-    on the combined batch, and compare the final parameters.
-
-    They agree because DDP averages the gradients of the ranks' mean losses, which equals
-    the gradient of the mean loss over the combined batch (plain SGD turns equal gradients
-    into equal steps). BatchNorm breaks this: it normalizes each rank's batch with that
-    batch's own statistics, so a rank's forward differs from the combined batch's;
-    ``nn.SyncBatchNorm`` computes the statistics over all ranks and restores it.
+    """Train with DDP on ``nproc`` CPU processes (gloo, torchrun), then in this process on
+    the combined batch (:func:`reference_model`), and compare the final parameters. They
+    agree: the average of the ranks' mean-loss gradients is the combined batch's gradient.
     """
     config = config or RunConfig(steps=4, batch_size=8, dataset_size=64)
     if config.dataset_size % (nproc * config.batch_size):
         raise ValueError("dataset_size must be a multiple of nproc * batch_size (no padding)")
-    with tempfile.TemporaryDirectory(prefix="ddp-check-") as folder:
-        run = RunConfig(**{**asdict(config), "out": folder})
-        done = launch(torchrun_command(train_command(run, "cpu"), nproc), timeout_s)
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"the DDP run failed (exit {done.returncode}): {failure_summary(done.stdout)}"
-            )
-        ddp_state = torch.load(Path(folder) / CHECKPOINT_NAME, weights_only=True)
-        summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
+    _, ddp_state = _torchrun_job(config, nproc, "cpu", timeout_s, {})
     difference = max_parameter_difference(ddp_state, reference_model(config, nproc))
-    return EquivalenceResult(
-        difference, tolerance, nproc, config.batch_size, config.steps, summary, done.stdout
-    )
+    return EquivalenceResult(difference, tolerance, nproc, config.batch_size, config.steps)
 
 
 def measure_scaling(
@@ -529,31 +380,15 @@ def measure_scaling(
     device: str = "auto",
     timeout_s: float = 300.0,
 ) -> list[dict[str, Any]]:
-    """Global throughput of the same per-process batch on 1..N processes, and the scaling
-    efficiency ``throughput(N) / (N * throughput(1))``.
-
-    Each process count is a separate torchrun job; every process uses one CPU thread
-    (``OMP_NUM_THREADS=1``) so that a process is the unit of work on CPU. With GPUs
-    (``device="auto"``) each process drives one GPU.
-    """
+    """Global throughput of the same per-process batch for each process count (a torchrun
+    job each) and the efficiency ``throughput(N) / (N * throughput(1))``. Each process has
+    one CPU thread (``OMP_NUM_THREADS=1``), or drives one GPU."""
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
     rows: list[dict[str, Any]] = []
     for count in progress.track(process_counts, "DDP scaling", unit="run"):
-        with tempfile.TemporaryDirectory(prefix="ddp-scaling-") as folder:
-            run = RunConfig(**{**asdict(config), "out": folder, "log_every": 10**9})
-            command = torchrun_command(train_command(run, device), count)
-            done = launch(command, timeout_s, env={"OMP_NUM_THREADS": "1"})
-            if done.returncode != 0:
-                raise RuntimeError(f"{count} process(es) failed: {failure_summary(done.stdout)}")
-            summary = json.loads((Path(folder) / SUMMARY_NAME).read_text())
-        rows.append(
-            {
-                "processes": count,
-                "device": summary["device"],
-                "samples_per_s": summary["samples_per_s"],
-                "global_batch": summary["global_batch"],  # per-process batch x processes
-            }
-        )
+        summary, _ = _torchrun_job(config, count, device, timeout_s, {"OMP_NUM_THREADS": "1"})
+        keys = ("device", "samples_per_s", "global_batch")  # global: per-process x processes
+        rows.append({"processes": count, **{key: summary[key] for key in keys}})
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["processes"] * base)
@@ -562,8 +397,6 @@ def measure_scaling(
 
 def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> Any:
     """Throughput against processes, with the ideal (linear) line; returns the axes."""
-    import matplotlib.pyplot as plt
-
     ax = ax or plt.subplots(figsize=(5, 3.5))[1]
     counts = [row["processes"] for row in rows]
     measured = [row["samples_per_s"] for row in rows]
@@ -571,11 +404,10 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
     ax.plot(counts, ideal, "--", color="gray", label="ideal (linear)")
     ax.plot(counts, measured, "o-", label="measured")
     for count, value, row in zip(counts, measured, rows, strict=True):
-        ax.annotate(f"{row['efficiency']:.0%}", (count, value), textcoords="offset points",
-                    xytext=(4, -12))  # fmt: skip
-    ax.set_xticks(counts)
-    ax.set_xlabel("processes")
-    ax.set_ylabel("samples / s (all processes)")
+        ax.annotate(
+            f"{row['efficiency']:.0%}", (count, value), textcoords="offset points", xytext=(4, -12)
+        )
+    ax.set(xticks=counts, xlabel="processes", ylabel="samples / s (all processes)")
     ax.set_title(f"DDP scaling, {label}", fontsize=9)
     ax.legend()
     return ax
@@ -586,16 +418,14 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
 
 @dataclass
 class RanksRun:
-    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: killed when it ran
-    too long or when another rank failed), error and output, and two spies: which ranks
-    called ``torch.save`` and the epochs each rank passed to ``sampler.set_epoch``."""
+    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: stopped), error and
+    output, the ranks that called ``torch.save`` and the epochs given to ``set_epoch``."""
 
     exit_codes: list[int | None]
     errors: dict[int, str]
     outputs: dict[int, str]
     saved_by: list[int]
     set_epoch_calls: dict[int, list[int]]
-    seconds: float
 
     @property
     def ok(self) -> bool:
@@ -615,7 +445,6 @@ def _rank_main(
     fn: Any, rank: int, world_size: int, port: int, folder: str, args: tuple[Any, ...]
 ) -> None:
     """One forked rank: torchrun's environment variables, one thread, the spies, ``fn``."""
-    report = Path(folder)
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -625,50 +454,42 @@ def _rank_main(
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
-    with open(report / f"output-{rank}.txt", "w") as log:
+    seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None}
+    save, set_epoch = torch.save, DistributedSampler.set_epoch
+
+    def spied_save(*save_args: Any, **kwargs: Any) -> Any:
+        seen["saved"] = True
+        return save(*save_args, **kwargs)
+
+    def spied_set_epoch(sampler: Any, epoch: int) -> None:
+        seen["epochs"].append(epoch)
+        set_epoch(sampler, epoch)
+
+    torch.save = spied_save
+    DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
+    with open(Path(folder) / f"output-{rank}.txt", "w") as log:
         sys.stdout = sys.stderr = log
-        original_save, original_set_epoch = torch.save, DistributedSampler.set_epoch
-
-        def save(*save_args: Any, **kwargs: Any) -> Any:
-            (report / f"saved-by-{rank}").touch()
-            return original_save(*save_args, **kwargs)
-
-        def set_epoch(sampler: Any, epoch: int) -> None:
-            with open(report / f"set-epoch-{rank}.txt", "a") as calls:
-                calls.write(f"{epoch}\n")
-            original_set_epoch(sampler, epoch)
-
-        torch.save = save
-        DistributedSampler.set_epoch = set_epoch  # type: ignore[method-assign,assignment]
-        code = 0
         try:
             fn(*args)
         except BaseException as error:  # reported to the parent, which decides
-            (report / f"error-{rank}.txt").write_text(
-                f"rank {rank}: {type(error).__name__}: {error}"
-            )
-            code = 1
+            seen["error"] = f"rank {rank}: {type(error).__name__}: {error}"
         log.flush()
-    os._exit(code)  # skip the parent's exit handlers (a Jupyter kernel's, for example)
+    (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(seen))
+    os._exit(1 if seen["error"] else 0)  # skip the parent's exit handlers (a Jupyter kernel's)
 
 
 def run_as_ranks(
     fn: Any, world_size: int = 2, args: Sequence[Any] = (), timeout_s: float = 60.0
 ) -> RanksRun:
-    """Run ``fn(*args)`` in ``world_size`` forked CPU processes, as torchrun would start a
-    script: each gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/``PORT``
-    (127.0.0.1, a free port), so ``dist.init_process_group("gloo")`` works unchanged.
+    """Run ``fn(*args)`` in ``world_size`` forked CPU processes with torchrun's environment
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` on a free local port, ...), so that
+    ``dist.init_process_group("gloo")`` works unchanged; fork lets ``fn`` live in a notebook.
 
-    Fork (Linux) lets ``fn`` be a function defined in a notebook. When one rank fails the
-    others are stopped (as torchrun does), and all are after ``timeout_s``. The spies record
-    which ranks call ``torch.save`` and what they pass to ``DistributedSampler.set_epoch``.
-    A ``NotImplementedError`` in a rank (an exercise not answered yet) is raised here too,
-    so that a grader reports it as such.
+    When one rank fails the others are stopped (as torchrun does), and all are after
+    ``timeout_s``. A ``NotImplementedError`` in a rank (an unanswered exercise) is raised
+    here, so that a grader reports it as such.
     """
-    import multiprocessing
-
     context = multiprocessing.get_context("fork")
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
         port = free_port()
         ranks = [
@@ -694,46 +515,33 @@ def run_as_ranks(
                     else f"rank {rank} was stopped because another rank failed"
                 )
             process.join()
-        report = Path(folder)
-
-        def read(name: str) -> str | None:
-            path = report / name
-            return path.read_text() if path.exists() else None
-
-        codes = [None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)]
-        # the errors in the order they happened: the first is the cause, the rest follow
-        files = sorted(report.glob("error-*.txt"), key=lambda path: path.stat().st_mtime_ns)
-        errors = {int(path.stem.split("-")[1]): path.read_text() for path in files}
+        logs = [Path(folder) / f"output-{rank}.txt" for rank in range(world_size)]
+        # in the order the ranks ended: the first error is the cause, the rest follow
+        files = sorted(Path(folder).glob("rank-*.json"), key=lambda path: path.stat().st_mtime_ns)
+        seen = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in files}
+        errors = {rank: report["error"] for rank, report in seen.items() if report["error"]}
         errors.update({rank: why for rank, why in stopped.items() if rank not in errors})
         if any(text.split(": ", 2)[1:2] == ["NotImplementedError"] for text in errors.values()):
             raise NotImplementedError(next(iter(errors.values())))
         return RanksRun(
-            exit_codes=codes,
+            exit_codes=[None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)],
             errors=errors,
-            outputs={rank: read(f"output-{rank}.txt") or "" for rank in range(world_size)},
-            saved_by=[rank for rank in range(world_size) if (report / f"saved-by-{rank}").exists()],
+            outputs={rank: log.read_text() for rank, log in enumerate(logs) if log.exists()},
+            saved_by=sorted(rank for rank, report in seen.items() if report["saved"]),
             set_epoch_calls={
-                rank: [int(x) for x in (read(f"set-epoch-{rank}.txt") or "").split()]
-                for rank in range(world_size)
+                rank: seen.get(rank, {}).get("epochs", []) for rank in range(world_size)
             },
-            seconds=time.perf_counter() - start,
         )
 
 
 # --------------------------------------------------------------------------- DataParallel
 
 
-def data_parallel_report(
-    model: nn.Module, batch_size: int = 64, steps: int = 5, image_size: int = 32
-) -> dict[str, Any]:
-    """What ``nn.DataParallel`` does here, measured when there are 2+ GPUs.
-
-    With 2+ GPUs: training-step throughput on one GPU and with DataParallel on all, and
-    each GPU's peak allocated memory (GPU 0 holds the parameters, the gathered outputs
-    and the loss, so it carries more). Without: the explanation, and the proof that on
-    CPU ``nn.DataParallel`` wraps the module but runs it unchanged (``device_ids == []``;
-    with one GPU it runs it on ``cuda:0``).
-    Initializes CUDA when GPUs are present: run it after any fork-based launcher.
+def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5) -> dict[str, Any]:
+    """What ``nn.DataParallel`` does here. With 2+ GPUs: training throughput on one GPU
+    and with DataParallel, and each GPU's peak memory (GPU 0, which gathers the outputs
+    and holds the loss, carries more). Else: the explanation, and a check that it runs
+    the module unchanged. Initializes CUDA when there are GPUs: call it after any fork.
     """
     gpus = cuda_gpu_count()
     wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
@@ -741,7 +549,7 @@ def data_parallel_report(
     if gpus < 2:
         # with one GPU, DataParallel has moved the module to cuda:0 (device_ids == [0])
         device = next(model.parameters()).device
-        inputs = torch.randn(2, 3, image_size, image_size, device=device)
+        inputs = torch.randn(2, 3, 32, 32, device=device)
         with torch.no_grad():
             same = torch.allclose(wrapped(inputs), model(inputs), rtol=0.0, atol=1e-6)
         report["runs_module_unchanged"] = same
@@ -759,38 +567,24 @@ def data_parallel_report(
         )
         return report
     rows: dict[str, dict[str, Any]] = {}
-    inputs = torch.randn(batch_size, 3, image_size, image_size, device="cuda:0")
+    inputs = torch.randn(batch_size, 3, 32, 32, device="cuda:0")
     targets = torch.randint(0, 10, (batch_size,), device="cuda:0")
     for name, module in (("one_gpu", model.to("cuda:0")), ("data_parallel", wrapped)):
         for index in range(gpus):
             torch.cuda.reset_peak_memory_stats(index)
-        seconds = _time_training_step(module, inputs, targets, steps)
+        step = TrainStep(module, "cuda:0", TrainConfig(precision="fp32", optimizer="sgd"))
+        seconds = benchmark(
+            partial(step, (inputs, targets)), device="cuda:0", repeats=steps
+        ).median_s
         rows[name] = {
             "samples_per_s": batch_size / seconds,
             "peak_mib_per_gpu": [
-                torch.cuda.max_memory_allocated(index) / 2**20 for index in range(gpus)
+                torch.cuda.max_memory_allocated(index) / MIB for index in range(gpus)
             ],
         }
     report["measured"] = rows
     report["speedup"] = rows["data_parallel"]["samples_per_s"] / rows["one_gpu"]["samples_per_s"]
     return report
-
-
-def _time_training_step(
-    module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int
-) -> float:
-    """Median seconds of one SGD training step of ``module`` on the batch (synchronized)."""
-    from course_utils.timing import benchmark
-
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(module(inputs), targets).backward()
-        optimizer.step()
-
-    return benchmark(step, device=inputs.device, warmup=2, repeats=steps).median_s
 
 
 # --------------------------------------------------------------------------- model parallel
@@ -799,16 +593,12 @@ def _time_training_step(
 class SplitModel(nn.Module):
     """A model cut into stages, each on its own device; activations hop between them.
 
-    This is model (pipeline) parallelism in its simplest form: it lets a model too big for
-    one GPU run on two, but only one device works at a time (no pipelining). ``handoffs``
-    records each activation moved between devices in the last forward: ``(from, to,
-    shape, bytes)``. The same code runs with ``devices=("cpu", "cpu")``.
+    Model parallelism in its simplest form: one device works at a time (no pipelining).
+    ``handoffs``: each activation moved in the last forward, ``(from, to, shape, bytes)``.
     """
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[str | torch.device]):
         super().__init__()
-        if len(stages) != len(devices):
-            raise ValueError("give one device per stage")
         self.devices = [torch.device(device) for device in devices]
         self.stages = nn.ModuleList(
             stage.to(device) for stage, device in zip(stages, self.devices, strict=True)
@@ -827,9 +617,8 @@ class SplitModel(nn.Module):
 
 
 def split_model(model: nn.Module, devices: Sequence[str | torch.device]) -> SplitModel:
-    """Split a course model (``blocks`` then ``head``) into two stages on two devices:
-    the first half of the blocks on ``devices[0]``, the rest and the head on ``devices[1]``.
-    """
+    """Split a course model (``blocks``, ``head``) in two: the first half of the blocks on
+    ``devices[0]``, the rest and the head on ``devices[1]``."""
     blocks = getattr(model, "blocks", None)
     head = getattr(model, "head", None)
     if not isinstance(blocks, nn.Sequential) or head is None or len(devices) != 2:
@@ -858,9 +647,7 @@ def _parser() -> argparse.ArgumentParser:
     trainer = commands.add_parser("train", help="train with DDP; rank 0 logs and saves")
     trainer.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     for name, value in asdict(RunConfig()).items():
-        kind = float if name in ("lr", "timeout_s") else int if name != "model" else str
-        if name in ("out", "norm", "fail_mode"):
-            kind = str
+        kind = str if name == "out" else type(value)  # out's default is None
         trainer.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     return parser
 

@@ -1,18 +1,6 @@
-"""The course's models, built by name, with parameter counts.
-
-* ``small_cnn``: a four-block CNN for 32x32 images (CIFAR-shaped), fast on a CPU.
-* ``mlp``: a plain multi-layer perceptron on flattened images.
-* ``resnet18`` and ``mobilenet_v3_small``: torchvision's architectures (``weights=None``,
-  no download), the "real" models of the memory and batch-size lessons.
-* ``tiny_transformer``: a small vision transformer: the image cut into 4x4 patches, then
-  pre-norm transformer encoder blocks (self-attention and an MLP), then a classifier.
-
-:func:`model_costs` gives a model's parameter count and FLOPs (forward, and a training
-step) for a batch, counted by :func:`course_utils.flops.count_flops`.
-
-Every model keeps its repeated blocks in a list that :func:`checkpoint_blocks` can wrap
-with gradient checkpointing, without changing the model's ``state_dict`` keys.
-Used by notebooks 03 to 08 through :mod:`course_utils.training`.
+"""The course's models by name: ``small_cnn`` (fast on a CPU), ``mlp``, torchvision's
+``resnet18`` and ``mobilenet_v3_small`` (``weights=None``: no download) and a
+``tiny_transformer``; their costs; and gradient checkpointing of their blocks.
 """
 
 from __future__ import annotations
@@ -22,8 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torchvision
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+from course_utils.flops import count_flops
 
 MODEL_NAMES = ("small_cnn", "mlp", "resnet18", "mobilenet_v3_small", "tiny_transformer")
 
@@ -39,24 +31,14 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 class SmallCNN(nn.Module):
-    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier.
+    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier. Use
+    ``norm="group"`` or ``"none"`` when a result must not depend on how a batch is split
+    (accumulation, DDP): BatchNorm's statistics are per micro-batch."""
 
-    ``norm="batch"`` is the realistic default. Use ``"group"`` or ``"none"`` when a
-    result must not depend on how a batch is split (accumulation and DDP equivalence:
-    BatchNorm's statistics are per micro-batch).
-    """
-
-    def __init__(
-        self,
-        num_classes: int = 10,
-        width: int = 32,
-        in_channels: int = 3,
-        depth: int = 4,
-        norm: str = "batch",
-    ) -> None:
+    def __init__(self, num_classes: int = 10, width: int = 32, depth: int = 4, norm: str = "batch"):
         super().__init__()
         blocks: list[nn.Module] = []
-        channels = in_channels
+        channels = 3
         for i in range(depth):
             out = width * 2 ** min(i, 3)
             blocks.append(
@@ -102,44 +84,30 @@ class MLP(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """A small vision transformer for 32x32 images (ViT-style, pre-norm).
-
-    The image is cut into ``patch x patch`` patches, each embedded into ``dim`` numbers by
-    one strided convolution; a learned position embedding is added; ``depth`` encoder
-    blocks (multi-head self-attention, then a two-layer MLP, each with a residual) mix
-    the patches; the mean over patches goes to a linear classifier. Dropout is 0 so that
-    a step is deterministic. The blocks live in ``blocks`` for :func:`checkpoint_blocks`.
-    """
+    """A small ViT: 4x4 patches embedded by a strided convolution plus a learned position,
+    ``depth`` pre-norm encoder blocks, the mean over patches to a linear classifier. No
+    dropout, so that a step is deterministic."""
 
     def __init__(
         self,
         num_classes: int = 10,
         image_size: int = 32,
-        patch: int = 4,
         dim: int = 64,
         depth: int = 4,
         heads: int = 4,
-        mlp_ratio: int = 2,
-        in_channels: int = 3,
     ) -> None:
         super().__init__()
-        if image_size % patch:
-            raise ValueError(f"image_size {image_size} is not a multiple of patch {patch}")
-        patches = (image_size // patch) ** 2
-        self.embed = nn.Conv2d(in_channels, dim, kernel_size=patch, stride=patch)
+        if image_size % 4:
+            raise ValueError(f"image_size {image_size} is not a multiple of patch 4")
+        patches = (image_size // 4) ** 2
+        self.embed = nn.Conv2d(3, dim, kernel_size=4, stride=4)
         self.position = nn.Parameter(torch.zeros(1, patches, dim))
         nn.init.normal_(self.position, std=0.02)
+        # each block: self-attention, then an MLP twice as wide (GELU), each with a residual
+        mlp: dict[str, Any] = {"dim_feedforward": 2 * dim, "dropout": 0.0, "activation": "gelu"}
         self.blocks = nn.Sequential(
             *(
-                nn.TransformerEncoderLayer(
-                    dim,
-                    heads,
-                    dim_feedforward=mlp_ratio * dim,
-                    dropout=0.0,
-                    activation="gelu",
-                    batch_first=True,
-                    norm_first=True,
-                )
+                nn.TransformerEncoderLayer(dim, heads, batch_first=True, norm_first=True, **mlp)
                 for _ in range(depth)
             )
         )
@@ -157,34 +125,28 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     >>> type(build_model("small_cnn", norm="group")).__name__
     'SmallCNN'
     """
-    if name == "small_cnn":
-        return SmallCNN(num_classes=num_classes, **kwargs)
-    if name == "mlp":
-        return MLP(num_classes=num_classes, **kwargs)
-    if name == "tiny_transformer":
-        return TinyTransformer(num_classes=num_classes, **kwargs)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
     if name in ("resnet18", "mobilenet_v3_small"):
-        import torchvision
+        kwargs["weights"] = None  # random initialization: nothing to download
+    ours = {"small_cnn": SmallCNN, "mlp": MLP, "tiny_transformer": TinyTransformer}
+    builder: Callable[..., nn.Module] = ours.get(name) or getattr(torchvision.models, name)
+    return builder(num_classes=num_classes, **kwargs)
 
-        builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
-        return builder(weights=None, num_classes=num_classes, **kwargs)
-    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}")
 
-
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+def count_parameters(model: nn.Module) -> int:
     """Number of parameters (elements, not bytes).
 
     >>> count_parameters(nn.Linear(10, 5))
     55
     """
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+    return sum(p.numel() for p in model.parameters())
 
 
 @dataclass(frozen=True)
 class ModelCost:
-    """Size and work of a model for one batch: parameters, and FLOPs (2 per multiply-add)."""
+    """Parameters of a model and FLOPs (2 per multiply-add) for one batch."""
 
-    name: str
     parameters: int
     batch_size: int
     forward_flops: int
@@ -195,53 +157,35 @@ class ModelCost:
         return self.training_flops / self.batch_size
 
 
-def model_costs(
-    name: str,
-    batch_size: int = 1,
-    image_size: int = 32,
-    channels: int = 3,
-    **kwargs: Any,
-) -> ModelCost:
+def model_costs(name: str, batch_size: int = 1, image_size: int = 32, **kwargs: Any) -> ModelCost:
     """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images.
 
-    The forward FLOPs are counted by :func:`course_utils.flops.count_flops` (matmuls,
-    convolutions, attention; elementwise operations count zero), in training mode so that
-    PyTorch's fused inference path for transformer layers does not hide them from the
-    counter, and with the math attention kernel (the fused CPU kernel is not counted).
-    A training step is counted as 3x the forward (forward, plus gradients for activations
-    and for weights, each about one forward), the usual convention for MFU.
-    Why not count the backward too: the counter of torch 2.14 counts the backward of a
-    grouped (depthwise) convolution as if it were dense, ``groups`` times too many FLOPs,
-    which would inflate MobileNet's count about 20x.
+    :func:`~course_utils.flops.count_flops` counts the forward (matmuls, convolutions,
+    attention; elementwise work counts zero) in training mode, so that the fused inference
+    path of transformer layers does not hide them, and with the math attention kernel (the
+    fused CPU kernel is invisible to it). A training step is 3x the forward (the usual MFU
+    convention); the backward is not counted: torch 2.14's counter counts a grouped
+    convolution's backward as dense, inflating MobileNet's count about 20x.
 
     >>> cost = model_costs("mlp", hidden=16, depth=1)  # 3072*16 + 16*10 multiply-adds
     >>> cost.parameters, cost.forward_flops, cost.training_flops
     (49338, 98624, 295872)
     """
-    from course_utils.flops import count_flops
-
     if name == "tiny_transformer":  # its position embedding is sized for the image
         kwargs = {"image_size": image_size, **kwargs}
     if name == "mlp":  # its first layer is sized for the flattened image
-        kwargs = {"in_features": channels * image_size**2, **kwargs}
+        kwargs = {"in_features": 3 * image_size**2, **kwargs}
     model = build_model(name, **kwargs)
     counted = max(batch_size, 2)  # BatchNorm refuses a batch of 1 in training mode
-    inputs = torch.randn(counted, channels, image_size, image_size)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    # the math attention kernel is made of matmuls the counter sees; the fused CPU kernel
-    # is invisible to it (attention would count zero)
-    with sdpa_kernel(SDPBackend.MATH):
+    inputs = torch.randn(counted, 3, image_size, image_size)
+    with sdpa_kernel(SDPBackend.MATH):  # matmuls the counter sees
         forward = count_flops(model, inputs) * batch_size // counted  # linear in the batch
-    return ModelCost(name, count_parameters(model), batch_size, forward, 3 * forward)
+    return ModelCost(count_parameters(model), batch_size, forward, 3 * forward)
 
 
 def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The repeated blocks of a course model, the natural units for checkpointing.
-
-    SmallCNN and MLP: ``blocks.N``; ResNet: ``layer1`` to ``layer4``; MobileNet:
-    ``features.N``. Other models: their direct children.
-    """
+    """The repeated blocks of a model, the units of checkpointing: ``blocks.N`` (the
+    course's), ``features.N`` (MobileNet), ``layer1``-``layer4`` (ResNet), else children."""
     for container in ("blocks", "features"):
         inner = getattr(model, container, None)
         if isinstance(inner, nn.Sequential):
@@ -261,13 +205,10 @@ def _checkpointed_forward(module: nn.Module, forward: Callable[..., Any]) -> Cal
 
 
 def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[str]:
-    """Wrap blocks of ``model`` with gradient checkpointing, in place; return their names.
-
-    A checkpointed block keeps only its input during the forward pass and recomputes
-    its activations during backward: less memory, about one extra forward of time.
-    ``names`` selects blocks (default: all of :func:`blocks_of`). The ``state_dict`` is
-    unchanged (the block's ``forward`` is replaced, not the block). Idempotent.
-    """
+    """Wrap blocks of ``model`` (default: all of :func:`blocks_of`) with gradient
+    checkpointing, in place, and return their names. A checkpointed block keeps only its
+    input and recomputes its activations during backward. Its ``forward`` is replaced, so
+    the ``state_dict`` keys stay; wrapping twice changes nothing."""
     chosen = []
     for name, block in blocks_of(model):
         if names is not None and name not in names:
@@ -280,9 +221,3 @@ def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[
             f"no block named {sorted(missing)}; blocks: {[n for n, _ in blocks_of(model)]}"
         )
     return chosen
-
-
-def uncheckpoint_blocks(model: nn.Module) -> None:
-    """Undo :func:`checkpoint_blocks`."""
-    for _, block in blocks_of(model):
-        vars(block).pop("forward", None)

@@ -1,12 +1,9 @@
 """Timing GPU work correctly: synchronize, exclude warm-up, repeat, report median and spread.
 
-CUDA kernels run asynchronously: ``c = a @ b`` returns as soon as the kernel is queued,
-so a stopwatch around it measures the launch, not the work. :func:`benchmark` waits for
-the device before starting and before stopping the clock (``torch.cuda.synchronize``),
-runs a few untimed warm-up calls first (cuBLAS handles, kernel selection, caches), and
-reports the median and interquartile range over several repeats.
-
-Every notebook that times anything uses :func:`benchmark`. Notebook 01 teaches it.
+CUDA kernels run asynchronously: ``c = a @ b`` returns once the kernel is queued, so a
+stopwatch around it measures the launch. :func:`benchmark` synchronizes the device before
+starting and before stopping the clock, runs untimed warm-up calls first (cuBLAS handles,
+kernel selection, caches), and reports the median and IQR over several repeats.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from unittest import mock
@@ -27,13 +24,8 @@ import torch
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
-    """A function that waits until all queued work on ``device`` has finished.
-
-    CPU work is synchronous, so for the CPU it does nothing.
-
-    >>> synchronizer("cpu")() is None
-    True
-    """
+    """A function that waits until all queued work on ``device`` has finished (on the CPU,
+    whose work is synchronous, it does nothing)."""
     device = torch.device(device)
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -50,7 +42,6 @@ class Timing:
     warmup: int
     synchronized: bool
     device: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -99,17 +90,11 @@ def benchmark(
     synchronize: bool = True,
     sync: Callable[[], None] | None = None,
 ) -> Timing:
-    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then ``repeats`` timings.
+    """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then ``repeats`` timings of
+    ``number`` calls each (seconds per call).
 
-    Each repeat runs ``fn`` ``number`` times (use more for very short functions) and
-    records the time per call. With ``synchronize=True`` the device is synchronized
-    before the clock starts and before it stops; ``synchronize=False`` shows what naive
-    timing would measure (on a GPU: mostly the kernel launches). ``sync`` replaces the
-    device's synchronize function (tests and simulations use it).
-
-    >>> t = benchmark(lambda: sum(range(1000)), warmup=1, repeats=5)
-    >>> len(t.times_s), t.warmup
-    (5, 1)
+    ``synchronize=False`` shows what naive timing measures (on a GPU: mostly the kernel
+    launches). ``sync`` replaces the device's synchronize function (tests, simulations).
     """
     if warmup < 0 or repeats < 1 or number < 1:
         raise ValueError("need warmup >= 0, repeats >= 1 and number >= 1")
@@ -141,16 +126,9 @@ def time_in_turns(
 ) -> dict[str, Timing]:
     """Time several functions taking turns (A, B, A, B, ...), one :class:`Timing` each.
 
-    Timing all of A and then all of B charges any change in a shared machine's load to
-    one of them; taking turns exposes each to the same moments, so the ratio of their
-    medians is fair. Each function gets ``warmup`` untimed calls first, then one
-    synchronized call per round.
-
-    >>> order = []
-    >>> result = time_in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-    ...                        warmup=0, rounds=2)
-    >>> order, len(result["a"].times_s)
-    (['a', 'b', 'a', 'b'], 2)
+    Timing all of A, then all of B, charges a change in a shared machine's load to one of
+    them; in turns each sees the same moments, so the ratio of medians is fair. Each gets
+    ``warmup`` untimed calls, then one synchronized call per round.
     """
     if warmup < 0 or rounds < 1:
         raise ValueError("need warmup >= 0 and rounds >= 1")
@@ -175,10 +153,8 @@ def time_in_turns(
 class SimulatedGPU:
     """A stand-in for a GPU stream on a CPU-only machine, to show asynchronous timing.
 
-    ``launch(seconds)`` queues "work" and returns at once, as a CUDA kernel launch does;
-    a background thread performs the queued work in order; ``synchronize()`` waits until
-    the queue is empty, as ``torch.cuda.synchronize()`` does. It is a teaching model,
-    not a measurement of any GPU.
+    ``launch(seconds)`` queues "work" and returns at once, like a kernel launch; a thread
+    does the work in order; ``synchronize()`` waits for the queue to empty.
 
     >>> gpu = SimulatedGPU()
     >>> gpu.launch(0.01); gpu.synchronize(); gpu.completed
@@ -208,9 +184,8 @@ class SimulatedGPU:
 
 @contextmanager
 def fake_cuda(gpu: SimulatedGPU) -> Iterator[list[tuple[Any, ...]]]:
-    """For the body of a ``with`` block, ``torch.cuda.synchronize()`` waits for ``gpu``
-    and ``torch.cuda.is_available()`` is ``True``; yields the list of synchronize calls
-    (their arguments). A CPU-only grader uses it to check that a timer synchronizes CUDA.
+    """Within the block ``torch.cuda.synchronize()`` waits for ``gpu`` and CUDA is
+    "available"; yields the synchronize calls' arguments (a CPU grader checks a timer).
 
     >>> gpu = SimulatedGPU()
     >>> with fake_cuda(gpu) as calls:
@@ -230,66 +205,46 @@ def fake_cuda(gpu: SimulatedGPU) -> Iterator[list[tuple[Any, ...]]]:
         yield calls
 
 
-def matmul_gflops(n: int, seconds: float) -> float:
-    """Throughput of an ``n x n`` by ``n x n`` matmul: ``2 n^3`` FLOPs (one multiply and
-    one add per multiply-accumulate) divided by the time, in GFLOP/s.
-
-    >>> matmul_gflops(1000, 1.0)
-    2.0
-    """
-    return 2 * n**3 / seconds / 1e9
-
-
 def compare_matmul(
     sizes: list[int],
     devices: list[torch.device | str],
     *,
     warmup: int = 2,
     repeats: int = 5,
-    dtype: torch.dtype = torch.float32,
-    seed: int = 0,
     settle_s: float = 0.2,
 ) -> list[dict[str, Any]]:
     """Time the same float32 square matmul in NumPy and in torch on each device.
 
-    Returns one row per (library, device, size) with the median time, the IQR and
-    GFLOP/s, and ``max_abs_diff``: the largest difference from NumPy's result, which
-    shows that both compute the same thing.
+    One row per (library, device, size): median time, IQR, GFLOP/s (``2 n^3`` FLOPs: a
+    multiply and an add per multiply-accumulate) and ``max_abs_diff`` from NumPy's result.
 
-    ``settle_s`` is a pause after each measurement. NumPy's and torch's CPU thread pools
-    keep spinning for a while after their last call; without the pause the next library
-    finds the cores busy (on a 2-core machine this turned 0.2 ms torch matmuls into 16 ms
-    ones: ``benchmarks/bench_matmul.py`` measures it).
+    ``settle_s`` is a pause after each measurement: NumPy's and torch's CPU thread pools
+    spin for a while after their last call, and on a 2-core machine that turned 0.2 ms
+    torch matmuls into 16 ms ones (``benchmarks/bench_matmul.py``).
     """
     rows = []
-    generator = np.random.default_rng(seed)
+    generator = np.random.default_rng(0)
     for n in sizes:
         a = generator.standard_normal((n, n), dtype=np.float32)
         b = generator.standard_normal((n, n), dtype=np.float32)
         reference = a @ b
-        timing = benchmark(partial(np.matmul, a, b), warmup=warmup, repeats=repeats)
-        rows.append(_matmul_row("numpy", "cpu", n, timing, 0.0))
-        time.sleep(settle_s)
-        for device in devices:
-            ta = torch.from_numpy(a).to(device=device, dtype=dtype)
-            tb = torch.from_numpy(b).to(device=device, dtype=dtype)
-            timing = benchmark(
-                partial(torch.matmul, ta, tb), device=device, warmup=warmup, repeats=repeats
+        runs = [("numpy", "cpu", partial(np.matmul, a, b))]
+        for device in map(torch.device, devices):
+            ta, tb = torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
+            runs.append(("torch", str(device), partial(torch.matmul, ta, tb)))
+        for library, device_name, matmul in runs:
+            timing = benchmark(matmul, device=device_name, warmup=warmup, repeats=repeats)
+            result = torch.as_tensor(matmul()).cpu().numpy()
+            rows.append(
+                {
+                    "library": library,
+                    "device": device_name,
+                    "n": n,
+                    "median_ms": timing.median_s * 1e3,
+                    "iqr_ms": timing.iqr_s * 1e3,
+                    "gflops": 2 * n**3 / timing.median_s / 1e9,
+                    "max_abs_diff": float(np.max(np.abs(result - reference))),
+                }
             )
-            result = (ta @ tb).float().cpu().numpy()
-            diff = float(np.max(np.abs(result - reference)))
-            rows.append(_matmul_row("torch", str(torch.device(device)), n, timing, diff))
             time.sleep(settle_s)
     return rows
-
-
-def _matmul_row(library: str, device: str, n: int, timing: Timing, diff: float) -> dict:
-    return {
-        "library": library,
-        "device": device,
-        "n": n,
-        "median_ms": timing.median_s * 1e3,
-        "iqr_ms": timing.iqr_s * 1e3,
-        "gflops": matmul_gflops(n, timing.median_s),
-        "max_abs_diff": diff,
-    }

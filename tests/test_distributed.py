@@ -22,18 +22,15 @@ from course_utils import distributed
 from course_utils.data import SyntheticImages
 from course_utils.distributed import (
     RunConfig,
-    SplitModel,
     data_parallel_report,
     free_port,
-    launch,
     launch_nodes,
     max_parameter_difference,
     reference_model,
     run_as_ranks,
     split_batch_gradient_difference,
     split_model,
-    torchrun_command,
-    train_command,
+    torchrun_train,
 )
 from course_utils.models import build_model
 
@@ -47,7 +44,7 @@ def _two_nodes(config: RunConfig) -> list[subprocess.CompletedProcess[str]]:
     end; the warning keeps every node's last lines so the cause shows in the log."""
     for attempt in (1, 2):
         endpoint = f"127.0.0.1:{free_port()}"
-        node = torchrun_command(train_command(config, "cpu"), 1, nnodes=2, rdzv_endpoint=endpoint)
+        node = torchrun_train(config, 1, "cpu", nnodes=2, endpoint=endpoint)
         try:
             return launch_nodes([node, node], SAFETY_NET_S)
         except RuntimeError as error:
@@ -82,7 +79,7 @@ def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
 def test_launch_nodes_kills_every_node_when_they_outlive_the_timeout():
     sleeper = [sys.executable, "-c", "import time; print('waiting', flush=True); time.sleep(60)"]
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="2 nodes did not finish in 1 s"):
+    with pytest.raises(RuntimeError, match=r"2 torchrun agent\(s\) did not finish in 1 s"):
         launch_nodes([sleeper, sleeper], timeout_s=1)
     assert time.monotonic() - start < 30
 
@@ -164,20 +161,40 @@ def test_ddp_check_cli_runs_torchrun_and_prints_the_difference_last():
     assert float(last.split(": ")[1]) < 1e-5
 
 
+FAILING_RANK = """
+import sys, time
+import torch.distributed as dist
+from course_utils.distributed import init_distributed
+
+mode, timeout_s = sys.argv[1], float(sys.argv[2])
+context = init_distributed("cpu", timeout_s)
+if context.rank == 1:
+    if mode == "hang":
+        print("rank 1 hangs on purpose", flush=True)
+        time.sleep(10 * timeout_s)
+    raise RuntimeError("rank 1 fails on purpose")
+dist.barrier()  # a collective that rank 1 never joins
+print("[rank 0] finished", flush=True)
+"""
+
+
 @pytest.mark.parametrize(("mode", "timeout_s"), [("raise", 60), ("hang", 2)])
-def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s):
+def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s, tmp_path):
     """A rank that raises: torchrun stops the others. A rank that hangs: the others' collective
-    times out after timeout_s, they exit, torchrun stops the hung one."""
-    config = RunConfig(steps=4, fail_rank=1, fail_step=2, fail_mode=mode, timeout_s=timeout_s)
+    times out after init_distributed's timeout_s, they exit, torchrun stops the hung one."""
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    launcher = torchrun_train(RunConfig(), 2, "cpu")  # torchrun's part: up to "-m module"
+    command = [*launcher[: launcher.index("-m", 3)], str(script), mode, str(timeout_s)]
     start = time.perf_counter()
-    done = launch(torchrun_command(train_command(config, "cpu"), 2), SAFETY_NET_S)
+    done = launch_nodes([command], SAFETY_NET_S)[0]
     took = time.perf_counter() - start
     assert done.returncode != 0
     assert f"rank 1 {'fails' if mode == 'raise' else 'hangs'} on purpose" in done.stdout
     if mode == "hang":
         assert "Timed out" in done.stdout or "timed out" in done.stdout.lower()
     assert took < SAFETY_NET_S / 2
-    assert "[rank 0] 2 process(es)" not in done.stdout  # nobody finished training
+    assert "[rank 0] finished" not in done.stdout
 
 
 def _sample_sum(dataset: SyntheticImages, index: int) -> float:
@@ -205,10 +222,10 @@ def test_batchnorm_makes_the_split_batch_differ_and_groupnorm_does_not():
 
 
 def test_run_config_round_trips_through_the_worker_command_line():
-    config = RunConfig(model="small_cnn", steps=3, lr=0.1, fail_rank=1, out="x")
-    args = train_command(config, "cpu")
-    assert args[:3] == ["-m", "course_utils.distributed", "train"]
-    parsed = vars(distributed._parser().parse_args(args[2:]))
+    config = RunConfig(model="small_cnn", steps=3, lr=0.1, out="x")
+    command = torchrun_train(config, 2, "cpu")
+    args = command[command.index("course_utils.distributed") + 1 :]
+    parsed = vars(distributed._parser().parse_args(args))
     assert parsed.pop("command") == "train" and parsed.pop("device") == "cpu"
     assert RunConfig(**parsed) == config
 
@@ -228,8 +245,6 @@ def test_split_model_hands_activations_over_and_matches_the_whole_model():
     (source, target, shape, nbytes) = split.handoffs[0]
     assert (source, target) == ("cpu", "meta") and shape[0] == 4
     assert nbytes == torch.Size(shape).numel() * 4
-    with pytest.raises(ValueError):
-        SplitModel([nn.Identity()], ["cpu", "cpu"])
 
 
 def test_data_parallel_on_cpu_runs_the_module_unchanged():
@@ -253,7 +268,7 @@ def test_data_parallel_measures_every_gpu():
 @pytest.mark.multigpu
 def test_ddp_on_two_gpus_uses_nccl(tmp_path):
     config = RunConfig(model="small_cnn", steps=3, out=str(tmp_path))
-    done = launch(torchrun_command(train_command(config, "auto"), 2), SAFETY_NET_S)
+    done = launch_nodes([torchrun_train(config, 2, "auto")], SAFETY_NET_S)[0]
     assert done.returncode == 0, done.stdout
     assert "backend nccl" in done.stdout
 

@@ -18,9 +18,9 @@ import torch
 from test_nvml import GPUS, full_fake
 
 from course_utils import batch, capstone, flops, memory, monitor, nvml, training
+from course_utils.data import EncodedImages
 from course_utils.device import autocast, pick_precision
 from course_utils.monitor import Monitor, Reading
-from course_utils.profiling import LoopProfile, StepTimes
 
 # ------------------------------------------------------------------ readings, typed
 
@@ -59,11 +59,6 @@ def test_fake_nvml_readings_reach_every_consumer(fake_t4):
         "nvml", 97, 5000)
     assert "util 97% | memory 5000/15360 MiB" in lines[0] and "GPU-Util mean 97%" in lines[-1]
 
-    # the capstone's run summary
-    profile = LoopProfile(steps=[StepTimes(0.01, 0.0, 0.04, 8)], wall_s=0.05)
-    run = capstone.RecipeRun(capstone.SLOW, profile, monitor.sample(0), "cuda:0")
-    assert "GPU util 97%" in run.summary() and "?" not in run.summary()
-
     # the Lightning callback: metrics for the loggers, and the readings themselves
     from course_utils.lightning import UtilizationLogger
 
@@ -90,8 +85,6 @@ def test_under_mig_utilization_is_not_available_and_said_so(fake_t4):
     assert summary["peak_memory_mib"] == 5000
     assert "not available under MIG" in running.summary_line()
     assert "util N/A (MIG)" in monitor.describe(running.samples[-1])
-    run = capstone.RecipeRun(capstone.SLOW, LoopProfile(), running.samples[-1], "cuda:0")
-    assert "GPU util N/A (MIG)" in run.summary()
 
 
 def test_every_consumer_maps_cuda_numbers_to_nvml_numbers(monkeypatch):
@@ -111,28 +104,19 @@ def test_every_consumer_maps_cuda_numbers_to_nvml_numbers(monkeypatch):
 
     asked: list[int | None] = []
     monkeypatch.setattr(capstone, "sample", lambda index: asked.append(index) or Reading(0, "cpu"))
-    monkeypatch.setattr(capstone, "TrainStep", lambda *a, **k: lambda batch: torch.zeros(()))
-    monkeypatch.setattr(capstone, "StepProfiler", _InstantProfiler)
-    capstone.run_recipe(capstone.SLOW, capstone.make_data(16), "cuda:0", samples=16)
-    assert asked[1:] == [2, 2]  # the capstone samples the GPU that trains, not NVML's 0
+    monkeypatch.setattr(capstone, "build_model", lambda *a, **k: torch.nn.Module())
+    monkeypatch.setattr(capstone, "_fixed_batch_loss", lambda *args: 0.0)
+    monkeypatch.setattr(capstone, "synchronizer", lambda device: lambda: None)
+
+    def loop(data, model, device, timed):  # no CUDA work: the batches stay on the CPU
+        return [0.0 for _ in timed(torch.utils.data.DataLoader(data, batch_size=8))]
+
+    capstone.run_loop(loop, EncodedImages(16, stored_size=36), "cuda:0", samples=16)
+    assert asked == [2, 2]  # the capstone samples the GPU that trains, not NVML's 0
 
     from course_utils.env import measured_on
 
     assert "GPU: c" in measured_on("cuda:0")
-
-
-class _InstantProfiler:
-    """A StepProfiler for a fake CUDA device: yields the batches, times nothing."""
-
-    def __init__(self, device, warmup=1):
-        pass
-
-    def iterate(self, batches, max_steps):
-        for _ in range(max_steps):
-            yield next(batches)
-
-    def report(self):
-        return LoopProfile(steps=[StepTimes(0.0, 0.0, 0.01, 8)], wall_s=0.01)
 
 
 def test_the_spinning_kernel_runs_on_the_device_asked(monkeypatch):
