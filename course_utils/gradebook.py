@@ -1,12 +1,10 @@
 """Grade several submissions, in parallel, into a gradebook (``grade`` and ``grade-class``).
 
-``grade-class`` finds one folder per learner (``LEARNER/*.ipynb``, or nbgrader's
-``submitted/STUDENT/ASSIGNMENT/``) and grades each notebook against the instructor notebook
-of the same name, ``jobs`` at a time, each in its own process and kernel. It writes
-``gradebook.csv``, ``checks.csv``, ``feedback/LEARNER/NOTEBOOK.ipynb`` and
-``results/LEARNER/NOTEBOOK.json``. A result is kept while its key (a SHA-256 of the
-submission, the instructor notebook, the grader's version and the options) is unchanged,
-so a rerun grades only what is missing or changed. docs/instructor-guide.md has the rest.
+``grade-class`` grades each learner's notebooks (``LEARNER/*.ipynb`` or nbgrader's
+``submitted/STUDENT/ASSIGNMENT/``) against the instructor notebook of the same name, each
+in its own process, into ``gradebook.csv``, ``checks.csv``, ``feedback/`` and ``results/``.
+A result is kept while its key (a SHA-256 of submission, instructor notebook, grader
+version and options) is unchanged. docs/instructor-guide.md has the rest.
 """
 
 from __future__ import annotations
@@ -171,7 +169,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     except (InputError, RuntimeError, OSError) as error:  # the kernel did not start, a full disk
         result["error"] = " ".join(str(error).split())
     else:
-        result["report"] = report.to_dict()
+        result["report"] = asdict(report)
         if out is not None:
             partial = _feedback_path(out, task).with_suffix(".partial")
             write_notebook(feedback, partial)
@@ -218,12 +216,8 @@ def grade_tasks(
     """Grade the tasks, ``options.jobs`` at a time, keeping unchanged results found in
     ``out``; one progress line per submission. Returns the results in the order of tasks."""
     jobs = options.jobs or 1
-    results: dict[int, dict[str, Any]] = {}
-    if out is not None and resume:
-        for number, task in enumerate(tasks):
-            kept = _kept(out, task, options)
-            if kept is not None:
-                results[number] = kept
+    kept = [_kept(out, task, options) if out and resume else None for task in tasks]
+    results = {number: result for number, result in enumerate(kept) if result is not None}
     todo = [number for number in range(len(tasks)) if number not in results]
     print(
         f"{len(tasks)} submission(s): {len(results)} unchanged since the last run (kept), "
