@@ -25,8 +25,9 @@ from typing import Any, NoReturn
 # These import the standard library only: the quick commands start fast.
 from course_utils import smi, workload
 from course_utils.colab import is_commit, retarget_course, script_at_ref
-from course_utils.sandbox import GIB, Limits
+from course_utils.sandbox import Limits
 from course_utils.site import build_site
+from course_utils.units import GIB
 
 PROG = "python -m course_utils"
 BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)

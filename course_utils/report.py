@@ -13,7 +13,7 @@ import json
 import math
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +125,9 @@ class NotebookResult:
 def write_report(results: list[NotebookResult], environment: dict[str, Any], out_dir: Path) -> Path:
     """Write ``report.html`` and ``report.json`` into ``out_dir``; return the HTML path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    as_json = {
-        "environment": environment,
-        "notebooks": [
-            {
-                **result.__dict__,
-                "measurements": [m.__dict__ for m in result.measurements],
-                "plots": len(result.plots),  # the images themselves are in report.html
-            }
-            for result in results
-        ],
-    }
+    # The images themselves are in report.html.
+    notebooks = [{**asdict(result), "plots": len(result.plots)} for result in results]
+    as_json = {"environment": environment, "notebooks": notebooks}
     (out_dir / "report.json").write_text(json.dumps(as_json, indent=2, default=str))
     path = out_dir / "report.html"
     path.write_text(_html(results, environment), encoding="utf-8")
