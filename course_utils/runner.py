@@ -75,7 +75,8 @@ def run_notebook(
         on_cell_executed=on_cell_executed,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, error = time.perf_counter(), None
+    error: str | None = None
+    start = time.perf_counter()
     try:
         # The kernel process's own messages (start-up warnings) go to a log file, not
         # the terminal; everything a cell prints is in the executed notebook.
