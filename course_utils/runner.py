@@ -55,8 +55,8 @@ def run_notebook(
         notebook = nbformat.read(path, as_version=4)
     except Exception as failure:  # not JSON, not a notebook, an unknown format version
         reason = " ".join(str(failure).split())[:300] or type(failure).__name__
-        error = f"not a valid notebook ({type(failure).__name__}: {reason})"
-        return NotebookResult(str(path), "failed", 0.0, error, [])
+        why = f"not a valid notebook ({type(failure).__name__}: {reason})"
+        return NotebookResult(str(path), "failed", 0.0, why, [])
     code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
     done, live = 0, progress.isatty()  # a live count on a terminal; quiet in logs
 
@@ -75,8 +75,7 @@ def run_notebook(
         on_cell_executed=on_cell_executed,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    error: str | None = None
-    start = time.perf_counter()
+    start, error = time.perf_counter(), None
     try:
         # The kernel process's own messages (start-up warnings) go to a log file, not
         # the terminal; everything a cell prints is in the executed notebook.
