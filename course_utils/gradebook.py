@@ -10,6 +10,7 @@ version and options) is unchanged. docs/instructor-guide.md has the rest.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -203,13 +204,6 @@ def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     return result
 
 
-def _score(result: dict[str, Any]) -> str:
-    if "report" not in result:
-        return f"not graded: {result.get('error', '?')}"
-    report = result["report"]
-    return f"{report['score']:g}/{report['max_score']:g}"
-
-
 def grade_tasks(
     tasks: Sequence[Task], options: Options, out: Path | None, progress: TextIO, resume: bool
 ) -> list[dict[str, Any]]:
@@ -219,25 +213,21 @@ def grade_tasks(
     kept = [_kept(out, task, options) if out and resume else None for task in tasks]
     results = {number: result for number, result in enumerate(kept) if result is not None}
     todo = [number for number in range(len(tasks)) if number not in results]
-    print(
+    say = functools.partial(print, file=progress, flush=True)
+    say(
         f"{len(tasks)} submission(s): {len(results)} unchanged since the last run (kept), "
-        f"{len(todo)} to grade, {min(jobs, max(1, len(todo)))} at a time",
-        file=progress,
-        flush=True,
+        f"{len(todo)} to grade, {min(jobs, max(1, len(todo)))} at a time"
     )
     done = len(results)
 
     def report(number: int, result: dict[str, Any]) -> None:
         nonlocal done
         done += 1
-        results[number] = result
-        task = tasks[number]
-        print(
-            f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {_score(result)}"
-            f"  ({result.get('seconds', 0):.1f} s)",
-            file=progress,
-            flush=True,
-        )
+        results[number], task, graded = result, tasks[number], result.get("report")
+        score = f"{graded['score']:g}/{graded['max_score']:g}" if graded else "not graded: "
+        score += "" if graded else result.get("error", "?")
+        seconds = result.get("seconds", 0)
+        say(f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {score}  ({seconds:.1f} s)")
 
     if jobs <= 1 or len(todo) <= 1:
         for number in todo:
