@@ -172,18 +172,14 @@ def _badges(args: argparse.Namespace) -> int:
 def _run_notebooks(args: argparse.Namespace) -> int:
     from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
-    failed = run_course(
-        args.paths, args.out, workload_name=args.workload, cell_timeout_s=args.cell_timeout
-    )
-    return 1 if failed else 0
+    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout)
+    return min(1, failed)
 
 
 def _smi(args: argparse.Namespace) -> int:
     try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        file = Path(args.file)
+        text = sys.stdin.read() if args.file == "-" else file.read_text("utf-8", "replace")
     except OSError as error:  # no such file, a folder, no permission: bad input
         raise ValueError(f"cannot read {args.file}: {error.strerror or error}") from error
     fields = args.fields.split(",") if args.fields else None
@@ -220,17 +216,15 @@ def _ddp_check(args: argparse.Namespace) -> int:
     print(
         f"DDP: {result.world_size} processes x batch {result.per_rank_batch}, "
         f"one process: batch {result.world_size * result.per_rank_batch}; "
-        f"{result.steps} SGD steps of {args.model} (CPU, gloo)"
+        f"{result.steps} SGD steps of {args.model} (CPU, gloo)\n"
+        f"{'equal' if result.equal else 'DIFFERENT'} within {result.tolerance:g}\n"
+        f"largest parameter difference: {result.max_difference:.3g}"
     )
-    verdict = "equal" if result.equal else "DIFFERENT"
-    print(f"{verdict} within {result.tolerance:g}")
-    print(f"largest parameter difference: {result.max_difference:.3g}")
     return 0 if result.equal else 1
 
 
 def _student(args: argparse.Namespace) -> int:
-    # lazy: imports nbformat (notebooks extra)
-    from course_utils.student import make_student_versions
+    from course_utils.student import make_student_versions  # lazy: imports nbformat
 
     written = make_student_versions(args.paths, args.out)
     print(f"{len(written)} student notebook(s) written to {args.out}")
@@ -249,9 +243,7 @@ def _grade(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
     if args.processes is not None and args.processes < 16:
-        raise ValueError(
-            f"--processes must be at least 16 (a kernel has threads): {args.processes}"
-        )
+        raise ValueError(f"--processes must be at least 16 (for a kernel), not {args.processes}")
     limits = {"memory_bytes": args.memory and int(args.memory * GIB), "processes": args.processes}
     times = {"cell_timeout_s": args.cell_timeout, "total_timeout_s": args.timeout}
     options = Options(

@@ -36,6 +36,7 @@ from course_utils.grading import (
     check_cells,
     grade_submission,
 )
+from course_utils.runner import find_notebooks
 from course_utils.student import InputError, read_notebook, write_notebook
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
@@ -95,13 +96,9 @@ def find_sandbox(
 def instructor_notebooks(source: Path) -> dict[str, Path]:
     """The instructor notebooks with checks in ``source`` (a notebook or a folder), by
     file name. Raises :class:`InputError` when there is none."""
-    if source.is_dir():
-        paths = sorted(p for p in source.glob("*.ipynb") if p.is_file())
-    elif source.exists():
-        paths = [source]
-    else:
-        raise InputError(f"no such file or folder: {source} (--source)")
-    found = {path.name: path for path in paths if check_cells(read_notebook(path))}
+    found = {
+        path.name: path for path in find_notebooks([source]) if check_cells(read_notebook(path))
+    }
     if not found:
         raise InputError(f"no instructor notebook with check cells in {source}")
     return found

@@ -142,19 +142,17 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
     )
     nb_rows = []
     for result in results:
-        name = Path(result.path).name
-        executed = "notebooks/" + name  # the executed copy beside this report
-        title = esc(result.path)
+        name, title = esc(Path(result.path).name), esc(result.path)
         if result.rendering:
             title = f"<a href='{esc(result.rendering)}'>{title}</a>"
         error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
         plots = "".join(
-            f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {esc(name)}'>"
+            f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {name}'>"
             for number, plot in enumerate(result.plots, start=1)
         )
-        nb_rows.append(
+        nb_rows.append(  # .ipynb: the executed copy beside this report
             f"<tr class='{esc(result.status)}'>"
-            f"<td class='name'>{title}<br><small><a href='{esc(executed)}'>.ipynb</a></small></td>"
+            f"<td class='name'>{title}<br><small><a href='notebooks/{name}'>.ipynb</a></small></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
             f"<td>{_measurements_html(result.measurements)}{error}</td>"
             f"<td class='plots'>{plots or '<small>none</small>'}</td></tr>"

@@ -117,7 +117,6 @@ def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
 def run_course(
     paths: Sequence[Path],
     out_dir: Path,
-    *,
     workload_name: str | None = None,
     cell_timeout_s: int = 1800,
     progress: TextIO = sys.stdout,
