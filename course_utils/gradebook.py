@@ -114,10 +114,8 @@ def find_submissions(root: Path) -> dict[str, list[Path]]:
         root = root / "submitted"
     learners: dict[str, list[Path]] = {}
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
-        notebooks = [p for p in folder.glob("*.ipynb") if p.is_file()]
-        for assignment in folder.iterdir():
-            if assignment.is_dir() and assignment.name[0] != ".":
-                notebooks += [p for p in assignment.glob("*.ipynb") if p.is_file()]
+        found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
+        notebooks = [path for path in found if path.is_file()]
         if notebooks:
             learners[folder.name] = sorted(notebooks)
     if not learners:

@@ -322,15 +322,15 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
     }.get(outcome.ename, error or "the check raised an error")
 
 
-def _solution_before(
-    cells: list[Any], outcomes: list[CellOutcome], checks_at: dict[int, str], grade_id: str
-) -> CellOutcome | None:
-    """The outcome of the last solution cell before a check cell, if any."""
-    position = next(index for index, found in checks_at.items() if found == grade_id)
-    for index in range(position - 1, -1, -1):
-        if nbgrader_role(cells[index]) == "solution":
-            return outcomes[index]
-    return None
+def _solution_failure(cells: list[Any], outcomes: list[CellOutcome], position: int) -> str:
+    """How the last solution cell before the check cell at ``position`` failed, or ""."""
+    solutions = [i for i in range(position) if nbgrader_role(cells[i]) == "solution"]
+    outcome = outcomes[solutions[-1]] if solutions else CellOutcome("ok")
+    if outcome.status == "ok":
+        return ""
+    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
+    what = {"error": error, "timeout": "it timed out", "dead": "it killed the kernel"}
+    return f" (your solution cell above failed first: {what.get(outcome.status, 'it did not run')})"
 
 
 def grade_submission(
@@ -361,28 +361,22 @@ def grade_submission(
         cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s, settings=settings
     )
     seconds = round(time.perf_counter() - start, 2)
-    found = {gid: outcomes[index] for index, gid in checks_at.items()}
+    position = {gid: index for index, gid in checks_at.items()}
     results = []
     for gid, cell in expected.items():
-        max_points = float(cell.metadata["nbgrader"].get("points", 0) or 0)
-        outcome = found.get(gid)
+        most = float(cell.metadata["nbgrader"].get("points", 0) or 0)
         how = matches[gid].how if gid in matches else ""
-        if outcome is None:
+        if gid not in position:
             reason = (
                 "cell missing: deleted from the submission (no cell has its grade_id or is like it)"
             )
-            results.append(CheckResult(gid, 0.0, max_points, False, reason))
-        elif outcome.status == "ok":
-            results.append(CheckResult(gid, max_points, max_points, True, "", how))
+            results.append(CheckResult(gid, 0.0, most, False, reason))
+        elif outcomes[position[gid]].status == "ok":
+            results.append(CheckResult(gid, most, most, True, "", how))
         else:
-            reason = _reason(outcome, cell_timeout_s)
-            solution = _solution_before(cells, outcomes, checks_at, gid)
-            if solution is not None and solution.status != "ok":
-                error = f"{solution.ename}: {solution.evalue}".strip(": ")
-                failed = {"error": error, "timeout": "it timed out", "dead": "it killed the kernel"}
-                what = failed.get(solution.status, "it did not run")
-                reason += f" (your solution cell above failed first: {what})"
-            results.append(CheckResult(gid, 0.0, max_points, False, reason, how))
+            reason = _reason(outcomes[position[gid]], cell_timeout_s)
+            reason += _solution_failure(cells, outcomes, position[gid])
+            results.append(CheckResult(gid, 0.0, most, False, reason, how))
     matched = [
         f"{match.grade_id}: cell {match.index + 1}, {match.how}"
         for match in sorted(matches.values(), key=lambda m: m.index)
@@ -392,17 +386,9 @@ def grade_submission(
         solution_id = grade_id(cell)
         if nbgrader_role(cell) == "solution" and solution_id and solution_id not in matches:
             notes.append(f"solution cell {solution_id} not found (no grade_id, no cell like it)")
-    report = GradeReport(
-        str(submission),
-        str(source),
-        results,
-        seconds,
-        notes,
-        sandbox="bwrap" if settings.sandbox else "none",
-        matched=matched,
-    )
-    feedback = _feedback(learner, cells, origin, checks_at, report)
-    return report, feedback
+    sandbox = "bwrap" if settings.sandbox else "none"
+    report = GradeReport(str(submission), str(source), results, seconds, notes, sandbox, matched)
+    return report, _feedback(learner, cells, origin, checks_at, report)
 
 
 def _feedback(
