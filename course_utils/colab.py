@@ -71,11 +71,7 @@ def script_at_ref(root: Path, ref: str) -> bytes | None:
 
 
 def badge_url(repo: str, ref: str, notebook: str) -> str:
-    """The Colab URL that opens ``notebook`` (a path inside the repository).
-
-    >>> badge_url("me/course", "main", "notebooks/01_x.ipynb")
-    'https://colab.research.google.com/github/me/course/blob/main/notebooks/01_x.ipynb'
-    """
+    """The Colab URL that opens ``notebook`` (a path inside the repository)."""
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 

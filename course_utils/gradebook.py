@@ -56,10 +56,8 @@ class Task:
 @dataclass(frozen=True)
 class Options:
     """How every submission of a run is graded (all but ``hidden`` in each result's key).
-
-    ``sandbox`` is ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
-    one per CPU core). A run resolves ``auto`` once, in the parent process, and shares
-    the CPU threads among the jobs' kernels."""
+    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None: one
+    per CPU core). A run resolves ``auto`` once and shares the CPU threads among jobs."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
@@ -180,8 +178,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
 
 
 def _worker_start() -> None:
-    """Ctrl-C ends a worker at once, quietly: its sandbox dies with it (bubblewrap's
-    --die-with-parent), an unsandboxed kernel notices its parent is gone, and results are
+    """Ctrl-C ends a worker at once, quietly: its kernel dies with it and results are
     written atomically, so the next run resumes cleanly."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -347,11 +344,9 @@ def grade_notebooks(
     *,
     as_json: bool = False,
 ) -> int:
-    """The ``grade`` command: grade the notebooks in parallel against ``source`` (an
-    instructor notebook, or a folder of them by name), print each report (a table, or
-    JSON: one object for one notebook, else a list), and write the gradebook into
-    ``out`` when given. Every path is checked first (:class:`InputError`). Returns 1 if
-    a submission could not be graded, else 0."""
+    """The ``grade`` command: grade the notebooks against ``source`` (a notebook, or a
+    folder of them by name), print each report (a table, or JSON), write the gradebook
+    into ``out`` if given; 1 if a submission could not be graded, else 0."""
     tasks = []
     for path in paths:
         read_notebook(path)

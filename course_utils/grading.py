@@ -252,12 +252,9 @@ def run_cells(
     total_timeout_s: float,
     settings: KernelSettings = KernelSettings(),
 ) -> tuple[list[CellOutcome], list[str]]:
-    """Run the cells in order in a fresh kernel; one outcome per cell, and notes.
-
-    A cell that times out or kills the kernel gets that outcome; a new kernel then replays
-    the cells that had succeeded and the run goes on. Cells left when the whole run's time
-    is up are ``not-run``. The kernel's working folder is a fresh scratch folder.
-    """
+    """Run the cells in order in a fresh kernel in a scratch folder; one outcome per cell,
+    and notes. After a timeout or a dead kernel, a new kernel replays the cells that had
+    succeeded; cells left when the whole run's time is up are ``not-run``."""
     deadline = time.monotonic() + total_timeout_s
     outcomes: list[CellOutcome] = []
     notes: list[str] = []
@@ -341,12 +338,9 @@ def grade_submission(
     total_timeout_s: float = TOTAL_TIMEOUT_S,
     settings: KernelSettings = KernelSettings(),
 ) -> tuple[GradeReport, Any]:
-    """Grade a submission; return the report and the feedback notebook (the learner's
-    notebook with the outputs of the run and each check's result in its check cell).
-
-    Raises :class:`~course_utils.student.InputError` for a file that is not a notebook or
-    an instructor notebook without checks.
-    """
+    """Grade a submission; return the report and the feedback notebook (the learner's,
+    with the run's outputs and each check's result). :class:`InputError`: a file that is
+    not a notebook, or an instructor notebook without checks."""
     learner = read_notebook(submission)
     if not source.is_file():
         raise InputError(f"no instructor notebook {source}: pass --source")
@@ -380,7 +374,7 @@ def grade_submission(
     matched = [
         f"{match.grade_id}: cell {match.index + 1}, {match.how}"
         for match in sorted(matches.values(), key=lambda m: m.index)
-        if match.by_content
+        if match.how  # found by content
     ]
     for cell in reference.cells:
         solution_id = grade_id(cell)

@@ -35,10 +35,6 @@ class Match:
     index: int
     how: str = ""  # empty when found by grade_id
 
-    @property
-    def by_content(self) -> bool:
-        return bool(self.how)
-
 
 def grade_id(cell: Any) -> str | None:
     """A cell's nbgrader ``grade_id``, or None."""
@@ -156,10 +152,8 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
 
 def _gap(position: int, anchors: dict[int, int], count: int) -> set[int]:
     """Submission indices between the anchors around an instructor cell's position."""
-    before = [anchors[i] for i in anchors if i < position]
-    after = [anchors[i] for i in anchors if i > position]
-    low = max(before) if before else -1
-    high = min(after) if after else count
+    low = max((at for i, at in anchors.items() if i < position), default=-1)
+    high = min((at for i, at in anchors.items() if i > position), default=count)
     return set(range(low + 1, high))
 
 

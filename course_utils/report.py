@@ -47,11 +47,8 @@ class Measurement:
 def record_measurement(
     name: str, value: float | int | str, unit: str = "", *, label: str
 ) -> Measurement:
-    """Show a measured number in the notebook and mark it for the course report.
-
-    ``label`` says where it was measured (:func:`course_utils.env.measured_on`). Outside
-    IPython it only prints.
-    """
+    """Show a measured number in the notebook and mark it for the course report (outside
+    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"measurement {name!r} is not a finite number: {value}")
     measurement = Measurement(name, value, unit, label)

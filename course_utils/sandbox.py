@@ -60,7 +60,7 @@ class Sandbox:
     def environment(self, scratch: Path, course: dict[str, str]) -> dict[str, str]:
         """A clean environment: none of the grader's variables (tokens, keys) leak in."""
         bin_dir = str(Path(sys.executable).parent)
-        env = {
+        return {
             "PATH": os.pathsep.join([bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]),
             "HOME": str(scratch),
             "TMPDIR": str(scratch),
@@ -71,9 +71,8 @@ class Sandbox:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONPATH": str(_PACKAGE_DIR.parent),
+            **course,
         }
-        env.update(course)
-        return env
 
     def command(self, argv: list[str], scratch: Path) -> list[str]:
         """``argv`` wrapped: bubblewrap, then the limits and the user switch, then argv."""
@@ -201,11 +200,8 @@ def unavailable_reason() -> str | None:
 
 
 def find(mode: str, hidden: tuple[str, ...] = (), limits: Limits = Limits()) -> Sandbox | None:
-    """The sandbox for ``mode`` (``auto``, ``bwrap`` or ``none``); None for no sandbox.
-
-    ``bwrap`` raises ``RuntimeError`` when bubblewrap cannot run; ``auto`` falls back to
-    no sandbox (the caller says so, see :func:`unsandboxed_warning`).
-    """
+    """The sandbox for ``mode`` (``auto``, ``bwrap`` or ``none``), or None: ``bwrap`` raises
+    ``RuntimeError`` when bubblewrap cannot run, ``auto`` falls back to no sandbox."""
     if mode == "none":
         return None
     reason = unavailable_reason()

@@ -76,11 +76,8 @@ def nbgrader_role(cell: Any) -> str | None:
 
 
 def student_version(notebook: Any) -> Any:
-    """A student copy of an instructor notebook (the input is left unchanged).
-
-    Raises ``ValueError`` when a cell has solution or hidden-check markers but not the
-    nbgrader metadata that says what it is (nbgrader would refuse it too).
-    """
+    """A student copy of an instructor notebook. ``ValueError``: a cell with solution or
+    hidden-check markers but no nbgrader metadata (nbgrader would refuse it too)."""
     # lazy: optional (classroom extra); grading imports this module without it
     from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
 
