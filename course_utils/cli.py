@@ -87,9 +87,6 @@ def _parser() -> argparse.ArgumentParser:
     smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
     smi.add_argument("--query", choices=("gpu", "compute-apps"), help="(default: by the fields)")
     smi.add_argument("--json", **json_option)
-    command("loader-advice", "DataLoader settings for this machine").add_argument(
-        "--json", **json_option
-    )
     ddp = command("ddp-check", "DDP on N processes == one process, W*B batch")
     ddp.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
     ddp.add_argument("--steps", type=int, default=4, help="optimizer steps (default: 4)")
@@ -193,18 +190,6 @@ def _smi(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loader_advice(args: argparse.Namespace) -> int:
-    from course_utils.data import suggest_loader_kwargs  # lazy: imports torch
-
-    advice = suggest_loader_kwargs()
-    if args.json:
-        payload = {"kwargs": advice.kwargs, "reasons": advice.reasons, "facts": advice.facts}
-        print(json.dumps(payload, indent=2, default=str))
-    else:
-        print(advice)
-    return 0
-
-
 def _ddp_check(args: argparse.Namespace) -> int:
     from course_utils.distributed import RunConfig, equivalence_check  # lazy: imports torch
 
@@ -283,7 +268,6 @@ HANDLERS = {
     "badges": _badges,
     "run-notebooks": _run_notebooks,
     "smi": _smi,
-    "loader-advice": _loader_advice,
     "ddp-check": _ddp_check,
     "student": _student,
     "grade": _grade,
