@@ -321,9 +321,8 @@ def grade_class(
             if path.name in sources:
                 tasks.append(Task(learner, path.name, str(path), str(sources[path.name])))
             else:
-                notes.setdefault(learner, []).append(
-                    f"{path.name}: skipped (no instructor notebook of that name)"
-                )
+                skipped = f"{path.name}: skipped (no instructor notebook of that name)"
+                notes.setdefault(learner, []).append(skipped)
     seen = [name for name in sources if any(task.notebook == name for task in tasks)]
     if not tasks:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
