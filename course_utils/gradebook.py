@@ -360,10 +360,8 @@ def grade_notebooks(
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))
         write_gradebook(out, learners, notebooks, results, {})
-    reports = [
-        r.get("report") or {"error": r["error"], **asdict(t)}
-        for r, t in zip(results, tasks, strict=True)
-    ]
+    failure = ("error", "learner", "notebook", "path", "source")
+    reports = [result.get("report") or {k: result[k] for k in failure} for result in results]
     if as_json:
         print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
     for result in results:

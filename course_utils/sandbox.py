@@ -142,9 +142,7 @@ def _parent_dirs(paths: list[str]) -> list[str]:
     options: list[str] = []
     made: set[str] = {"/", "/usr", "/etc", "/tmp"}
     for path in paths:
-        parts = Path(path).parts
-        for depth in range(2, len(parts)):
-            parent = str(Path(*parts[:depth]))
+        for parent in map(str, reversed(Path(path).parents)):
             if parent not in made:
                 made.add(parent)
                 options += ["--perms", "0755", "--dir", parent]
@@ -160,11 +158,8 @@ def _hide(hidden: tuple[str, ...], binds: list[tuple[str, str]]) -> list[str]:
             continue
         for source, destination in binds:
             if _inside(real, source):
-                inside = destination + real[len(source) :]
-                if os.path.isdir(real):
-                    options += ["--tmpfs", inside]
-                else:
-                    options += ["--ro-bind", "/dev/null", inside]
+                cover = ["--tmpfs"] if os.path.isdir(real) else ["--ro-bind", "/dev/null"]
+                options += [*cover, destination + real[len(source) :]]
     return options
 
 
