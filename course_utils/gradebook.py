@@ -254,37 +254,33 @@ def write_gradebook(
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
+    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "notes"]]
+    checks: list[list[Any]] = [
+        ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
+    ]
+    for learner in learners:
+        row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
+        for notebook in notebooks:
+            result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
+            report = result.get("report")
+            if report is None:
+                row.append("0")
+                said.append(f"{notebook}: {result.get('error', '?')}")
+                checks.append([learner, notebook, "", 0, "", result.get("error"), ""])
+                continue
+            row.append(f"{report['score']:g}")
+            total, most = total + report["score"], most + report["max_score"]
+            said += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
+            for check in report["checks"]:
+                points = f"{check['points']:g}", f"{check['max_points']:g}"
+                why = check["reason"], check.get("matched", "")
+                checks.append([learner, notebook, check["grade_id"], *points, *why])
+        book.append([learner, *row, f"{total:g}", f"{most:g}", "; ".join(said)])
     out.mkdir(parents=True, exist_ok=True)
-    book, checks = out / "gradebook.csv", out / "checks.csv"
-    with (
-        book.open("w", newline="", encoding="utf-8") as book_file,
-        checks.open("w", newline="", encoding="utf-8") as checks_file,
-    ):
-        book_csv, checks_csv = csv.writer(book_file), csv.writer(checks_file)
-        book_csv.writerow(["learner", *notebooks, "total", "max", "notes"])
-        header = ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
-        checks_csv.writerow(header)
-        for learner in learners:
-            row, total, most = [], 0.0, 0.0
-            learner_notes = list(notes.get(learner, []))
-            for notebook in notebooks:
-                result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
-                report = result.get("report")
-                if report is None:
-                    row.append("0")
-                    learner_notes.append(f"{notebook}: {result.get('error', '?')}")
-                    checks_csv.writerow([learner, notebook, "", 0, "", result.get("error"), ""])
-                    continue
-                row.append(f"{report['score']:g}")
-                total += report["score"]
-                most += report["max_score"]
-                learner_notes += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
-                for check in report["checks"]:
-                    points = f"{check['points']:g}", f"{check['max_points']:g}"
-                    why = check["reason"], check.get("matched", "")
-                    checks_csv.writerow([learner, notebook, check["grade_id"], *points, *why])
-            book_csv.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
-    return book, checks
+    for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
+        with (out / name).open("w", newline="", encoding="utf-8") as file:
+            csv.writer(file).writerows(rows)
+    return out / "gradebook.csv", out / "checks.csv"
 
 
 def _resolved(options: Options, paths: Sequence[Path]) -> Options:
