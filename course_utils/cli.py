@@ -240,14 +240,11 @@ def _grade(args: argparse.Namespace) -> int:
     source = args.source or COURSE_NOTEBOOKS
     if args.command == "grade":
         return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
-    grade_class(
-        args.submissions,
-        source,
-        args.out,
-        options,
-        resume=not args.regrade,
-        warn=lambda line: print(f"warning: {line}", file=sys.stderr),
-    )
+
+    def warn(line: str) -> None:
+        print(f"warning: {line}", file=sys.stderr)
+
+    grade_class(args.submissions, source, args.out, options, resume=not args.regrade, warn=warn)
     return 0
 
 
@@ -282,8 +279,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0, 1 or 2: see the module doc)."""
-    parser = _parser()
-    args = parser.parse_args(argv)  # wrong arguments: one line, exit 2
+    args = _parser().parse_args(argv)  # wrong arguments: one line, exit 2
     command = args.command
     try:
         return HANDLERS[command](args)
