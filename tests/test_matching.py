@@ -29,7 +29,7 @@ def _strip(notebook, *indices):
 
 
 def _found(matches) -> dict[str, tuple[int, bool]]:
-    return {gid: (match.index, match.by_content) for gid, match in matches.items()}
+    return {gid: (match.index, bool(match.how)) for gid, match in matches.items()}
 
 
 def test_every_cell_is_found_by_content_when_all_metadata_is_gone():
