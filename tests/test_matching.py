@@ -73,6 +73,7 @@ def test_a_notebook_without_any_metadata_gets_full_marks_and_the_matching_is_rep
     assert "found without grade_id: t-greet-check: cell 6, by its source" in report.format()
 
 
+@pytest.mark.slow
 def test_partial_loss_and_unmatched_checks_are_graded(tmp_path, source):
     submission = _strip(_instructor(), 5)  # greet's check lost its metadata only
     del submission.cells[3]  # double's check deleted

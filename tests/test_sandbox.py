@@ -54,6 +54,7 @@ def _errors(feedback: nbformat.NotebookNode) -> dict[str, str]:
     return errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("user", ["own user id (root)", "user namespace"])
 def test_escapes_fail_and_the_rest_is_graded(user, tmp_path, bwrap, monkeypatch):
     if user == "user namespace":  # how an instructor who is not root runs it
@@ -108,6 +109,7 @@ def test_escapes_fail_and_the_rest_is_graded(user, tmp_path, bwrap, monkeypatch)
     assert (report.score, report.max_score, report.sandbox) == (3, 3, "bwrap"), report.format()
 
 
+@pytest.mark.slow
 def test_memory_and_fork_bomb_hit_their_limits(tmp_path, bwrap):
     source = tmp_path / "source.ipynb"
     write_notebook(_instructor(), source)
