@@ -55,22 +55,35 @@ class MaxBatchSize:
     predicted: int | None = None  # :func:`predict_max_batch_size`'s prediction, if any
 
 
-def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
-    start = time.perf_counter()
+def _out_of_memory(fn: Callable[[], Any]) -> str | None:
+    """Run ``fn()``: ``None``, or the summary of its out-of-memory error once memory is
+    released (outside ``except``, where the traceback held the failed step's tensors);
+    other errors are raised again."""
     message = None
     try:
-        trial(batch_size)
-        fits = True
+        fn()
     except Exception as error:
         if not is_out_of_memory(error):
             raise
-        fits = False
         message = error_summary(error)
-    if not fits:  # outside ``except``: the traceback holding the failed step's tensors is gone
+    if message is not None:
         release_cached_memory()
-    history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
+    return message
+
+
+def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
+    start = time.perf_counter()
+    message = _out_of_memory(functools.partial(trial, batch_size))
+    history.append(Trial(batch_size, message is None, time.perf_counter() - start, message))
     progress.tick()
-    return fits
+    return message is None
+
+
+def _after(history: list[Trial], found: MaxBatchSize) -> MaxBatchSize:
+    """``found``, with the trials of ``history`` run before it."""
+    found.history[:0] = history
+    found.trials = len(found.history)
+    return found
 
 
 @progress.tracked("largest batch size", unit="trial")
@@ -101,19 +114,13 @@ def find_max_batch_size(
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     history: list[Trial] = []
-    good, bad = 0, None  # largest size known to fit; smallest known not to fit
-    size = low
-    while True:  # grow by doubling
-        if high is not None:
-            size = min(size, high)
+    good, bad, size = 0, None, low  # largest size known to fit; smallest known not to fit
+    while bad is None and (high is None or good < high):  # grow by doubling
+        size = size if high is None else min(size, high)
         if _attempt(trial, size, history):
-            good = size
-            if high is not None and size >= high:
-                break
-            size *= 2
+            good, size = size, size * 2
         else:
             bad = size
-            break
     return _bisect(trial, good, bad, history, margin)
 
 
@@ -134,18 +141,8 @@ def _bisect(
             good = middle
         else:
             bad = middle
-    return MaxBatchSize(
-        batch_size=_with_margin(good, margin),
-        limit=good,
-        trials=len(history),
-        history=history,
-        capped=bad is None,
-        predicted=predicted,
-    )
-
-
-def _with_margin(good: int, margin: float) -> int:
-    return good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
+    found = good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
+    return MaxBatchSize(found, good, len(history), history, bad is None, predicted)
 
 
 # ----------------------------------------------------------- predict, then confirm
@@ -183,31 +180,20 @@ def predict_max_batch_size(
     if small < 1 or large <= small:
         raise ValueError(f"probes must be two different sizes >= 1, got {probes}")
     history: list[Trial] = []
-    measured = []
+    measured: list[int] = []
     for size in (small, large):
         start = time.perf_counter()
-        try:
-            measured.append(memory_of(size))
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-        if len(measured) < (1 if size == small else 2):
-            release_cached_memory()  # even the probes do not fit (outside ``except``: see above)
-            progress.tick()
-            fallback = find_max_batch_size(
-                trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
-            )
-            fallback.history[:0] = [*history, Trial(size, False, time.perf_counter() - start)]
-            fallback.trials = len(fallback.history)
-            return fallback
-        history.append(Trial(size, True, time.perf_counter() - start))
+        message = _out_of_memory(lambda: measured.append(memory_of(size)))  # noqa: B023 (runs now)
+        history.append(Trial(size, message is None, time.perf_counter() - start, message))
         progress.tick()
+        if message is not None:  # even the probes do not fit
+            below = max(1, size - 1)
+            search = find_max_batch_size(trial, low=min(low, below), high=below, margin=margin)
+            return _after(history, search)
     per_sample = (measured[1] - measured[0]) / (large - small)
     if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
-        found = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
-        found.history[:0] = history
-        found.trials = len(found.history)
-        return found
+        search = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
+        return _after(history, search)
     fixed = measured[0] - per_sample * small
     predicted = max(low, math.floor((available_bytes - fixed) / per_sample))
     if high is not None:
@@ -510,16 +496,9 @@ def run_with_oom_recovery(
     >>> result.recovered, result.batch_size
     (True, 48)
     """
-    message = None
-    try:
-        step(batch_size)
-    except Exception as error:
-        if not is_out_of_memory(error):
-            raise
-        message = error_summary(error)
+    message = _out_of_memory(functools.partial(step, batch_size))
     if message is None:
         return OomRecovery(batch_size, batch_size, None)
-    release_cached_memory()  # outside the except block: the traceback is gone
     if batch_size <= low:
         raise MemoryError(f"not even a batch of {low} fits: {message}")
     search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)

@@ -1,8 +1,7 @@
-"""Choosing where to run: device, GPU, numeric precision, and moving batches there.
+"""Choosing where to run (notebook 01): device, GPU, numeric precision, moving batches.
 
 Nothing here initializes CUDA until you ask for a CUDA tensor: GPUs are found through
 NVML (or, without NVML, in a subprocess), so a notebook can still ``fork`` afterwards.
-Notebook 01 ("Runtime and devices") teaches this module; every later notebook uses it.
 """
 
 from __future__ import annotations
@@ -33,13 +32,11 @@ def _driver_present() -> bool:
     return sys.platform == "win32"
 
 
-def _count_gpus_in_subprocess(timeout_s: float = 60.0) -> int:
+def _count_gpus_in_subprocess() -> int:
     code = "import torch; print(torch.cuda.device_count())"
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s
-        )
-        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        return int(done.stdout.split()[-1]) if done.returncode == 0 else 0
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return 0
 
@@ -54,12 +51,10 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
 def _arch_flags() -> list[str]:
     """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...), read
     without ``torch.cuda.get_arch_list()``, which creates a driver context."""
-    get_flags = getattr(torch._C, "_cuda_getArchFlags", None)
     try:
-        flags = get_flags() if get_flags else None
+        return str(getattr(torch._C, "_cuda_getArchFlags", lambda: "")() or "").split()
     except Exception:  # the CUDA libraries could not be loaded
         return []
-    return str(flags or "").split()
 
 
 def _arch_number(flag: str) -> tuple[int, int] | None:
@@ -80,17 +75,14 @@ def build_runs_on(capability: tuple[int, int], arch_flags: list[str]) -> bool:
     >>> build_runs_on((8, 6), ["sm_75", "sm_80", "sm_90"])  # A10: runs sm_80 code
     True
     """
-    if not arch_flags:
-        return True
     for flag in arch_flags:
         built = _arch_number(flag)
-        if built is None:
-            continue
-        if flag.startswith("sm_") and built[0] == capability[0] and built[1] <= capability[1]:
+        if built is not None and flag.startswith("sm_") and built[0] == capability[0]:
+            if built[1] <= capability[1]:
+                return True
+        elif built is not None and flag.startswith("compute_") and built <= capability:
             return True
-        if flag.startswith("compute_") and built <= capability:
-            return True
-    return False
+    return not arch_flags
 
 
 def gpu_problems() -> list[str]:
@@ -128,14 +120,9 @@ def cuda_gpu_count() -> int:
         return 0
     if torch.cuda.is_initialized():
         return torch.cuda.device_count()
-    if nvml_status() == "ok":
-        gpus = visible_gpus()
-        if not gpus or gpu_problems():
-            return 0  # the first CUDA operation would fail: the course uses the CPU
-        return len(gpus)
-    if not _driver_present():
-        return 0
-    return _count_gpus_in_subprocess()
+    if nvml_status() == "ok":  # with problems, the first CUDA operation would fail: 0
+        return 0 if gpu_problems() else len(visible_gpus())
+    return _count_gpus_in_subprocess() if _driver_present() else 0
 
 
 def mps_available() -> bool:
@@ -155,14 +142,12 @@ class DeviceChoice:
 def _gpu_with_most_free_memory() -> tuple[int, str]:
     gpus = visible_gpus()
     known = [
-        (gpu.memory_free_mib, position, gpu)
-        for position, gpu in enumerate(gpus)
-        if gpu.memory_free_mib is not None
+        (g.memory_free_mib, -i, g) for i, g in enumerate(gpus) if g.memory_free_mib is not None
     ]
     if len(gpus) <= 1 or not known:
         return 0, "the first visible GPU"
-    free, position, gpu = max(known, key=lambda item: (item[0], -item[1]))
-    return position, f"the GPU with the most free memory ({gpu.name}, {free} MiB free)"
+    free, position, gpu = max(known, key=lambda item: item[:2])
+    return -position, f"the GPU with the most free memory ({gpu.name}, {free} MiB free)"
 
 
 def choose_device(prefer: str | None = None) -> DeviceChoice:
@@ -176,8 +161,7 @@ def choose_device(prefer: str | None = None) -> DeviceChoice:
     wanted = (prefer or os.environ.get(DEVICE_ENV_VAR, "")).strip().lower()
     if wanted:
         return _explicit_choice(wanted)
-    count = cuda_gpu_count()
-    if count > 0:
+    if cuda_gpu_count() > 0:
         position, why = _gpu_with_most_free_memory()
         return DeviceChoice(torch.device("cuda", position), f"CUDA is available: {why}")
     if mps_available():
@@ -212,20 +196,16 @@ def _no_gpu_reason() -> str:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
     status = nvml_status()
-    problems = gpu_problems() if status == "ok" else []
+    if status != "ok":
+        return "no GPU: " + status
+    problems = gpu_problems()
     if problems:
         return "no usable GPU: " + problems[0]
-    if status == "ok":
-        return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
-    return "no GPU: " + status
+    return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """The device to use: ``choose_device(prefer).device``.
-
-    >>> pick_device("cpu")
-    device(type='cpu')
-    """
+    """The device to use: ``choose_device(prefer).device``."""
     return choose_device(prefer).device
 
 
@@ -248,11 +228,7 @@ def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
     PrecisionSupport(fp16_tensor_cores=True, bf16='emulated', tf32=False)
     """
     ampere = capability >= (8, 0)
-    return PrecisionSupport(
-        fp16_tensor_cores=capability >= (7, 0),
-        bf16="native" if ampere else "emulated",
-        tf32=ampere,
-    )
+    return PrecisionSupport(capability >= (7, 0), "native" if ampere else "emulated", ampere)
 
 
 class PrecisionName(str, Enum):
@@ -373,12 +349,9 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
     """
     device = torch.device(device)
     if isinstance(batch, torch.Tensor):
-        asynchronous = non_blocking
-        if asynchronous is None:
-            asynchronous = (
-                device.type == "cuda" and batch.device.type == "cpu" and (batch.is_pinned())
-            )
-        return batch.to(device, non_blocking=asynchronous)
+        if non_blocking is None:
+            return batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
+        return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device, non_blocking) for key, value in batch.items()}
         try:
@@ -401,9 +374,6 @@ def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
     """
     if isinstance(batch, torch.Tensor):
         yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from tensors_in(value)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
+    elif isinstance(batch, Mapping | list | tuple):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
             yield from tensors_in(value)

@@ -1,8 +1,5 @@
-"""Out of memory: recognising the error, releasing memory, and a simulated budget.
-
-:func:`release_cached_memory` collects garbage and returns caches after you dropped your
-references; :func:`drop_references` drops what a notebook keeps alive first.
-:class:`MemoryBudget` is the one simulated memory limit of every CPU demonstration.
+"""Out of memory: recognising the error, releasing memory (:func:`drop_references` drops
+what a notebook keeps alive first), and :class:`MemoryBudget`, the one simulated limit.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from course_utils.units import MIB
 
@@ -69,19 +67,14 @@ class MemoryBudget:
             )
 
 
-def _trim_c_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS (Linux; elsewhere nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def release_cached_memory() -> None:
     """Collect garbage, return cached GPU blocks to the driver and freed C-heap pages to
-    the OS. It cannot free tensors that something still refers to: drop those first."""
+    the OS (glibc's ``malloc_trim``). It cannot free tensors that something still refers
+    to: drop those first."""
     gc.collect()
-    _trim_c_heap()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
@@ -113,23 +106,14 @@ class DroppedReferences:
         return "\n".join(lines)
 
 
-def _ipython_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    return sys.modules["IPython"].get_ipython()
-
-
 def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
     """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
     list/tuple/dict holding one."""
-    if id(value) in ids:
+    if id(value) in ids or isinstance(value, torch.Tensor | nn.Module | torch.optim.Optimizer):
         return True
-    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
-        return True
-    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_memory(item, ids, depth + 1) for item in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
+    if depth < 3 and isinstance(value, list | tuple | set | frozenset | dict):
+        items = value.values() if isinstance(value, dict) else value
+        return any(_holds_memory(item, ids, depth + 1) for item in items)
     return False
 
 
@@ -150,8 +134,7 @@ def _clear_saved_traceback(shell: Any) -> bool:
     if getattr(sys, "last_traceback", None) is not None:
         traceback.clear_frames(sys.last_traceback)
     for name in _TRACEBACK_ATTRIBUTES:
-        if getattr(sys, name, None) is not None:
-            found = True
+        found = found or getattr(sys, name, None) is not None
         if hasattr(sys, name):
             delattr(sys, name)
     if shell is not None:
@@ -204,7 +187,7 @@ def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[
 def _reserved_bytes() -> int:
     if not torch.cuda.is_initialized():
         return 0
-    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+    return sum(map(torch.cuda.memory_reserved, range(torch.cuda.device_count())))
 
 
 def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> DroppedReferences:
@@ -222,15 +205,10 @@ def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> Dro
     >>> alive() is None, dropped.deleted, dropped.history_entries
     (True, ['x'], ['Out[1]'])
     """
-    shell = _ipython_shell()
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
     if namespace is None:
-        if shell is not None:
-            namespace = shell.user_ns
-        else:
-            caller = sys._getframe(1)
-            namespace = caller.f_globals
-            del caller
-    assert namespace is not None
+        namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
     dropped = DroppedReferences()
     ids = {id(namespace[name]) for name in names if name in namespace}
     dropped.cleared_traceback = _clear_saved_traceback(shell)
