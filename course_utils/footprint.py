@@ -1,7 +1,6 @@
-"""Where a training step's memory goes, measured: the bytes autograd saves for backward
-(:func:`saved_tensor_bytes`, every device), the peak memory of a function
-(:func:`peak_memory`), and a step's breakdown into parameters, gradients, optimizer state
-and activations (:func:`memory_breakdown`). Notebooks 03, 04 and 07 and the batch finders.
+"""Where a training step's memory goes, measured: bytes saved for backward, the peak
+memory of a function, and a step's breakdown into parameters, gradients, optimizer state
+and activations. Notebooks 03, 04 and 07 and the batch finders.
 """
 
 from __future__ import annotations
@@ -75,8 +74,7 @@ def _rss_peak(fn: Callable[[], Any]) -> int:
     """The process's resident memory, sampled every 5 ms while ``fn()`` runs, above what
     it was before."""
     process = psutil.Process()
-    start = process.memory_info().rss
-    highest = start
+    start = highest = process.memory_info().rss
     done = threading.Event()
 
     def watch() -> None:
@@ -138,13 +136,8 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     >>> tensor_bytes([torch.zeros(10), torch.zeros(3, dtype=torch.float16)])
     46
     """
-    seen: set[int] = set()
-    total = 0
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
-    return total
+    unique = {id(tensor): tensor for tensor in tensors}.values()
+    return sum(tensor.numel() * tensor.element_size() for tensor in unique)
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -157,10 +150,8 @@ def parameter_bytes(model: nn.Module) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the tensors an optimizer keeps between steps (read from its ``state``).
-
-    Empty until the first ``step()``: optimizers create their state lazily.
-    """
+    """Bytes of the tensors an optimizer keeps between steps (empty until the first
+    ``step()``: optimizers create their state lazily)."""
     return tensor_bytes(
         value
         for state in optimizer.state.values()
@@ -262,29 +253,17 @@ class MemoryBreakdown:
     def peak(self) -> int:
         return self.static + self.activations
 
-    def rows(self) -> list[tuple[str, int]]:
-        """``(part, bytes)`` for a table or a bar chart."""
-        return [
+    def __str__(self) -> str:
+        rows = [
             ("parameters", self.parameters),
             ("gradients", self.gradients),
             ("optimizer state", self.optimizer_state),
             ("activations (measured)", self.activations),
             ("activations (estimated from shapes)", self.activations_estimate),
+            ("peak = static + measured activations", self.peak),
         ]
-
-    def __str__(self) -> str:
-        lines = [f"{part:37} {value / MIB:10.2f} MiB" for part, value in self.rows()]
-        lines.append(f"{'peak = static + measured activations':37} {self.peak / MIB:10.2f} MiB")
+        lines = [f"{part:37} {value / MIB:10.2f} MiB" for part, value in rows]
         return "\n".join(lines) + f"\n(activations: {self.method})"
-
-
-CUDA_METHOD = (
-    "CUDA caching allocator: max_memory_allocated during forward+backward above the static part"
-)
-CPU_METHOD = (
-    "CPU: bytes autograd saved for backward, parameters excluded (no CPU allocator "
-    "statistics; leaves out temporaries and the block recomputed at a time by checkpointing)"
-)
 
 
 def measure_activations(
@@ -293,11 +272,14 @@ def measure_activations(
     """Activation bytes of ``forward_backward()`` and how they were measured: on CUDA the
     allocator's peak above its start; on the CPU the bytes saved for backward, without
     ``exclude`` (the parameters)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return peak_memory(forward_backward, device).peak_bytes, CUDA_METHOD
+    if torch.device(device).type == "cuda":
+        peak = peak_memory(forward_backward, device).peak_bytes
+        return peak, "CUDA caching allocator: max_memory_allocated above the static part"
     _, saved = saved_tensor_bytes(forward_backward, exclude=exclude)
-    return saved, CPU_METHOD
+    return saved, (
+        "CPU: bytes autograd saved for backward, parameters excluded (no CPU allocator "
+        "statistics; leaves out temporaries and the block recomputed at a time by checkpointing)"
+    )
 
 
 def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 30) -> int:

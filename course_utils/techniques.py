@@ -45,7 +45,7 @@ from course_utils.units import MIB
 
 @dataclass(frozen=True)
 class Technique:
-    """One row: a change to the baseline's config or model, and what it should do."""
+    """One row: a change to the baseline's config or model."""
 
     name: str
     config: TrainConfig
@@ -53,12 +53,12 @@ class Technique:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     evaluation: bool = False  # measure evaluation in torch.inference_mode(), not training
     gpu_only: bool = False  # not measured on a CPU
-    expect: str = ""
 
 
 @dataclass(frozen=True)
 class TechniqueResult:
-    """The measurements of one row; ``None`` where the row was not measured here."""
+    """The measurements of one row; ``None`` where the row was not measured here (``note``
+    says why)."""
 
     name: str
     measured: bool
@@ -86,55 +86,25 @@ def standard_techniques(
 ) -> list[Technique]:
     """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
     Mixed precision: :func:`~course_utils.device.pick_precision`'s choice on a GPU, bf16
-    on a CPU (fast only with AVX512-BF16 or AMX); channels_last and inference_mode rows
-    are GPU-only."""
+    on a CPU; channels_last and inference_mode rows are GPU-only."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
     base = TrainConfig(precision=PrecisionName.FP32, optimizer="adam", lr=1e-3)
     with_ = functools.partial(dataclasses.replace, base)
     return [
-        Technique("baseline (fp32, Adam)", base, expect="the reference row"),
-        Technique(
-            f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"),
-            with_(precision=amp),
-            expect="activations of matmuls and convolutions in 16 bits: less memory, "
-            "faster on tensor cores",
-        ),
-        Technique(
-            "gradient checkpointing",
-            with_(checkpointing=True),
-            expect="memory down (activations recomputed), time up (one more forward)",
-        ),
-        Technique(
-            "channels_last",
-            with_(channels_last=True),
-            gpu_only=not on_gpu,
-            expect="same memory; faster convolutions on tensor cores (with AMP)",
-        ),
-        Technique(
-            "SGD with momentum instead of Adam",
-            with_(optimizer="momentum", lr=0.05),
-            expect="optimizer state 1x the parameters instead of 2x",
-        ),
-        Technique(
-            "plain SGD instead of Adam",
-            with_(optimizer="sgd", lr=0.05),
-            expect="no optimizer state at all",
-        ),
-        Technique(
-            "evaluation in inference_mode",
-            base,
-            evaluation=True,
-            gpu_only=not on_gpu,
-            expect="no gradients, no optimizer state, no activations kept",
-        ),
+        Technique("baseline (fp32, Adam)", base),
+        Technique(f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"), with_(precision=amp)),
+        Technique("gradient checkpointing", with_(checkpointing=True)),
+        Technique("channels_last", with_(channels_last=True), gpu_only=not on_gpu),
+        Technique("SGD with momentum instead of Adam", with_(optimizer="momentum", lr=0.05)),
+        Technique("plain SGD instead of Adam", with_(optimizer="sgd", lr=0.05)),
+        Technique("evaluation in inference_mode", base, evaluation=True, gpu_only=not on_gpu),
         Technique(
             f"smaller architecture ({smaller_model})",
             base,
             model=smaller_model,
             model_kwargs=dict(smaller_kwargs or {}),
-            expect="fewer parameters: smaller static part; activations need not shrink",
         ),
     ]
 
@@ -185,12 +155,13 @@ def measure_technique(
     if dtype not in peaks:
         peaks[dtype] = device_peak_flops(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
     fresh_step = lambda: TrainStep(build_model(name, **kwargs), device, technique.config)  # noqa: E731
+    batch = random_batch(batch_size, device, image_size)
 
     if technique.evaluation:
         net = build_model(name, **kwargs).to(device)
-        batch = random_batch(batch_size, device, image_size)
         peak = _evaluation_peak(net, batch[0], device)
-        static, activations = tensor_bytes(net.parameters()), peak - tensor_bytes(net.parameters())
+        static = tensor_bytes(net.parameters())
+        activations = peak - static
 
         def trial(n: int) -> None:
             _evaluation_peak(net, random_batch(n, device, image_size)[0], device)
@@ -203,7 +174,7 @@ def measure_technique(
         flops = float(cost.forward_flops)
     else:
         step = fresh_step()
-        breakdown = memory_breakdown(step, random_batch(batch_size, device, image_size))
+        breakdown = memory_breakdown(step, batch)
         peak, static, activations = breakdown.peak, breakdown.static, breakdown.activations
         trial_step = fresh_step()
         if device.type == "cuda":  # the trials' memory includes the optimizer state, which
@@ -230,20 +201,17 @@ def measure_technique(
                 budget=MemoryBudget(budget_bytes - static),
             )
 
-        batch = random_batch(batch_size, device, image_size)
-
         def run() -> None:
             step(batch)
 
         flops = float(cost.training_flops)
 
     found = find_max_batch_size(trial, low=min(2, high), high=high)
-    timing = benchmark(run, device=device, warmup=1, repeats=repeats)
-    seconds = timing.median_s
+    seconds = benchmark(run, device=device, warmup=1, repeats=repeats).median_s
     return TechniqueResult(
         name=technique.name,
         measured=True,
-        note=technique.expect,
+        note="",
         batch_size=batch_size,
         peak_bytes=peak,
         static_bytes=static,
