@@ -462,14 +462,7 @@ def run_with_oom_recovery(
 ) -> OomRecovery:
     """Run ``step(batch_size)``; on out-of-memory, free memory (outside ``except``) and
     :func:`find_max_batch_size` below that size. Other errors are raised again;
-    :class:`MemoryError` if not even ``low`` fits (``low=2`` for BatchNorm).
-
-    >>> def step(n):
-    ...     MemoryBudget(48).charge(n)  # a budget of 48 bytes, one byte per sample
-    >>> result = run_with_oom_recovery(step, 64)
-    >>> result.recovered, result.batch_size
-    (True, 48)
-    """
+    :class:`MemoryError` if not even ``low`` fits (``low=2`` for BatchNorm)."""
     message = _out_of_memory(functools.partial(step, batch_size))
     if message is None:
         return OomRecovery(batch_size, batch_size, None)

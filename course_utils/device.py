@@ -153,11 +153,7 @@ def _gpu_with_most_free_memory() -> tuple[int, str]:
 def choose_device(prefer: str | None = None) -> DeviceChoice:
     """Choose a device: CUDA (the GPU with the most free memory), then Apple MPS, then the
     CPU, and say why. ``prefer`` (or ``COURSE_DEVICE``): ``"cpu"``, ``"cuda"``,
-    ``"cuda:1"`` or ``"mps"``; one that does not exist raises ``ValueError``.
-
-    >>> choose_device("cpu").device
-    device(type='cpu')
-    """
+    ``"cuda:1"`` or ``"mps"``; one that does not exist raises ``ValueError``."""
     wanted = (prefer or os.environ.get(DEVICE_ENV_VAR, "")).strip().lower()
     if wanted:
         return _explicit_choice(wanted)
@@ -222,11 +218,7 @@ class PrecisionSupport:
 
 
 def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
-    """Precision support for a compute capability, e.g. ``(7, 5)`` for a T4.
-
-    >>> precision_support((7, 5))
-    PrecisionSupport(fp16_tensor_cores=True, bf16='emulated', tf32=False)
-    """
+    """Precision support for a compute capability, e.g. ``(7, 5)`` for a T4."""
     ampere = capability >= (8, 0)
     return PrecisionSupport(capability >= (7, 0), "native" if ampere else "emulated", ampere)
 
@@ -293,13 +285,7 @@ def pick_precision(
     as is, or for ``"auto"``: bf16 from compute capability 8.0; fp16 with a GradScaler on
     7.0-7.5 (V100, T4: bf16 is only emulated there, even if
     ``torch.cuda.is_bf16_supported()``); fp32 below, and on the CPU and MPS (CPU bf16 is
-    fast only with AVX512-BF16 or AMX). ``capability`` overrides the GPU's own.
-
-    >>> pick_precision("cuda", capability=(7, 5)).name
-    <PrecisionName.FP16: 'fp16'>
-    >>> pick_precision("cpu").name, pick_precision("cpu", "bf16").dtype
-    (<PrecisionName.FP32: 'fp32'>, torch.bfloat16)
-    """
+    fast only with AVX512-BF16 or AMX). ``capability`` overrides the GPU's own."""
     if requested != AUTO:
         if requested not in {p.value for p in PrecisionName}:
             names = ", ".join([AUTO, *(p.value for p in PrecisionName)])
@@ -341,12 +327,7 @@ def autocast(device: torch.device | str, precision: Precision) -> AbstractContex
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None = None) -> Any:
     """Move every tensor in a nested batch (tuples, lists, dicts, namedtuples) to ``device``;
     other values stay. ``non_blocking=None``: asynchronous exactly when a pinned tensor
-    goes to a CUDA device.
-
-    >>> out = to_device({"x": torch.ones(2), "meta": ["id", torch.zeros(1)]}, "cpu")
-    >>> out["x"].device, out["meta"][0]
-    (device(type='cpu'), 'id')
-    """
+    goes to a CUDA device."""
     device = torch.device(device)
     if isinstance(batch, torch.Tensor):
         if non_blocking is None:
@@ -366,12 +347,7 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
 
 
 def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside a nested batch, in order (to check :func:`to_device`).
-
-    >>> batch = {"x": torch.ones(2), "meta": ["id", (torch.zeros(1),)]}
-    >>> [tuple(t.shape) for t in tensors_in(batch)]
-    [(2,), (1,)]
-    """
+    """Every tensor inside a nested batch, in order (to check :func:`to_device`)."""
     if isinstance(batch, torch.Tensor):
         yield batch
     elif isinstance(batch, Mapping | list | tuple):

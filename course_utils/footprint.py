@@ -168,11 +168,7 @@ _OPTIMIZER_SLOTS = dict(
 
 def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
     """The optimizer state predicted from the parameters: SGD none, momentum 1x, Adam(W)
-    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2).
-
-    >>> expected_optimizer_state_bytes(nn.Linear(10, 5), "adam")  # 2 * 220 + 2 tensors * 4
-    448
-    """
+    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2)."""
     if optimizer not in _OPTIMIZER_SLOTS:
         raise ValueError(f"optimizer={optimizer!r}: use one of {', '.join(_OPTIMIZER_SLOTS)}")
     slots, step_counter = _OPTIMIZER_SLOTS[optimizer]
@@ -187,11 +183,7 @@ def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
     A copy of the model runs on the ``meta`` device (shapes, no data); hooks add the
     input and every leaf module's output, skipping views and in-place results.
     ``nn.MultiheadAttention``'s inside, which no hook sees, counts 5 x dim per token
-    (queries, keys, values, attention output, result) plus heads x length (probabilities).
-
-    >>> activation_estimate(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), torch.ones(2, 8))
-    128
-    """
+    (queries, keys, values, attention output, result) plus heads x length (probabilities)."""
     meta_model = copy.deepcopy(model).to("meta")
     meta_model.train()
     for module in meta_model.modules():  # a forward replaced on the instance (gradient

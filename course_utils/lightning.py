@@ -59,13 +59,7 @@ NOISY_WARNINGS = (
 class CourseModule(pl.LightningModule):
     """A course model trained with :class:`~course_utils.training.TrainStep`'s loss and
     optimizer (precision is the Trainer's job); ``lr`` and ``batch_size`` are for
-    Lightning's tuners, ``dataset`` for its own ``train_dataloader``.
-
-    >>> from course_utils.models import build_model
-    >>> module = CourseModule(build_model("mlp", hidden=8, depth=1), TrainConfig(lr=0.1))
-    >>> module.lr, type(module.configure_optimizers()).__name__
-    (0.1, 'SGD')
-    """
+    Lightning's tuners, ``dataset`` for its own ``train_dataloader``."""
 
     def __init__(
         self,
@@ -127,15 +121,7 @@ def lightning_precision(
 ) -> str:
     """The ``Trainer(precision=...)`` string for a :class:`~course_utils.device.Precision`,
     a course name, or ``"auto"`` (:func:`~course_utils.device.pick_precision` for
-    ``device``, default the one ``accelerator="auto"`` uses); Lightning strings pass.
-
-    >>> lightning_precision("auto", "cpu"), lightning_precision("fp16")
-    ('32-true', '16-mixed')
-    >>> lightning_precision(pick_precision("cuda", capability=(8, 0)))
-    'bf16-mixed'
-    >>> lightning_precision("bf16-mixed")
-    'bf16-mixed'
-    """
+    ``device``, default the one ``accelerator="auto"`` uses); Lightning strings pass."""
     if isinstance(precision, Precision):
         return LIGHTNING_PRECISION[precision.name]
     if "-" in precision:  # already a Lightning string such as "16-mixed"
@@ -582,11 +568,7 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     """Mount Google Drive on Colab (asking the learner); ``True`` when it is mounted.
 
     Refused, failed or timed out: one line printed, ``False``, and no second question in
-    this session, so "Run all" goes on. Elsewhere: ``False``.
-
-    >>> mount_drive(environment="local")
-    False
-    """
+    this session, so "Run all" goes on. Elsewhere: ``False``."""
     if (environment or where_am_i()) != "colab":
         return False
     mount_point = Path(mount_point)

@@ -243,14 +243,7 @@ def configure_allocator(**wanted: str | int | float | bool) -> str:
     ``max_split_size_mb=128``...); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
     and ``PYTORCH_ALLOC_CONF`` (old and new names), keeping options already set. PyTorch
     reads it when CUDA initializes: afterwards this raises
-    :class:`AllocatorAlreadyInitializedError`.
-
-    >>> from unittest import mock
-    >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
-    >>> with mock.patch.dict(os.environ, earlier):  # put the environment back afterwards
-    ...     configure_allocator(expandable_segments=True)
-    'max_split_size_mb:128,expandable_segments:True'
-    """
+    :class:`AllocatorAlreadyInitializedError`."""
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
@@ -290,18 +283,7 @@ class Fragmentation:
 
 
 def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
-    """Summarise the ``segments`` of ``torch.cuda.memory_snapshot()``.
-
-    >>> segment = {"total_size": 20 * MIB, "blocks": [
-    ...     {"size": 12 * MIB, "state": "inactive"},
-    ...     {"size": 6 * MIB, "state": "active_allocated"},
-    ...     {"size": 2 * MIB, "state": "inactive"}]}
-    >>> summary = summarize_segments([segment])
-    >>> summary.reserved_mib, summary.allocated_mib, summary.largest_free_block_mib
-    (20.0, 6.0, 12.0)
-    >>> summary.stuck_mib  # free, but in a segment a live tensor pins
-    14.0
-    """
+    """Summarise the ``segments`` of ``torch.cuda.memory_snapshot()``."""
     reserved = allocated = largest = stuck = 0
     for segment in segments:
         reserved += segment["total_size"]

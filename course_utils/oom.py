@@ -20,13 +20,7 @@ from course_utils.units import MIB
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError``, or a ``RuntimeError``
-    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU).
-
-    >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
-    True
-    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    False
-    """
+    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU)."""
     if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
         return True
     if not isinstance(error, RuntimeError):
@@ -195,16 +189,7 @@ def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> Dro
     ``namespace`` (default: IPython's, else the caller's globals), output-history entries
     (``Out[N]``, ``_N``, ``_``...) holding one of them, a tensor, a module or an
     optimizer, and the saved exception with its frames' locals. Other references you
-    keep (a list, a second variable) still keep a tensor alive.
-
-    >>> import weakref
-    >>> space = {"x": torch.ones(1000)}
-    >>> space["Out"] = {1: space["x"]}
-    >>> alive = weakref.ref(space["x"])
-    >>> dropped = drop_references("x", namespace=space)
-    >>> alive() is None, dropped.deleted, dropped.history_entries
-    (True, ['x'], ['Out[1]'])
-    """
+    keep (a list, a second variable) still keep a tensor alive."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if namespace is None:
