@@ -250,18 +250,15 @@ class Precision:
     reason: str
 
     @property
-    def dtype(self) -> torch.dtype:
-        """The autocast dtype (float32 means: no autocast)."""
+    def dtype(self) -> torch.dtype:  # the autocast dtype (float32: no autocast)
         return _DTYPES[self.name]
 
     @property
-    def autocast(self) -> bool:
-        """Whether forward passes run in ``torch.autocast(device_type, dtype)``."""
+    def autocast(self) -> bool:  # forward passes in torch.autocast(device_type, dtype)
         return self.name != PrecisionName.FP32
 
     @property
-    def grad_scaler(self) -> bool:
-        """Whether the step needs ``torch.amp.GradScaler`` (fp16 only)."""
+    def grad_scaler(self) -> bool:  # the step needs a torch.amp.GradScaler (fp16 only)
         return self.name == PrecisionName.FP16
 
 
@@ -281,11 +278,11 @@ def pick_precision(
     *,
     capability: tuple[int, int] | None = None,
 ) -> Precision:
-    """The precision to train in on ``device``: ``requested`` (a :class:`PrecisionName`)
-    as is, or for ``"auto"``: bf16 from compute capability 8.0; fp16 with a GradScaler on
-    7.0-7.5 (V100, T4: bf16 is only emulated there, even if
-    ``torch.cuda.is_bf16_supported()``); fp32 below, and on the CPU and MPS (CPU bf16 is
-    fast only with AVX512-BF16 or AMX). ``capability`` overrides the GPU's own."""
+    """The precision to train in on ``device``: ``requested`` as is, or for ``"auto"``:
+    bf16 from compute capability 8.0; fp16 with a GradScaler on 7.0-7.5 (V100, T4: bf16 is
+    only emulated there, even if ``torch.cuda.is_bf16_supported()``); fp32 below, and on
+    the CPU and MPS (CPU bf16 is fast only with AVX512-BF16 or AMX). ``capability``
+    overrides the GPU's own."""
     if requested != AUTO:
         if requested not in {p.value for p in PrecisionName}:
             names = ", ".join([AUTO, *(p.value for p in PrecisionName)])

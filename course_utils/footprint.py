@@ -26,11 +26,9 @@ def saved_tensor_bytes(
     *,
     budget: MemoryBudget | None = None,
 ) -> tuple[Any, int]:
-    """Run ``fn()``; return its result and the bytes autograd saved for backward.
-
-    Each storage counts once; those of ``exclude`` (the parameters: a layer saves its
-    weight too) not at all. A ``budget`` raises its simulated out-of-memory error as soon
-    as the saved bytes exceed it, mid-forward, as an allocator would.
+    """Run ``fn()``; return its result and the bytes autograd saved for backward, each
+    storage once, those of ``exclude`` (the parameters) not at all. A ``budget`` raises its
+    simulated out-of-memory error as soon as the saved bytes exceed it, mid-forward.
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -95,10 +93,8 @@ def _rss_peak(fn: Callable[[], Any]) -> int:
 def peak_memory(
     fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0, rss: bool = False
 ) -> PeakMemory:
-    """Peak memory of ``fn()`` on ``device``, and how it was measured.
-
-    CUDA: the allocator's peak during the call above its start. ``warmup`` unmeasured
-    calls first make one-time allocations (cuBLAS workspaces, lazy optimizer state). The
+    """Peak memory of ``fn()`` on ``device`` after ``warmup`` unmeasured calls (one-time
+    allocations), and how it was measured. CUDA: the allocator's peak above the start. The
     CPU has no allocator statistics: the bytes saved for backward (what grows with the
     batch), or with ``rss=True`` (a whole run) the resident memory sampled every 5 ms
     above its start (approximate; lower for a run reusing memory an earlier one freed).
@@ -296,18 +292,11 @@ def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 
 def memory_breakdown(
     step: TrainStep, batch: Sequence[Any], *, estimate: bool = True
 ) -> MemoryBreakdown:
-    """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
-
-    1. Estimate the activations from shapes (:func:`activation_estimate`; not with
-       ``estimate=False``).
-    2. Run steps until one is taken (:func:`step_until_taken`), so the optimizer state
-       exists, and give every parameter a zeroed gradient: the static part (parameters,
-       gradients, optimizer state) is then read from the tensors themselves.
-    3. Measure forward and backward once more (:func:`measure_activations`), with the
-       step's toggles; then clear the gradients.
-
-    The step's parameters change: use a fresh model for training.
-    """
+    """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``:
+    estimate the activations from shapes (unless ``estimate=False``); run steps until one
+    is taken, so the optimizer state exists, and give every parameter a zeroed gradient,
+    so the static part is read from the tensors themselves; measure forward and backward
+    once more. The step's parameters change: use a fresh model for training."""
     inputs, targets = step.prepare(batch)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
     step_until_taken(step, (inputs, targets))

@@ -188,10 +188,8 @@ def format_readings(readings: list[MemoryReading]) -> str:
 
 def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
     """What ``del`` and ``torch.cuda.empty_cache()`` do, in six stages (see the labels).
-
-    On a CPU only the RSS column has numbers: PyTorch has no cache there, but glibc may
-    keep freed pages resident, so stage 3 runs ``del`` and then ``malloc_trim``.
-    """
+    On a CPU only the RSS column has numbers; glibc may keep freed pages resident, so
+    stage 3 runs ``del`` and then ``malloc_trim``."""
     device = torch.device(device)
     elements = mib * MIB // 4
 
@@ -229,15 +227,6 @@ class AllocatorAlreadyInitializedError(RuntimeError):
     """CUDA has started in this process, so a new allocator setting would be ignored."""
 
 
-def _parse_alloc_conf(text: str) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for item in text.split(","):
-        key, _, value = item.strip().partition(":")
-        if key:
-            settings[key.strip()] = value.strip()
-    return settings
-
-
 def configure_allocator(**wanted: str | int | float | bool) -> str:
     """Set the CUDA caching allocator's options by name (``expandable_segments=True``,
     ``max_split_size_mb=128``...); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
@@ -247,7 +236,8 @@ def configure_allocator(**wanted: str | int | float | bool) -> str:
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
-    setting = _parse_alloc_conf(current)
+    items = [item.partition(":") for item in current.split(",")]
+    setting = {key.strip(): value.strip() for key, _, value in items if key.strip()}
     setting.update({key: str(value) for key, value in wanted.items()})
     text = ",".join(f"{key}:{value}" for key, value in setting.items())
     if torch.cuda.is_initialized():
@@ -304,8 +294,7 @@ def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("fragmentation is a property of the CUDA caching allocator")
-    elements = block_mib * MIB // 4
-    tensors = [torch.empty(elements, device=device) for _ in range(blocks)]
+    tensors = [torch.empty(block_mib * MIB // 4, device=device) for _ in range(blocks)]
     survivors = [t for i, t in enumerate(tensors) if i % 3 == 2]
     del tensors
     torch.cuda.synchronize(device)
@@ -320,11 +309,8 @@ def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6
 
 
 def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict[str, Any]:
-    """:func:`fragment` in two fresh processes, without and with expandable segments.
-
-    A fresh process is needed because the allocator reads its setting when CUDA starts.
-    Returns ``{"default": Fragmentation, "expandable_segments": Fragmentation}``.
-    """
+    """:func:`fragment` in two fresh processes (the allocator reads its setting when CUDA
+    starts): ``{"default": Fragmentation, "expandable_segments": Fragmentation}``."""
     code = (
         "import json, dataclasses; from course_utils.memory import fragment; "
         f"print(json.dumps(dataclasses.asdict(fragment('cuda', blocks={blocks}, "
@@ -352,20 +338,17 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
 
 @contextmanager
 def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
-    """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block.
-
-    Uses ``torch.cuda.set_per_process_memory_fraction``: an allocation past the cap raises
-    ``torch.cuda.OutOfMemoryError`` as a full GPU would. Afterwards the fraction in force
-    before (1.0, or an enclosing cap's) is restored.
-    """
+    """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block
+    (``set_per_process_memory_fraction``: past the cap CUDA raises ``OutOfMemoryError``);
+    afterwards the fraction in force before (1.0, or an enclosing cap's) is restored."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("memory_cap limits the CUDA caching allocator; got " + str(device))
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
     previous = _memory_fraction(index)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, mib * MIB / total), index)
     _FRACTIONS[index] = min(1.0, mib * MIB / total)
+    torch.cuda.set_per_process_memory_fraction(_FRACTIONS[index], index)
     try:
         yield
     finally:
@@ -380,10 +363,7 @@ _FRACTIONS: dict[int, float] = {}
 
 def _memory_fraction(index: int) -> float:
     """The per-process memory fraction in force on ``cuda:index`` (1.0: no cap)."""
-    read_back = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if read_back is not None:
-        try:
-            return float(read_back(index))
-        except Exception:  # not readable on this build: use what memory_cap set
-            pass
-    return _FRACTIONS.get(index, 1.0)
+    try:
+        return float(torch.cuda.get_per_process_memory_fraction(index))
+    except Exception:  # older torch (or not readable on this build): what memory_cap set
+        return _FRACTIONS.get(index, 1.0)

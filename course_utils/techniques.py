@@ -1,12 +1,7 @@
-"""Memory-saving techniques compared: one row per technique, measured the same way.
-
-For each row of notebook 04, :func:`compare_techniques` measures the peak memory of a step
-(:func:`~course_utils.footprint.memory_breakdown`), the largest batch that fits
-(:func:`~course_utils.batch.find_max_batch_size`; on a GPU against CUDA's real limit, on
-a CPU against a simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``,
-since the operating system would swap and kill the process long before PyTorch raised),
-and throughput with FLOPs and MFU (:func:`~course_utils.flops.device_peak_flops`). A
-``gpu_only`` row is not measured on a CPU.
+"""Memory-saving techniques compared (notebook 04): for each row, the peak memory of a
+step, the largest batch that fits (on a GPU against CUDA's real limit; on a CPU against a
+simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``, since the operating
+system would swap and kill the process long before PyTorch raised), throughput and MFU.
 """
 
 from __future__ import annotations
@@ -266,11 +261,10 @@ def measure_step(
     (:func:`~course_utils.footprint.measure_activations`, ``exclude``: the parameters)
     and the median time of ``repeats`` calls."""
     device = torch.device(device)
-    step_fn()
-    for _ in range(9):
+    for _ in range(10):
+        step_fn()
         if optimizer is None or optimizer.state:
             break
-        step_fn()
     used, method = None, "memory not measured"
     if memory:
         used, _ = measure_activations(step_fn, device, exclude=list(exclude))
@@ -300,11 +294,9 @@ def format_steps(rows: Sequence[StepMeasurement]) -> str:
 def compare_techniques(
     techniques: Sequence[Technique], device: torch.device | str, **options: Any
 ) -> list[TechniqueResult]:
-    """:func:`measure_technique` for every row, sharing the measured device peaks.
-
-    The finder's ``gc.collect()`` after each failed trial scans every object torch made
-    (about 0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration.
-    """
+    """:func:`measure_technique` for every row, sharing the measured device peaks. The
+    finder's ``gc.collect()`` after each failed trial scans every object torch made (about
+    0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration."""
     peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
     try:
@@ -370,8 +362,7 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Figu
 
 @dataclass(frozen=True)
 class AmpStepRun:
-    """One mixed-precision step compared with a float32 reference step
-    (:func:`run_amp_step_against_fp32`)."""
+    """One mixed-precision step and a float32 reference step (:func:`run_amp_step_against_fp32`)."""
 
     loss: float
     reference_loss: float
