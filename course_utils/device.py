@@ -235,11 +235,7 @@ class PrecisionName(str, Enum):
 
 
 AUTO = "auto"  # ask pick_precision to choose for the device
-_DTYPES = {
-    PrecisionName.FP32: torch.float32,
-    PrecisionName.FP16: torch.float16,
-    PrecisionName.BF16: torch.bfloat16,
-}
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)

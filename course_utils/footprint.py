@@ -180,10 +180,6 @@ def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
     input and every leaf module's output, skipping views and in-place results.
     ``nn.MultiheadAttention``'s inside, which no hook sees, counts 5 x dim per token
     (queries, keys, values, attention output, result) plus heads x length (probabilities)."""
-    meta_model = copy.deepcopy(model).to("meta")
-    meta_model.train()
-    for module in meta_model.modules():  # a forward replaced on the instance (gradient
-        vars(module).pop("forward", None)  # checkpointing) still points at the original
     total = inputs.numel() * inputs.element_size()
 
     def add_output(module: nn.Module, args: Any, output: Any) -> None:
@@ -202,21 +198,15 @@ def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
         dim, heads = query.shape[-1], getattr(module, "num_heads", 1)
         total += n * length * (5 * dim + heads * length) * query.element_size()
 
-    handles = [
-        module.register_forward_hook(add_output)
-        for module in meta_model.modules()
-        if not list(module.children())
-    ]
-    handles += [
-        module.register_forward_hook(add_attention)
-        for module in meta_model.modules()
-        if isinstance(module, nn.MultiheadAttention)
-    ]
-    try:
-        meta_model(inputs.to("meta"))
-    finally:
-        for handle in handles:
-            handle.remove()
+    meta_model = copy.deepcopy(model).to("meta")  # a copy: its hooks go with it
+    meta_model.train()
+    for module in meta_model.modules():
+        vars(module).pop("forward", None)  # a forward replaced on the instance (gradient
+        if not list(module.children()):  # checkpointing) still points at the original
+            module.register_forward_hook(add_output)
+        if isinstance(module, nn.MultiheadAttention):
+            module.register_forward_hook(add_attention)
+    meta_model(inputs.to("meta"))
     return total
 
 

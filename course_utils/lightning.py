@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
-from course_utils.device import AUTO, Precision, PrecisionName, pick_device, pick_precision
+from course_utils.device import AUTO, Precision, pick_device, pick_precision
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.timing import synchronizer
@@ -101,19 +101,14 @@ class CourseModule(pl.LightningModule):
 def quiet_by_default() -> bool:
     """Quiet under the tests (``COURSE_WORKLOAD=small``, pytest) and in scripts whose
     output is not a terminal; a learner in Jupyter or at a terminal sees progress bars."""
-    if os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small":
-        return True
-    if "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
+    small = os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small"
+    if small or "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
         return True
     in_ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)() is not None
     return not in_ipython and not sys.stdout.isatty()
 
 
-LIGHTNING_PRECISION = {
-    PrecisionName.FP32: "32-true",
-    PrecisionName.FP16: "16-mixed",
-    PrecisionName.BF16: "bf16-mixed",
-}
+LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 
 
 def lightning_precision(
@@ -221,11 +216,9 @@ class UtilizationLogger(Callback):
         self.readings: list[monitor.Reading] = []
 
     def _index(self, trainer: pl.Trainer) -> int | None:
-        if self.gpu_index is not None:
-            return self.gpu_index
         root = trainer.strategy.root_device
-        if root.type != "cuda":
-            return None
+        if self.gpu_index is not None or root.type != "cuda":
+            return self.gpu_index
         return monitor.nvml_index_of(root)  # NVML numbers the GPUs differently from CUDA
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -260,9 +253,8 @@ def read_metrics(path: Path | str) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(handle):
             step = int(float(row.get("step") or 0))
             for key, value in row.items():
-                if key in ("step", "epoch") or value in (None, ""):
-                    continue
-                series.setdefault(key, []).append((step, float(value)))
+                if key not in ("step", "epoch") and value not in (None, ""):
+                    series.setdefault(key, []).append((step, float(value)))
     return series
 
 
