@@ -187,8 +187,7 @@ def predict_max_batch_size(
         return _after(history, search)
     fixed = measured[0] - per_sample * small
     predicted = max(low, math.floor((available_bytes - fixed) / per_sample))
-    if high is not None:
-        predicted = min(predicted, high)
+    predicted = predicted if high is None else min(predicted, high)
     good, bad = 0, None  # trust only trials: the probes may have run differently
     if _attempt(trial, predicted, history):
         good, step = predicted, 1
@@ -219,9 +218,6 @@ def usable_cuda_bytes(device: torch.device | str) -> int:
     return int(free + cached)
 
 
-# ------------------------------------------------------------------- a real trial
-
-
 @dataclass
 class TrainTrial:
     """One :class:`~course_utils.training.TrainStep` of a course model (built on first
@@ -248,7 +244,6 @@ class TrainTrial:
     _step: TrainStep | None = field(default=None, init=False, repr=False)
 
     def step(self) -> TrainStep:
-        """The :class:`~course_utils.training.TrainStep` (built on first use)."""
         if self._step is None:
             torch.manual_seed(0)
             kwargs = self.model_kwargs or {}
@@ -292,9 +287,6 @@ class TrainTrial:
             peak = self.peak_bytes(batch_size)
             budget.charge(peak)
         self.last_peak_bytes = peak
-
-
-# ------------------------------------------------------------------------- sweep
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,6 @@ from course_utils.nvml import cuda_driver_version, gpu_for_cuda_index, nvml_stat
 DEVICE_ENV_VAR = "COURSE_DEVICE"
 
 
-# --------------------------------------------------------------------------- GPUs
-
-
 def _driver_present() -> bool:
     """A cheap hint that an NVIDIA driver is installed (used only when NVML is absent)."""
     if sys.platform.startswith("linux"):
@@ -205,9 +202,6 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return choose_device(prefer).device
 
 
-# ---------------------------------------------------------------------- precision
-
-
 @dataclass(frozen=True)
 class PrecisionSupport:
     """Which reduced precisions a GPU of a given compute capability runs fast."""
@@ -312,9 +306,6 @@ def autocast(device: torch.device | str, precision: Precision) -> AbstractContex
     if not precision.autocast:
         return nullcontext()
     return torch.autocast(torch.device(device).type, dtype=precision.dtype)
-
-
-# ------------------------------------------------------------------ moving batches
 
 
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None = None) -> Any:

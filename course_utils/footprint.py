@@ -122,9 +122,6 @@ def peak_memory(
     return PeakMemory(saved, "CPU: bytes autograd saved for backward (no CPU allocator stats)")
 
 
-# ------------------------------------------------------------- the memory breakdown
-
-
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of ``tensors``, each counted as ``numel * element_size`` (a tensor met twice,
     such as a shared parameter, counts once).

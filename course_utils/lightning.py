@@ -53,9 +53,6 @@ NOISY_WARNINGS = (
 )
 
 
-# ----------------------------------------------------------------------- the module
-
-
 class CourseModule(pl.LightningModule):
     """A course model trained with :class:`~course_utils.training.TrainStep`'s loss and
     optimizer (precision is the Trainer's job); ``lr`` and ``batch_size`` are for
@@ -93,9 +90,6 @@ class CourseModule(pl.LightningModule):
         if self.dataset is None:
             raise ValueError("CourseModule(dataset=None): pass a DataLoader to fit() instead")
         return DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False)
-
-
-# ---------------------------------------------------------------------- the Trainer
 
 
 def quiet_by_default() -> bool:
@@ -194,9 +188,6 @@ def make_trainer(
     }
     options.update(overrides)
     return pl.Trainer(**options)
-
-
-# ------------------------------------------------------------ utilization callback
 
 
 class UtilizationLogger(Callback):
@@ -325,14 +316,6 @@ class Comparison:
     lightning_total_s: float = 0.0  # building the Trainer + fit(), setup included
     plain_peak: PeakMemory | None = None
     lightning_peak: PeakMemory | None = None
-
-    @property
-    def plain_epoch_s(self) -> list[float]:
-        return [s for run in self.plain_runs for s in run]
-
-    @property
-    def lightning_epoch_s(self) -> list[float]:
-        return [s for run in self.lightning_runs for s in run]
 
     @property
     def plain_s_per_epoch(self) -> float:

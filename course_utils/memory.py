@@ -281,8 +281,7 @@ def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
         free = [b["size"] for b in segment["blocks"] if b["state"] == "inactive"]
         allocated += used
         largest = max([largest, *free])
-        if used:
-            stuck += sum(free)
+        stuck += sum(free) if used else 0
     return Fragmentation(len(segments), reserved / MIB, allocated / MIB, largest / MIB, stuck / MIB)
 
 

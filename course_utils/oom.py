@@ -131,14 +131,13 @@ def _clear_saved_traceback(shell: Any) -> bool:
         found = found or getattr(sys, name, None) is not None
         if hasattr(sys, name):
             delattr(sys, name)
-    if shell is not None:
-        formatter: Any = getattr(shell, "InteractiveTB", None)
-        if getattr(formatter, "tb", None) is not None:
-            formatter.tb = None  # kept for %debug
-        result: Any = getattr(shell, "last_execution_result", None)
-        if getattr(result, "error_in_exec", None) is not None:
-            result.error_in_exec = None
-            found = True
+    formatter: Any = getattr(shell, "InteractiveTB", None)  # shell None: no IPython
+    if getattr(formatter, "tb", None) is not None:
+        formatter.tb = None  # kept for %debug
+    result: Any = getattr(shell, "last_execution_result", None)
+    if getattr(result, "error_in_exec", None) is not None:
+        result.error_in_exec = None
+        found = True
     return found
 
 
@@ -199,11 +198,8 @@ def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> Dro
     dropped.cleared_traceback = _clear_saved_traceback(shell)
     dropped.history_entries = _drop_history(namespace, shell, ids)
     for name in names:
-        if name in namespace:
-            del namespace[name]
-            dropped.deleted.append(name)
-        else:
-            dropped.not_found.append(name)
+        (dropped.deleted if name in namespace else dropped.not_found).append(name)
+        namespace.pop(name, None)
     before = _reserved_bytes()
     dropped.collected = gc.collect()
     release_cached_memory()

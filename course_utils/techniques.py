@@ -69,10 +69,6 @@ class TechniqueResult:
     mfu: float | None = None
     peak_source: str = ""
 
-    @property
-    def peak_mib(self) -> float | None:
-        return None if self.peak_bytes is None else self.peak_bytes / MIB
-
 
 def standard_techniques(
     device: torch.device | str,
@@ -268,8 +264,7 @@ def measure_step(
     used, method = None, "memory not measured"
     if memory:
         used, _ = measure_activations(step_fn, device, exclude=list(exclude))
-        on_gpu = device.type == "cuda"
-        method = "CUDA allocator peak" if on_gpu else "CPU: bytes saved for backward"
+        method = "CUDA allocator peak" if device.type == "cuda" else "CPU: bytes saved for backward"
     timing = benchmark(step_fn, device=device, warmup=0, repeats=repeats)
     return StepMeasurement(name, batch_size, timing.median_s, used, method)
 
