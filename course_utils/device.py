@@ -314,8 +314,9 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
     goes to a CUDA device."""
     device = torch.device(device)
     if isinstance(batch, torch.Tensor):
-        if non_blocking is None:
-            return batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
+        if non_blocking is None:  # asynchronous exactly for pinned memory to a GPU
+            pinned = batch.device.type == "cpu" and batch.is_pinned()
+            return batch.to(device, non_blocking=device.type == "cuda" and pinned)
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device, non_blocking) for key, value in batch.items()}

@@ -346,8 +346,9 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
     previous = _memory_fraction(index)
-    _FRACTIONS[index] = min(1.0, mib * MIB / total)
-    torch.cuda.set_per_process_memory_fraction(_FRACTIONS[index], index)
+    fraction = min(1.0, mib * MIB / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    _FRACTIONS[index] = fraction
     try:
         yield
     finally:
@@ -356,8 +357,7 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
         release_cached_memory()
 
 
-# The fractions memory_cap set, for torch versions that cannot read the current one back.
-_FRACTIONS: dict[int, float] = {}
+_FRACTIONS: dict[int, float] = {}  # what memory_cap set, for a torch that cannot read it back
 
 
 def _memory_fraction(index: int) -> float:
