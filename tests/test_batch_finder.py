@@ -21,6 +21,7 @@ def limit_at(maximum, error=RuntimeError):
     return trial, calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("maximum", [1, 2, 3, 7, 8, 9, 100, 127, 128, 129, 1000, 4097, 65535])
 def test_finds_the_exact_maximum_within_the_promised_number_of_calls(maximum):
     trial, calls = limit_at(maximum)
@@ -43,6 +44,7 @@ def test_high_caps_the_search():
     assert found.batch_size == 300 and found.capped and max(calls) == 300
 
 
+@pytest.mark.slow
 def test_low_that_does_not_fit_searches_below_it():
     trial, _ = limit_at(5)
     found = find_max_batch_size(trial, low=64)
@@ -51,6 +53,7 @@ def test_low_that_does_not_fit_searches_below_it():
     assert find_max_batch_size(nothing).batch_size == 0
 
 
+@pytest.mark.slow
 def test_margin_leaves_room():
     trial, _ = limit_at(200)
     found = find_max_batch_size(trial, margin=0.25)

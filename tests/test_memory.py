@@ -208,6 +208,7 @@ def test_empty_cache_experiment_on_the_cpu_frees_at_del():
     assert "malloc_trim" in readings[2].stage, "the CPU row runs del and malloc_trim: say so"
 
 
+@pytest.mark.slow
 def test_oom_recovery_finds_a_smaller_batch_and_reraises_other_errors():
     sizes: list[int] = []
 
