@@ -121,7 +121,6 @@ class LoopRun:
 
     @property
     def samples_per_s(self) -> float:
-        """Throughput of the timed steps (after the warm-up)."""
         return self.profile.samples_per_s
 
 
@@ -178,14 +177,11 @@ def run_loop(
     """Run ``loop`` on a fresh ``small_cnn`` (seed 0, ``width`` channels first) for about
     ``samples`` samples (at least 3 steps, after one untimed step) and measure it.
 
-    ``timed(loader)`` yields the loader's batches, epoch after epoch, as the loader makes
-    them, timing the wait for each. On a GPU the steps are not synchronized one by one (a
-    per-step ``.item()`` must show its cost), only the end. Spies count ``.item()`` on the
-    loss and ``empty_cache()`` calls; the loss on a fixed batch before and after shows
-    that the loop trains: what a CPU cannot time, a check can still see.
-
-    On a CPU the loop gets ``cpu_threads`` threads (``None``: unchanged): on a loaded 2-core
-    machine loops ran many times slower with two than with one, and their ratio swung.
+    ``timed(loader)`` yields batches epoch after epoch, timing the wait for each; on a GPU
+    only the end is synchronized (a per-step ``.item()`` must show its cost). Spies count
+    ``.item()`` on the loss and ``empty_cache()``; the loss on a fixed batch before and
+    after shows that the loop trains. On a CPU the loop gets ``cpu_threads`` threads (on a
+    loaded 2-core machine two ran many times slower than one, and their ratio swung).
     """
     device = torch.device(device)
     torch.manual_seed(0)

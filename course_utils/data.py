@@ -1,10 +1,6 @@
-"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine.
-
-The datasets live in the package so that DataLoader workers started with ``spawn`` or
-``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them, which they
-cannot do for a class defined in a notebook. :class:`SyntheticImages` are generated here,
-and labelled as such wherever they stand in for real data.
-"""
+"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine. The datasets
+live in the package so that ``spawn``/``forkserver`` workers (macOS, Windows, Python 3.14's
+Linux default) can unpickle them, which they cannot do for a class from a notebook."""
 
 from __future__ import annotations
 
@@ -34,10 +30,8 @@ MIN_AREA = 0.35  # the smallest random crop, as a share of the image's area
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
     """``size`` float32 images ``(3, image_size, image_size)``, each ``pattern[label] +
-    noise_std * noise``: learnable, so a loss curve goes down.
-
-    Sample ``i`` is generated from ``seed`` and ``i``: the same on every call and in every
-    process, so results do not depend on worker count or order.
+    noise_std * noise`` (learnable), sample ``i`` generated from ``seed`` and ``i``: the
+    same in every process, whatever the worker count or order.
 
     >>> data = SyntheticImages(size=8)
     >>> image, label = data[3]
@@ -62,7 +56,6 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
         return self.size
 
     def label(self, index: int) -> int:
-        """The label of sample ``index`` (cheap: no image is generated)."""
         return (index * 7 + self.seed) % self.num_classes
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -80,12 +73,10 @@ def _normalize(images: torch.Tensor) -> torch.Tensor:
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
-    image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
-
-    Each sample is decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area,
-    resized to ``image_size``, flipped half of the time and normalized (ImageNet's
-    ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
+    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, each
+    sample decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area, resized
+    to ``image_size``, flipped half of the time and normalized (ImageNet's
+    ``RandomResizedCrop``): a CPU-bound pipeline. ``augment=False`` takes the whole picture.
 
     >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
     >>> image, label = data[1]
@@ -124,7 +115,6 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def nbytes(self) -> int:
-        """The encoded size of the whole dataset in bytes."""
         return sum(len(item) for item in self.encoded)
 
     def decode(self, index: int) -> torch.Tensor:
@@ -147,9 +137,9 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 
 class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels: a sample
-    is a slice, and batches stay ``uint8`` (a quarter of float32's bytes to copy) for
-    :func:`augment_on_device`. ``augment_per_sample=True`` augments each on the CPU instead.
+    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``: batches stay
+    ``uint8`` (a quarter of float32's bytes to copy) for :func:`augment_on_device`;
+    ``augment_per_sample=True`` augments each on the CPU instead.
 
     >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
     >>> data[0][0].dtype, tuple(data.images.shape)
@@ -190,9 +180,8 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 
 def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tensor:
-    """The augmentation of :class:`EncodedImages` for a whole ``uint8`` batch ``(N, C, H,
-    W)`` on its device: each sample's own square crop and coin-flip mirror in one
-    ``affine_grid``/``grid_sample`` call, then normalization.
+    """:class:`EncodedImages`' augmentation for a ``uint8`` batch ``(N, C, H, W)`` on its
+    device: each sample's crop and mirror in one ``affine_grid``/``grid_sample`` call.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
@@ -233,13 +222,9 @@ def load_cifar10(
     fallback_size: int = 1024,
     download: bool = True,
 ) -> LoadedData:
-    """CIFAR-10's training set from torchvision (normalized float tensors), downloading it
-    if needed.
-
-    The download gives up after ``timeout_s`` seconds without an answer (a socket
-    timeout). Offline, or when anything else goes wrong, it returns ``fallback_size``
-    :class:`SyntheticImages` and says so in ``source`` and ``note``: label results on them.
-    """
+    """CIFAR-10's training set (normalized), downloaded if needed with a ``timeout_s``
+    socket timeout. Offline, or when anything else goes wrong, ``fallback_size``
+    :class:`SyntheticImages`, said so in ``source`` and ``note``: label results on them."""
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )
@@ -292,14 +277,6 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def shared_memory_bytes(path: str = "/dev/shm") -> int | None:
-    """The size of ``/dev/shm`` (where workers put batches), or None (macOS, Windows)."""
-    try:
-        return shutil.disk_usage(path).total
-    except OSError:
-        return None
-
-
 def suggest_loader_kwargs(
     *,
     cores: int | None = None,
@@ -308,10 +285,8 @@ def suggest_loader_kwargs(
     platform: str | None = None,
     gpus: int | None = None,
 ) -> LoaderAdvice:
-    """DataLoader settings computed from this machine, each with its reason.
-
-    Each fact (usable cores, ``/dev/shm``, start method, OS, CUDA GPUs) is read here
-    unless passed in, to see the advice for another machine.
+    """DataLoader settings for this machine, each with its reason; pass the facts (cores,
+    ``/dev/shm`` bytes, start method, OS, CUDA GPUs) to see another machine's.
 
     >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
     ...                                platform="linux", gpus=1)
@@ -319,7 +294,12 @@ def suggest_loader_kwargs(
     (2, True)
     """
     cores = usable_cores() if cores is None else cores
-    shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
+    shm = shm_bytes
+    if shm == -1:  # where workers put batches; none on macOS, Windows
+        try:
+            shm = shutil.disk_usage("/dev/shm").total
+        except OSError:
+            shm = None
     platform = platform or sys.platform
     method = start_method or multiprocessing.get_start_method(allow_none=True)
     if method is None:  # Python's default for the platform

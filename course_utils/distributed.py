@@ -1,12 +1,7 @@
-"""Several GPUs (or CPU processes): DistributedDataParallel under torchrun, and its checks.
-
-DDP is *data* parallelism: every process holds a full copy of the model, trains on its own
-slice of each global batch, and ``backward()`` averages the gradients across processes
-(an all-reduce), so every copy takes the same step. It does not fit a model too big for
-one GPU: :func:`split_model` (model parallelism) or FSDP (sharding) do. Notebook 06.
-
-The training entry point, one process per GPU (or per CPU slot with ``gloo``); for several
-nodes run the same command on each with ``--nnodes`` and one c10d ``--rdzv-endpoint``::
+"""Several GPUs (or CPU processes): DistributedDataParallel under torchrun, its checks,
+DataParallel and model parallelism (notebook 06). The training entry point, one process
+per GPU (or CPU slot, ``gloo``); for several nodes run it on each with ``--nnodes`` and one
+c10d ``--rdzv-endpoint``::
 
     torchrun --nproc_per_node=2 -m course_utils.distributed train --steps 20 --out build/ddp
 """
@@ -66,14 +61,9 @@ class DistContext:
 
 
 def init_distributed(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
-    """Join the process group torchrun set up (from ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``): ``nccl`` on GPU ``local_rank`` when this node has one
-    per local process (``device="auto"``), else ``gloo`` on the CPU.
-
-    ``torch.cuda.set_device`` comes before anything touches CUDA (else every process opens
-    a context on GPU 0). ``timeout_s`` bounds every collective: when a rank stops
-    answering the others raise instead of hanging (gloo's ``monitored_barrier`` names it).
-    """
+    """Join the process group torchrun set up: ``nccl`` on GPU ``local_rank`` when this node
+    has one per local process (``device="auto"``), else ``gloo`` on the CPU. ``timeout_s``
+    bounds every collective: when a rank stops answering the others raise, not hang."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if device == "auto":
@@ -107,9 +97,8 @@ def free_port() -> int:
 def torchrun_train(
     config: RunConfig, nproc: int, device: str = "cpu", *, nnodes: int = 1, endpoint: str = ""
 ) -> list[str]:
-    """The torchrun command (``python -m torch.distributed.run``, this Python) that runs
-    :func:`train_worker` with ``config`` on ``nproc`` processes per node, with a c10d
-    rendezvous on ``endpoint`` (default: a free local port)."""
+    """The torchrun command that runs :func:`train_worker` with ``config`` on ``nproc``
+    processes per node, c10d rendezvous on ``endpoint`` (default: a free local port)."""
     endpoint = endpoint or f"127.0.0.1:{free_port()}"  # IPv4: the address free_port checked
     command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}"]
     command += [f"--nproc_per_node={nproc}", "--rdzv-backend=c10d"]
@@ -240,12 +229,8 @@ def run_training(
     config: RunConfig, context: DistContext | None = None
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Train ``config.steps`` steps, as one DDP rank with ``context``, else in one process;
-    return the unwrapped model and a summary (this rank's losses, global samples/s).
-
-    ``DistributedSampler`` shuffles with ``seed + epoch`` and gives rank ``r`` the indices
-    ``r, r + W, ...`` of that order: the W per-rank batches of a step are the W*B samples
-    that one process (``num_replicas=1``) gets in one batch.
-    """
+    return the unwrapped model and a summary (this rank's losses, global samples/s). Rank
+    ``r`` of W gets samples ``r, r + W, ...``: a step's W batches are one process's W*B."""
     rank, world = (context.rank, context.world_size) if context else (0, 1)
     device = context.device if context else torch.device("cpu")
     model: nn.Module = config.build_model().to(device)
@@ -322,7 +307,7 @@ def _torchrun_job(
 def max_parameter_difference(
     first: dict[str, torch.Tensor] | nn.Module, second: dict[str, torch.Tensor] | nn.Module
 ) -> float:
-    """The largest absolute difference between two models' parameters (same keys).
+    """The largest absolute difference between two models' parameters.
 
     >>> a = nn.Linear(2, 2); b = nn.Linear(2, 2); b.load_state_dict(a.state_dict())
     <All keys matched successfully>
@@ -490,13 +475,8 @@ def run_as_ranks(
     fn: Any, world_size: int = 2, args: Sequence[Any] = (), timeout_s: float = 60.0
 ) -> RanksRun:
     """Run ``fn(*args)`` in ``world_size`` forked CPU processes with torchrun's environment
-    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT`` on a free local port, ...), so that
-    ``dist.init_process_group("gloo")`` works unchanged; fork lets ``fn`` live in a notebook.
-
-    When one rank fails the others are stopped (as torchrun does), and all are after
-    ``timeout_s``. A ``NotImplementedError`` in a rank (an unanswered exercise) is raised
-    here, so that a grader reports it as such.
-    """
+    (fork lets ``fn`` live in a notebook). When one rank fails the others are stopped, all
+    after ``timeout_s``; a ``NotImplementedError`` (an unanswered exercise) is raised here."""
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
         port = free_port()
@@ -546,11 +526,9 @@ def run_as_ranks(
 
 
 def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5) -> dict[str, Any]:
-    """What ``nn.DataParallel`` does here. With 2+ GPUs: training throughput on one GPU
-    and with DataParallel, and each GPU's peak memory (GPU 0, which gathers the outputs
-    and holds the loss, carries more). Else: the explanation, and a check that it runs
-    the module unchanged. Initializes CUDA when there are GPUs: call it after any fork.
-    """
+    """What ``nn.DataParallel`` does here. With 2+ GPUs: throughput on one GPU and with
+    DataParallel, and each GPU's peak memory; else the explanation, and a check that it
+    runs the module unchanged. Initializes CUDA: call it after any fork."""
     gpus = cuda_gpu_count()
     wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
     report: dict[str, Any] = {"gpus": gpus, "device_ids": list(wrapped.device_ids)}
@@ -595,11 +573,9 @@ def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5)
 
 
 class SplitModel(nn.Module):
-    """A model cut into stages, each on its own device; activations hop between them.
-
-    Model parallelism in its simplest form: one device works at a time (no pipelining).
-    ``handoffs``: each activation moved in the last forward, ``(from, to, shape, bytes)``.
-    """
+    """A model cut into stages, each on its own device, one working at a time (no
+    pipelining). ``handoffs``: each activation moved in the last forward, ``(from, to,
+    shape, bytes)``."""
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[str | torch.device]):
         super().__init__()

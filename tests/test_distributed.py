@@ -11,7 +11,6 @@ import pickle
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -71,9 +70,10 @@ def test_launch_nodes_retries_on_a_fresh_port_and_stops_a_node_that_outlives_ano
     script = "import sys, time; print(sys.argv[1], flush=True); time.sleep(int(sys.argv[2]))"
     nodes = [[sys.executable, "-c", script, "--rdzv-endpoint=127.0.0.1:1", str(s)] for s in (0, 60)]
     start = time.monotonic()
-    with pytest.warns(UserWarning, match="attempt 1 failed"):
-        with pytest.raises(RuntimeError, match=r"1 torchrun agent\(s\) outlived another by 1 s") as e:
-            launch_nodes(nodes, timeout_s=60, retries=1, grace_s=1)
+    hung = r"1 torchrun agent\(s\) outlived another by 1 s"
+    retried = pytest.warns(UserWarning, match="attempt 1 failed")
+    with retried, pytest.raises(RuntimeError, match=hung) as e:
+        launch_nodes(nodes, timeout_s=60, retries=1, grace_s=1)
     assert time.monotonic() - start < 30
     assert "127.0.0.1:" in str(e.value) and "127.0.0.1:1 " not in str(e.value)  # a fresh port
 
@@ -265,7 +265,6 @@ def test_ddp_on_two_gpus_uses_nccl(tmp_path):
     done = launch_nodes([torchrun_train(config, 2, "auto")], SAFETY_NET_S)[0]
     assert done.returncode == 0, done.stdout
     assert "backend nccl" in done.stdout
-
 
 
 def test_ddp_check_rejects_bad_input_with_one_error_line(capsys):
