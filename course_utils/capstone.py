@@ -12,6 +12,7 @@ with a scaler on a T4, bf16 from Ampere on, fp32 on a CPU), ``loss.item()`` and
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -159,12 +160,6 @@ def _fixed_batch_loss(
     return float(loss.cpu())
 
 
-def _epochs(loader: DataLoader[Any]) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch, for as long as they are asked for."""
-    while True:
-        yield from loader
-
-
 def run_loop(
     loop: Loop,
     data: EncodedImages,
@@ -199,7 +194,8 @@ def run_loop(
 
     def timed(loader: Any) -> Iterator[Any]:
         steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
-        return profiler.iterate(_epochs(loader), max_steps=steps + 1)  # + the warm-up
+        epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+        return profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:

@@ -307,15 +307,15 @@ def suggest_loader_kwargs(
         method = "spawn" if not linux else "fork" if sys.version_info < (3, 14) else "forkserver"
     gpus = cuda_gpu_count() if gpus is None else gpus
     workers = 0 if cores <= 1 else cores if cores <= 4 else min(cores - 1, 16)
+    per_core = (
+        "workers would only compete with the main process"
+        if cores <= 1
+        else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
+        if cores <= 4
+        else "one left for the main process (which launches the GPU work), at most 16"
+    )
     reasons = {
-        "num_workers": f"{cores} usable {'core' if cores == 1 else 'cores'} (sched_getaffinity): "
-        + (
-            "workers would only compete with the main process"
-            if cores <= 1
-            else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
-            if cores <= 4
-            else "one left for the main process (which launches the GPU work), at most 16"
-        )
+        "num_workers": f"{cores} usable core{'s' * (cores != 1)} (sched_getaffinity): {per_core}"
     }
     small_shm = shm is not None and shm < 2**30
     if shm is not None and small_shm and workers > 2:
@@ -325,39 +325,37 @@ def suggest_loader_kwargs(
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
     slow_start = method in ("spawn", "forkserver")
-    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": gpus > 0}
+    prefetch = 2 if small_shm or workers > 2 else 4
+    kwargs: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": gpus > 0,
+        "persistent_workers": workers > 0,
+        **({"prefetch_factor": prefetch} if workers else {}),
+        "multiprocessing_context": method if workers > 0 else None,
+    }
     reasons["pin_memory"] = (
         f"{gpus} CUDA GPU(s): pinned batches copy faster, and non_blocking=True returns to "
         "the host at once (overlapping compute needs a second stream or the loader's look-ahead)"
         if gpus
         else "no CUDA GPU: pinning only costs time"
     )
-    kwargs["persistent_workers"] = workers > 0
-    start = f"keep workers between epochs: start method {method!r} " + (
-        "starts each by importing torch and unpickling the dataset (seconds)"
-        if slow_start
-        else "is cheap, but re-creating workers every epoch still costs"
-    )
-    reasons["persistent_workers"] = start if workers else "no workers"
-    if workers > 0:
-        kwargs["prefetch_factor"] = prefetch = 2 if small_shm or workers > 2 else 4
+    reasons["persistent_workers"] = "no workers"
+    if workers:
+        reasons["persistent_workers"] = f"keep workers between epochs: start method {method!r} " + (
+            "starts each by importing torch and unpickling the dataset (seconds)"
+            if slow_start
+            else "is cheap, but re-creating workers every epoch still costs"
+        )
         reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
             "PyTorch's default; /dev/shm is scarce or workers are many"
             if prefetch == 2
             else "few workers, so queue more to absorb slow batches"
         )
-    kwargs["multiprocessing_context"] = method if workers > 0 else None
     reasons["multiprocessing_context"] = f"{platform}: {method!r}; " + (
         "the dataset is pickled to each worker: it must be importable (not from a notebook)"
         if slow_start
         else "workers inherit the dataset (copy-on-write)"
     )
-    facts = {
-        "usable_cores": cores,
-        "os_cpu_count": os.cpu_count(),
-        "shm_bytes": shm,
-        "start_method": method,
-        "platform": platform,
-        "cuda_gpus": gpus,
-    }
+    facts: dict[str, Any] = {"usable_cores": cores, "os_cpu_count": os.cpu_count()}
+    facts |= {"shm_bytes": shm, "start_method": method, "platform": platform, "cuda_gpus": gpus}
     return LoaderAdvice(kwargs, reasons, facts)

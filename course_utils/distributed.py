@@ -267,7 +267,7 @@ def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
         model, summary = run_training(config, context)
         if context.rank == 0:  # one log and one checkpoint, not world_size of them
             for number, loss in enumerate(summary["losses"], start=1):
-                print(f"[rank 0] step {number} loss {loss:.4f}", flush=True)
+                print(f"[rank 0] step {number} loss {loss:.4f}")
             print(
                 f"[rank 0] {context.world_size} process(es), backend {context.backend}, "
                 f"{summary['samples_per_s']:.1f} samples/s",
@@ -415,12 +415,11 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> 
 
 @dataclass
 class RanksRun:
-    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: stopped), error and
-    output, the ranks that called ``torch.save`` and the epochs given to ``set_epoch``."""
+    """What :func:`run_as_ranks` saw: each rank's exit code (``None``: stopped) and error,
+    the ranks that called ``torch.save`` and the epochs given to ``set_epoch``."""
 
     exit_codes: list[int | None]
     errors: dict[int, str]
-    outputs: dict[int, str]
     saved_by: list[int]
     set_epoch_calls: dict[int, list[int]]
 
@@ -460,7 +459,7 @@ def _rank_main(
 
     torch.save = spied_save
     DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
-    with open(Path(folder) / f"output-{rank}.txt", "w") as log:
+    with open(os.devnull, "w") as log:  # the errors are reported, the prints dropped
         sys.stdout = sys.stderr = log
         try:
             fn(*args)
@@ -503,7 +502,6 @@ def run_as_ranks(
                     else f"rank {rank} was stopped because another rank failed"
                 )
             process.join()
-        logs = [Path(folder) / f"output-{rank}.txt" for rank in range(world_size)]
         # in the order the ranks ended: the first error is the cause, the rest follow
         files = sorted(Path(folder).glob("rank-*.json"), key=lambda path: path.stat().st_mtime_ns)
         seen = {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in files}
@@ -514,7 +512,6 @@ def run_as_ranks(
         return RanksRun(
             exit_codes=[None if rank in stopped else p.exitcode for rank, p in enumerate(ranks)],
             errors=errors,
-            outputs={rank: log.read_text() for rank, log in enumerate(logs) if log.exists()},
             saved_by=sorted(rank for rank, report in seen.items() if report["saved"]),
             set_epoch_calls={
                 rank: seen.get(rank, {}).get("epochs", []) for rank in range(world_size)
