@@ -1,13 +1,7 @@
-"""The capstone: measure a training loop, fix its habits, measure again.
-
-A loop is a function ``loop(data, model, device, timed) -> losses`` that builds its own
-DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``;
-:func:`run_loop` measures one. A :class:`Recipe` is the lesson's slow loop with each habit
-a knob: per-sample decoding on the CPU or ``decode="once"`` (then augmenting on the
-device), ``num_workers``, ``batch_size``, ``pin_memory``, ``precision`` (``"auto"``: fp16
-with a scaler on a T4, bf16 from Ampere on, fp32 on a CPU), ``loss.item()`` and
-``torch.cuda.empty_cache()`` every step. On a CPU the GPU-only knobs change nothing.
-"""
+"""The capstone: measure a training loop, fix its habits, measure again. A loop builds its
+own DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``. A
+:class:`Recipe` is the lesson's slow loop with each habit a knob (on a CPU the GPU-only
+knobs change nothing)."""
 
 from __future__ import annotations
 
@@ -34,7 +28,8 @@ Loop = Callable[[EncodedImages, torch.nn.Module, torch.device, Callable[[Any], A
 
 @dataclass(frozen=True)
 class Recipe:
-    """The knobs of the capstone's training loop (see the module doc)."""
+    """The knobs of the capstone's loop. ``decode="once"``: decode before training, augment
+    on the device; ``precision="auto"``: fp16 with a scaler on a T4, bf16 from Ampere on."""
 
     decode: str = "per-sample"
     num_workers: int = 0
@@ -230,8 +225,7 @@ def compare_loops(
     rounds: int = 3,
     **options: Any,
 ) -> list[LoopRun]:
-    """The fastest of ``rounds`` :func:`run_loop` runs of each loop (``options`` go to it),
-    taken in turns (:func:`~course_utils.timing.time_in_turns`)."""
+    """The fastest of ``rounds`` :func:`run_loop` runs of each loop, taken in turns."""
     runs: list[list[LoopRun]] = [[] for _ in loops]
 
     def turn(index: int) -> Callable[[], None]:
@@ -251,7 +245,6 @@ def run_recipe(
     repeats: int = 1,
     **options: Any,
 ) -> LoopRun:
-    """The fastest of ``repeats`` runs of the recipe's loop (``options`` go to
-    :func:`run_loop`). Decoding once (``decode="once"``) happens before the timed steps:
-    it is paid once per training run, not per epoch (the notebook measures it apart)."""
+    """The fastest of ``repeats`` runs of the recipe's loop; ``decode="once"`` decodes
+    before the timed steps (paid once per run, not per epoch: the notebook measures it)."""
     return compare_loops([recipe.loop], data, device, rounds=repeats, **options)[0]

@@ -437,14 +437,9 @@ def _rank_main(
     fn: Any, rank: int, world_size: int, port: int, folder: str, args: tuple[Any, ...]
 ) -> None:
     """One forked rank: torchrun's environment variables, one thread, the spies, ``fn``."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+    os.environ.update(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
     seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None}
     save, set_epoch = torch.save, DistributedSampler.set_epoch
@@ -492,15 +487,13 @@ def run_as_ranks(
             if any(p.exitcode not in (None, 0) for p in ranks):
                 break  # one failed: stop the rest instead of letting them wait for it
             time.sleep(0.02)
+        late = time.monotonic() >= deadline
+        why = f"after {timeout_s:g} s (still waiting?)" if late else "because another rank failed"
         stopped = {}
         for rank, process in enumerate(ranks):
             if process.exitcode is None:
                 process.kill()
-                stopped[rank] = (
-                    f"rank {rank} was stopped after {timeout_s:g} s (still waiting?)"
-                    if time.monotonic() >= deadline
-                    else f"rank {rank} was stopped because another rank failed"
-                )
+                stopped[rank] = f"rank {rank} was stopped {why}"
             process.join()
         # in the order the ranks ended: the first error is the cause, the rest follow
         files = sorted(Path(folder).glob("rank-*.json"), key=lambda path: path.stat().st_mtime_ns)
