@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,22 +37,20 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 32, depth: int = 4, norm: str = "batch"):
         super().__init__()
-        blocks: list[nn.Module] = []
-        channels = 3
-        for i in range(depth):
-            out = width * 2 ** min(i, 3)
-            blocks.append(
+        sizes = [3] + [width * 2 ** min(i, 3) for i in range(depth)]  # channels
+        self.blocks = nn.Sequential(
+            *(
                 nn.Sequential(
-                    nn.Conv2d(channels, out, 3, padding=1, bias=norm == "none"),
-                    _norm(norm, out),
+                    nn.Conv2d(sizes[i], sizes[i + 1], 3, padding=1, bias=norm == "none"),
+                    _norm(norm, sizes[i + 1]),
                     nn.ReLU(inplace=True),
                     nn.MaxPool2d(2) if i < depth - 1 else nn.Identity(),
                 )
+                for i in range(depth)
             )
-            channels = out
-        self.blocks = nn.Sequential(*blocks)
+        )
         self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(sizes[-1], num_classes)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,14 +68,12 @@ class MLP(nn.Module):
         depth: int = 2,
     ) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        features = in_features
-        for _ in range(depth):
-            layers.append(nn.Sequential(nn.Linear(features, hidden), nn.ReLU()))
-            features = hidden
+        sizes = [in_features] + [hidden] * depth
         self.flatten = nn.Flatten()
-        self.blocks = nn.Sequential(*layers)
-        self.head = nn.Linear(features, num_classes)
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in itertools.pairwise(sizes))
+        )
+        self.head = nn.Linear(sizes[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.flatten(x)))
