@@ -392,9 +392,9 @@ def measure_scaling(
     return rows
 
 
-def plot_scaling(rows: Sequence[dict[str, Any]], label: str, ax: Any = None) -> Any:
+def plot_scaling(rows: Sequence[dict[str, Any]], label: str) -> Any:
     """Throughput against processes, with the ideal (linear) line; returns the axes."""
-    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    ax = plt.subplots(figsize=(5, 3.5))[1]
     counts = [row["processes"] for row in rows]
     measured = [row["samples_per_s"] for row in rows]
     ideal = [measured[0] / counts[0] * count for count in counts]
