@@ -548,12 +548,8 @@ def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5)
         seconds = benchmark(
             partial(step, (inputs, targets)), device="cuda:0", repeats=steps
         ).median_s
-        rows[name] = {
-            "samples_per_s": batch_size / seconds,
-            "peak_mib_per_gpu": [
-                torch.cuda.max_memory_allocated(index) / MIB for index in range(gpus)
-            ],
-        }
+        peaks = [torch.cuda.max_memory_allocated(index) / MIB for index in range(gpus)]
+        rows[name] = {"samples_per_s": batch_size / seconds, "peak_mib_per_gpu": peaks}
     report["measured"] = rows
     report["speedup"] = rows["data_parallel"]["samples_per_s"] / rows["one_gpu"]["samples_per_s"]
     return report
