@@ -179,10 +179,7 @@ def run_loop(
     plain = copy.copy(data)  # the same images, centre crop, no flip
     plain.augment = False
     count = min(len(data), 64)
-    fixed = (
-        torch.stack([plain[i][0] for i in range(count)]),
-        torch.tensor(data.labels[:count]),
-    )
+    fixed = (torch.stack([plain[i][0] for i in range(count)]), torch.tensor(data.labels[:count]))
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
     profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
