@@ -1,12 +1,6 @@
-"""Batch size: the largest batch that fits in memory, and the throughput knee.
-
-:func:`find_max_batch_size` doubles ``trial(batch_size)`` from ``low`` until it runs out
-of memory, then bisects: with a true limit ``M``, at most ``2 * ceil(log2(M)) + 2``
-trials. :func:`predict_max_batch_size` fits memory = fixed + per sample x batch from two
-measured probes and confirms the prediction with a few trials.
-:func:`run_with_oom_recovery` continues a step that ran out of memory at the largest size
-that fits. :func:`batch_size_sweep` finds the knee: **the smallest batch size whose
-throughput reaches 90% of the best measured throughput**. Notebooks 03, 04, 05 and 07.
+"""Batch size (notebooks 03, 04, 05, 07): the largest batch that fits in memory, found by
+search or predicted from two probes, recovery from out of memory, and the throughput knee:
+**the smallest batch size whose throughput reaches 90% of the best measured throughput**.
 """
 
 from __future__ import annotations
@@ -15,7 +9,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -55,22 +49,35 @@ class MaxBatchSize:
     predicted: int | None = None  # :func:`predict_max_batch_size`'s prediction, if any
 
 
-def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
-    start = time.perf_counter()
+def _out_of_memory(fn: Callable[[], Any]) -> str | None:
+    """Run ``fn()``: ``None``, or the summary of its out-of-memory error once memory is
+    released (outside ``except``, where the traceback held the failed step's tensors);
+    other errors are raised again."""
     message = None
     try:
-        trial(batch_size)
-        fits = True
+        fn()
     except Exception as error:
         if not is_out_of_memory(error):
             raise
-        fits = False
         message = error_summary(error)
-    if not fits:  # outside ``except``: the traceback holding the failed step's tensors is gone
+    if message is not None:
         release_cached_memory()
-    history.append(Trial(batch_size, fits, time.perf_counter() - start, message))
+    return message
+
+
+def _attempt(trial: Callable[[int], Any], batch_size: int, history: list[Trial]) -> bool:
+    start = time.perf_counter()
+    message = _out_of_memory(functools.partial(trial, batch_size))
+    history.append(Trial(batch_size, message is None, time.perf_counter() - start, message))
     progress.tick()
-    return fits
+    return message is None
+
+
+def _after(history: list[Trial], found: MaxBatchSize) -> MaxBatchSize:
+    """``found``, with the trials of ``history`` run before it."""
+    found.history[:0] = history
+    found.trials = len(found.history)
+    return found
 
 
 @progress.tracked("largest batch size", unit="trial")
@@ -82,9 +89,9 @@ def find_max_batch_size(
     margin: float = 0.0,
 ) -> MaxBatchSize:
     """The largest ``batch_size`` for which ``trial(batch_size)`` does not run out of memory
-    (:func:`~course_utils.oom.is_out_of_memory`; other errors are raised again), freeing
-    memory after each failure. ``high`` caps the search; ``margin`` (0 to <1) takes that
-    fraction off the limit, for fragmentation and other processes.
+    (other errors are raised again): double from ``low`` until a trial fails, then bisect,
+    at most ``2 * ceil(log2(M)) + 2`` trials for a limit ``M``. ``high`` caps the search;
+    ``margin`` (0 to <1) takes that fraction off the limit (fragmentation, other processes).
 
     >>> def trial(n):
     ...     MemoryBudget(100).charge(n)  # a budget of 100 bytes, one byte per sample
@@ -101,19 +108,13 @@ def find_max_batch_size(
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     history: list[Trial] = []
-    good, bad = 0, None  # largest size known to fit; smallest known not to fit
-    size = low
-    while True:  # grow by doubling
-        if high is not None:
-            size = min(size, high)
+    good, bad, size = 0, None, low  # largest size known to fit; smallest known not to fit
+    while bad is None and (high is None or good < high):  # grow by doubling
+        size = size if high is None else min(size, high)
         if _attempt(trial, size, history):
-            good = size
-            if high is not None and size >= high:
-                break
-            size *= 2
+            good, size = size, size * 2
         else:
             bad = size
-            break
     return _bisect(trial, good, bad, history, margin)
 
 
@@ -134,18 +135,8 @@ def _bisect(
             good = middle
         else:
             bad = middle
-    return MaxBatchSize(
-        batch_size=_with_margin(good, margin),
-        limit=good,
-        trials=len(history),
-        history=history,
-        capped=bad is None,
-        predicted=predicted,
-    )
-
-
-def _with_margin(good: int, margin: float) -> int:
-    return good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
+    found = good if margin == 0 else max(1 if good else 0, math.floor(good * (1 - margin)))
+    return MaxBatchSize(found, good, len(history), history, bad is None, predicted)
 
 
 # ----------------------------------------------------------- predict, then confirm
@@ -164,13 +155,10 @@ def predict_max_batch_size(
 ) -> MaxBatchSize:
     """Predict the largest batch from measured memory, then confirm it with a few trials.
 
-    ``memory_of(n)``: the peak bytes of a step at ``n`` after a warm-up step
-    (:meth:`TrainTrial.peak_bytes`), called at the two ``probes`` (they count as trials).
-    The line through them gives the size that fills ``available_bytes``
-    (:func:`usable_cuda_bytes`, or a simulated budget); galloping trials around it
-    (+1, +2, +4... or -1, -2, -4...) and bisection confirm it: 4 or 5 calls when memory is
-    linear. cuDNN's per-shape workspaces make a GPU's line bumpy; the trials correct
-    that. ``low``: the smallest prediction and where a fallback search starts.
+    ``memory_of(n)`` (the peak bytes of a step, :meth:`TrainTrial.peak_bytes`) at the two
+    ``probes`` gives a line; where it fills ``available_bytes`` is the prediction, which
+    galloping trials (+1, +2, +4... or -1, -2, -4...) and bisection confirm: 4 or 5 calls
+    when memory is linear (cuDNN's per-shape workspaces make a GPU's line bumpy).
 
     >>> limit = lambda n: 1000 + 300 * n           # bytes a step at batch n needs
     >>> def trial(n):
@@ -183,35 +171,23 @@ def predict_max_batch_size(
     if small < 1 or large <= small:
         raise ValueError(f"probes must be two different sizes >= 1, got {probes}")
     history: list[Trial] = []
-    measured = []
+    measured: list[int] = []
     for size in (small, large):
         start = time.perf_counter()
-        try:
-            measured.append(memory_of(size))
-        except Exception as error:
-            if not is_out_of_memory(error):
-                raise
-        if len(measured) < (1 if size == small else 2):
-            release_cached_memory()  # even the probes do not fit (outside ``except``: see above)
-            progress.tick()
-            fallback = find_max_batch_size(
-                trial, low=min(low, max(1, size - 1)), high=max(1, size - 1), margin=margin
-            )
-            fallback.history[:0] = [*history, Trial(size, False, time.perf_counter() - start)]
-            fallback.trials = len(fallback.history)
-            return fallback
-        history.append(Trial(size, True, time.perf_counter() - start))
+        message = _out_of_memory(lambda: measured.append(memory_of(size)))  # noqa: B023 (runs now)
+        history.append(Trial(size, message is None, time.perf_counter() - start, message))
         progress.tick()
+        if message is not None:  # even the probes do not fit
+            below = max(1, size - 1)
+            search = find_max_batch_size(trial, low=min(low, below), high=below, margin=margin)
+            return _after(history, search)
     per_sample = (measured[1] - measured[0]) / (large - small)
     if per_sample <= 0:  # memory does not grow with the batch: nothing to extrapolate
-        found = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
-        found.history[:0] = history
-        found.trials = len(found.history)
-        return found
+        search = find_max_batch_size(trial, low=max(low, large), high=high, margin=margin)
+        return _after(history, search)
     fixed = measured[0] - per_sample * small
     predicted = max(low, math.floor((available_bytes - fixed) / per_sample))
-    if high is not None:
-        predicted = min(predicted, high)
+    predicted = predicted if high is None else min(predicted, high)
     good, bad = 0, None  # trust only trials: the probes may have run differently
     if _attempt(trial, predicted, history):
         good, step = predicted, 1
@@ -242,16 +218,12 @@ def usable_cuda_bytes(device: torch.device | str) -> int:
     return int(free + cached)
 
 
-# ------------------------------------------------------------------- a real trial
-
-
+@dataclass
 class TrainTrial:
-    """One :class:`~course_utils.training.TrainStep` of a course model on a random
-    CIFAR-shaped batch of the given size (the model is built on first use).
-
-    With ``budget_bytes`` a simulated :class:`~course_utils.oom.MemoryBudget` applies to
-    what :meth:`peak_bytes` measures: on the CPU it fails mid-forward, as an allocator
-    would. ``last_peak_bytes``: the last measured peak of a step that fitted.
+    """One :class:`~course_utils.training.TrainStep` of a course model (built on first
+    use) on a random CIFAR-shaped batch of the given size. ``budget_bytes``: a simulated
+    :class:`~course_utils.oom.MemoryBudget` on what :meth:`peak_bytes` measures (on the CPU
+    failing mid-forward, as an allocator would).
 
     >>> trial = TrainTrial("mlp", budget_bytes=2**24)
     >>> trial(1) is None, trial.last_peak_bytes > 0
@@ -260,32 +232,22 @@ class TrainTrial:
     (True, 1)
     """
 
-    def __init__(
-        self,
-        model_name: str = "small_cnn",
-        device: str = "cpu",
-        *,
-        budget_bytes: int | None = None,
-        image_size: int = 32,
-        num_classes: int = 10,
-        precision: str = "fp32",
-        model_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        self.model_name = model_name
-        self.device = device
-        self.budget_bytes = budget_bytes
-        self.image_size = image_size
-        self.num_classes = num_classes
-        self.precision = precision
-        self.model_kwargs = dict(model_kwargs or {})
-        self.last_peak_bytes = 0
-        self._step: TrainStep | None = None
+    model_name: str = "small_cnn"
+    device: str = "cpu"
+    _: KW_ONLY
+    budget_bytes: int | None = None
+    image_size: int = 32
+    num_classes: int = 10
+    precision: str = "fp32"
+    model_kwargs: dict[str, Any] | None = None
+    last_peak_bytes: int = field(default=0, init=False)  # of the last step that fitted
+    _step: TrainStep | None = field(default=None, init=False, repr=False)
 
     def step(self) -> TrainStep:
-        """The :class:`~course_utils.training.TrainStep` (built on first use)."""
         if self._step is None:
             torch.manual_seed(0)
-            model = build_model(self.model_name, num_classes=self.num_classes, **self.model_kwargs)
+            kwargs = self.model_kwargs or {}
+            model = build_model(self.model_name, num_classes=self.num_classes, **kwargs)
             self._step = TrainStep(model, self.device, TrainConfig(precision=self.precision))
         return self._step
 
@@ -325,9 +287,6 @@ class TrainTrial:
             peak = self.peak_bytes(batch_size)
             budget.charge(peak)
         self.last_peak_bytes = peak
-
-
-# ------------------------------------------------------------------------- sweep
 
 
 @dataclass(frozen=True)
@@ -434,14 +393,10 @@ def batch_size_sweep(
     budget_bytes: int | None = None,
     knee_fraction: float = 0.9,
 ) -> BatchSweep:
-    """Time ``trial(batch_size)`` and measure its peak memory for each size in ``sizes``
-    (default: the powers of two up to 4096), stopping at the first out-of-memory error.
-
-    Per size: :func:`~course_utils.footprint.peak_memory` with ``warmup=1`` (what a step
-    needs once one-time allocations are made), then
-    :func:`~course_utils.timing.benchmark` of ``repeats`` calls after ``warmup`` more.
-    ``budget_bytes``: a simulated :class:`~course_utils.oom.MemoryBudget` on the peak;
-    ``cpu_step_s``: this process's CPU time per call.
+    """Time ``trial(batch_size)`` (``repeats`` calls after ``warmup``) and measure its peak
+    memory after a warm-up call, for each size in ``sizes`` (default: the powers of two up
+    to 4096), stopping at the first out-of-memory error. ``budget_bytes``: a simulated
+    :class:`~course_utils.oom.MemoryBudget` on the peak.
 
     >>> sweep = batch_size_sweep(lambda n: torch.ones(n, 8).sum(), [1, 2, 4], repeats=2)
     >>> [row.batch_size for row in sweep.rows], sweep.knee() is not None
@@ -497,29 +452,12 @@ class OomRecovery:
 def run_with_oom_recovery(
     step: Callable[[int], Any], batch_size: int, *, margin: float = 0.0, low: int = 1
 ) -> OomRecovery:
-    """Run ``step(batch_size)``; on out-of-memory free memory and continue smaller.
-
-    Catch the error, leave the ``except`` block (the traceback holds the failed step's
-    tensors), free memory, then :func:`find_max_batch_size` below the size that failed.
-    Other errors are raised again; :class:`MemoryError` if not even ``low`` fits
-    (``low=2`` for BatchNorm).
-
-    >>> def step(n):
-    ...     MemoryBudget(48).charge(n)  # a budget of 48 bytes, one byte per sample
-    >>> result = run_with_oom_recovery(step, 64)
-    >>> result.recovered, result.batch_size
-    (True, 48)
-    """
-    message = None
-    try:
-        step(batch_size)
-    except Exception as error:
-        if not is_out_of_memory(error):
-            raise
-        message = error_summary(error)
+    """Run ``step(batch_size)``; on out-of-memory, free memory (outside ``except``) and
+    :func:`find_max_batch_size` below that size. Other errors are raised again;
+    :class:`MemoryError` if not even ``low`` fits (``low=2`` for BatchNorm)."""
+    message = _out_of_memory(functools.partial(step, batch_size))
     if message is None:
         return OomRecovery(batch_size, batch_size, None)
-    release_cached_memory()  # outside the except block: the traceback is gone
     if batch_size <= low:
         raise MemoryError(f"not even a batch of {low} fits: {message}")
     search = find_max_batch_size(step, low=low, high=batch_size - 1, margin=margin)

@@ -87,13 +87,6 @@ class TensorMove:
     target: str  # the device (or dtype) asked for, as text
 
 
-def _asks_non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if "non_blocking" in kwargs:
-        return bool(kwargs["non_blocking"])
-    # positional forms: to(device, dtype, non_blocking) or to(dtype, non_blocking)
-    return any(arg is True for arg in args)
-
-
 @contextlib.contextmanager
 def record_tensor_to() -> Iterator[list[TensorMove]]:
     """Record every ``Tensor.to(...)`` call made inside the ``with`` block (a spy: the
@@ -111,9 +104,9 @@ def record_tensor_to() -> Iterator[list[TensorMove]]:
     def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         target = kwargs.get("device", kwargs.get("dtype", args[0] if args else ""))
         pinned = self.device.type == "cpu" and self.is_pinned()
-        moves.append(
-            TensorMove(str(self.device), pinned, _asks_non_blocking(args, kwargs), str(target))
-        )
+        # positional forms: to(device, dtype, non_blocking) or to(dtype, non_blocking)
+        asynchronous = kwargs.get("non_blocking", any(arg is True for arg in args))
+        moves.append(TensorMove(str(self.device), pinned, bool(asynchronous), str(target)))
         return original(self, *args, **kwargs)
 
     torch.Tensor.to = spy  # type: ignore[method-assign,assignment]

@@ -20,13 +20,14 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # These import the standard library only: the quick commands start fast.
 from course_utils import smi, workload
 from course_utils.colab import is_commit, retarget_course, script_at_ref
-from course_utils.sandbox import GIB, Limits
+from course_utils.sandbox import Limits
 from course_utils.site import build_site
+from course_utils.units import GIB
 
 PROG = "python -m course_utils"
 BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
@@ -47,111 +48,73 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog=PROG,
-        description="Helpers for the course 'Make PyTorch use the GPU'.",
-    )
+    parser = _Parser(prog=PROG, description="Helpers for the course 'Make PyTorch use the GPU'.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    doctor = commands.add_parser("doctor", help="describe this machine for the course")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    json_option: dict[str, Any] = {"action": "store_true", "help": "print JSON"}
 
-    badges = commands.add_parser(
+    def command(name: str, summary: str, out: str | None = "", **more: Any) -> Any:
+        """A command's parser, with ``--out`` (default: ``out``) unless ``out`` is ""."""
+        parser = commands.add_parser(name, help=summary, **more)
+        if out != "":
+            parser.add_argument("--out", type=Path, default=out and Path(out), help="output folder")
+        return parser
+
+    command("doctor", "describe this machine for the course").add_argument("--json", **json_option)
+    badges = command(
         "badges",
-        help="point Colab badges and setup cells at a repository",
+        "point Colab badges and setup cells at a repository",
         description="Write every notebook's Colab setup cell: the repository and ref to "
         "install from and the SHA-256 of colab_setup.sh (a script that does not match never "
         "runs). Without --repo or --no-repo, each cell keeps its repository and ref.",
     )
     where = badges.add_mutually_exclusive_group()
     where.add_argument("--repo", help="the repository, as OWNER/NAME")
-    where.add_argument(
-        "--no-repo", action="store_true", help="point the setup cells at no repository"
-    )
+    where.add_argument("--no-repo", action="store_true", help="point the cells at no repository")
     badges.add_argument("--ref", help="best a commit (git checks it by its hash); or a branch/tag")
-    badges.add_argument(
-        "--branch",
-        help="where the badges open the notebooks (default: --ref, or main for a commit)",
-    )
+    badges.add_argument("--branch", help="where badges open notebooks (default: --ref, or main)")
     badges.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
-    run = commands.add_parser("run-notebooks", help="execute notebooks and write a report")
+    run = command("run-notebooks", "execute notebooks and write a report", "build")
     run.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
-    run.add_argument("--out", type=Path, default=Path("build"), help="output folder")
-    run.add_argument(
-        "--workload",
-        choices=workload.CHOICES,
-        default=None,
-        help=f"experiment size (default: ${workload.ENV_VAR} or auto)",
-    )
+    run.add_argument("--workload", choices=workload.CHOICES, help=f"(default: ${workload.ENV_VAR})")
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
 
-    smi = commands.add_parser("smi", help="parse or explain nvidia-smi output")
+    smi = command("smi", "parse or explain nvidia-smi output")
     smi.add_argument("action", choices=("parse", "explain"))
     smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
     smi.add_argument("--fields", help="queried fields, comma-separated (for csv,noheader)")
-    smi.add_argument(
-        "--query",
-        choices=("gpu", "compute-apps"),
-        help="the query that made a CSV (default: told by its fields)",
-    )
-    smi.add_argument("--json", action="store_true", help="explain: print the parsed JSON instead")
-    advice = commands.add_parser("loader-advice", help="DataLoader settings for this machine")
-    advice.add_argument("--json", action="store_true", help="print the advice as JSON")
-    ddp = commands.add_parser("ddp-check", help="DDP on N processes == one process, W*B batch")
+    smi.add_argument("--query", choices=("gpu", "compute-apps"), help="(default: by the fields)")
+    smi.add_argument("--json", **json_option)
+    ddp = command("ddp-check", "DDP on N processes == one process, W*B batch")
     ddp.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
     ddp.add_argument("--steps", type=int, default=4, help="optimizer steps (default: 4)")
     ddp.add_argument("--batch-size", type=int, default=8, help="per process (default: 8)")
     ddp.add_argument("--model", choices=("mlp", "small_cnn"), default="mlp")
-    student = commands.add_parser("student", help="write student versions of notebooks")
+    student = command("student", "write student versions of notebooks", "build/student")
     student.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
-    student.add_argument("--out", type=Path, default=Path("build/student"), help="output folder")
 
-    grade = commands.add_parser("grade", help="score a submitted notebook's exercise checks")
-    grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or several)")
-    grade.add_argument("--source", type=Path, help="instructor notebook or folder (the course's)")
-    grade.add_argument("--json", action="store_true", help="print the scores as JSON")
-    grade.add_argument("--out", type=Path, help="also write gradebook, checks and feedback here")
-    _grading_options(grade)
-
-    site = commands.add_parser(
-        "site", help="build the course website from the executed notebooks (make site)"
-    )
-    site.add_argument(
-        "notebooks",
-        nargs="?",
-        type=Path,
-        default=Path("build/notebooks"),
-        help="executed notebooks (default: build/notebooks, from make course)",
-    )
-    site.add_argument("--out", type=Path, default=Path("build/site"), help="output folder")
-    site.add_argument(
-        "--report", type=Path, default=Path("build/report.html"), help="make course's report"
-    )
+    site = command("site", "build the course website from make course's notebooks", "build/site")
+    site.add_argument("notebooks", nargs="?", type=Path, default=Path("build/notebooks"))
+    site.add_argument("--report", type=Path, default=Path("build/report.html"))
     site.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
-    klass = commands.add_parser("grade-class", help="grade a folder of submissions in parallel")
+    grade = command("grade", "score a submitted notebook's exercise checks", None)
+    grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or more)")
+    grade.add_argument("--json", **json_option)
+    klass = command("grade-class", "grade a folder of submissions in parallel", "grades")
     klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
-    klass.add_argument("--source", type=Path, help="instructor notebooks (the course's)")
-    klass.add_argument("--out", type=Path, default=Path("grades"), help="output folder")
     klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
-    _grading_options(klass)
+    for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
+        parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
+        parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
+        parser_.add_argument("--timeout", type=float, help="seconds for a run (default: 900)")
+        parser_.add_argument("--jobs", type=int, help="submissions at once (default: CPU cores)")
+        parser_.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
+        parser_.add_argument("--memory", type=float, help="GiB per sandboxed process (default: 4)")
+        parser_.add_argument("--processes", type=int, help="processes, threads (default: 512)")
     return parser
-
-
-def _grading_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cell-timeout", type=float, default=120, help="seconds per cell")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
-    parser.add_argument("--jobs", type=int, help="submissions at once (default: CPU cores)")
-    parser.add_argument(
-        "--sandbox",
-        choices=("auto", "bwrap", "none"),
-        default="auto",
-        help="run each submission in bubblewrap (auto: when it works here)",
-    )
-    parser.add_argument("--memory", type=float, default=4, help="GiB per sandboxed process")
-    parser.add_argument("--processes", type=int, default=512, help="processes and threads")
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -206,36 +169,20 @@ def _badges(args: argparse.Namespace) -> int:
 def _run_notebooks(args: argparse.Namespace) -> int:
     from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
-    failed = run_course(
-        args.paths, args.out, workload_name=args.workload, cell_timeout_s=args.cell_timeout
-    )
-    return 1 if failed else 0
+    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout)
+    return min(1, failed)
 
 
 def _smi(args: argparse.Namespace) -> int:
     try:
-        if args.file == "-":
-            text = sys.stdin.read()
-        else:
-            text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        file = Path(args.file)
+        text = sys.stdin.read() if args.file == "-" else file.read_text("utf-8", "replace")
     except OSError as error:  # no such file, a folder, no permission: bad input
         raise ValueError(f"cannot read {args.file}: {error.strerror or error}") from error
     fields = args.fields.split(",") if args.fields else None
     parsed = smi.parse(text, fields, args.query)  # SmiParseError is a ValueError: bad input
     json_out = args.json or args.action == "parse"
     print(json.dumps(parsed, indent=2) if json_out else smi.explain(parsed))
-    return 0
-
-
-def _loader_advice(args: argparse.Namespace) -> int:
-    from course_utils.data import suggest_loader_kwargs  # lazy: imports torch
-
-    advice = suggest_loader_kwargs()
-    if args.json:
-        payload = {"kwargs": advice.kwargs, "reasons": advice.reasons, "facts": advice.facts}
-        print(json.dumps(payload, indent=2, default=str))
-    else:
-        print(advice)
     return 0
 
 
@@ -250,16 +197,15 @@ def _ddp_check(args: argparse.Namespace) -> int:
     difference = equivalence_check(args.nproc, config)
     print(
         f"DDP: {args.nproc} processes x batch {args.batch_size}, one process: batch "
-        f"{args.nproc * args.batch_size}; {args.steps} SGD steps of {args.model} (CPU, gloo)"
+        f"{args.nproc * args.batch_size}; {args.steps} SGD steps of {args.model} (CPU, gloo)\n"
+        f"{'equal' if difference <= TOLERANCE else 'DIFFERENT'} within {TOLERANCE:g}\n"
+        f"largest parameter difference: {difference:.3g}"
     )
-    print(f"{'equal' if difference <= TOLERANCE else 'DIFFERENT'} within {TOLERANCE:g}")
-    print(f"largest parameter difference: {difference:.3g}")
     return 0 if difference <= TOLERANCE else 1
 
 
 def _student(args: argparse.Namespace) -> int:
-    # lazy: imports nbformat (notebooks extra)
-    from course_utils.student import make_student_versions
+    from course_utils.student import make_student_versions  # lazy: imports nbformat
 
     written = make_student_versions(args.paths, args.out)
     print(f"{len(written)} student notebook(s) written to {args.out}")
@@ -273,27 +219,28 @@ def _grade(args: argparse.Namespace) -> int:
 
     for name in ("cell_timeout", "timeout", "memory"):
         value = getattr(args, name)
-        if not (math.isfinite(value) and value > 0):
+        if value is not None and not (math.isfinite(value) and value > 0):
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, not {value:g}")
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
-    if args.processes < 16:
-        raise ValueError(
-            f"--processes must be at least 16 (a kernel has threads), not {args.processes}"
-        )
-    limits = Limits(memory_bytes=int(args.memory * GIB), processes=args.processes)
-    options = Options(args.cell_timeout, args.timeout, args.sandbox, limits, args.jobs)
+    if args.processes is not None and args.processes < 16:
+        raise ValueError(f"--processes must be at least 16 (for a kernel), not {args.processes}")
+    limits = {"memory_bytes": args.memory and int(args.memory * GIB), "processes": args.processes}
+    times = {"cell_timeout_s": args.cell_timeout, "total_timeout_s": args.timeout}
+    options = Options(
+        **{key: value for key, value in times.items() if value is not None},
+        sandbox=args.sandbox,
+        limits=Limits(**{key: value for key, value in limits.items() if value is not None}),
+        jobs=args.jobs,
+    )
     source = args.source or COURSE_NOTEBOOKS
     if args.command == "grade":
         return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
-    grade_class(
-        args.submissions,
-        source,
-        args.out,
-        options,
-        resume=not args.regrade,
-        warn=lambda line: print(f"warning: {line}", file=sys.stderr),
-    )
+
+    def warn(line: str) -> None:
+        print(f"warning: {line}", file=sys.stderr)
+
+    grade_class(args.submissions, source, args.out, options, resume=not args.regrade, warn=warn)
     return 0
 
 
@@ -314,7 +261,6 @@ HANDLERS = {
     "badges": _badges,
     "run-notebooks": _run_notebooks,
     "smi": _smi,
-    "loader-advice": _loader_advice,
     "ddp-check": _ddp_check,
     "student": _student,
     "grade": _grade,
@@ -329,8 +275,7 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0, 1 or 2: see the module doc)."""
-    parser = _parser()
-    args = parser.parse_args(argv)  # wrong arguments: one line, exit 2
+    args = _parser().parse_args(argv)  # wrong arguments: one line, exit 2
     command = args.command
     try:
         return HANDLERS[command](args)

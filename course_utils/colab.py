@@ -32,9 +32,7 @@ _SETTINGS = re.compile(
 )
 
 
-def check_repo_and_ref(repo: str, ref: str) -> None:
-    """Raise ``ValueError`` unless ``repo`` looks like ``OWNER/NAME`` and ``ref`` like a
-    branch, tag or commit."""
+def _check_repo_and_ref(repo: str, ref: str) -> None:
     if not _REPO_PATTERN.match(repo):
         raise ValueError(f"--repo must look like OWNER/NAME, got {repo!r}")
     if not _REF_PATTERN.match(ref) or ref.startswith("-") or ".." in ref:
@@ -63,39 +61,27 @@ def script_sha256(root: Path) -> str:
 
 
 def script_at_ref(root: Path, ref: str) -> bytes | None:
-    """``colab_setup.sh`` as committed at ``ref`` in the git checkout ``root``; None when
-    git, the ref or the file is not there."""
+    """``colab_setup.sh`` as committed at ``ref`` in the git checkout ``root``, or None."""
+    command = ["git", "-C", str(root), "show", f"{ref}:{SETUP_SCRIPT}"]
     try:
-        done = subprocess.run(
-            ["git", "-C", str(root), "show", f"{ref}:{SETUP_SCRIPT}"],
-            capture_output=True,
-            timeout=30,
-        )
+        done = subprocess.run(command, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
 
 
 def badge_url(repo: str, ref: str, notebook: str) -> str:
-    """The Colab URL that opens ``notebook`` (a path inside the repository).
-
-    >>> badge_url("me/course", "main", "notebooks/01_x.ipynb")
-    'https://colab.research.google.com/github/me/course/blob/main/notebooks/01_x.ipynb'
-    """
+    """The Colab URL that opens ``notebook`` (a path inside the repository)."""
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 
 def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
     """The first code cell of every notebook: on Colab, fetch ``colab_setup.sh`` from
-    ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256``; elsewhere, nothing.
-
-    ``repo`` and ``ref`` empty: a copy of the course pointed at no repository, which says
-    so on Colab and downloads nothing.
-    """
+    ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256`` (no repo and ref: say so)."""
     if bool(repo) != bool(ref):
         raise ValueError("give both a repository and a ref, or neither")
     if repo:
-        check_repo_and_ref(repo, ref)
+        _check_repo_and_ref(repo, ref)
     if not _is_hex(sha256, 64):
         raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return (
@@ -145,12 +131,8 @@ class BadgeChanges:
 def _retarget_notebook(
     path: Path, target: tuple[str, str] | None, root: Path, changes: BadgeChanges
 ) -> None:
-    """Rewrite one notebook's setup cell (and badges) into ``changes``; save if changed.
-
-    ``target`` is (repository, ref), ("", "") for none, or None to keep the cell's own;
-    the cell always gets the current template and SHA-256. Badges are rewritten, to the
-    notebook's own path, only for a repository.
-    """
+    """Rewrite one notebook's setup cell, and its badges for a repository, counting into
+    ``changes``. ``target``: (repository, ref), ("", "") for none, None: the cell's own."""
     text = path.read_text(encoding="utf-8")
     notebook = json.loads(text)
     own_path = path.resolve().relative_to(root.resolve()).as_posix()
@@ -180,21 +162,18 @@ def _retarget_notebook(
 def retarget_course(
     root: Path, repo: str | None, ref: str | None = None, *, badge_ref: str | None = None
 ) -> BadgeChanges:
-    """Write every notebook's setup cell under ``root`` (a checkout of the course) with
-    the SHA-256 of its ``colab_setup.sh``, and point it at ``repo``/``ref``.
-
-    ``repo`` None keeps each cell's repository and ref (after ``colab_setup.sh``
-    changed); ``repo`` "" points the cells at no repository. For a repository, the
-    notebooks' and README's badges open the notebooks at ``badge_ref`` (default: ``ref``,
-    or ``main`` when ``ref`` is a commit, whose notebooks predate the new cells).
-    """
+    """Write every notebook's setup cell under the checkout ``root`` with the SHA-256 of
+    its ``colab_setup.sh``, pointed at ``repo``/``ref`` (``repo`` None: each cell's own;
+    "": none). For a repository, the notebooks' and README's badges open the notebooks at
+    ``badge_ref`` (default: ``ref``, or ``main`` for a commit, whose notebooks predate the
+    new cells)."""
     target: tuple[str, str] | None = None
     if repo is not None:
         target = (repo, ref or "")
         if repo or ref:
-            check_repo_and_ref(repo, ref or "")
+            _check_repo_and_ref(repo, ref or "")
             badge_ref = badge_ref or ("main" if is_commit(ref or "") else ref)
-            check_repo_and_ref(repo, badge_ref or "")
+            _check_repo_and_ref(repo, badge_ref or "")
     sha256 = script_sha256(root)
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:

@@ -1,8 +1,7 @@
-"""Choosing where to run: device, GPU, numeric precision, and moving batches there.
+"""Choosing where to run (notebook 01): device, GPU, numeric precision, moving batches.
 
 Nothing here initializes CUDA until you ask for a CUDA tensor: GPUs are found through
 NVML (or, without NVML, in a subprocess), so a notebook can still ``fork`` afterwards.
-Notebook 01 ("Runtime and devices") teaches this module; every later notebook uses it.
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ from course_utils.nvml import cuda_driver_version, gpu_for_cuda_index, nvml_stat
 DEVICE_ENV_VAR = "COURSE_DEVICE"
 
 
-# --------------------------------------------------------------------------- GPUs
-
-
 def _driver_present() -> bool:
     """A cheap hint that an NVIDIA driver is installed (used only when NVML is absent)."""
     if sys.platform.startswith("linux"):
@@ -33,13 +29,11 @@ def _driver_present() -> bool:
     return sys.platform == "win32"
 
 
-def _count_gpus_in_subprocess(timeout_s: float = 60.0) -> int:
+def _count_gpus_in_subprocess() -> int:
     code = "import torch; print(torch.cuda.device_count())"
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s
-        )
-        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        return int(done.stdout.split()[-1]) if done.returncode == 0 else 0
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return 0
 
@@ -54,12 +48,10 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
 def _arch_flags() -> list[str]:
     """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...), read
     without ``torch.cuda.get_arch_list()``, which creates a driver context."""
-    get_flags = getattr(torch._C, "_cuda_getArchFlags", None)
     try:
-        flags = get_flags() if get_flags else None
+        return str(getattr(torch._C, "_cuda_getArchFlags", lambda: "")() or "").split()
     except Exception:  # the CUDA libraries could not be loaded
         return []
-    return str(flags or "").split()
 
 
 def _arch_number(flag: str) -> tuple[int, int] | None:
@@ -80,17 +72,14 @@ def build_runs_on(capability: tuple[int, int], arch_flags: list[str]) -> bool:
     >>> build_runs_on((8, 6), ["sm_75", "sm_80", "sm_90"])  # A10: runs sm_80 code
     True
     """
-    if not arch_flags:
-        return True
     for flag in arch_flags:
         built = _arch_number(flag)
-        if built is None:
-            continue
-        if flag.startswith("sm_") and built[0] == capability[0] and built[1] <= capability[1]:
+        if built is not None and flag.startswith("sm_") and built[0] == capability[0]:
+            if built[1] <= capability[1]:
+                return True
+        elif built is not None and flag.startswith("compute_") and built <= capability:
             return True
-        if flag.startswith("compute_") and built <= capability:
-            return True
-    return False
+    return not arch_flags
 
 
 def gpu_problems() -> list[str]:
@@ -128,14 +117,9 @@ def cuda_gpu_count() -> int:
         return 0
     if torch.cuda.is_initialized():
         return torch.cuda.device_count()
-    if nvml_status() == "ok":
-        gpus = visible_gpus()
-        if not gpus or gpu_problems():
-            return 0  # the first CUDA operation would fail: the course uses the CPU
-        return len(gpus)
-    if not _driver_present():
-        return 0
-    return _count_gpus_in_subprocess()
+    if nvml_status() == "ok":  # with problems, the first CUDA operation would fail: 0
+        return 0 if gpu_problems() else len(visible_gpus())
+    return _count_gpus_in_subprocess() if _driver_present() else 0
 
 
 def mps_available() -> bool:
@@ -155,29 +139,22 @@ class DeviceChoice:
 def _gpu_with_most_free_memory() -> tuple[int, str]:
     gpus = visible_gpus()
     known = [
-        (gpu.memory_free_mib, position, gpu)
-        for position, gpu in enumerate(gpus)
-        if gpu.memory_free_mib is not None
+        (g.memory_free_mib, -i, g) for i, g in enumerate(gpus) if g.memory_free_mib is not None
     ]
     if len(gpus) <= 1 or not known:
         return 0, "the first visible GPU"
-    free, position, gpu = max(known, key=lambda item: (item[0], -item[1]))
-    return position, f"the GPU with the most free memory ({gpu.name}, {free} MiB free)"
+    free, position, gpu = max(known, key=lambda item: item[:2])
+    return -position, f"the GPU with the most free memory ({gpu.name}, {free} MiB free)"
 
 
 def choose_device(prefer: str | None = None) -> DeviceChoice:
     """Choose a device: CUDA (the GPU with the most free memory), then Apple MPS, then the
     CPU, and say why. ``prefer`` (or ``COURSE_DEVICE``): ``"cpu"``, ``"cuda"``,
-    ``"cuda:1"`` or ``"mps"``; one that does not exist raises ``ValueError``.
-
-    >>> choose_device("cpu").device
-    device(type='cpu')
-    """
+    ``"cuda:1"`` or ``"mps"``; one that does not exist raises ``ValueError``."""
     wanted = (prefer or os.environ.get(DEVICE_ENV_VAR, "")).strip().lower()
     if wanted:
         return _explicit_choice(wanted)
-    count = cuda_gpu_count()
-    if count > 0:
+    if cuda_gpu_count() > 0:
         position, why = _gpu_with_most_free_memory()
         return DeviceChoice(torch.device("cuda", position), f"CUDA is available: {why}")
     if mps_available():
@@ -212,24 +189,17 @@ def _no_gpu_reason() -> str:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
     status = nvml_status()
-    problems = gpu_problems() if status == "ok" else []
+    if status != "ok":
+        return "no GPU: " + status
+    problems = gpu_problems()
     if problems:
         return "no usable GPU: " + problems[0]
-    if status == "ok":
-        return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
-    return "no GPU: " + status
+    return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """The device to use: ``choose_device(prefer).device``.
-
-    >>> pick_device("cpu")
-    device(type='cpu')
-    """
+    """The device to use: ``choose_device(prefer).device``."""
     return choose_device(prefer).device
-
-
-# ---------------------------------------------------------------------- precision
 
 
 @dataclass(frozen=True)
@@ -242,17 +212,9 @@ class PrecisionSupport:
 
 
 def precision_support(capability: tuple[int, int]) -> PrecisionSupport:
-    """Precision support for a compute capability, e.g. ``(7, 5)`` for a T4.
-
-    >>> precision_support((7, 5))
-    PrecisionSupport(fp16_tensor_cores=True, bf16='emulated', tf32=False)
-    """
+    """Precision support for a compute capability, e.g. ``(7, 5)`` for a T4."""
     ampere = capability >= (8, 0)
-    return PrecisionSupport(
-        fp16_tensor_cores=capability >= (7, 0),
-        bf16="native" if ampere else "emulated",
-        tf32=ampere,
-    )
+    return PrecisionSupport(capability >= (7, 0), "native" if ampere else "emulated", ampere)
 
 
 class PrecisionName(str, Enum):
@@ -267,11 +229,7 @@ class PrecisionName(str, Enum):
 
 
 AUTO = "auto"  # ask pick_precision to choose for the device
-_DTYPES = {
-    PrecisionName.FP32: torch.float32,
-    PrecisionName.FP16: torch.float16,
-    PrecisionName.BF16: torch.bfloat16,
-}
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -282,18 +240,15 @@ class Precision:
     reason: str
 
     @property
-    def dtype(self) -> torch.dtype:
-        """The autocast dtype (float32 means: no autocast)."""
+    def dtype(self) -> torch.dtype:  # the autocast dtype (float32: no autocast)
         return _DTYPES[self.name]
 
     @property
-    def autocast(self) -> bool:
-        """Whether forward passes run in ``torch.autocast(device_type, dtype)``."""
+    def autocast(self) -> bool:  # forward passes in torch.autocast(device_type, dtype)
         return self.name != PrecisionName.FP32
 
     @property
-    def grad_scaler(self) -> bool:
-        """Whether the step needs ``torch.amp.GradScaler`` (fp16 only)."""
+    def grad_scaler(self) -> bool:  # the step needs a torch.amp.GradScaler (fp16 only)
         return self.name == PrecisionName.FP16
 
 
@@ -313,17 +268,11 @@ def pick_precision(
     *,
     capability: tuple[int, int] | None = None,
 ) -> Precision:
-    """The precision to train in on ``device``: ``requested`` (a :class:`PrecisionName`)
-    as is, or for ``"auto"``: bf16 from compute capability 8.0; fp16 with a GradScaler on
-    7.0-7.5 (V100, T4: bf16 is only emulated there, even if
-    ``torch.cuda.is_bf16_supported()``); fp32 below, and on the CPU and MPS (CPU bf16 is
-    fast only with AVX512-BF16 or AMX). ``capability`` overrides the GPU's own.
-
-    >>> pick_precision("cuda", capability=(7, 5)).name
-    <PrecisionName.FP16: 'fp16'>
-    >>> pick_precision("cpu").name, pick_precision("cpu", "bf16").dtype
-    (<PrecisionName.FP32: 'fp32'>, torch.bfloat16)
-    """
+    """The precision to train in on ``device``: ``requested`` as is, or for ``"auto"``:
+    bf16 from compute capability 8.0; fp16 with a GradScaler on 7.0-7.5 (V100, T4: bf16 is
+    only emulated there, even if ``torch.cuda.is_bf16_supported()``); fp32 below, and on
+    the CPU and MPS (CPU bf16 is fast only with AVX512-BF16 or AMX). ``capability``
+    overrides the GPU's own."""
     if requested != AUTO:
         if requested not in {p.value for p in PrecisionName}:
             names = ", ".join([AUTO, *(p.value for p in PrecisionName)])
@@ -359,26 +308,16 @@ def autocast(device: torch.device | str, precision: Precision) -> AbstractContex
     return torch.autocast(torch.device(device).type, dtype=precision.dtype)
 
 
-# ------------------------------------------------------------------ moving batches
-
-
 def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None = None) -> Any:
     """Move every tensor in a nested batch (tuples, lists, dicts, namedtuples) to ``device``;
     other values stay. ``non_blocking=None``: asynchronous exactly when a pinned tensor
-    goes to a CUDA device.
-
-    >>> out = to_device({"x": torch.ones(2), "meta": ["id", torch.zeros(1)]}, "cpu")
-    >>> out["x"].device, out["meta"][0]
-    (device(type='cpu'), 'id')
-    """
+    goes to a CUDA device."""
     device = torch.device(device)
     if isinstance(batch, torch.Tensor):
-        asynchronous = non_blocking
-        if asynchronous is None:
-            asynchronous = (
-                device.type == "cuda" and batch.device.type == "cpu" and (batch.is_pinned())
-            )
-        return batch.to(device, non_blocking=asynchronous)
+        if non_blocking is None:  # asynchronous exactly for pinned memory to a GPU
+            pinned = batch.device.type == "cpu" and batch.is_pinned()
+            return batch.to(device, non_blocking=device.type == "cuda" and pinned)
+        return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device, non_blocking) for key, value in batch.items()}
         try:
@@ -393,17 +332,9 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
 
 
 def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside a nested batch, in order (to check :func:`to_device`).
-
-    >>> batch = {"x": torch.ones(2), "meta": ["id", (torch.zeros(1),)]}
-    >>> [tuple(t.shape) for t in tensors_in(batch)]
-    [(2,), (1,)]
-    """
+    """Every tensor inside a nested batch, in order (to check :func:`to_device`)."""
     if isinstance(batch, torch.Tensor):
         yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from tensors_in(value)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
+    elif isinstance(batch, Mapping | list | tuple):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
             yield from tensors_in(value)

@@ -1,7 +1,6 @@
-"""Where a training step's memory goes, measured: the bytes autograd saves for backward
-(:func:`saved_tensor_bytes`, every device), the peak memory of a function
-(:func:`peak_memory`), and a step's breakdown into parameters, gradients, optimizer state
-and activations (:func:`memory_breakdown`). Notebooks 03, 04 and 07 and the batch finders.
+"""Where a training step's memory goes, measured: bytes saved for backward, the peak
+memory of a function, and a step's breakdown into parameters, gradients, optimizer state
+and activations. Notebooks 03, 04 and 07 and the batch finders.
 """
 
 from __future__ import annotations
@@ -27,11 +26,9 @@ def saved_tensor_bytes(
     *,
     budget: MemoryBudget | None = None,
 ) -> tuple[Any, int]:
-    """Run ``fn()``; return its result and the bytes autograd saved for backward.
-
-    Each storage counts once; those of ``exclude`` (the parameters: a layer saves its
-    weight too) not at all. A ``budget`` raises its simulated out-of-memory error as soon
-    as the saved bytes exceed it, mid-forward, as an allocator would.
+    """Run ``fn()``; return its result and the bytes autograd saved for backward, each
+    storage once, those of ``exclude`` (the parameters) not at all. A ``budget`` raises its
+    simulated out-of-memory error as soon as the saved bytes exceed it, mid-forward.
 
     >>> x = torch.ones(256, requires_grad=True)
     >>> _, saved = saved_tensor_bytes(lambda: (x * x).sum())  # saves x twice: one storage
@@ -75,8 +72,7 @@ def _rss_peak(fn: Callable[[], Any]) -> int:
     """The process's resident memory, sampled every 5 ms while ``fn()`` runs, above what
     it was before."""
     process = psutil.Process()
-    start = process.memory_info().rss
-    highest = start
+    start = highest = process.memory_info().rss
     done = threading.Event()
 
     def watch() -> None:
@@ -97,10 +93,8 @@ def _rss_peak(fn: Callable[[], Any]) -> int:
 def peak_memory(
     fn: Callable[[], Any], device: torch.device | str, *, warmup: int = 0, rss: bool = False
 ) -> PeakMemory:
-    """Peak memory of ``fn()`` on ``device``, and how it was measured.
-
-    CUDA: the allocator's peak during the call above its start. ``warmup`` unmeasured
-    calls first make one-time allocations (cuBLAS workspaces, lazy optimizer state). The
+    """Peak memory of ``fn()`` on ``device`` after ``warmup`` unmeasured calls (one-time
+    allocations), and how it was measured. CUDA: the allocator's peak above the start. The
     CPU has no allocator statistics: the bytes saved for backward (what grows with the
     batch), or with ``rss=True`` (a whole run) the resident memory sampled every 5 ms
     above its start (approximate; lower for a run reusing memory an earlier one freed).
@@ -128,9 +122,6 @@ def peak_memory(
     return PeakMemory(saved, "CPU: bytes autograd saved for backward (no CPU allocator stats)")
 
 
-# ------------------------------------------------------------- the memory breakdown
-
-
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of ``tensors``, each counted as ``numel * element_size`` (a tensor met twice,
     such as a shared parameter, counts once).
@@ -138,13 +129,8 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     >>> tensor_bytes([torch.zeros(10), torch.zeros(3, dtype=torch.float16)])
     46
     """
-    seen: set[int] = set()
-    total = 0
-    for tensor in tensors:
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
-    return total
+    unique = {id(tensor): tensor for tensor in tensors}.values()
+    return sum(tensor.numel() * tensor.element_size() for tensor in unique)
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -157,10 +143,8 @@ def parameter_bytes(model: nn.Module) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the tensors an optimizer keeps between steps (read from its ``state``).
-
-    Empty until the first ``step()``: optimizers create their state lazily.
-    """
+    """Bytes of the tensors an optimizer keeps between steps (empty until the first
+    ``step()``: optimizers create their state lazily)."""
     return tensor_bytes(
         value
         for state in optimizer.state.values()
@@ -177,11 +161,7 @@ _OPTIMIZER_SLOTS = dict(
 
 def expected_optimizer_state_bytes(model: nn.Module, optimizer: str) -> int:
     """The optimizer state predicted from the parameters: SGD none, momentum 1x, Adam(W)
-    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2).
-
-    >>> expected_optimizer_state_bytes(nn.Linear(10, 5), "adam")  # 2 * 220 + 2 tensors * 4
-    448
-    """
+    2x plus a float32 step counter (4 bytes) per parameter tensor (PyTorch 2)."""
     if optimizer not in _OPTIMIZER_SLOTS:
         raise ValueError(f"optimizer={optimizer!r}: use one of {', '.join(_OPTIMIZER_SLOTS)}")
     slots, step_counter = _OPTIMIZER_SLOTS[optimizer]
@@ -196,15 +176,7 @@ def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
     A copy of the model runs on the ``meta`` device (shapes, no data); hooks add the
     input and every leaf module's output, skipping views and in-place results.
     ``nn.MultiheadAttention``'s inside, which no hook sees, counts 5 x dim per token
-    (queries, keys, values, attention output, result) plus heads x length (probabilities).
-
-    >>> activation_estimate(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), torch.ones(2, 8))
-    128
-    """
-    meta_model = copy.deepcopy(model).to("meta")
-    meta_model.train()
-    for module in meta_model.modules():  # a forward replaced on the instance (gradient
-        vars(module).pop("forward", None)  # checkpointing) still points at the original
+    (queries, keys, values, attention output, result) plus heads x length (probabilities)."""
     total = inputs.numel() * inputs.element_size()
 
     def add_output(module: nn.Module, args: Any, output: Any) -> None:
@@ -223,21 +195,15 @@ def activation_estimate(model: nn.Module, inputs: torch.Tensor) -> int:
         dim, heads = query.shape[-1], getattr(module, "num_heads", 1)
         total += n * length * (5 * dim + heads * length) * query.element_size()
 
-    handles = [
-        module.register_forward_hook(add_output)
-        for module in meta_model.modules()
-        if not list(module.children())
-    ]
-    handles += [
-        module.register_forward_hook(add_attention)
-        for module in meta_model.modules()
-        if isinstance(module, nn.MultiheadAttention)
-    ]
-    try:
-        meta_model(inputs.to("meta"))
-    finally:
-        for handle in handles:
-            handle.remove()
+    meta_model = copy.deepcopy(model).to("meta")  # a copy: its hooks go with it
+    meta_model.train()
+    for module in meta_model.modules():
+        vars(module).pop("forward", None)  # a forward replaced on the instance (gradient
+        if not list(module.children()):  # checkpointing) still points at the original
+            module.register_forward_hook(add_output)
+        if isinstance(module, nn.MultiheadAttention):
+            module.register_forward_hook(add_attention)
+    meta_model(inputs.to("meta"))
     return total
 
 
@@ -262,29 +228,17 @@ class MemoryBreakdown:
     def peak(self) -> int:
         return self.static + self.activations
 
-    def rows(self) -> list[tuple[str, int]]:
-        """``(part, bytes)`` for a table or a bar chart."""
-        return [
+    def __str__(self) -> str:
+        rows = [
             ("parameters", self.parameters),
             ("gradients", self.gradients),
             ("optimizer state", self.optimizer_state),
             ("activations (measured)", self.activations),
             ("activations (estimated from shapes)", self.activations_estimate),
+            ("peak = static + measured activations", self.peak),
         ]
-
-    def __str__(self) -> str:
-        lines = [f"{part:37} {value / MIB:10.2f} MiB" for part, value in self.rows()]
-        lines.append(f"{'peak = static + measured activations':37} {self.peak / MIB:10.2f} MiB")
+        lines = [f"{part:37} {value / MIB:10.2f} MiB" for part, value in rows]
         return "\n".join(lines) + f"\n(activations: {self.method})"
-
-
-CUDA_METHOD = (
-    "CUDA caching allocator: max_memory_allocated during forward+backward above the static part"
-)
-CPU_METHOD = (
-    "CPU: bytes autograd saved for backward, parameters excluded (no CPU allocator "
-    "statistics; leaves out temporaries and the block recomputed at a time by checkpointing)"
-)
 
 
 def measure_activations(
@@ -293,11 +247,14 @@ def measure_activations(
     """Activation bytes of ``forward_backward()`` and how they were measured: on CUDA the
     allocator's peak above its start; on the CPU the bytes saved for backward, without
     ``exclude`` (the parameters)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return peak_memory(forward_backward, device).peak_bytes, CUDA_METHOD
+    if torch.device(device).type == "cuda":
+        peak = peak_memory(forward_backward, device).peak_bytes
+        return peak, "CUDA caching allocator: max_memory_allocated above the static part"
     _, saved = saved_tensor_bytes(forward_backward, exclude=exclude)
-    return saved, CPU_METHOD
+    return saved, (
+        "CPU: bytes autograd saved for backward, parameters excluded (no CPU allocator "
+        "statistics; leaves out temporaries and the block recomputed at a time by checkpointing)"
+    )
 
 
 def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 30) -> int:
@@ -322,18 +279,11 @@ def step_until_taken(step: TrainStep, batch: Sequence[Any], *, max_steps: int = 
 def memory_breakdown(
     step: TrainStep, batch: Sequence[Any], *, estimate: bool = True
 ) -> MemoryBreakdown:
-    """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``.
-
-    1. Estimate the activations from shapes (:func:`activation_estimate`; not with
-       ``estimate=False``).
-    2. Run steps until one is taken (:func:`step_until_taken`), so the optimizer state
-       exists, and give every parameter a zeroed gradient: the static part (parameters,
-       gradients, optimizer state) is then read from the tensors themselves.
-    3. Measure forward and backward once more (:func:`measure_activations`), with the
-       step's toggles; then clear the gradients.
-
-    The step's parameters change: use a fresh model for training.
-    """
+    """Measure where a :class:`~course_utils.training.TrainStep`'s memory goes on ``batch``:
+    estimate the activations from shapes (unless ``estimate=False``); run steps until one
+    is taken, so the optimizer state exists, and give every parameter a zeroed gradient,
+    so the static part is read from the tensors themselves; measure forward and backward
+    once more. The step's parameters change: use a fresh model for training."""
     inputs, targets = step.prepare(batch)
     predicted = activation_estimate(step.model, inputs) if estimate else 0
     step_until_taken(step, (inputs, targets))

@@ -1,17 +1,16 @@
 """Grade several submissions, in parallel, into a gradebook (``grade`` and ``grade-class``).
 
-``grade-class`` finds one folder per learner (``LEARNER/*.ipynb``, or nbgrader's
-``submitted/STUDENT/ASSIGNMENT/``) and grades each notebook against the instructor notebook
-of the same name, ``jobs`` at a time, each in its own process and kernel. It writes
-``gradebook.csv``, ``checks.csv``, ``feedback/LEARNER/NOTEBOOK.ipynb`` and
-``results/LEARNER/NOTEBOOK.json``. A result is kept while its key (a SHA-256 of the
-submission, the instructor notebook, the grader's version and the options) is unchanged,
-so a rerun grades only what is missing or changed. docs/instructor-guide.md has the rest.
+``grade-class`` grades each learner's notebooks (``LEARNER/*.ipynb`` or nbgrader's
+``submitted/STUDENT/ASSIGNMENT/``) against the instructor notebook of the same name, each
+in its own process, into ``gradebook.csv``, ``checks.csv``, ``feedback/`` and ``results/``.
+A result is kept while its key (a SHA-256 of submission, instructor notebook, grader
+version and options) is unchanged. docs/instructor-guide.md has the rest.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -37,6 +36,7 @@ from course_utils.grading import (
     check_cells,
     grade_submission,
 )
+from course_utils.runner import find_notebooks
 from course_utils.student import InputError, read_notebook, write_notebook
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
@@ -56,10 +56,8 @@ class Task:
 @dataclass(frozen=True)
 class Options:
     """How every submission of a run is graded (all but ``hidden`` in each result's key).
-
-    ``sandbox`` is ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
-    one per CPU core). A run resolves ``auto`` once, in the parent process, and shares
-    the CPU threads among the jobs' kernels."""
+    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None: one
+    per CPU core). A run resolves ``auto`` once and shares the CPU threads among jobs."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
@@ -96,13 +94,9 @@ def find_sandbox(
 def instructor_notebooks(source: Path) -> dict[str, Path]:
     """The instructor notebooks with checks in ``source`` (a notebook or a folder), by
     file name. Raises :class:`InputError` when there is none."""
-    if source.is_dir():
-        paths = sorted(p for p in source.glob("*.ipynb") if p.is_file())
-    elif source.exists():
-        paths = [source]
-    else:
-        raise InputError(f"no such file or folder: {source} (--source)")
-    found = {path.name: path for path in paths if check_cells(read_notebook(path))}
+    found = {
+        path.name: path for path in find_notebooks([source]) if check_cells(read_notebook(path))
+    }
     if not found:
         raise InputError(f"no instructor notebook with check cells in {source}")
     return found
@@ -118,10 +112,8 @@ def find_submissions(root: Path) -> dict[str, list[Path]]:
         root = root / "submitted"
     learners: dict[str, list[Path]] = {}
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
-        notebooks = [p for p in folder.glob("*.ipynb") if p.is_file()]
-        for assignment in folder.iterdir():
-            if assignment.is_dir() and assignment.name[0] != ".":
-                notebooks += [p for p in assignment.glob("*.ipynb") if p.is_file()]
+        found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
+        notebooks = [path for path in found if path.is_file()]
         if notebooks:
             learners[folder.name] = sorted(notebooks)
     if not learners:
@@ -171,7 +163,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     except (InputError, RuntimeError, OSError) as error:  # the kernel did not start, a full disk
         result["error"] = " ".join(str(error).split())
     else:
-        result["report"] = report.to_dict()
+        result["report"] = asdict(report)
         if out is not None:
             partial = _feedback_path(out, task).with_suffix(".partial")
             write_notebook(feedback, partial)
@@ -186,8 +178,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
 
 
 def _worker_start() -> None:
-    """Ctrl-C ends a worker at once, quietly: its sandbox dies with it (bubblewrap's
-    --die-with-parent), an unsandboxed kernel notices its parent is gone, and results are
+    """Ctrl-C ends a worker at once, quietly: its kernel dies with it and results are
     written atomically, so the next run resumes cleanly."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -205,45 +196,30 @@ def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     return result
 
 
-def _score(result: dict[str, Any]) -> str:
-    if "report" not in result:
-        return f"not graded: {result.get('error', '?')}"
-    report = result["report"]
-    return f"{report['score']:g}/{report['max_score']:g}"
-
-
 def grade_tasks(
     tasks: Sequence[Task], options: Options, out: Path | None, progress: TextIO, resume: bool
 ) -> list[dict[str, Any]]:
     """Grade the tasks, ``options.jobs`` at a time, keeping unchanged results found in
     ``out``; one progress line per submission. Returns the results in the order of tasks."""
     jobs = options.jobs or 1
-    results: dict[int, dict[str, Any]] = {}
-    if out is not None and resume:
-        for number, task in enumerate(tasks):
-            kept = _kept(out, task, options)
-            if kept is not None:
-                results[number] = kept
+    kept = [_kept(out, task, options) if out and resume else None for task in tasks]
+    results = {number: result for number, result in enumerate(kept) if result is not None}
     todo = [number for number in range(len(tasks)) if number not in results]
-    print(
+    say = functools.partial(print, file=progress, flush=True)
+    say(
         f"{len(tasks)} submission(s): {len(results)} unchanged since the last run (kept), "
-        f"{len(todo)} to grade, {min(jobs, max(1, len(todo)))} at a time",
-        file=progress,
-        flush=True,
+        f"{len(todo)} to grade, {min(jobs, max(1, len(todo)))} at a time"
     )
     done = len(results)
 
     def report(number: int, result: dict[str, Any]) -> None:
         nonlocal done
         done += 1
-        results[number] = result
-        task = tasks[number]
-        print(
-            f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {_score(result)}"
-            f"  ({result.get('seconds', 0):.1f} s)",
-            file=progress,
-            flush=True,
-        )
+        results[number], task, graded = result, tasks[number], result.get("report")
+        score = f"{graded['score']:g}/{graded['max_score']:g}" if graded else "not graded: "
+        score += "" if graded else result.get("error", "?")
+        seconds = result.get("seconds", 0)
+        say(f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {score}  ({seconds:.1f} s)")
 
     if jobs <= 1 or len(todo) <= 1:
         for number in todo:
@@ -278,37 +254,33 @@ def write_gradebook(
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
+    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "notes"]]
+    checks: list[list[Any]] = [
+        ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
+    ]
+    for learner in learners:
+        row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
+        for notebook in notebooks:
+            result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
+            report = result.get("report")
+            if report is None:
+                row.append("0")
+                said.append(f"{notebook}: {result.get('error', '?')}")
+                checks.append([learner, notebook, "", 0, "", result.get("error"), ""])
+                continue
+            row.append(f"{report['score']:g}")
+            total, most = total + report["score"], most + report["max_score"]
+            said += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
+            for check in report["checks"]:
+                points = f"{check['points']:g}", f"{check['max_points']:g}"
+                why = check["reason"], check.get("matched", "")
+                checks.append([learner, notebook, check["grade_id"], *points, *why])
+        book.append([learner, *row, f"{total:g}", f"{most:g}", "; ".join(said)])
     out.mkdir(parents=True, exist_ok=True)
-    book, checks = out / "gradebook.csv", out / "checks.csv"
-    with (
-        book.open("w", newline="", encoding="utf-8") as book_file,
-        checks.open("w", newline="", encoding="utf-8") as checks_file,
-    ):
-        book_csv, checks_csv = csv.writer(book_file), csv.writer(checks_file)
-        book_csv.writerow(["learner", *notebooks, "total", "max", "notes"])
-        header = ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
-        checks_csv.writerow(header)
-        for learner in learners:
-            row, total, most = [], 0.0, 0.0
-            learner_notes = list(notes.get(learner, []))
-            for notebook in notebooks:
-                result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
-                report = result.get("report")
-                if report is None:
-                    row.append("0")
-                    learner_notes.append(f"{notebook}: {result.get('error', '?')}")
-                    checks_csv.writerow([learner, notebook, "", 0, "", result.get("error"), ""])
-                    continue
-                row.append(f"{report['score']:g}")
-                total += report["score"]
-                most += report["max_score"]
-                learner_notes += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
-                for check in report["checks"]:
-                    points = f"{check['points']:g}", f"{check['max_points']:g}"
-                    why = check["reason"], check.get("matched", "")
-                    checks_csv.writerow([learner, notebook, check["grade_id"], *points, *why])
-            book_csv.writerow([learner, *row, f"{total:g}", f"{most:g}", "; ".join(learner_notes)])
-    return book, checks
+    for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
+        with (out / name).open("w", newline="", encoding="utf-8") as file:
+            csv.writer(file).writerows(rows)
+    return out / "gradebook.csv", out / "checks.csv"
 
 
 def _resolved(options: Options, paths: Sequence[Path]) -> Options:
@@ -345,9 +317,8 @@ def grade_class(
             if path.name in sources:
                 tasks.append(Task(learner, path.name, str(path), str(sources[path.name])))
             else:
-                notes.setdefault(learner, []).append(
-                    f"{path.name}: skipped (no instructor notebook of that name)"
-                )
+                skipped = f"{path.name}: skipped (no instructor notebook of that name)"
+                notes.setdefault(learner, []).append(skipped)
     seen = [name for name in sources if any(task.notebook == name for task in tasks)]
     if not tasks:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
@@ -368,11 +339,9 @@ def grade_notebooks(
     *,
     as_json: bool = False,
 ) -> int:
-    """The ``grade`` command: grade the notebooks in parallel against ``source`` (an
-    instructor notebook, or a folder of them by name), print each report (a table, or
-    JSON: one object for one notebook, else a list), and write the gradebook into
-    ``out`` when given. Every path is checked first (:class:`InputError`). Returns 1 if
-    a submission could not be graded, else 0."""
+    """The ``grade`` command: grade the notebooks against ``source`` (a notebook, or a
+    folder of them by name), print each report (a table, or JSON), write the gradebook
+    into ``out`` if given; 1 if a submission could not be graded, else 0."""
     tasks = []
     for path in paths:
         read_notebook(path)
@@ -387,10 +356,8 @@ def grade_notebooks(
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))
         write_gradebook(out, learners, notebooks, results, {})
-    reports = [
-        r.get("report") or {"error": r["error"], **asdict(t)}
-        for r, t in zip(results, tasks, strict=True)
-    ]
+    failure = ("error", "learner", "notebook", "path", "source")
+    reports = [result.get("report") or {k: result[k] for k in failure} for result in results]
     if as_json:
         print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
     for result in results:

@@ -1,19 +1,13 @@
-"""Grade one submitted notebook against the instructor's checks.
+"""Grade one submitted notebook against the instructor's checks (nbgrader ``grade: true``
+cells, hidden checks included; a deleted check scores 0; cells that lost their
+``grade_id`` are found by content, :mod:`course_utils.matching`).
 
-- The check cells (nbgrader ``grade: true``) come from the instructor's notebook, hidden
-  checks included; a check cell deleted from the submission scores 0. Cells whose
-  ``grade_id`` was lost are found by content (:mod:`course_utils.matching`).
-- The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small``, no
-  GPU) in a scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.sandbox`).
-  A cell that raises does not stop the run.
-- Nothing can hang the grader: a cell that runs past its limit or kills the kernel gets a
-  fresh kernel that replays the cells that had succeeded; when the whole run's time is up,
-  the checks not yet run score 0.
-- A check scores its ``points`` if it runs without an exception, else 0 with the reason.
-
-The checks run in the learner's Python process (as with nbgrader): the sandbox protects the
-machine, the other learners and the instructor's files, not the score. Read a suspicious
-submission.
+The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small``) in a
+scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.sandbox`). A cell
+past its limit or that kills the kernel gets a fresh kernel replaying the cells that had
+succeeded; when the whole run's time is up, the checks not yet run score 0. A check
+scores its ``points`` if it runs without an exception. The checks run in the learner's
+process (as with nbgrader): the sandbox protects the machine, not the score.
 """
 
 from __future__ import annotations
@@ -22,10 +16,9 @@ import contextlib
 import copy
 import os
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +94,11 @@ class GradeReport:
         self.score = sum(check.points for check in self.checks)
         self.max_score = sum(check.max_points for check in self.checks)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 2)}
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GradeReport:
-        """The report :meth:`to_dict` wrote."""
-        known = {f.name for f in fields(cls) if f.init} - {"checks"}
-        checks = [CheckResult(**check) for check in data["checks"]]
-        return cls(checks=checks, **{k: v for k, v in data.items() if k in known})
+        """The report ``dataclasses.asdict`` made."""
+        kept = {k: v for k, v in data.items() if k not in ("score", "max_score")}
+        return cls(**{**kept, "checks": [CheckResult(**check) for check in data["checks"]]})
 
     def format(self) -> str:
         """A table: one line per check, then the total."""
@@ -215,21 +204,16 @@ class _Kernel:
 
     def __init__(self, cwd: str, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
+        options: Any = dict(allow_errors=True, shutdown_kernel="immediate", record_timing=False)
         self._client = NotebookClient(
-            self._scratch,
-            kernel_name="python3",
-            allow_errors=True,
-            shutdown_kernel="immediate",
-            record_timing=False,
-            iopub_timeout=4,
+            self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
         sandbox = settings.sandbox
         self._client.km = _kernel_manager(Path(cwd), sandbox)
         env = _kernel_environment(Path(cwd), settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
-        self._client.start_new_kernel(
-            env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self._client.start_new_kernel(env=env, cwd=cwd, **quiet)
         try:
             self._client.start_new_kernel_client()
         except RuntimeError as error:
@@ -248,15 +232,13 @@ class _Kernel:
         start = time.perf_counter()
         try:
             self._client.execute_cell(cell, 0)
-        except CellTimeoutError:
-            return CellOutcome("timeout", seconds=time.perf_counter() - start)
-        except DeadKernelError:
-            return CellOutcome("dead", seconds=time.perf_counter() - start)
-        seconds = time.perf_counter() - start
+        except (CellTimeoutError, DeadKernelError) as error:
+            status = "timeout" if isinstance(error, CellTimeoutError) else "dead"
+            return CellOutcome(status, seconds=time.perf_counter() - start)
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 return CellOutcome("error", output.get("ename", ""), output.get("evalue", ""))
-        return CellOutcome("ok", seconds=seconds)
+        return CellOutcome("ok", seconds=time.perf_counter() - start)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the kernel may already be gone
@@ -270,18 +252,33 @@ def run_cells(
     total_timeout_s: float,
     settings: KernelSettings = KernelSettings(),
 ) -> tuple[list[CellOutcome], list[str]]:
-    """Run the cells in order in a fresh kernel; one outcome per cell, and notes.
-
-    A cell that times out or kills the kernel gets that outcome; a new kernel then replays
-    the cells that had succeeded and the run goes on. Cells left when the whole run's time
-    is up are ``not-run``. The kernel's working folder is a fresh scratch folder.
-    """
+    """Run the cells in order in a fresh kernel in a scratch folder; one outcome per cell,
+    and notes. After a timeout or a dead kernel, a new kernel replays the cells that had
+    succeeded; cells left when the whole run's time is up are ``not-run``."""
     deadline = time.monotonic() + total_timeout_s
     outcomes: list[CellOutcome] = []
     notes: list[str] = []
 
     def remaining() -> float:
         return deadline - time.monotonic()
+
+    def restore(done: list[Any]) -> _Kernel | None:
+        """A fresh kernel in the state the cells that succeeded left, or None."""
+        if remaining() < 1:
+            return None
+        try:
+            kernel = _Kernel(cwd, min(WARM_UP_S, remaining()), settings)
+        except RuntimeError:
+            return None
+        for cell, outcome in zip(done, outcomes, strict=False):
+            # A replayed cell gets more than its first run took: a fresh kernel is slower.
+            limit = min(max(cell_timeout_s, 2 * outcome.seconds + 5), remaining())
+            if outcome.status == "ok" and (
+                limit < 1 or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead")
+            ):
+                kernel.close()
+                return None
+        return kernel
 
     with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as cwd:
         kernel: _Kernel | None = _Kernel(cwd, min(WARM_UP_S, total_timeout_s), settings)
@@ -295,15 +292,11 @@ def run_cells(
                 if outcome.status in ("timeout", "dead"):
                     kernel.close()
                     kernel = None  # closed: not closed again if restoring fails
-                    kernel = _restore(
-                        cells[:index], outcomes, cwd, remaining, cell_timeout_s, settings
-                    )
+                    kernel = restore(cells[:index])
                     what = "timed out" if outcome.status == "timeout" else "killed the kernel"
-                    then = (
-                        "a fresh kernel replayed the cells that had run without error"
-                        if kernel
-                        else "the kernel could not be restored: later cells did not run"
-                    )
+                    then = "a fresh kernel replayed the cells that had run without error"
+                    if kernel is None:
+                        then = "the kernel could not be restored: later cells did not run"
                     notes.append(f"code cell {index + 1} {what}; {then}")
         finally:
             if kernel is not None:
@@ -313,84 +306,28 @@ def run_cells(
     return outcomes, notes
 
 
-def _restore(
-    done: list[Any],
-    outcomes: list[CellOutcome],
-    cwd: str,
-    remaining: Any,
-    cell_timeout_s: float,
-    settings: KernelSettings,
-) -> _Kernel | None:
-    """A fresh kernel in the state the cells that succeeded left, or None if that fails."""
-    if remaining() < 1:
-        return None
-    try:
-        kernel = _Kernel(cwd, min(WARM_UP_S, remaining()), settings)
-    except RuntimeError:
-        return None
-    for cell, outcome in zip(done, outcomes, strict=False):
-        if outcome.status != "ok":
-            continue
-        # A replayed cell gets more than its first run took: a fresh kernel is slower.
-        limit = min(max(cell_timeout_s, 2 * outcome.seconds + 5), remaining())
-        if limit < 1 or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead"):
-            kernel.close()
-            return None
-    return kernel
-
-
 def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
-    if outcome.status == "timeout":
-        return f"timed out (each cell may run {cell_timeout_s:g} s; the whole run has a limit)"
-    if outcome.status == "dead":
-        return "kernel died: the code before or in this check ended the Python process"
-    if outcome.status == "not-run":
-        return "not run: the time limit was reached or the kernel could not be restored"
-    if outcome.ename == "CheckFailed":
-        return outcome.evalue
-    if outcome.ename == "NotImplementedError":
-        return "not answered yet: the solution still raises NotImplementedError"
-    if outcome.ename == "AssertionError":
-        return outcome.evalue or "an assert in the check failed"
-    return f"{outcome.ename}: {outcome.evalue}".strip(": ") or "the check raised an error"
+    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
+    return {
+        "timeout": f"timed out (each cell may run {cell_timeout_s:g} s; the whole run has a limit)",
+        "dead": "kernel died: the code before or in this check ended the Python process",
+        "not-run": "not run: the time limit was reached or the kernel could not be restored",
+    }.get(outcome.status) or {
+        "CheckFailed": outcome.evalue,
+        "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
+        "AssertionError": outcome.evalue or "an assert in the check failed",
+    }.get(outcome.ename, error or "the check raised an error")
 
 
-def _solution_before(
-    cells: list[Any], outcomes: list[CellOutcome], checks_at: dict[int, str], grade_id: str
-) -> CellOutcome | None:
-    """The outcome of the last solution cell before a check cell, if any."""
-    position = next(index for index, found in checks_at.items() if found == grade_id)
-    for index in range(position - 1, -1, -1):
-        if nbgrader_role(cells[index]) == "solution":
-            return outcomes[index]
-    return None
-
-
-def _what(outcome: CellOutcome) -> str:
-    if outcome.status == "error":
-        return f"{outcome.ename}: {outcome.evalue}".strip(": ")
-    what = {"timeout": "it timed out", "dead": "it killed the kernel"}
-    return what.get(outcome.status, "it did not run")
-
-
-_warned_unsandboxed = False
-
-
-def find_sandbox(
-    mode: str = "auto",
-    hidden: tuple[str, ...] = (),
-    limits: sandboxes.Limits | None = None,
-    *,
-    warn: bool = True,
-) -> sandboxes.Sandbox | None:
-    """The sandbox for ``mode`` (see :func:`course_utils.sandbox.find`); without one,
-    say once per process, on stderr, that submissions run unsandboxed."""
-    global _warned_unsandboxed
-    box = sandboxes.find(mode, hidden, limits or sandboxes.Limits())
-    if box is None and warn and not _warned_unsandboxed:
-        _warned_unsandboxed = True
-        print(sandboxes.unsandboxed_warning(), file=sys.stderr)
-    return box
+def _solution_failure(cells: list[Any], outcomes: list[CellOutcome], position: int) -> str:
+    """How the last solution cell before the check cell at ``position`` failed, or ""."""
+    solutions = [i for i in range(position) if nbgrader_role(cells[i]) == "solution"]
+    outcome = outcomes[solutions[-1]] if solutions else CellOutcome("ok")
+    if outcome.status == "ok":
+        return ""
+    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
+    what = {"error": error, "timeout": "it timed out", "dead": "it killed the kernel"}
+    return f" (your solution cell above failed first: {what.get(outcome.status, 'it did not run')})"
 
 
 def grade_submission(
@@ -401,12 +338,9 @@ def grade_submission(
     total_timeout_s: float = TOTAL_TIMEOUT_S,
     settings: KernelSettings = KernelSettings(),
 ) -> tuple[GradeReport, Any]:
-    """Grade a submission; return the report and the feedback notebook (the learner's
-    notebook with the outputs of the run and each check's result in its check cell).
-
-    Raises :class:`~course_utils.student.InputError` for a file that is not a notebook or
-    an instructor notebook without checks.
-    """
+    """Grade a submission; return the report and the feedback notebook (the learner's,
+    with the run's outputs and each check's result). :class:`InputError`: a file that is
+    not a notebook, or an instructor notebook without checks."""
     learner = read_notebook(submission)
     if not source.is_file():
         raise InputError(f"no instructor notebook {source}: pass --source")
@@ -420,59 +354,35 @@ def grade_submission(
     outcomes, notes = run_cells(
         cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s, settings=settings
     )
-    seconds = time.perf_counter() - start
-    found = {gid: outcomes[index] for index, gid in checks_at.items()}
+    seconds = round(time.perf_counter() - start, 2)
+    position = {gid: index for index, gid in checks_at.items()}
     results = []
     for gid, cell in expected.items():
-        max_points = float(cell.metadata["nbgrader"].get("points", 0) or 0)
-        outcome = found.get(gid)
+        most = float(cell.metadata["nbgrader"].get("points", 0) or 0)
         how = matches[gid].how if gid in matches else ""
-        if outcome is None:
+        if gid not in position:
             reason = (
                 "cell missing: deleted from the submission (no cell has its grade_id or is like it)"
             )
-            results.append(CheckResult(gid, 0.0, max_points, False, reason))
-        elif outcome.status == "ok":
-            results.append(CheckResult(gid, max_points, max_points, True, "", how))
+            results.append(CheckResult(gid, 0.0, most, False, reason))
+        elif outcomes[position[gid]].status == "ok":
+            results.append(CheckResult(gid, most, most, True, "", how))
         else:
-            reason = _reason(outcome, cell_timeout_s)
-            solution = _solution_before(cells, outcomes, checks_at, gid)
-            if solution is not None and solution.status != "ok":
-                reason += f" (your solution cell above failed first: {_what(solution)})"
-            results.append(CheckResult(gid, 0.0, max_points, False, reason, how))
+            reason = _reason(outcomes[position[gid]], cell_timeout_s)
+            reason += _solution_failure(cells, outcomes, position[gid])
+            results.append(CheckResult(gid, 0.0, most, False, reason, how))
     matched = [
         f"{match.grade_id}: cell {match.index + 1}, {match.how}"
         for match in sorted(matches.values(), key=lambda m: m.index)
-        if match.by_content
+        if match.how  # found by content
     ]
     for cell in reference.cells:
         solution_id = grade_id(cell)
         if nbgrader_role(cell) == "solution" and solution_id and solution_id not in matches:
             notes.append(f"solution cell {solution_id} not found (no grade_id, no cell like it)")
-    report = GradeReport(
-        str(submission),
-        str(source),
-        results,
-        seconds,
-        notes,
-        sandbox="bwrap" if settings.sandbox else "none",
-        matched=matched,
-    )
-    feedback = _feedback(learner, cells, origin, checks_at, report)
-    return report, feedback
-
-
-def _trimmed(outputs: list[Any]) -> list[Any]:
-    """Outputs with long texts cut to :data:`FEEDBACK_OUTPUT_CHARS`."""
-    kept = []
-    for output in outputs:
-        output = copy.deepcopy(output)
-        text = output.get("text")
-        if isinstance(text, str) and len(text) > FEEDBACK_OUTPUT_CHARS:
-            cut = len(text) - FEEDBACK_OUTPUT_CHARS
-            output["text"] = text[:FEEDBACK_OUTPUT_CHARS] + f"\n[... {cut} characters cut]\n"
-        kept.append(output)
-    return kept
+    sandbox = "bwrap" if settings.sandbox else "none"
+    report = GradeReport(str(submission), str(source), results, seconds, notes, sandbox, matched)
+    return report, _feedback(learner, cells, origin, checks_at, report)
 
 
 def _feedback(
@@ -489,7 +399,11 @@ def _feedback(
         cell.execution_count = None
         at = position.get(index)
         if at is not None and at not in checks_at:
-            cell.outputs = _trimmed(cells[at].get("outputs", []))
+            cell.outputs = copy.deepcopy(cells[at].get("outputs", []))
+            for output in cell.outputs:  # long texts cut to FEEDBACK_OUTPUT_CHARS
+                text, keep = output.get("text"), FEEDBACK_OUTPUT_CHARS
+                if isinstance(text, str) and len(text) > keep:
+                    output["text"] = text[:keep] + f"\n[... {len(text) - keep} characters cut]\n"
             continue
         text, name = "not run: another cell already claims this check's grade_id", "stderr"
         if at is not None:

@@ -1,12 +1,6 @@
-"""The course's training in PyTorch Lightning, comparable step for step with the plain loop.
-
-Lightning organizes PyTorch code (loop, devices, precision, logging, checkpoints); it does
-not make the arithmetic faster. :class:`CourseModule` trains a course model with
-:class:`~course_utils.training.TrainStep`'s loss and optimizer; :func:`make_trainer` is
-the course's ``Trainer``; :class:`UtilizationLogger` logs NVML readings;
-:func:`compare_with_plain_loop` times both ways; :func:`scale_batch_size` runs Lightning's
-own batch-size finder; the rest keeps checkpoints across a Colab disconnect. Notebook 05
-teaches this module.
+"""The course's training in PyTorch Lightning, comparable step for step with the plain loop
+(notebook 05): the module, the Trainer, a utilization logger, the timed comparison,
+Lightning's batch-size finder, and checkpoints that survive a Colab disconnect.
 """
 
 from __future__ import annotations
@@ -40,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
-from course_utils.device import AUTO, Precision, PrecisionName, pick_device, pick_precision
+from course_utils.device import AUTO, Precision, pick_device, pick_precision
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.timing import synchronizer
@@ -59,20 +53,10 @@ NOISY_WARNINGS = (
 )
 
 
-# ----------------------------------------------------------------------- the module
-
-
 class CourseModule(pl.LightningModule):
-    """A course model trained the way :class:`~course_utils.training.TrainStep` trains it:
-    the same loss and :func:`~course_utils.training.make_optimizer`; precision is the
-    Trainer's job. ``lr`` and ``batch_size`` are attributes for Lightning's tuners;
-    ``dataset`` lets the module make its own ``train_dataloader``.
-
-    >>> from course_utils.models import build_model
-    >>> module = CourseModule(build_model("mlp", hidden=8, depth=1), TrainConfig(lr=0.1))
-    >>> module.lr, type(module.configure_optimizers()).__name__
-    (0.1, 'SGD')
-    """
+    """A course model trained with :class:`~course_utils.training.TrainStep`'s loss and
+    optimizer (precision is the Trainer's job); ``lr`` and ``batch_size`` are for
+    Lightning's tuners, ``dataset`` for its own ``train_dataloader``."""
 
     def __init__(
         self,
@@ -108,25 +92,17 @@ class CourseModule(pl.LightningModule):
         return DataLoader(self.dataset, batch_size=self.batch_size, shuffle=False)
 
 
-# ---------------------------------------------------------------------- the Trainer
-
-
 def quiet_by_default() -> bool:
     """Quiet under the tests (``COURSE_WORKLOAD=small``, pytest) and in scripts whose
     output is not a terminal; a learner in Jupyter or at a terminal sees progress bars."""
-    if os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small":
-        return True
-    if "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
+    small = os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small"
+    if small or "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
         return True
     in_ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)() is not None
     return not in_ipython and not sys.stdout.isatty()
 
 
-LIGHTNING_PRECISION = {
-    PrecisionName.FP32: "32-true",
-    PrecisionName.FP16: "16-mixed",
-    PrecisionName.BF16: "bf16-mixed",
-}
+LIGHTNING_PRECISION = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
 
 
 def lightning_precision(
@@ -134,15 +110,7 @@ def lightning_precision(
 ) -> str:
     """The ``Trainer(precision=...)`` string for a :class:`~course_utils.device.Precision`,
     a course name, or ``"auto"`` (:func:`~course_utils.device.pick_precision` for
-    ``device``, default the one ``accelerator="auto"`` uses); Lightning strings pass.
-
-    >>> lightning_precision("auto", "cpu"), lightning_precision("fp16")
-    ('32-true', '16-mixed')
-    >>> lightning_precision(pick_precision("cuda", capability=(8, 0)))
-    'bf16-mixed'
-    >>> lightning_precision("bf16-mixed")
-    'bf16-mixed'
-    """
+    ``device``, default the one ``accelerator="auto"`` uses); Lightning strings pass."""
     if isinstance(precision, Precision):
         return LIGHTNING_PRECISION[precision.name]
     if "-" in precision:  # already a Lightning string such as "16-mixed"
@@ -181,15 +149,12 @@ def make_trainer(
     log_every_n_steps: int = 10,
     **overrides: Any,
 ) -> pl.Trainer:
-    """The course's ``Trainer``: modern flags, sensible logging, quiet under tests.
-
-    ``precision``: see :func:`lightning_precision`. ``root_dir`` (default: a new temporary
-    folder, so a notebook's folder never fills with ``lightning_logs/``) gets a CSV log,
-    and a TensorBoard one when installed (``logger=True``). ``quiet`` (default
-    :func:`quiet_by_default`): no progress bar, model summary, "GPU available" lines,
-    tips, or warnings that tiny runs trigger on purpose. ``strategy="ddp_notebook"`` (or
-    ``"ddp_fork"``) adds :class:`ForkSafeThreads`. Other keyword arguments go to
-    ``Trainer``.
+    """The course's ``Trainer``. ``precision``: see :func:`lightning_precision`.
+    ``root_dir`` (default: a new temporary folder, not the notebook's) gets a CSV log, and
+    a TensorBoard one when installed. ``quiet`` (default :func:`quiet_by_default`): no
+    progress bar, model summary, "GPU available" lines, tips, or warnings that tiny runs
+    trigger on purpose. ``strategy="ddp_notebook"``/``"ddp_fork"`` adds
+    :class:`ForkSafeThreads`. Other keyword arguments go to ``Trainer``.
     """
     callbacks = list(callbacks)
     if overrides.get("strategy") in ("ddp_notebook", "ddp_fork"):
@@ -225,17 +190,11 @@ def make_trainer(
     return pl.Trainer(**options)
 
 
-# ------------------------------------------------------------ utilization callback
-
-
 class UtilizationLogger(Callback):
-    """Log what ``nvidia-smi`` shows (NVML, through :func:`course_utils.monitor.sample`:
-    utilization, memory used, power) every ``every_n_steps`` steps; without a GPU, CPU
-    utilization and this process's resident memory.
-
-    Lightning's ``DeviceStatsMonitor`` logs the caching allocator's statistics instead.
-    Metrics (``gpu/<field>`` or ``cpu/<field>``) go to the Trainer's loggers and to
-    :attr:`history`; the readings to :attr:`readings`. ``gpu_index`` (NVML numbering)
+    """Log what ``nvidia-smi`` shows (:func:`course_utils.monitor.sample`) every
+    ``every_n_steps`` steps (without a GPU: CPU utilization and resident memory), as
+    ``gpu/<field>`` or ``cpu/<field>`` metrics to the Trainer's loggers and
+    :attr:`history`, readings to :attr:`readings`. ``gpu_index`` (NVML numbering)
     overrides the Trainer's GPU; NVML figures include other processes.
     """
 
@@ -248,11 +207,9 @@ class UtilizationLogger(Callback):
         self.readings: list[monitor.Reading] = []
 
     def _index(self, trainer: pl.Trainer) -> int | None:
-        if self.gpu_index is not None:
-            return self.gpu_index
         root = trainer.strategy.root_device
-        if root.type != "cuda":
-            return None
+        if self.gpu_index is not None or root.type != "cuda":
+            return self.gpu_index
         return monitor.nvml_index_of(root)  # NVML numbers the GPUs differently from CUDA
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -287,9 +244,8 @@ def read_metrics(path: Path | str) -> dict[str, list[tuple[int, float]]]:
         for row in csv.DictReader(handle):
             step = int(float(row.get("step") or 0))
             for key, value in row.items():
-                if key in ("step", "epoch") or value in (None, ""):
-                    continue
-                series.setdefault(key, []).append((step, float(value)))
+                if key not in ("step", "epoch") and value not in (None, ""):
+                    series.setdefault(key, []).append((step, float(value)))
     return series
 
 
@@ -321,56 +277,33 @@ def plot_metrics(
 # ---------------------------------------------------- plain loop vs Lightning, timed
 
 
-class EpochTimer(Callback):
+class _EpochTimer(Callback):
     """Record the wall-clock seconds of every training epoch (device synchronized)."""
 
-    def __init__(self, on_epoch: Callable[[], Any] | None = None) -> None:
+    def __init__(self) -> None:
         self.seconds: list[float] = []
         self._start = 0.0
-        self.on_epoch = on_epoch  # called after each epoch (progress)
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         synchronizer(trainer.strategy.root_device)()
         self._start = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         synchronizer(trainer.strategy.root_device)()
         self.seconds.append(time.perf_counter() - self._start)
-        if self.on_epoch is not None:
-            self.on_epoch()
+        progress.tick()
 
 
-def _kept(seconds: Sequence[float]) -> list[float]:
-    """A run's epoch times without its first epoch (warm-up) when it has 3 or more."""
-    return list(seconds[1:]) if len(seconds) >= 3 else list(seconds)
-
-
-def _typical(seconds: Sequence[float]) -> float:
-    """Median epoch time, leaving out the first epoch (warm-up) when there are 3 or more."""
-    return statistics.median(_kept(seconds))
-
-
-PLAIN, LIGHTNING = "plain", "lightning"
-
-
-def turn_order(rounds: int) -> list[str]:
-    """Each round starts with the way the previous one ended with: a drifting machine
-    favours neither.
-
-    >>> turn_order(2)
-    ['plain', 'lightning', 'lightning', 'plain']
-    """
-    order: list[str] = []
-    for index in range(rounds):
-        order += [PLAIN, LIGHTNING] if index % 2 == 0 else [LIGHTNING, PLAIN]
-    return order
+def _kept(runs: Sequence[Sequence[float]]) -> list[float]:
+    """The runs' epoch times, each run without its first epoch (warm-up) when it has 3+."""
+    return [s for run in runs for s in (run[1:] if len(run) >= 3 else run)]
 
 
 @dataclass
 class Comparison:
     """Plain loop vs Lightning, taking turns: each run's epoch times (one run of each way
-    per round, in :attr:`order`); totals are medians over the runs, peaks the first run's.
-    """
+    per round, in :attr:`order`); per-epoch figures leave out a run's first epoch when it
+    has 3 or more (warm-up), totals are medians over the runs, peaks the first run's."""
 
     device: str
     precision: str
@@ -385,57 +318,37 @@ class Comparison:
     lightning_peak: PeakMemory | None = None
 
     @property
-    def rounds(self) -> int:
-        return min(len(self.plain_runs), len(self.lightning_runs))
-
-    @property
-    def plain_epoch_s(self) -> list[float]:
-        return [s for run in self.plain_runs for s in run]
-
-    @property
-    def lightning_epoch_s(self) -> list[float]:
-        return [s for run in self.lightning_runs for s in run]
-
-    @property
     def plain_s_per_epoch(self) -> float:
-        """Median epoch time of the plain loop, warm-up epochs left out."""
-        return statistics.median([s for run in self.plain_runs for s in _kept(run)])
+        return statistics.median(_kept(self.plain_runs))
 
     @property
     def lightning_s_per_epoch(self) -> float:
-        return statistics.median([s for run in self.lightning_runs for s in _kept(run)])
+        return statistics.median(_kept(self.lightning_runs))
 
     def _pairs(self) -> list[tuple[float, float]]:
-        return [
-            (_typical(p), _typical(q))
-            for p, q in zip(self.plain_runs, self.lightning_runs, strict=False)
-        ]
+        """Each round's two typical epoch times (its two runs are adjacent in time)."""
+        pairs = zip(self.plain_runs, self.lightning_runs, strict=False)
+        return [(statistics.median(_kept([p])), statistics.median(_kept([q]))) for p, q in pairs]
 
     @property
     def overhead_ratio(self) -> float:
-        """Lightning's time per epoch over the plain loop's: the median of the rounds'
-        ratios (each round's two runs are adjacent in time)."""
+        """Lightning's time per epoch over the plain loop's, median over rounds."""
         return statistics.median(q / p for p, q in self._pairs())
 
     @property
     def overhead_s_per_epoch(self) -> float:
-        """Extra seconds per epoch in Lightning, median over rounds."""
         return statistics.median(q - p for p, q in self._pairs())
 
     @property
     def overhead_s_per_step(self) -> float:
-        """Extra seconds per training step in Lightning (median over rounds)."""
         return self.overhead_s_per_epoch / max(self.steps_per_epoch, 1)
 
     @property
     def noise(self) -> float:
         """The larger, over the two ways, of (slowest - fastest) / median of the epochs
         kept: 0.1 means that repeating the same work varied by 10% here."""
-        spreads = []
-        for runs in (self.plain_runs, self.lightning_runs):
-            kept = [s for run in runs for s in _kept(run)]
-            spreads.append((max(kept) - min(kept)) / statistics.median(kept))
-        return max(spreads)
+        kept = [_kept(self.plain_runs), _kept(self.lightning_runs)]
+        return max((max(k) - min(k)) / statistics.median(k) for k in kept)
 
     def rows(self) -> list[dict[str, Any]]:
         """The side-by-side table: one row per way of training."""
@@ -451,17 +364,17 @@ class Comparison:
 
     def __str__(self) -> str:
         lines = [f"{'':12}{'s/epoch':>10}{'total s':>10}{'peak MiB':>10}"]
-        for row in self.rows():
-            lines.append(
-                f"{row['way']:12}{row['s_per_epoch']:10.3f}{row['total_s']:10.2f}"
-                f"{row['peak_mib']:10.1f}"
-            )
+        lines += [
+            f"{r['way']:12}{r['s_per_epoch']:10.3f}{r['total_s']:10.2f}{r['peak_mib']:10.1f}"
+            for r in self.rows()
+        ]
         lines.append(
             f"Lightning / plain: {self.overhead_ratio:.3f}x per epoch "
             f"({self.overhead_s_per_epoch * 1000:+.1f} ms per epoch, "
             f"{self.overhead_s_per_step * 1000:+.2f} ms per step), {self.epochs} epochs of "
-            f"{self.steps_per_epoch} steps, {self.rounds} rounds ({', '.join(self.order)}), "
-            f"noise {self.noise:.0%}, {self.device}, precision {self.precision}"
+            f"{self.steps_per_epoch} steps, {len(self._pairs())} rounds "
+            f"({', '.join(self.order)}), noise {self.noise:.0%}, {self.device}, "
+            f"precision {self.precision}"
         )
         return "\n".join(lines)
 
@@ -477,7 +390,8 @@ def compare_with_plain_loop(
     rounds: int = 2,
 ) -> Comparison:
     """Train ``build()`` for ``epochs`` with the plain loop and with Lightning, ``rounds``
-    times each in the order of :func:`turn_order`, from the same weights (``seed``), data,
+    times each, taking turns (each round starts with the way the previous one ended with,
+    so a drifting machine favours neither), from the same weights (``seed``), data,
     optimizer and precision, after one untimed warm-up step. Lightning's totals include
     building the Trainer; peak memory: :func:`~course_utils.footprint.peak_memory` (on the
     CPU the process's RSS). Lightning's module logs the loss every step, as a real run would.
@@ -489,13 +403,10 @@ def compare_with_plain_loop(
     precision = lightning_precision(config.precision, target)
     torch.manual_seed(seed)
     initial = build()
-    result = Comparison(
-        device=str(target), precision=precision, epochs=epochs, steps_per_epoch=len(loader)
-    )
+    result = Comparison(str(target), precision, epochs, steps_per_epoch=len(loader))
     # one untimed step first, so neither measured run pays for the first use of the device,
     # its kernels and the memory allocator's growth
     TrainStep(copy.deepcopy(initial), target, config)(next(iter(loader)))
-    accelerator = "gpu" if target.type == "cuda" else target.type
 
     def plain(seconds: list[float]) -> None:
         step = TrainStep(copy.deepcopy(initial), target, config)
@@ -503,11 +414,11 @@ def compare_with_plain_loop(
             seconds.append(train(step, loader, epochs=1).seconds)
 
     def lightning(seconds: list[float]) -> None:
-        timer = EpochTimer(on_epoch=progress.tick)
+        timer = _EpochTimer()
         trainer = make_trainer(
             max_epochs=epochs,
             precision=precision,
-            accelerator=accelerator,
+            accelerator="gpu" if target.type == "cuda" else target.type,
             devices=[target.index or 0] if target.type == "cuda" else 1,
             callbacks=[timer],
             logger=False,
@@ -517,22 +428,21 @@ def compare_with_plain_loop(
             trainer.fit(CourseModule(copy.deepcopy(initial), config), loader)
         seconds.extend(timer.seconds)
 
-    totals: dict[str, list[float]] = {PLAIN: [], LIGHTNING: []}
-    for way in turn_order(rounds):
-        seconds: list[float] = []
-        run = functools.partial(plain if way == PLAIN else lightning, seconds)
-        start = time.perf_counter()
-        peak = peak_memory(run, target, rss=True)
-        totals[way].append(time.perf_counter() - start)
-        result.order.append(way)
-        if way == PLAIN:
-            result.plain_runs.append(seconds)
-            result.plain_peak = result.plain_peak or peak
-        else:
-            result.lightning_runs.append(seconds)
-            result.lightning_peak = result.lightning_peak or peak
-    result.plain_total_s = statistics.median(totals[PLAIN])
-    result.lightning_total_s = statistics.median(totals[LIGHTNING])
+    runs = {"plain": (plain, result.plain_runs), "lightning": (lightning, result.lightning_runs)}
+    totals: dict[str, list[float]] = {"plain": [], "lightning": []}
+    peaks: dict[str, PeakMemory] = {}
+    for index in range(rounds):
+        for way in ("plain", "lightning")[:: -1 if index % 2 else 1]:
+            seconds: list[float] = []
+            start = time.perf_counter()
+            peak = peak_memory(functools.partial(runs[way][0], seconds), target, rss=True)
+            peaks.setdefault(way, peak)
+            totals[way].append(time.perf_counter() - start)
+            result.order.append(way)
+            runs[way][1].append(seconds)
+    result.plain_total_s = statistics.median(totals["plain"])
+    result.lightning_total_s = statistics.median(totals["lightning"])
+    result.plain_peak, result.lightning_peak = peaks["plain"], peaks["lightning"]
     return result
 
 
@@ -575,11 +485,10 @@ def scale_batch_size(
     max_val: int = 8192,
     margin: float = 0.05,
 ) -> MaxBatchSize:
-    """Lightning's batch-size finder, ``Tuner(trainer).scale_batch_size``, on a plain
-    ``trial`` (one step per size), with Lightning's defaults (``margin`` applies in
-    ``"binsearch"`` mode only). ``"power"`` doubles until a trial fails and returns half
-    the size that failed; ``"binsearch"`` then bisects. The trial's out-of-memory error
-    must be one Lightning recognises (CUDA's, the CPU allocator's, a ``MemoryBudget``'s).
+    """Lightning's ``Tuner(trainer).scale_batch_size`` on a plain ``trial`` (one step per
+    size), with Lightning's defaults: ``"power"`` doubles until a trial fails and returns
+    half that size; ``"binsearch"`` then bisects (``margin`` applies there only). The
+    trial's out-of-memory error must be one Lightning recognises (CUDA's, a MemoryBudget's).
 
     >>> from course_utils.oom import MemoryBudget
     >>> def trial(n):
@@ -634,11 +543,7 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     """Mount Google Drive on Colab (asking the learner); ``True`` when it is mounted.
 
     Refused, failed or timed out: one line printed, ``False``, and no second question in
-    this session, so "Run all" goes on. Elsewhere: ``False``.
-
-    >>> mount_drive(environment="local")
-    False
-    """
+    this session, so "Run all" goes on. Elsewhere: ``False``."""
     if (environment or where_am_i()) != "colab":
         return False
     mount_point = Path(mount_point)

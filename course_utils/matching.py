@@ -35,10 +35,6 @@ class Match:
     index: int
     how: str = ""  # empty when found by grade_id
 
-    @property
-    def by_content(self) -> bool:
-        return bool(self.how)
-
 
 def grade_id(cell: Any) -> str | None:
     """A cell's nbgrader ``grade_id``, or None."""
@@ -106,8 +102,7 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
     roles = {grade_id(cell): nbgrader_role(cell) for _, cell in exercises}
     matches: dict[str, Match] = {}
     for index, cell in enumerate(cells):
-        found = grade_id(cell)
-        role = nbgrader_role(cell)
+        found, role = grade_id(cell), nbgrader_role(cell)
         known_here = cell.cell_type == "code" and found in roles and roles[found] == role
         if known_here and found not in matches:
             matches[str(found)] = Match(str(found), str(role), index)
@@ -118,11 +113,10 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
     for position, cell in exercises:  # exercise cells found by grade_id anchor too
         if grade_id(cell) in matches:
             anchors[position] = matches[str(grade_id(cell))].index
-    known = set(roles)
     free = {
         index
         for index, cell in enumerate(cells)
-        if cell.cell_type == "code" and grade_id(cell) not in known and cell.source.strip()
+        if cell.cell_type == "code" and grade_id(cell) not in roles and cell.source.strip()
     }
     # Checks first (their text is the strongest evidence), then solutions.
     for role in ("check", "solution"):
@@ -132,8 +126,7 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
             if nbgrader_role(cell) != role:
                 continue
             gid = str(grade_id(cell))
-            gap = _gap(position, anchors, len(cells))
-            gaps[gid] = gap
+            gaps[gid] = gap = _gap(position, anchors, len(cells))
             for index in free:
                 scored = _score(cell, cells[index].source, role, index in gap)
                 if scored is not None:
@@ -156,10 +149,8 @@ def match_cells(submission: Any, source: Any) -> dict[str, Match]:
 
 def _gap(position: int, anchors: dict[int, int], count: int) -> set[int]:
     """Submission indices between the anchors around an instructor cell's position."""
-    before = [anchors[i] for i in anchors if i < position]
-    after = [anchors[i] for i in anchors if i > position]
-    low = max(before) if before else -1
-    high = min(after) if after else count
+    low = max((at for i, at in anchors.items() if i < position), default=-1)
+    high = min((at for i, at in anchors.items() if i > position), default=count)
     return set(range(low + 1, high))
 
 

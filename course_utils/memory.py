@@ -1,20 +1,14 @@
-"""GPU memory: what is used and by whom, allocator settings, snapshots, fragmentation,
-and a real memory cap.
-
-PyTorch's CUDA caching allocator keeps freed blocks *reserved* for reuse; nvidia-smi shows
-the reserved memory plus the CUDA context. ``torch.cuda.empty_cache()`` returns only
-cached blocks that no live tensor uses. Out-of-memory errors and freeing references are
-in :mod:`course_utils.oom`. Notebook 07 teaches this module.
+"""GPU memory (notebook 07): what is used and by whom, allocator settings, fragmentation,
+and a real memory cap. Out-of-memory errors and freeing references: :mod:`course_utils.oom`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +18,10 @@ import psutil
 import torch
 
 from course_utils import nvml
-from course_utils.device import cuda_gpu_count
 from course_utils.oom import release_cached_memory
 from course_utils.units import MIB
 
 # --- what the process uses: allocated, reserved, the driver's view, and the CUDA context
-
-CPU_NOTE = (
-    "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to the C "
-    "allocator (malloc), which returns large blocks to the operating system at once. The "
-    "number to watch is the process's resident memory (RSS)."
-)
 
 
 def process_rss_mib() -> float:
@@ -66,9 +53,8 @@ class GpuMemory:
     @property
     def outside_allocator_mib(self) -> float | None:
         """NVML minus reserved: the CUDA context, kernels, and non-PyTorch allocations."""
-        if self.process_used_mib is None:
-            return None
-        return self.process_used_mib - self.reserved_mib
+        used = self.process_used_mib
+        return None if used is None else used - self.reserved_mib
 
 
 _ROWS = [
@@ -83,27 +69,6 @@ _ROWS = [
 ]
 
 
-def format_gpu_table(gpus: list[GpuMemory]) -> str:
-    """One table in MiB, a column per GPU.
-
-    >>> gpu = GpuMemory("cuda:0", "T4", 512, 1024, 600, 14000, 15360, 1400)
-    >>> print(format_gpu_table([gpu]).splitlines()[3])
-    reserved (allocator: tensors + cache)          1024.0
-    """
-    width = max(len(label) for label, _ in _ROWS) + 2
-    lines = [
-        "MiB".ljust(width) + "".join(f"{gpu.device:>12}" for gpu in gpus),
-        "".ljust(width) + "".join(f"{gpu.name[:11]:>12}" for gpu in gpus),
-    ]
-    for label, attribute in _ROWS:
-        cells = []
-        for gpu in gpus:
-            value = getattr(gpu, attribute)
-            cells.append(f"{'n/a':>12}" if value is None else f"{value:>12.1f}")
-        lines.append(label.ljust(width) + "".join(cells))
-    return "\n".join(lines)
-
-
 @dataclass(frozen=True)
 class MemoryReport:
     """The result of :func:`memory_report`; ``print`` it for the table."""
@@ -113,21 +78,19 @@ class MemoryReport:
     note: str
 
     def __str__(self) -> str:
-        parts = [format_gpu_table(self.gpus)] if self.gpus else []
+        """One table in MiB, a column per GPU, then the process's RSS and the note."""
+        width, gpus = 41, self.gpus
+        parts = []
+        if gpus:
+            parts.append("MiB".ljust(width) + "".join(f"{gpu.device:>12}" for gpu in gpus))
+            parts.append("".ljust(width) + "".join(f"{gpu.name[:11]:>12}" for gpu in gpus))
+        for label, attribute in _ROWS if gpus else []:
+            values = [getattr(gpu, attribute) for gpu in gpus]
+            cells = [f"{'n/a':>12}" if v is None else f"{v:>12.1f}" for v in values]
+            parts.append(label.ljust(width) + "".join(cells))
         parts.append(f"process resident memory (RSS, CPU side): {self.process_rss_mib:.1f} MiB")
         parts.append(self.note)
         return "\n".join(parts)
-
-
-def _has_context(index: int) -> bool:
-    """Whether this process has a CUDA context on ``cuda:index`` (asking creates none)."""
-    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-    if has_context is not None:
-        try:
-            return bool(has_context(index))
-        except Exception:  # an older or newer torch without it
-            pass
-    return torch.cuda.memory_reserved(index) > 0
 
 
 def _gpus_in_use() -> list[int]:
@@ -135,8 +98,9 @@ def _gpus_in_use() -> list[int]:
     ``mem_get_info`` on another GPU would create a context there (about 0.5 GiB)."""
     if not torch.cuda.is_initialized():
         return []
-    count = torch.cuda.device_count()
-    return [i for i in range(count) if torch.cuda.memory_reserved(i) > 0 or _has_context(i)]
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", lambda index: False)
+    indices = range(torch.cuda.device_count())
+    return [i for i in indices if torch.cuda.memory_reserved(i) > 0 or has_context(i)]
 
 
 def gpu_memory(index: int) -> GpuMemory:
@@ -171,7 +135,12 @@ def memory_report() -> MemoryReport:
     elif torch.cuda.is_initialized():
         note = "CUDA is initialized but this process holds no GPU memory."
     else:
-        note = CPU_NOTE + " (CUDA is not initialized in this process.)"
+        note = (
+            "CPU tensors have no caching allocator: PyTorch hands freed CPU memory back to "
+            "malloc, which returns large blocks to the operating system at once. The number "
+            "to watch is the process's resident memory (RSS). (CUDA is not initialized in "
+            "this process.)"
+        )
     return MemoryReport([gpu_memory(i) for i in indices], process_rss_mib(), note)
 
 
@@ -192,10 +161,9 @@ def read_memory(device: torch.device | str, stage: str) -> MemoryReading:
     device = torch.device(device)
     if device.type != "cuda":
         return MemoryReading(stage, None, None, None, process_rss_mib())
-    gpu = gpu_memory(device.index if device.index is not None else torch.cuda.current_device())
-    return MemoryReading(
-        stage, gpu.allocated_mib, gpu.reserved_mib, gpu.process_used_mib, process_rss_mib()
-    )
+    gpu = gpu_memory(torch.cuda.current_device() if device.index is None else device.index)
+    used = (gpu.allocated_mib, gpu.reserved_mib, gpu.process_used_mib)
+    return MemoryReading(stage, *used, process_rss_mib())
 
 
 def format_readings(readings: list[MemoryReading]) -> str:
@@ -220,10 +188,8 @@ def format_readings(readings: list[MemoryReading]) -> str:
 
 def empty_cache_experiment(device: torch.device | str, mib: int) -> list[MemoryReading]:
     """What ``del`` and ``torch.cuda.empty_cache()`` do, in six stages (see the labels).
-
-    On a CPU only the RSS column has numbers: PyTorch has no cache there, but glibc may
-    keep freed pages resident, so stage 3 runs ``del`` and then ``malloc_trim``.
-    """
+    On a CPU only the RSS column has numbers; glibc may keep freed pages resident, so
+    stage 3 runs ``del`` and then ``malloc_trim``."""
     device = torch.device(device)
     elements = mib * MIB // 4
 
@@ -261,40 +227,17 @@ class AllocatorAlreadyInitializedError(RuntimeError):
     """CUDA has started in this process, so a new allocator setting would be ignored."""
 
 
-def _parse_alloc_conf(text: str) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for item in text.split(","):
-        key, _, value = item.strip().partition(":")
-        if key:
-            settings[key.strip()] = value.strip()
-    return settings
-
-
-def configure_allocator(
-    *,
-    expandable_segments: bool | None = None,
-    **other: str | int | float | bool,
-) -> str:
-    """Set the CUDA caching allocator's options (``other``: any by name, such as
-    ``max_split_size_mb=128``); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
+def configure_allocator(**wanted: str | int | float | bool) -> str:
+    """Set the CUDA caching allocator's options by name (``expandable_segments=True``,
+    ``max_split_size_mb=128``...); returns the setting written to ``PYTORCH_CUDA_ALLOC_CONF``
     and ``PYTORCH_ALLOC_CONF`` (old and new names), keeping options already set. PyTorch
     reads it when CUDA initializes: afterwards this raises
-    :class:`AllocatorAlreadyInitializedError`.
-
-    >>> from unittest import mock
-    >>> earlier = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128", "PYTORCH_ALLOC_CONF": ""}
-    >>> with mock.patch.dict(os.environ, earlier):  # put the environment back afterwards
-    ...     configure_allocator(expandable_segments=True)
-    'max_split_size_mb:128,expandable_segments:True'
-    """
-    wanted: dict[str, str | int | float | bool] = {}
-    if expandable_segments is not None:
-        wanted["expandable_segments"] = expandable_segments
-    wanted.update(other)
+    :class:`AllocatorAlreadyInitializedError`."""
     if not wanted:
         raise ValueError("say which option to set, for example expandable_segments=True")
     current = next((os.environ[n] for n in ALLOC_CONF_VARIABLES[::-1] if os.environ.get(n)), "")
-    setting = _parse_alloc_conf(current)
+    items = [item.partition(":") for item in current.split(",")]
+    setting = {key.strip(): value.strip() for key, _, value in items if key.strip()}
     setting.update({key: str(value) for key, value in wanted.items()})
     text = ",".join(f"{key}:{value}" for key, value in setting.items())
     if torch.cuda.is_initialized():
@@ -307,71 +250,6 @@ def configure_allocator(
     for name in ALLOC_CONF_VARIABLES:
         os.environ[name] = text
     return text
-
-
-# ------ memory snapshots: every allocation and free, with the Python stack that made it
-
-VIEWER_URL = "https://pytorch.org/memory_viz"
-
-
-@dataclass(frozen=True)
-class MemorySnapshot:
-    """The files :func:`capture_memory_snapshot` wrote (``None`` on a machine without
-    CUDA) and how to look at them."""
-
-    pickle_path: Path | None
-    html_path: Path | None
-    how_to_view: str
-
-    def __str__(self) -> str:
-        return self.how_to_view
-
-
-def capture_memory_snapshot(
-    fn: Callable[[], Any], path: str | Path, *, max_entries: int = 100_000, html: bool = True
-) -> MemorySnapshot:
-    """Run ``fn()`` while recording CUDA memory history; dump the snapshot to ``path``.
-
-    The pickle lists every segment and block with the stack of its allocation, and the
-    last ``max_entries`` events, for https://pytorch.org/memory_viz; ``html=True`` also
-    writes an ``.html`` page (its viewer loads from the internet). Without CUDA ``fn``
-    still runs and nothing is written.
-    """
-    path = Path(path)
-    if cuda_gpu_count() == 0:
-        fn()
-        return MemorySnapshot(
-            None,
-            None,
-            "No CUDA GPU here, so no snapshot: CPU tensors have no caching allocator to "
-            f"record. On a GPU this writes {path.name}; open {VIEWER_URL} and drag the "
-            "file onto the page to see each tensor's lifetime and the stack that "
-            "allocated it.",
-        )
-    record = torch.cuda.memory._record_memory_history
-    record(enabled="all", max_entries=max_entries)
-    try:
-        fn()
-        torch.cuda.synchronize()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(path))
-    finally:
-        record(enabled=None)  # stop recording: it costs time on every allocation
-    html_path = None
-    if html:
-        try:
-            from torch.cuda import _memory_viz  # lazy: private torch module, may move or go
-
-            with path.open("rb") as file:
-                data = pickle.load(file)
-            html_path = path.with_suffix(".html")
-            html_path.write_text(_memory_viz.trace_plot(data))
-        except Exception:  # a private module: it may move between releases
-            html_path = None
-    view = f"Snapshot written to {path}: open {VIEWER_URL} and drag the file onto the page"
-    if html_path is not None:
-        view += f", or open {html_path} in a browser (it needs the internet for the viewer)"
-    return MemorySnapshot(path, html_path, view + ".")
 
 
 # --- fragmentation: cached memory that cannot be returned or reused for a bigger tensor
@@ -395,18 +273,7 @@ class Fragmentation:
 
 
 def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
-    """Summarise the ``segments`` of ``torch.cuda.memory_snapshot()``.
-
-    >>> segment = {"total_size": 20 * MIB, "blocks": [
-    ...     {"size": 12 * MIB, "state": "inactive"},
-    ...     {"size": 6 * MIB, "state": "active_allocated"},
-    ...     {"size": 2 * MIB, "state": "inactive"}]}
-    >>> summary = summarize_segments([segment])
-    >>> summary.reserved_mib, summary.allocated_mib, summary.largest_free_block_mib
-    (20.0, 6.0, 12.0)
-    >>> summary.stuck_mib  # free, but in a segment a live tensor pins
-    14.0
-    """
+    """Summarise the ``segments`` of ``torch.cuda.memory_snapshot()``."""
     reserved = allocated = largest = stuck = 0
     for segment in segments:
         reserved += segment["total_size"]
@@ -414,8 +281,7 @@ def summarize_segments(segments: list[dict[str, Any]]) -> Fragmentation:
         free = [b["size"] for b in segment["blocks"] if b["state"] == "inactive"]
         allocated += used
         largest = max([largest, *free])
-        if used:
-            stuck += sum(free)
+        stuck += sum(free) if used else 0
     return Fragmentation(len(segments), reserved / MIB, allocated / MIB, largest / MIB, stuck / MIB)
 
 
@@ -427,8 +293,7 @@ def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("fragmentation is a property of the CUDA caching allocator")
-    elements = block_mib * MIB // 4
-    tensors = [torch.empty(elements, device=device) for _ in range(blocks)]
+    tensors = [torch.empty(block_mib * MIB // 4, device=device) for _ in range(blocks)]
     survivors = [t for i, t in enumerate(tensors) if i % 3 == 2]
     del tensors
     torch.cuda.synchronize(device)
@@ -443,11 +308,8 @@ def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6
 
 
 def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict[str, Any]:
-    """:func:`fragment` in two fresh processes, without and with expandable segments.
-
-    A fresh process is needed because the allocator reads its setting when CUDA starts.
-    Returns ``{"default": Fragmentation, "expandable_segments": Fragmentation}``.
-    """
+    """:func:`fragment` in two fresh processes (the allocator reads its setting when CUDA
+    starts): ``{"default": Fragmentation, "expandable_segments": Fragmentation}``."""
     code = (
         "import json, dataclasses; from course_utils.memory import fragment; "
         f"print(json.dumps(dataclasses.asdict(fragment('cuda', blocks={blocks}, "
@@ -475,20 +337,18 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
 
 @contextmanager
 def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
-    """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block.
-
-    Uses ``torch.cuda.set_per_process_memory_fraction``: an allocation past the cap raises
-    ``torch.cuda.OutOfMemoryError`` as a full GPU would. Afterwards the fraction in force
-    before (1.0, or an enclosing cap's) is restored.
-    """
+    """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block
+    (``set_per_process_memory_fraction``: past the cap CUDA raises ``OutOfMemoryError``);
+    afterwards the fraction in force before (1.0, or an enclosing cap's) is restored."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("memory_cap limits the CUDA caching allocator; got " + str(device))
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
     previous = _memory_fraction(index)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, mib * MIB / total), index)
-    _FRACTIONS[index] = min(1.0, mib * MIB / total)
+    fraction = min(1.0, mib * MIB / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    _FRACTIONS[index] = fraction
     try:
         yield
     finally:
@@ -497,16 +357,12 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
         release_cached_memory()
 
 
-# The fractions memory_cap set, for torch versions that cannot read the current one back.
-_FRACTIONS: dict[int, float] = {}
+_FRACTIONS: dict[int, float] = {}  # what memory_cap set, for a torch that cannot read it back
 
 
 def _memory_fraction(index: int) -> float:
     """The per-process memory fraction in force on ``cuda:index`` (1.0: no cap)."""
-    read_back = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if read_back is not None:
-        try:
-            return float(read_back(index))
-        except Exception:  # not readable on this build: use what memory_cap set
-            pass
-    return _FRACTIONS.get(index, 1.0)
+    try:
+        return float(torch.cuda.get_per_process_memory_fraction(index))
+    except Exception:  # older torch (or not readable on this build): what memory_cap set
+        return _FRACTIONS.get(index, 1.0)

@@ -1,8 +1,5 @@
-"""Out of memory: recognising the error, releasing memory, and a simulated budget.
-
-:func:`release_cached_memory` collects garbage and returns caches after you dropped your
-references; :func:`drop_references` drops what a notebook keeps alive first.
-:class:`MemoryBudget` is the one simulated memory limit of every CPU demonstration.
+"""Out of memory: recognising the error, releasing memory (:func:`drop_references` drops
+what a notebook keeps alive first), and :class:`MemoryBudget`, the one simulated limit.
 """
 
 from __future__ import annotations
@@ -16,19 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from course_utils.units import MIB
 
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError``, or a ``RuntimeError``
-    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU).
-
-    >>> is_out_of_memory(RuntimeError("CUDA error: out of memory"))
-    True
-    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
-    False
-    """
+    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU)."""
     if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
         return True
     if not isinstance(error, RuntimeError):
@@ -69,19 +61,14 @@ class MemoryBudget:
             )
 
 
-def _trim_c_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS (Linux; elsewhere nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 def release_cached_memory() -> None:
     """Collect garbage, return cached GPU blocks to the driver and freed C-heap pages to
-    the OS. It cannot free tensors that something still refers to: drop those first."""
+    the OS (glibc's ``malloc_trim``). It cannot free tensors that something still refers
+    to: drop those first."""
     gc.collect()
-    _trim_c_heap()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
@@ -113,23 +100,14 @@ class DroppedReferences:
         return "\n".join(lines)
 
 
-def _ipython_shell() -> Any:
-    if "IPython" not in sys.modules:
-        return None
-    return sys.modules["IPython"].get_ipython()
-
-
 def _holds_memory(value: Any, ids: set[int], depth: int = 0) -> bool:
     """True if ``value`` is one of ``ids``, a tensor, a module or an optimizer, or a
     list/tuple/dict holding one."""
-    if id(value) in ids:
+    if id(value) in ids or isinstance(value, torch.Tensor | nn.Module | torch.optim.Optimizer):
         return True
-    if isinstance(value, torch.Tensor | torch.nn.Module | torch.optim.Optimizer):
-        return True
-    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_memory(item, ids, depth + 1) for item in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_memory(item, ids, depth + 1) for item in value.values())
+    if depth < 3 and isinstance(value, list | tuple | set | frozenset | dict):
+        items = value.values() if isinstance(value, dict) else value
+        return any(_holds_memory(item, ids, depth + 1) for item in items)
     return False
 
 
@@ -150,18 +128,16 @@ def _clear_saved_traceback(shell: Any) -> bool:
     if getattr(sys, "last_traceback", None) is not None:
         traceback.clear_frames(sys.last_traceback)
     for name in _TRACEBACK_ATTRIBUTES:
-        if getattr(sys, name, None) is not None:
-            found = True
+        found = found or getattr(sys, name, None) is not None
         if hasattr(sys, name):
             delattr(sys, name)
-    if shell is not None:
-        formatter: Any = getattr(shell, "InteractiveTB", None)
-        if getattr(formatter, "tb", None) is not None:
-            formatter.tb = None  # kept for %debug
-        result: Any = getattr(shell, "last_execution_result", None)
-        if getattr(result, "error_in_exec", None) is not None:
-            result.error_in_exec = None
-            found = True
+    formatter: Any = getattr(shell, "InteractiveTB", None)  # shell None: no IPython
+    if getattr(formatter, "tb", None) is not None:
+        formatter.tb = None  # kept for %debug
+    result: Any = getattr(shell, "last_execution_result", None)
+    if getattr(result, "error_in_exec", None) is not None:
+        result.error_in_exec = None
+        found = True
     return found
 
 
@@ -204,7 +180,7 @@ def _drop_history(namespace: dict[str, Any], shell: Any, ids: set[int]) -> list[
 def _reserved_bytes() -> int:
     if not torch.cuda.is_initialized():
         return 0
-    return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+    return sum(map(torch.cuda.memory_reserved, range(torch.cuda.device_count())))
 
 
 def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> DroppedReferences:
@@ -212,35 +188,18 @@ def drop_references(*names: str, namespace: dict[str, Any] | None = None) -> Dro
     ``namespace`` (default: IPython's, else the caller's globals), output-history entries
     (``Out[N]``, ``_N``, ``_``...) holding one of them, a tensor, a module or an
     optimizer, and the saved exception with its frames' locals. Other references you
-    keep (a list, a second variable) still keep a tensor alive.
-
-    >>> import weakref
-    >>> space = {"x": torch.ones(1000)}
-    >>> space["Out"] = {1: space["x"]}
-    >>> alive = weakref.ref(space["x"])
-    >>> dropped = drop_references("x", namespace=space)
-    >>> alive() is None, dropped.deleted, dropped.history_entries
-    (True, ['x'], ['Out[1]'])
-    """
-    shell = _ipython_shell()
+    keep (a list, a second variable) still keep a tensor alive."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
     if namespace is None:
-        if shell is not None:
-            namespace = shell.user_ns
-        else:
-            caller = sys._getframe(1)
-            namespace = caller.f_globals
-            del caller
-    assert namespace is not None
+        namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
     dropped = DroppedReferences()
     ids = {id(namespace[name]) for name in names if name in namespace}
     dropped.cleared_traceback = _clear_saved_traceback(shell)
     dropped.history_entries = _drop_history(namespace, shell, ids)
     for name in names:
-        if name in namespace:
-            del namespace[name]
-            dropped.deleted.append(name)
-        else:
-            dropped.not_found.append(name)
+        (dropped.deleted if name in namespace else dropped.not_found).append(name)
+        namespace.pop(name, None)
     before = _reserved_bytes()
     dropped.collected = gc.collect()
     release_cached_memory()

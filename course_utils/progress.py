@@ -15,12 +15,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tqdm.auto import tqdm
 
 ENV_VAR = "COURSE_PROGRESS"
-MODES = ("bar", "line", "off")
+_MODES = ("bar", "line", "off")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,79 +30,60 @@ F = TypeVar("F", bound=Callable[..., Any])
 def mode() -> str:
     """``bar``, ``line`` or ``off``: how progress shows here (see the module's doc)."""
     chosen = os.environ.get(ENV_VAR, "").strip().lower()
-    if chosen in MODES:
-        return chosen
-    if chosen:
-        raise ValueError(f"{ENV_VAR}={chosen!r}: expected one of {', '.join(MODES)}")
-    if "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
-        return "off"
-    if os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small":
-        return "off"
-    return "bar" if _in_jupyter() or _is_terminal(sys.stderr) else "line"
-
-
-def _in_jupyter() -> bool:
-    """Whether this is an IPython kernel (Jupyter, Colab, VS Code): where tqdm.auto
-    draws a widget."""
+    if chosen and chosen not in _MODES:
+        raise ValueError(f"{ENV_VAR}={chosen!r}: expected one of {', '.join(_MODES)}")
+    small = os.environ.get("COURSE_WORKLOAD", "").strip().lower() == "small"
+    if chosen or small or "PYTEST_CURRENT_TEST" in os.environ or "pytest" in sys.modules:
+        return chosen or "off"
+    # An IPython kernel (Jupyter, Colab, VS Code), where tqdm.auto draws a widget?
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
-def _is_terminal(stream: Any) -> bool:
+    jupyter = shell is not None and "IPKernelApp" in getattr(shell, "config", {})
     try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # replaced or closed streams
-        return False
+        terminal = bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        terminal = False
+    return "bar" if jupyter or terminal else "line"
 
 
-class Task:
-    """One piece of long work: a bar, a line at the end, or nothing (see :func:`mode`)."""
+@dataclass
+class _Task:
+    """One piece of long work: its count, and its bar in ``bar`` mode."""
 
-    def __init__(self, description: str, total: int | None, unit: str, nested: bool) -> None:
-        self.description, self.total, self.unit = description, total, unit
-        self.count = 0
-        self.mode = mode()
-        self.nested = nested
-        self._start = time.perf_counter()
-        self._bar: Any = None
-        if self.mode == "bar":
-            self._bar = tqdm(
-                total=total, desc=description, unit=f" {unit}", leave=not nested, file=sys.stderr
-            )
+    description: str
+    total: int | None
+    unit: str
+    count: int = 0
+    start: float = field(default_factory=time.perf_counter)
+    bar: Any = None
 
     def update(self, steps: int = 1) -> None:
         self.count += steps
-        if self._bar is not None:
-            self._bar.update(steps)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        elif self.mode == "line" and not self.nested:
-            print(self.summary(), file=sys.stderr, flush=True)
-
-    def summary(self) -> str:
-        """``sweep: 3 of 9 sizes in 1.2 s`` (``of`` only when it stopped early)."""
-        done = str(self.count)
-        if self.total is not None and self.count != self.total:
-            done += f" of {self.total}"
-        seconds = time.perf_counter() - self._start
-        return f"{self.description}: {done} {self.unit}s in {seconds:.1f} s"
+        if self.bar is not None:
+            self.bar.update(steps)
 
 
-_active: list[Task] = []
+_active: list[_Task] = []
 
 
 @contextmanager
-def task(description: str, *, total: int | None = None, unit: str = "step") -> Iterator[Task]:
-    """A :class:`Task` for the duration of the ``with`` block; :func:`tick` advances it."""
-    current = Task(description, total, unit, nested=bool(_active))
+def task(description: str, *, total: int | None = None, unit: str = "step") -> Iterator[_Task]:
+    """A task for the duration of the ``with`` block; :func:`tick` advances it. In ``line``
+    mode it ends with ``sweep: 3 of 9 sizes in 1.2 s`` (``of``: only when it stopped early)."""
+    current, nested, shown = _Task(description, total, unit), bool(_active), mode()
+    if shown == "bar":
+        leave = not nested
+        current.bar = tqdm(total=total, desc=description, unit=f" {unit}", leave=leave)
     _active.append(current)
     try:
         yield current
     finally:
         _active.remove(current)
-        current.close()
+        if current.bar is not None:
+            current.bar.close()
+        elif shown == "line" and not nested:
+            done = str(current.count) + ("" if total in (None, current.count) else f" of {total}")
+            seconds = time.perf_counter() - current.start
+            print(f"{description}: {done} {unit}s in {seconds:.1f} s", file=sys.stderr)
 
 
 def tick(steps: int = 1) -> None:

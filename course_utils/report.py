@@ -13,7 +13,7 @@ import json
 import math
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +47,8 @@ class Measurement:
 def record_measurement(
     name: str, value: float | int | str, unit: str = "", *, label: str
 ) -> Measurement:
-    """Show a measured number in the notebook and mark it for the course report.
-
-    ``label`` says where it was measured (:func:`course_utils.env.measured_on`). Outside
-    IPython it only prints.
-    """
+    """Show a measured number in the notebook and mark it for the course report (outside
+    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"measurement {name!r} is not a finite number: {value}")
     measurement = Measurement(name, value, unit, label)
@@ -125,17 +122,9 @@ class NotebookResult:
 def write_report(results: list[NotebookResult], environment: dict[str, Any], out_dir: Path) -> Path:
     """Write ``report.html`` and ``report.json`` into ``out_dir``; return the HTML path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    as_json = {
-        "environment": environment,
-        "notebooks": [
-            {
-                **result.__dict__,
-                "measurements": [m.__dict__ for m in result.measurements],
-                "plots": len(result.plots),  # the images themselves are in report.html
-            }
-            for result in results
-        ],
-    }
+    # The images themselves are in report.html.
+    notebooks = [{**asdict(result), "plots": len(result.plots)} for result in results]
+    as_json = {"environment": environment, "notebooks": notebooks}
     (out_dir / "report.json").write_text(json.dumps(as_json, indent=2, default=str))
     path = out_dir / "report.html"
     path.write_text(_html(results, environment), encoding="utf-8")
@@ -150,19 +139,17 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
     )
     nb_rows = []
     for result in results:
-        name = Path(result.path).name
-        executed = "notebooks/" + name  # the executed copy beside this report
-        title = esc(result.path)
+        name, title = esc(Path(result.path).name), esc(result.path)
         if result.rendering:
             title = f"<a href='{esc(result.rendering)}'>{title}</a>"
         error = f"<pre>{esc(result.error)}</pre>" if result.error else ""
         plots = "".join(
-            f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {esc(name)}'>"
+            f"<img src='{esc(plot.data_uri())}' alt='plot {number} of {name}'>"
             for number, plot in enumerate(result.plots, start=1)
         )
-        nb_rows.append(
+        nb_rows.append(  # .ipynb: the executed copy beside this report
             f"<tr class='{esc(result.status)}'>"
-            f"<td class='name'>{title}<br><small><a href='{esc(executed)}'>.ipynb</a></small></td>"
+            f"<td class='name'>{title}<br><small><a href='notebooks/{name}'>.ipynb</a></small></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
             f"<td>{_measurements_html(result.measurements)}{error}</td>"
             f"<td class='plots'>{plots or '<small>none</small>'}</td></tr>"

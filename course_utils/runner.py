@@ -55,17 +55,10 @@ def run_notebook(
         notebook = nbformat.read(path, as_version=4)
     except Exception as failure:  # not JSON, not a notebook, an unknown format version
         reason = " ".join(str(failure).split())[:300] or type(failure).__name__
-        return NotebookResult(
-            path=str(path),
-            status="failed",
-            seconds=0.0,
-            error=f"not a valid notebook ({type(failure).__name__}: {reason})",
-            measurements=[],
-        )
+        why = f"not a valid notebook ({type(failure).__name__}: {reason})"
+        return NotebookResult(str(path), "failed", 0.0, why, [])
     code_cells = sum(cell.cell_type == "code" for cell in notebook.cells)
-    done = 0
-
-    live = progress.isatty()  # redraw one line on a terminal; stay quiet in logs
+    done, live = 0, progress.isatty()  # a live count on a terminal; quiet in logs
 
     def on_cell_executed(**_: Any) -> None:
         nonlocal done
@@ -82,31 +75,25 @@ def run_notebook(
         on_cell_executed=on_cell_executed,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    kernel_log = out_dir / f"{path.stem}.kernel.log"
-    start = time.perf_counter()
-    error = None
+    start, error = time.perf_counter(), None
     try:
         # The kernel process's own messages (start-up warnings) go to a log file, not
         # the terminal; everything a cell prints is in the executed notebook.
-        with kernel_log.open("w") as log:
+        with (out_dir / f"{path.stem}.kernel.log").open("w") as log:
             client.execute(stdout=log, stderr=log)
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as failure:
-        error = _short_error(failure)
+        lines = [line for line in str(failure).strip().splitlines() if line.strip()]
+        error = "\n".join(lines[-12:]) or type(failure).__name__
     except Exception as failure:  # kernel failed to start, and the like
         error = f"{type(failure).__name__}: {failure}"
     seconds = time.perf_counter() - start
     nbformat.write(notebook, out_dir / path.name)
     if live:
         progress.write("\r")
-    return NotebookResult(
-        path=str(path),
-        status="failed" if error else "ok",
-        seconds=seconds,
-        error=error,
-        measurements=measurements_in_notebook(notebook),
-        plots=plots_in_notebook(notebook),
-        rendering=render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent),
-    )
+    rendering = render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent)
+    measurements, plots = measurements_in_notebook(notebook), plots_in_notebook(notebook)
+    status = "failed" if error else "ok"
+    return NotebookResult(str(path), status, seconds, error, measurements, plots, rendering)
 
 
 def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
@@ -127,16 +114,9 @@ def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
     return target.relative_to(relative_to).as_posix()
 
 
-def _short_error(failure: Exception) -> str:
-    text = str(failure).strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "\n".join(lines[-12:]) or type(failure).__name__
-
-
 def run_course(
     paths: Sequence[Path],
     out_dir: Path,
-    *,
     workload_name: str | None = None,
     cell_timeout_s: int = 1800,
     progress: TextIO = sys.stdout,
@@ -157,12 +137,10 @@ def run_course(
             result = run_notebook(
                 path, out_dir / "notebooks", cell_timeout_s=cell_timeout_s, progress=progress
             )
-            first_error_line = (result.error or "").splitlines()[-1:] or [""]
+            tail = f" -- {result.error.splitlines()[-1]}" if result.error else ""
             progress.write(
-                f"[{number}/{len(notebooks)}] {path.name}: {result.status} "
-                f"in {result.seconds:.1f} s, {len(result.measurements)} measurement(s)"
-                + (f" -- {first_error_line[0]}" if result.error else "")
-                + "\n"
+                f"[{number}/{len(notebooks)}] {path.name}: {result.status} in "
+                f"{result.seconds:.1f} s, {len(result.measurements)} measurement(s){tail}\n"
             )
             results.append(result)
         environment = doctor()

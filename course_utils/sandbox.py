@@ -1,17 +1,16 @@
 """The bubblewrap (``bwrap``) sandbox a grading kernel runs in (docs/instructor-guide.md, 6).
 
-The kernel and every process it starts get no network, one writable scratch folder (plus
-a private, capped ``/tmp`` and ``/dev/shm``), read-only views of the system, Python, the
-environment and the course package only (never the other submissions, the instructor's
-notebooks or the grades), their own PID namespace and ``setrlimit`` limits on memory,
-processes and file size. As root, the kernel switches to an unused uid
-(``UID_BASE + the grader's pid``): root is exempt from ``RLIMIT_NPROC``. As a user,
-``RLIMIT_NPROC`` counts all that user's processes, so the limit is those running plus
-the allowance.
+The kernel and its processes get no network, one writable scratch folder (plus a private,
+capped ``/tmp`` and ``/dev/shm``), read-only views of the system, Python, the environment
+and the course package only (never other submissions, instructor notebooks or grades),
+their own PID namespace and ``setrlimit`` limits. As root, the kernel switches to an
+unused uid (``UID_BASE + the grader's pid``: root is exempt from ``RLIMIT_NPROC``); as a
+user, ``RLIMIT_NPROC`` counts all that user's processes, so the limit adds those running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,20 +21,19 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-GIB = 1024**3
-MIB = 1024**2
 UID_BASE = 2_000_000_000
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one sandboxed process may use."""
+    """What one sandboxed process may use. (Numbers, not ``units``: the launcher runs this
+    file as a script inside the sandbox, where only the standard library is importable.)"""
 
-    memory_bytes: int = 4 * GIB  # RLIMIT_DATA: heap and private writable mappings
+    memory_bytes: int = 4 * 2**30  # RLIMIT_DATA: heap and private writable mappings
     processes: int = 512  # RLIMIT_NPROC: processes and threads
-    file_bytes: int = 1 * GIB  # RLIMIT_FSIZE: the largest file it may write
-    tmpfs_bytes: int = 256 * MIB  # the size of the private /tmp and /dev/shm, each
+    file_bytes: int = 2**30  # RLIMIT_FSIZE: the largest file it may write
+    tmpfs_bytes: int = 256 * 2**20  # the size of the private /tmp and /dev/shm, each
 
 
 @dataclass(frozen=True)
@@ -47,13 +45,9 @@ class Sandbox:
     limits: Limits = Limits()
     hidden: tuple[str, ...] = field(default=())
 
-    @property
-    def as_root(self) -> bool:
-        return os.geteuid() == 0
-
     def user_id(self) -> int | None:
         """The user id the sandboxed process switches to (root only), else None."""
-        return UID_BASE + os.getpid() if self.as_root else None
+        return UID_BASE + os.getpid() if os.geteuid() == 0 else None
 
     def prepare(self, scratch: Path, *files: Path) -> None:
         """Give the scratch folder (and files the kernel must read) to the kernel's user."""
@@ -66,7 +60,7 @@ class Sandbox:
     def environment(self, scratch: Path, course: dict[str, str]) -> dict[str, str]:
         """A clean environment: none of the grader's variables (tokens, keys) leak in."""
         bin_dir = str(Path(sys.executable).parent)
-        env = {
+        return {
             "PATH": os.pathsep.join([bin_dir, "/usr/local/bin", "/usr/bin", "/bin"]),
             "HOME": str(scratch),
             "TMPDIR": str(scratch),
@@ -77,81 +71,53 @@ class Sandbox:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONPATH": str(_PACKAGE_DIR.parent),
+            **course,
         }
-        env.update(course)
-        return env
 
     def command(self, argv: list[str], scratch: Path) -> list[str]:
         """``argv`` wrapped: bubblewrap, then the limits and the user switch, then argv."""
-        binds = _read_only_binds()
-        options = [
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-uts",
-            "--unshare-cgroup-try",
-            "--die-with-parent",
-            "--new-session",
-        ]
-        if self.as_root:  # the launcher needs these two to drop to its own user id
+        binds, uid, size = _read_only_binds(), self.user_id(), str(self.limits.tmpfs_bytes)
+        options = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        options += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+        if uid is not None:  # the launcher needs these two to drop to its own user id
             options += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
             options += ["--unshare-user"]
-        options += _system_binds()
+        options += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                options += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                options += ["--ro-bind", top, top]
         # The private /tmp first, then the binds: a checkout (its .venv) or a scratch
         # folder that lies under /tmp must stay visible on top of it.
         options += ["--proc", "/proc", "--dev", "/dev"]
-        size = str(self.limits.tmpfs_bytes)
-        options += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-        options += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
-        destinations = [destination for _, destination in binds] + [str(scratch)]
-        options += _parent_dirs(destinations)
+        for tmp in ("/tmp", "/dev/shm"):
+            options += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+        options += _parent_dirs([destination for _, destination in binds] + [str(scratch)])
         for source, destination in binds:
             options += ["--ro-bind", source, destination]
         options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
         options += _hide(self.hidden, binds)
-        launcher = [sys.executable, "-I", str(_PACKAGE_DIR / "sandbox.py"), self._limits_json()]
-        return [self.bwrap, *options, *launcher, "--", *argv]
-
-    def _limits_json(self) -> str:
-        uid = self.user_id()
         processes = self.limits.processes
         if uid is None:  # RLIMIT_NPROC counts every process of this user
             processes += _tasks_of(os.getuid())
-        return json.dumps({**asdict(self.limits), "processes": processes, "uid": uid})
-
-
-def _system_binds() -> list[str]:
-    options = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            options += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            options += ["--ro-bind", top, top]
-    return options
+        limits = json.dumps({**asdict(self.limits), "processes": processes, "uid": uid})
+        launcher = [sys.executable, "-I", str(_PACKAGE_DIR / "sandbox.py"), limits]
+        return [self.bwrap, *options, *launcher, "--", *argv]
 
 
 def _read_only_binds() -> list[tuple[str, str]]:
     """(host path, path inside) for the Python installation, the environment and the
     course package: the kernel sees them at the paths the grader uses."""
     pairs: list[tuple[str, str]] = []
-
-    def add(path: str | Path, seen_as: str | Path | None = None) -> None:
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
+    python = (sys.base_prefix, sys.base_exec_prefix, sys.prefix, os.path.realpath(sys.executable))
+    for path in (*python, user_site, str(_PACKAGE_DIR)):
         real = os.path.realpath(path)
-        inside = os.path.abspath(seen_as or path)
-        if not os.path.exists(real) or real.startswith(("/usr/", "/etc/")):
-            return
-        for pair in ((real, real), (real, inside)):
-            if pair not in pairs:
-                pairs.append(pair)
-
-    add(sys.base_prefix)
-    add(sys.base_exec_prefix)
-    add(sys.prefix, sys.prefix)
-    add(os.path.realpath(sys.executable))
-    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
-        add(site.getusersitepackages())
-    add(_PACKAGE_DIR)
+        if path and os.path.exists(real) and not real.startswith(("/usr/", "/etc/")):
+            seen_as = dict.fromkeys([(real, real), (real, os.path.abspath(path))])
+            pairs += [pair for pair in seen_as if pair not in pairs]
     # A bind that another one already shows (a folder inside it) is left out; the
     # others are mounted outermost first.
     kept = [
@@ -176,9 +142,7 @@ def _parent_dirs(paths: list[str]) -> list[str]:
     options: list[str] = []
     made: set[str] = {"/", "/usr", "/etc", "/tmp"}
     for path in paths:
-        parts = Path(path).parts
-        for depth in range(2, len(parts)):
-            parent = str(Path(*parts[:depth]))
+        for parent in map(str, reversed(Path(path).parents)):
             if parent not in made:
                 made.add(parent)
                 options += ["--perms", "0755", "--dir", parent]
@@ -194,11 +158,8 @@ def _hide(hidden: tuple[str, ...], binds: list[tuple[str, str]]) -> list[str]:
             continue
         for source, destination in binds:
             if _inside(real, source):
-                inside = destination + real[len(source) :]
-                if os.path.isdir(real):
-                    options += ["--tmpfs", inside]
-                else:
-                    options += ["--ro-bind", "/dev/null", inside]
+                cover = ["--tmpfs"] if os.path.isdir(real) else ["--ro-bind", "/dev/null"]
+                options += [*cover, destination + real[len(source) :]]
     return options
 
 
@@ -206,14 +167,11 @@ def _tasks_of(uid: int) -> int:
     """Processes and threads of a user now (what RLIMIT_NPROC counts)."""
     count = 0
     for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(
-                line.split(":", 1) for line in status.read_text().splitlines() if ":" in line
-            )
-        except OSError:
-            continue
-        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
-            count += int(fields.get("Threads", "1").strip() or 1)
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            lines = status.read_text().splitlines()
+            fields = dict(line.split(":", 1) for line in lines if ":" in line)
+            if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+                count += int(fields.get("Threads", "1").strip() or 1)
     return count
 
 
@@ -237,11 +195,8 @@ def unavailable_reason() -> str | None:
 
 
 def find(mode: str, hidden: tuple[str, ...] = (), limits: Limits = Limits()) -> Sandbox | None:
-    """The sandbox for ``mode`` (``auto``, ``bwrap`` or ``none``); None for no sandbox.
-
-    ``bwrap`` raises ``RuntimeError`` when bubblewrap cannot run; ``auto`` falls back to
-    no sandbox (the caller says so, see :func:`unsandboxed_warning`).
-    """
+    """The sandbox for ``mode`` (``auto``, ``bwrap`` or ``none``), or None: ``bwrap`` raises
+    ``RuntimeError`` when bubblewrap cannot run, ``auto`` falls back to no sandbox."""
     if mode == "none":
         return None
     reason = unavailable_reason()
@@ -267,14 +222,11 @@ def _launch(argv: list[str]) -> None:
 
     settings = json.loads(argv[0])
     command = argv[argv.index("--") + 1 :]
-    for name, key in (
-        ("RLIMIT_DATA", "memory_bytes"),
-        ("RLIMIT_NPROC", "processes"),
-        ("RLIMIT_FSIZE", "file_bytes"),
-    ):
+    settings["core"] = 0
+    for name in ("DATA memory_bytes", "NPROC processes", "FSIZE file_bytes", "CORE core"):
+        limit, key = name.split()
         value = int(settings[key])
-        resource.setrlimit(getattr(resource, name), (value, value))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(getattr(resource, f"RLIMIT_{limit}"), (value, value))
     # Inside a PID namespace the kernel's parent is PID 1: ipykernel would take that
     # for "my parent exited" and stop. bubblewrap's --die-with-parent does that job.
     os.environ.pop("JPY_PARENT_PID", None)

@@ -36,13 +36,11 @@ def notebook_title(path: Path) -> str:
     except (OSError, ValueError):
         return path.stem
     for cell in cells:
-        if cell.get("cell_type") != "markdown":
-            continue
-        source = cell.get("source", "")
+        source = cell.get("source", "") if cell.get("cell_type") == "markdown" else ""
         text = "".join(source) if isinstance(source, list) else str(source)
-        for line in text.splitlines():
-            if line.startswith("# "):
-                return line[2:].strip()
+        headings = [line[2:].strip() for line in text.splitlines() if line.startswith("# ")]
+        if headings:
+            return headings[0]
     return path.stem
 
 
@@ -97,13 +95,10 @@ def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = Non
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
         docs = Path(staging) / "docs"
         nav = stage(root, notebooks, report, docs)
-        config = load_config(
-            str(WEBSITE / "mkdocs.yml"),
-            docs_dir=str(docs),
-            site_dir=str(out.resolve()),
-            nav=nav,
+        site_dir = str(out.resolve())
+        build(
+            load_config(str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=site_dir, nav=nav)
         )
-        build(config)
     # mkdocs's 404 page links from the server's root ("/assets/..."): broken opened from
     # disk or under a sub-path, so the site has none (a server shows its own).
     (out / "404.html").unlink(missing_ok=True)

@@ -34,16 +34,15 @@ def read_notebook(path: Path) -> Any:
     line that says what is wrong: no such file, broken JSON, JSON that is no notebook."""
     try:
         text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except FileNotFoundError:
         raise InputError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise InputError(f"{path} is a folder, not a notebook") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"{path} cannot be read: {error}") from None
-    try:
-        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not a notebook: broken JSON ({error})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{path} cannot be read: {error}") from None
     if not isinstance(data, dict):
         kind = type(data).__name__.replace("NoneType", "null")
         raise InputError(f"{path} is not a notebook: its JSON is a {kind}, not an object")
@@ -73,19 +72,12 @@ def read_notebook(path: Path) -> Any:
 def nbgrader_role(cell: Any) -> str | None:
     """``"solution"``, ``"check"`` or ``None`` for a cell, from its nbgrader metadata."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
-    if meta.get("solution"):
-        return "solution"
-    if meta.get("grade"):
-        return "check"
-    return None
+    return "solution" if meta.get("solution") else "check" if meta.get("grade") else None
 
 
 def student_version(notebook: Any) -> Any:
-    """A student copy of an instructor notebook (the input is left unchanged).
-
-    Raises ``ValueError`` when a cell has solution or hidden-check markers but not the
-    nbgrader metadata that says what it is (nbgrader would refuse it too).
-    """
+    """A student copy of an instructor notebook. ``ValueError``: a cell with solution or
+    hidden-check markers but no nbgrader metadata (nbgrader would refuse it too)."""
     # lazy: optional (classroom extra); grading imports this module without it
     from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions
 

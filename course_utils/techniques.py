@@ -1,12 +1,7 @@
-"""Memory-saving techniques compared: one row per technique, measured the same way.
-
-For each row of notebook 04, :func:`compare_techniques` measures the peak memory of a step
-(:func:`~course_utils.footprint.memory_breakdown`), the largest batch that fits
-(:func:`~course_utils.batch.find_max_batch_size`; on a GPU against CUDA's real limit, on
-a CPU against a simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``,
-since the operating system would swap and kill the process long before PyTorch raised),
-and throughput with FLOPs and MFU (:func:`~course_utils.flops.device_peak_flops`). A
-``gpu_only`` row is not measured on a CPU.
+"""Memory-saving techniques compared (notebook 04): for each row, the peak memory of a
+step, the largest batch that fits (on a GPU against CUDA's real limit; on a CPU against a
+simulated :class:`~course_utils.oom.MemoryBudget` of ``budget_bytes``, since the operating
+system would swap and kill the process long before PyTorch raised), throughput and MFU.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from course_utils.units import MIB
 
 @dataclass(frozen=True)
 class Technique:
-    """One row: a change to the baseline's config or model, and what it should do."""
+    """One row: a change to the baseline's config or model."""
 
     name: str
     config: TrainConfig
@@ -53,12 +48,12 @@ class Technique:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     evaluation: bool = False  # measure evaluation in torch.inference_mode(), not training
     gpu_only: bool = False  # not measured on a CPU
-    expect: str = ""
 
 
 @dataclass(frozen=True)
 class TechniqueResult:
-    """The measurements of one row; ``None`` where the row was not measured here."""
+    """The measurements of one row; ``None`` where the row was not measured here (``note``
+    says why)."""
 
     name: str
     measured: bool
@@ -74,10 +69,6 @@ class TechniqueResult:
     mfu: float | None = None
     peak_source: str = ""
 
-    @property
-    def peak_mib(self) -> float | None:
-        return None if self.peak_bytes is None else self.peak_bytes / MIB
-
 
 def standard_techniques(
     device: torch.device | str,
@@ -86,55 +77,25 @@ def standard_techniques(
 ) -> list[Technique]:
     """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
     Mixed precision: :func:`~course_utils.device.pick_precision`'s choice on a GPU, bf16
-    on a CPU (fast only with AVX512-BF16 or AMX); channels_last and inference_mode rows
-    are GPU-only."""
+    on a CPU; channels_last and inference_mode rows are GPU-only."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
     base = TrainConfig(precision=PrecisionName.FP32, optimizer="adam", lr=1e-3)
     with_ = functools.partial(dataclasses.replace, base)
     return [
-        Technique("baseline (fp32, Adam)", base, expect="the reference row"),
-        Technique(
-            f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"),
-            with_(precision=amp),
-            expect="activations of matmuls and convolutions in 16 bits: less memory, "
-            "faster on tensor cores",
-        ),
-        Technique(
-            "gradient checkpointing",
-            with_(checkpointing=True),
-            expect="memory down (activations recomputed), time up (one more forward)",
-        ),
-        Technique(
-            "channels_last",
-            with_(channels_last=True),
-            gpu_only=not on_gpu,
-            expect="same memory; faster convolutions on tensor cores (with AMP)",
-        ),
-        Technique(
-            "SGD with momentum instead of Adam",
-            with_(optimizer="momentum", lr=0.05),
-            expect="optimizer state 1x the parameters instead of 2x",
-        ),
-        Technique(
-            "plain SGD instead of Adam",
-            with_(optimizer="sgd", lr=0.05),
-            expect="no optimizer state at all",
-        ),
-        Technique(
-            "evaluation in inference_mode",
-            base,
-            evaluation=True,
-            gpu_only=not on_gpu,
-            expect="no gradients, no optimizer state, no activations kept",
-        ),
+        Technique("baseline (fp32, Adam)", base),
+        Technique(f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"), with_(precision=amp)),
+        Technique("gradient checkpointing", with_(checkpointing=True)),
+        Technique("channels_last", with_(channels_last=True), gpu_only=not on_gpu),
+        Technique("SGD with momentum instead of Adam", with_(optimizer="momentum", lr=0.05)),
+        Technique("plain SGD instead of Adam", with_(optimizer="sgd", lr=0.05)),
+        Technique("evaluation in inference_mode", base, evaluation=True, gpu_only=not on_gpu),
         Technique(
             f"smaller architecture ({smaller_model})",
             base,
             model=smaller_model,
             model_kwargs=dict(smaller_kwargs or {}),
-            expect="fewer parameters: smaller static part; activations need not shrink",
         ),
     ]
 
@@ -185,12 +146,13 @@ def measure_technique(
     if dtype not in peaks:
         peaks[dtype] = device_peak_flops(device, dtype, convolutions=True)  # CNNs: cuDNN's TF32
     fresh_step = lambda: TrainStep(build_model(name, **kwargs), device, technique.config)  # noqa: E731
+    batch = random_batch(batch_size, device, image_size)
 
     if technique.evaluation:
         net = build_model(name, **kwargs).to(device)
-        batch = random_batch(batch_size, device, image_size)
         peak = _evaluation_peak(net, batch[0], device)
-        static, activations = tensor_bytes(net.parameters()), peak - tensor_bytes(net.parameters())
+        static = tensor_bytes(net.parameters())
+        activations = peak - static
 
         def trial(n: int) -> None:
             _evaluation_peak(net, random_batch(n, device, image_size)[0], device)
@@ -203,7 +165,7 @@ def measure_technique(
         flops = float(cost.forward_flops)
     else:
         step = fresh_step()
-        breakdown = memory_breakdown(step, random_batch(batch_size, device, image_size))
+        breakdown = memory_breakdown(step, batch)
         peak, static, activations = breakdown.peak, breakdown.static, breakdown.activations
         trial_step = fresh_step()
         if device.type == "cuda":  # the trials' memory includes the optimizer state, which
@@ -230,20 +192,17 @@ def measure_technique(
                 budget=MemoryBudget(budget_bytes - static),
             )
 
-        batch = random_batch(batch_size, device, image_size)
-
         def run() -> None:
             step(batch)
 
         flops = float(cost.training_flops)
 
     found = find_max_batch_size(trial, low=min(2, high), high=high)
-    timing = benchmark(run, device=device, warmup=1, repeats=repeats)
-    seconds = timing.median_s
+    seconds = benchmark(run, device=device, warmup=1, repeats=repeats).median_s
     return TechniqueResult(
         name=technique.name,
         measured=True,
-        note=technique.expect,
+        note="",
         batch_size=batch_size,
         peak_bytes=peak,
         static_bytes=static,
@@ -298,16 +257,14 @@ def measure_step(
     (:func:`~course_utils.footprint.measure_activations`, ``exclude``: the parameters)
     and the median time of ``repeats`` calls."""
     device = torch.device(device)
-    step_fn()
-    for _ in range(9):
+    for _ in range(10):
+        step_fn()
         if optimizer is None or optimizer.state:
             break
-        step_fn()
     used, method = None, "memory not measured"
     if memory:
         used, _ = measure_activations(step_fn, device, exclude=list(exclude))
-        on_gpu = device.type == "cuda"
-        method = "CUDA allocator peak" if on_gpu else "CPU: bytes saved for backward"
+        method = "CUDA allocator peak" if device.type == "cuda" else "CPU: bytes saved for backward"
     timing = benchmark(step_fn, device=device, warmup=0, repeats=repeats)
     return StepMeasurement(name, batch_size, timing.median_s, used, method)
 
@@ -332,11 +289,9 @@ def format_steps(rows: Sequence[StepMeasurement]) -> str:
 def compare_techniques(
     techniques: Sequence[Technique], device: torch.device | str, **options: Any
 ) -> list[TechniqueResult]:
-    """:func:`measure_technique` for every row, sharing the measured device peaks.
-
-    The finder's ``gc.collect()`` after each failed trial scans every object torch made
-    (about 0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration.
-    """
+    """:func:`measure_technique` for every row, sharing the measured device peaks. The
+    finder's ``gc.collect()`` after each failed trial scans every object torch made (about
+    0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration."""
     peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
     try:
@@ -402,8 +357,7 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Figu
 
 @dataclass(frozen=True)
 class AmpStepRun:
-    """One mixed-precision step compared with a float32 reference step
-    (:func:`run_amp_step_against_fp32`)."""
+    """One mixed-precision step and a float32 reference step (:func:`run_amp_step_against_fp32`)."""
 
     loss: float
     reference_loss: float

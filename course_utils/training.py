@@ -1,13 +1,6 @@
-"""The course's reference training step, where every technique is a toggle.
-
-One code path trains every model of notebooks 03 to 08; a lesson changes a field of
-:class:`TrainConfig` instead of writing another loop: ``precision`` (``"auto"`` or a
-:class:`~course_utils.device.PrecisionName`, resolved by
-:func:`~course_utils.device.pick_precision`; fp16 adds a ``torch.amp.GradScaler``),
-``accumulation_steps`` (micro-batches whose gradients add up before one optimizer step),
-``checkpointing`` (``torch.utils.checkpoint`` of chosen blocks), ``channels_last``,
-``compile`` (guarded: a failed compile runs eagerly), ``optimizer`` and ``set_to_none``.
-:func:`train_accumulated` and :func:`scaled_lr` are notebook 03's effective batch.
+"""The course's reference training step, where every technique is a toggle: one code path
+trains every model of notebooks 03 to 08, and a lesson changes a field of
+:class:`TrainConfig` instead of writing another loop.
 """
 
 from __future__ import annotations
@@ -39,13 +32,13 @@ OPTIMIZERS = tuple(_OPTIMIZERS)
 
 @dataclass
 class TrainConfig:
-    """The toggles of :class:`TrainStep` (see the module documentation)."""
+    """The toggles of :class:`TrainStep`."""
 
-    precision: str = AUTO
-    accumulation_steps: int = 1
-    checkpointing: bool | Sequence[str] = False
+    precision: str = AUTO  # or a PrecisionName, resolved by pick_precision; fp16: GradScaler
+    accumulation_steps: int = 1  # micro-batches whose gradients add up before one step
+    checkpointing: bool | Sequence[str] = False  # torch.utils.checkpoint of (chosen) blocks
     channels_last: bool = False
-    compile: bool = False
+    compile: bool = False  # guarded: a failed compile runs eagerly
     optimizer: str = "sgd"
     lr: float = 0.05
     set_to_none: bool = True
@@ -68,12 +61,10 @@ def make_optimizer(
 
 
 class TrainStep:
-    """One optimizer step on a batch ``(inputs, targets)``, with the toggles of ``config``.
-
-    ``step(batch)`` returns the batch's mean loss as a detached tensor on the device
-    (reading it with ``.item()`` would make the CPU wait for the GPU every step; the
-    :func:`train` loop reads all losses once at the end). The model is moved to
-    ``device`` (default: :func:`~course_utils.device.pick_device`'s choice).
+    """One optimizer step on a batch ``(inputs, targets)``, with the toggles of ``config``,
+    on ``device`` (default: :func:`~course_utils.device.pick_device`'s). ``step(batch)``
+    returns the mean loss as a detached tensor on the device (``.item()`` would make the
+    CPU wait for the GPU every step; :func:`train` reads all losses once at the end).
     """
 
     def __init__(
@@ -109,18 +100,14 @@ class TrainStep:
                 self._fall_back(error)
         self.steps = 0
 
-    # -- compile guard ---------------------------------------------------------------
-
     def _fall_back(self, error: BaseException) -> None:
         self.compile_error = f"{type(error).__name__}: {error_summary(error)}"
         self._compiled = None
         print(f"torch.compile failed ({self.compile_error}); running eagerly instead.")
 
     def _forward_backward(self, inputs: Any, targets: Any, weight: float) -> torch.Tensor:
-        forward = self._compiled or self.model
         with autocast(self.device, self.precision):
-            outputs = forward(inputs)
-            loss = self.loss_fn(outputs, targets)
+            loss = self.loss_fn((self._compiled or self.model)(inputs), targets)
         self.scaler.scale(loss * weight).backward()
         return loss.detach()
 
@@ -193,11 +180,9 @@ def train(
     max_steps: int | None = None,
     epochs: int = 1,
 ) -> TrainResult:
-    """Run ``step`` over ``loader`` for ``epochs`` (stopping after ``max_steps``).
-
-    Losses stay on the device until the end (one synchronization, not one per step).
-    Calls ``loader.sampler.set_epoch(epoch)`` when the sampler has it (DDP).
-    """
+    """Run ``step`` over ``loader`` for ``epochs`` (stopping after ``max_steps``), with one
+    synchronization at the end, not one per step. Calls ``loader.sampler.set_epoch(epoch)``
+    when the sampler has it (DDP)."""
     sync = synchronizer(step.device)
     losses: list[torch.Tensor] = []
     samples = 0
@@ -217,7 +202,7 @@ def train(
     sync()
     seconds = time.perf_counter() - start
     values = torch.stack(losses).float().cpu().tolist() if losses else []
-    return TrainResult(losses=values, steps=len(losses), samples=samples, seconds=seconds)
+    return TrainResult(values, len(losses), samples, seconds)
 
 
 def scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
@@ -243,14 +228,11 @@ def train_accumulated(
     seed: int = 0,
 ) -> TrainResult:
     """Train a fresh model (seeded) with an effective batch of ``micro_batch x
-    accumulation_steps`` for ``optimizer_steps`` steps (``TrainConfig.accumulation_steps``);
-    a loss per optimizer step. The data order is fixed by ``seed``, so runs differ only
-    in the batch and the learning rate. Only ``micro_batch`` samples are in memory at once.
-    """
+    accumulation_steps`` for ``optimizer_steps`` steps, a loss per step; the data order is
+    fixed by ``seed``, so runs differ only in the batch and the learning rate."""
     torch.manual_seed(seed)
-    model = build_model(model_name, **(model_kwargs or {}))
     config = TrainConfig(precision="fp32", accumulation_steps=accumulation_steps, lr=lr)
-    step = TrainStep(model, device, config)
+    step = TrainStep(build_model(model_name, **(model_kwargs or {})), device, config)
     batch = micro_batch * accumulation_steps
     loader = DataLoader(
         dataset, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(seed)

@@ -2,3 +2,6 @@
 
 MIB = 2**20
 """Bytes in a mebibyte (MiB)."""
+
+GIB = 2**30
+"""Bytes in a gibibyte (GiB)."""

@@ -140,6 +140,7 @@ def test_student_version_hides_solutions_and_hidden_checks(path):
             assert RAISES_TAG in cell.metadata["tags"]
 
 
+@pytest.mark.slow
 def test_student_command_writes_versions_that_run_under_nbval(tmp_path):
     out = tmp_path / "student"
     notebook = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"

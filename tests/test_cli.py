@@ -58,6 +58,7 @@ def test_wrong_arguments_are_one_line_and_exit_2(args):
     assert "--help" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -93,6 +94,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "module", "extra"),
     [(["run-notebooks", "notebooks"], "nbformat", "notebooks"),
@@ -125,6 +127,7 @@ def test_main_returns_exit_codes_in_process(capsys, no_driver):
     assert json.loads(capsys.readouterr().out)["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_run_notebooks_reports_failing_and_malformed_notebooks_and_goes_on(tmp_path):
     import nbformat
 

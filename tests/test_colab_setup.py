@@ -275,6 +275,7 @@ def first_run(colab_like):
     return done, seconds, cache
 
 
+@pytest.mark.slow
 def test_installs_course_package_and_keeps_torch(colab_like, first_run) -> None:
     python, site, work, torch_dist, imported_version = colab_like
     done, _seconds, cache = first_run
@@ -314,6 +315,7 @@ def test_second_run_is_quick_and_installs_nothing(colab_like, first_run) -> None
     assert _dist_version(python, "torch", work) == torch_dist
 
 
+@pytest.mark.slow
 def test_force_reinstalls(colab_like, first_run) -> None:
     python, site, work, torch_dist, _ = colab_like
     done1, _, cache = first_run
@@ -331,6 +333,7 @@ def test_force_reinstalls(colab_like, first_run) -> None:
     assert _dist_version(python, "torch", work) == torch_dist
 
 
+@pytest.mark.slow
 def test_broken_install_is_not_taken_for_set_up(colab_like, first_run) -> None:
     """The stamp alone is not enough: course_utils must still import."""
     python, site, work, _torch, _ = colab_like
@@ -385,6 +388,7 @@ def test_pip_failure_names_the_step(colab_like, tmp_path: Path) -> None:
 # --- the constraint, with a fake torch that carries a local label ----------------------
 
 
+@pytest.mark.slow
 def test_constraint_refuses_to_replace_torch(tmp_path: Path) -> None:
     """A course package that needs a newer torch than the installed 2.4.0+cpu: with the
     constraint pip fails (Colab's torch survives); without it pip would replace torch

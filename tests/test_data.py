@@ -146,17 +146,6 @@ def test_loader_advice_follows_the_machine():
     assert str(here).count("\n") == len(here.kwargs) - 1
 
 
-def test_loader_advice_command(capsys):
-    import json
-
-    from course_utils.cli import main
-
-    assert main(["loader-advice", "--json"]) == 0
-    payload = json.loads(capsys.readouterr().out)
-    assert set(payload["kwargs"]) <= set(payload["reasons"])
-    assert main(["loader-advice"]) == 0 and "num_workers=" in capsys.readouterr().out
-
-
 @pytest.mark.gpu
 def test_augment_on_device_runs_on_the_gpu():
     images = torch.randint(0, 256, (32, 3, 48, 48), dtype=torch.uint8, device="cuda")

@@ -37,6 +37,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_grade_class_in_parallel_then_resumes(course, tmp_path, capsys):
     source, klass = course
     out = tmp_path / "grades"
@@ -86,6 +87,7 @@ def test_nbgrader_layout_is_found(tmp_path):
         {"ann": ["01_ex.ipynb"], "ben": ["01_ex.ipynb"]}
 
 
+@pytest.mark.slow
 def test_grade_with_several_paths_unsandboxed_says_so_once(course, monkeypatch, capsys):
     import course_utils.gradebook as gradebook
 

@@ -79,6 +79,7 @@ def _scores(report) -> dict[str, tuple[float, str]]:
     return {check.grade_id: (check.points, check.reason) for check in report.checks}
 
 
+@pytest.mark.slow
 def test_checks_come_from_the_source_hidden_ones_included(tmp_path, source):
     submission = student_version(_instructor())  # its check A has no hidden part
     submission.cells[2].source = "def double(x):\n    return 6 if x == 3 else 0"  # gamed
@@ -91,6 +92,7 @@ def test_checks_come_from_the_source_hidden_ones_included(tmp_path, source):
     assert (report.score, report.max_score) == (0, 3)
 
 
+@pytest.mark.slow
 def test_broken_submission_gets_a_score_and_reasons(tmp_path, source):
     submission = _instructor()
     submission.cells[2].source = "import os\nos._exit(1)"  # the solution kills the kernel
@@ -109,6 +111,7 @@ def test_broken_submission_gets_a_score_and_reasons(tmp_path, source):
     assert any("timed out" in note for note in report.notes)
 
 
+@pytest.mark.slow
 def test_deleted_check_and_whole_run_limit(tmp_path, source):
     submission = _instructor()
     del submission.cells[5]  # greet's check
@@ -122,6 +125,7 @@ def test_deleted_check_and_whole_run_limit(tmp_path, source):
     assert report.seconds < 20
 
 
+@pytest.mark.slow
 def test_grade_command_scores_a_solved_notebook_in_json(tmp_path, source, capsys):
     submission = _submit(tmp_path, _instructor())
     assert main(["grade", str(submission), "--source", str(source), "--json"]) == 0
@@ -139,6 +143,7 @@ def test_grade_command_rejects_a_file_that_is_not_a_notebook(tmp_path, source, c
     assert main(["grade", str(tmp_path / "nope.ipynb")]) == 2  # no instructor notebook
 
 
+@pytest.mark.slow
 def test_notebook_01_unsolved_fails_each_check_as_not_answered(tmp_path):
     # The solved notebook 01 passes all its checks under nbval (make test runs it).
     instructor = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"

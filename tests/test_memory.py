@@ -1,5 +1,5 @@
 """course_utils.memory: freeing what a notebook keeps alive, the report, allocator
-settings, snapshots and OOM recovery. GPU paths are marked ``gpu``."""
+settings and OOM recovery. GPU paths are marked ``gpu``."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from course_utils.memory import (
     ALLOC_CONF_VARIABLES,
     AllocatorAlreadyInitializedError,
     GpuMemory,
-    capture_memory_snapshot,
+    MemoryReport,
     configure_allocator,
     empty_cache_experiment,
-    format_gpu_table,
     memory_report,
     summarize_segments,
 )
@@ -194,7 +193,7 @@ def test_gpu_table_labels_the_context_overhead():
     ]
     assert gpus[0].cached_mib == 512 and gpus[0].outside_allocator_mib == 376
     assert gpus[1].outside_allocator_mib is None
-    table = format_gpu_table(gpus)
+    table = str(MemoryReport(gpus, 0.0, ""))
     context_row = next(line for line in table.splitlines() if "CUDA context" in line)
     assert context_row.split()[-2:] == ["376.0", "n/a"]
 
@@ -248,14 +247,6 @@ def test_summarize_segments_finds_stuck_cache():
     assert summary.stuck_mib == 12, "only the free block next to a live tensor is stuck"
 
 
-def test_snapshot_without_a_gpu_runs_fn_and_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr("course_utils.device.cuda_gpu_count", lambda: 0)
-    calls = []
-    snapshot = capture_memory_snapshot(lambda: calls.append(1), tmp_path / "snap.pickle")
-    assert calls == [1] and snapshot.pickle_path is None and snapshot.html_path is None
-    assert "memory_viz" in str(snapshot) and not any(tmp_path.iterdir())
-
-
 def test_expandable_segments_comparison_reports_a_failing_child_in_one_line(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the children see no GPU, on any machine
     with pytest.raises(RuntimeError, match=r"^default: ") as caught:
@@ -290,18 +281,6 @@ def test_memory_report_and_drop_references_on_a_gpu():
         assert gpu.outside_allocator_mib > 0, "the CUDA context should show in NVML"
     freed = drop_references("x", namespace=namespace)
     assert freed.released_mib >= 256
-
-
-@pytest.mark.gpu
-def test_snapshot_file_is_written(tmp_path):
-    def work() -> None:
-        a = torch.ones(1024, 1024, device="cuda")
-        (a @ a).sum().item()
-
-    snapshot = capture_memory_snapshot(work, tmp_path / "snap.pickle")
-    assert snapshot.pickle_path is not None and snapshot.pickle_path.stat().st_size > 0
-    if snapshot.html_path is not None:
-        assert "MemoryViz" in snapshot.html_path.read_text()
 
 
 @pytest.mark.gpu

@@ -110,6 +110,7 @@ def test_at_a_terminal_a_bar_counts_the_steps(outside_tests):
     assert "\r" in drawn and "batch-size sweep" in drawn and "3/3" in drawn
 
 
+@pytest.mark.slow
 def test_in_jupyter_a_long_helper_shows_a_widget(root):
     """A real kernel (as in JupyterLab or Colab) at the cpu workload, outside pytest."""
     from nbclient import NotebookClient

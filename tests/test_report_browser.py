@@ -67,6 +67,7 @@ def magenta_pixels(image) -> int:
     return int(np.all(np.abs(image - np.array(MAGENTA)) < 0.05, axis=-1).sum())
 
 
+@pytest.mark.slow
 def test_the_report_shows_each_notebooks_plot_in_a_browser(tmp_path):
     label = "measured on this machine (CPU)"
     figures = [Measurement("speed-up", 3.5, "x", label)]

@@ -18,6 +18,7 @@ def write_notebook(path, *sources):
     nbformat.write(notebook, path)
 
 
+@pytest.mark.slow
 def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatch):
     monkeypatch.delenv("COURSE_PROGRESS", raising=False)
     notebooks = tmp_path / "notebooks"

@@ -177,6 +177,7 @@ def test_a_broken_link_or_an_external_script_is_found(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path):
     import matplotlib.image
 
