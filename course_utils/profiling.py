@@ -1,9 +1,5 @@
 """Where a training step's time goes: the data wait (``next`` on the DataLoader), the copy
-to the device, and the compute. :class:`StepProfiler` synchronizes the device after the
-copy and the compute (at the cost of the CPU/GPU overlap); with ``synchronize=False`` they
-measure only the launches. Its overhead is under 2% of a step
-(``benchmarks/bench_profiler_overhead.py``).
-"""
+to the device, and the compute. Overhead: under 2% of a step (bench_profiler_overhead)."""
 
 from __future__ import annotations
 
@@ -97,8 +93,10 @@ def _samples(batch: Any) -> int:
 
 
 class StepProfiler:
-    """Times the data wait, copy and compute of each step after the first ``warmup``.
-    ``sync`` replaces the device's synchronize function (tests use it)."""
+    """Times the data wait, copy and compute of each step after the first ``warmup``. It
+    synchronizes the device after the copy and the compute (at the cost of the CPU/GPU
+    overlap); with ``synchronize=False`` they measure only the launches. ``sync`` replaces
+    the device's synchronize function (tests use it)."""
 
     def __init__(
         self,
