@@ -1,17 +1,12 @@
-"""The capstone: measure a training loop, fix its habits, measure again.
-
-A loop is a function ``loop(data, model, device, timed) -> losses`` that builds its own
-DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``;
-:func:`run_loop` measures one. A :class:`Recipe` is the lesson's slow loop with each habit
-a knob: per-sample decoding on the CPU or ``decode="once"`` (then augmenting on the
-device), ``num_workers``, ``batch_size``, ``pin_memory``, ``precision`` (``"auto"``: fp16
-with a scaler on a T4, bf16 from Ampere on, fp32 on a CPU), ``loss.item()`` and
-``torch.cuda.empty_cache()`` every step. On a CPU the GPU-only knobs change nothing.
-"""
+"""The capstone: measure a training loop, fix its habits, measure again. A loop builds its
+own DataLoader and optimizer and iterates ``for inputs, targets in timed(loader)``. A
+:class:`Recipe` is the lesson's slow loop with each habit a knob (on a CPU the GPU-only
+knobs change nothing)."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -33,7 +28,8 @@ Loop = Callable[[EncodedImages, torch.nn.Module, torch.device, Callable[[Any], A
 
 @dataclass(frozen=True)
 class Recipe:
-    """The knobs of the capstone's training loop (see the module doc)."""
+    """The knobs of the capstone's loop. ``decode="once"``: decode before training, augment
+    on the device; ``precision="auto"``: fp16 with a scaler on a T4, bf16 from Ampere on."""
 
     decode: str = "per-sample"
     num_workers: int = 0
@@ -121,7 +117,6 @@ class LoopRun:
 
     @property
     def samples_per_s(self) -> float:
-        """Throughput of the timed steps (after the warm-up)."""
         return self.profile.samples_per_s
 
 
@@ -160,12 +155,6 @@ def _fixed_batch_loss(
     return float(loss.cpu())
 
 
-def _epochs(loader: DataLoader[Any]) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch, for as long as they are asked for."""
-    while True:
-        yield from loader
-
-
 def run_loop(
     loop: Loop,
     data: EncodedImages,
@@ -178,14 +167,11 @@ def run_loop(
     """Run ``loop`` on a fresh ``small_cnn`` (seed 0, ``width`` channels first) for about
     ``samples`` samples (at least 3 steps, after one untimed step) and measure it.
 
-    ``timed(loader)`` yields the loader's batches, epoch after epoch, as the loader makes
-    them, timing the wait for each. On a GPU the steps are not synchronized one by one (a
-    per-step ``.item()`` must show its cost), only the end. Spies count ``.item()`` on the
-    loss and ``empty_cache()`` calls; the loss on a fixed batch before and after shows
-    that the loop trains: what a CPU cannot time, a check can still see.
-
-    On a CPU the loop gets ``cpu_threads`` threads (``None``: unchanged): on a loaded 2-core
-    machine loops ran many times slower with two than with one, and their ratio swung.
+    ``timed(loader)`` yields batches epoch after epoch, timing the wait for each; on a GPU
+    only the end is synchronized (a per-step ``.item()`` must show its cost). Spies count
+    ``.item()`` on the loss and ``empty_cache()``; the loss on a fixed batch before and
+    after shows that the loop trains. On a CPU the loop gets ``cpu_threads`` threads (on a
+    loaded 2-core machine two ran many times slower than one, and their ratio swung).
     """
     device = torch.device(device)
     torch.manual_seed(0)
@@ -193,17 +179,15 @@ def run_loop(
     plain = copy.copy(data)  # the same images, centre crop, no flip
     plain.augment = False
     count = min(len(data), 64)
-    fixed = (
-        torch.stack([plain[i][0] for i in range(count)]),
-        torch.tensor(data.labels[:count]),
-    )
+    fixed = (torch.stack([plain[i][0] for i in range(count)]), torch.tensor(data.labels[:count]))
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
     profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
 
     def timed(loader: Any) -> Iterator[Any]:
         steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
-        return profiler.iterate(_epochs(loader), max_steps=steps + 1)  # + the warm-up
+        epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+        return profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -238,8 +222,7 @@ def compare_loops(
     rounds: int = 3,
     **options: Any,
 ) -> list[LoopRun]:
-    """The fastest of ``rounds`` :func:`run_loop` runs of each loop (``options`` go to it),
-    taken in turns (:func:`~course_utils.timing.time_in_turns`)."""
+    """The fastest of ``rounds`` :func:`run_loop` runs of each loop, taken in turns."""
     runs: list[list[LoopRun]] = [[] for _ in loops]
 
     def turn(index: int) -> Callable[[], None]:
@@ -259,7 +242,6 @@ def run_recipe(
     repeats: int = 1,
     **options: Any,
 ) -> LoopRun:
-    """The fastest of ``repeats`` runs of the recipe's loop (``options`` go to
-    :func:`run_loop`). Decoding once (``decode="once"``) happens before the timed steps:
-    it is paid once per training run, not per epoch (the notebook measures it apart)."""
+    """The fastest of ``repeats`` runs of the recipe's loop; ``decode="once"`` decodes
+    before the timed steps (paid once per run, not per epoch: the notebook measures it)."""
     return compare_loops([recipe.loop], data, device, rounds=repeats, **options)[0]

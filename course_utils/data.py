@@ -1,10 +1,6 @@
-"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine.
-
-The datasets live in the package so that DataLoader workers started with ``spawn`` or
-``forkserver`` (macOS, Windows, Python 3.14's Linux default) can unpickle them, which they
-cannot do for a class defined in a notebook. :class:`SyntheticImages` are generated here,
-and labelled as such wherever they stand in for real data.
-"""
+"""Datasets, the CIFAR-10 download, and DataLoader settings for this machine. The datasets
+live in the package so that ``spawn``/``forkserver`` workers (macOS, Windows, Python 3.14's
+Linux default) can unpickle them, which they cannot do for a class from a notebook."""
 
 from __future__ import annotations
 
@@ -34,10 +30,8 @@ MIN_AREA = 0.35  # the smallest random crop, as a share of the image's area
 
 class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
     """``size`` float32 images ``(3, image_size, image_size)``, each ``pattern[label] +
-    noise_std * noise``: learnable, so a loss curve goes down.
-
-    Sample ``i`` is generated from ``seed`` and ``i``: the same on every call and in every
-    process, so results do not depend on worker count or order.
+    noise_std * noise`` (learnable), sample ``i`` generated from ``seed`` and ``i``: the
+    same in every process, whatever the worker count or order.
 
     >>> data = SyntheticImages(size=8)
     >>> image, label = data[3]
@@ -62,7 +56,6 @@ class SyntheticImages(Dataset[tuple[torch.Tensor, int]]):
         return self.size
 
     def label(self, index: int) -> int:
-        """The label of sample ``index`` (cheap: no image is generated)."""
         return (index * 7 + self.seed) % self.num_classes
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -80,12 +73,10 @@ def _normalize(images: torch.Tensor) -> torch.Tensor:
 
 
 class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, as an
-    image folder holds them, decoded and augmented for each sample: a CPU-bound pipeline.
-
-    Each sample is decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area,
-    resized to ``image_size``, flipped half of the time and normalized (ImageNet's
-    ``RandomResizedCrop``); ``augment=False`` takes the whole picture.
+    """:class:`SyntheticImages` stored as PNG or JPEG bytes at ``stored_size`` pixels, each
+    sample decoded with Pillow, cropped to a random ``MIN_AREA`` to all of its area, resized
+    to ``image_size``, flipped half of the time and normalized (ImageNet's
+    ``RandomResizedCrop``): a CPU-bound pipeline. ``augment=False`` takes the whole picture.
 
     >>> data = EncodedImages(size=4, stored_size=40, image_size=32)
     >>> image, label = data[1]
@@ -124,7 +115,6 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
     @property
     def nbytes(self) -> int:
-        """The encoded size of the whole dataset in bytes."""
         return sum(len(item) for item in self.encoded)
 
     def decode(self, index: int) -> torch.Tensor:
@@ -147,9 +137,9 @@ class EncodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 
 class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
-    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``, with labels: a sample
-    is a slice, and batches stay ``uint8`` (a quarter of float32's bytes to copy) for
-    :func:`augment_on_device`. ``augment_per_sample=True`` augments each on the CPU instead.
+    """Images decoded once into one ``uint8`` tensor ``(N, 3, H, W)``: batches stay
+    ``uint8`` (a quarter of float32's bytes to copy) for :func:`augment_on_device`;
+    ``augment_per_sample=True`` augments each on the CPU instead.
 
     >>> data = PreDecodedImages.from_encoded(EncodedImages(size=3, stored_size=36))
     >>> data[0][0].dtype, tuple(data.images.shape)
@@ -190,9 +180,8 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
 
 
 def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tensor:
-    """The augmentation of :class:`EncodedImages` for a whole ``uint8`` batch ``(N, C, H,
-    W)`` on its device: each sample's own square crop and coin-flip mirror in one
-    ``affine_grid``/``grid_sample`` call, then normalization.
+    """:class:`EncodedImages`' augmentation for a ``uint8`` batch ``(N, C, H, W)`` on its
+    device: each sample's crop and mirror in one ``affine_grid``/``grid_sample`` call.
 
     >>> batch = torch.randint(0, 256, (4, 3, 48, 48), dtype=torch.uint8)
     >>> out = augment_on_device(batch, 32)
@@ -233,13 +222,9 @@ def load_cifar10(
     fallback_size: int = 1024,
     download: bool = True,
 ) -> LoadedData:
-    """CIFAR-10's training set from torchvision (normalized float tensors), downloading it
-    if needed.
-
-    The download gives up after ``timeout_s`` seconds without an answer (a socket
-    timeout). Offline, or when anything else goes wrong, it returns ``fallback_size``
-    :class:`SyntheticImages` and says so in ``source`` and ``note``: label results on them.
-    """
+    """CIFAR-10's training set (normalized), downloaded if needed with a ``timeout_s``
+    socket timeout. Offline, or when anything else goes wrong, ``fallback_size``
+    :class:`SyntheticImages`, said so in ``source`` and ``note``: label results on them."""
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )
@@ -292,14 +277,6 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def shared_memory_bytes(path: str = "/dev/shm") -> int | None:
-    """The size of ``/dev/shm`` (where workers put batches), or None (macOS, Windows)."""
-    try:
-        return shutil.disk_usage(path).total
-    except OSError:
-        return None
-
-
 def suggest_loader_kwargs(
     *,
     cores: int | None = None,
@@ -308,10 +285,8 @@ def suggest_loader_kwargs(
     platform: str | None = None,
     gpus: int | None = None,
 ) -> LoaderAdvice:
-    """DataLoader settings computed from this machine, each with its reason.
-
-    Each fact (usable cores, ``/dev/shm``, start method, OS, CUDA GPUs) is read here
-    unless passed in, to see the advice for another machine.
+    """DataLoader settings for this machine, each with its reason; pass the facts (cores,
+    ``/dev/shm`` bytes, start method, OS, CUDA GPUs) to see another machine's.
 
     >>> advice = suggest_loader_kwargs(cores=2, shm_bytes=2**34, start_method="fork",
     ...                                platform="linux", gpus=1)
@@ -319,7 +294,12 @@ def suggest_loader_kwargs(
     (2, True)
     """
     cores = usable_cores() if cores is None else cores
-    shm = shared_memory_bytes() if shm_bytes == -1 else shm_bytes
+    shm = shm_bytes
+    if shm == -1:  # where workers put batches; none on macOS, Windows
+        try:
+            shm = shutil.disk_usage("/dev/shm").total
+        except OSError:
+            shm = None
     platform = platform or sys.platform
     method = start_method or multiprocessing.get_start_method(allow_none=True)
     if method is None:  # Python's default for the platform
@@ -327,15 +307,15 @@ def suggest_loader_kwargs(
         method = "spawn" if not linux else "fork" if sys.version_info < (3, 14) else "forkserver"
     gpus = cuda_gpu_count() if gpus is None else gpus
     workers = 0 if cores <= 1 else cores if cores <= 4 else min(cores - 1, 16)
+    per_core = (
+        "workers would only compete with the main process"
+        if cores <= 1
+        else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
+        if cores <= 4
+        else "one left for the main process (which launches the GPU work), at most 16"
+    )
     reasons = {
-        "num_workers": f"{cores} usable {'core' if cores == 1 else 'cores'} (sched_getaffinity): "
-        + (
-            "workers would only compete with the main process"
-            if cores <= 1
-            else "one worker per core; the main process mostly waits for the GPU (Colab has 2)"
-            if cores <= 4
-            else "one left for the main process (which launches the GPU work), at most 16"
-        )
+        "num_workers": f"{cores} usable core{'s' * (cores != 1)} (sched_getaffinity): {per_core}"
     }
     small_shm = shm is not None and shm < 2**30
     if shm is not None and small_shm and workers > 2:
@@ -345,39 +325,37 @@ def suggest_loader_kwargs(
             "is 64 MiB: run with --shm-size=2g or --ipc=host)"
         )
     slow_start = method in ("spawn", "forkserver")
-    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": gpus > 0}
+    prefetch = 2 if small_shm or workers > 2 else 4
+    kwargs: dict[str, Any] = {
+        "num_workers": workers,
+        "pin_memory": gpus > 0,
+        "persistent_workers": workers > 0,
+        **({"prefetch_factor": prefetch} if workers else {}),
+        "multiprocessing_context": method if workers > 0 else None,
+    }
     reasons["pin_memory"] = (
         f"{gpus} CUDA GPU(s): pinned batches copy faster, and non_blocking=True returns to "
         "the host at once (overlapping compute needs a second stream or the loader's look-ahead)"
         if gpus
         else "no CUDA GPU: pinning only costs time"
     )
-    kwargs["persistent_workers"] = workers > 0
-    start = f"keep workers between epochs: start method {method!r} " + (
-        "starts each by importing torch and unpickling the dataset (seconds)"
-        if slow_start
-        else "is cheap, but re-creating workers every epoch still costs"
-    )
-    reasons["persistent_workers"] = start if workers else "no workers"
-    if workers > 0:
-        kwargs["prefetch_factor"] = prefetch = 2 if small_shm or workers > 2 else 4
+    reasons["persistent_workers"] = "no workers"
+    if workers:
+        reasons["persistent_workers"] = f"keep workers between epochs: start method {method!r} " + (
+            "starts each by importing torch and unpickling the dataset (seconds)"
+            if slow_start
+            else "is cheap, but re-creating workers every epoch still costs"
+        )
         reasons["prefetch_factor"] = f"{prefetch} batches queued per worker: " + (
             "PyTorch's default; /dev/shm is scarce or workers are many"
             if prefetch == 2
             else "few workers, so queue more to absorb slow batches"
         )
-    kwargs["multiprocessing_context"] = method if workers > 0 else None
     reasons["multiprocessing_context"] = f"{platform}: {method!r}; " + (
         "the dataset is pickled to each worker: it must be importable (not from a notebook)"
         if slow_start
         else "workers inherit the dataset (copy-on-write)"
     )
-    facts = {
-        "usable_cores": cores,
-        "os_cpu_count": os.cpu_count(),
-        "shm_bytes": shm,
-        "start_method": method,
-        "platform": platform,
-        "cuda_gpus": gpus,
-    }
+    facts: dict[str, Any] = {"usable_cores": cores, "os_cpu_count": os.cpu_count()}
+    facts |= {"shm_bytes": shm, "start_method": method, "platform": platform, "cuda_gpus": gpus}
     return LoaderAdvice(kwargs, reasons, facts)

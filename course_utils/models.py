@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,28 +32,25 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 class SmallCNN(nn.Module):
-    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier. Use
-    ``norm="group"`` or ``"none"`` when a result must not depend on how a batch is split
-    (accumulation, DDP): BatchNorm's statistics are per micro-batch."""
+    """Conv-norm-ReLU blocks, each halving the image, then a linear classifier.
+    ``norm="group"`` or ``"none"``: results independent of how a batch is split (DDP)."""
 
     def __init__(self, num_classes: int = 10, width: int = 32, depth: int = 4, norm: str = "batch"):
         super().__init__()
-        blocks: list[nn.Module] = []
-        channels = 3
-        for i in range(depth):
-            out = width * 2 ** min(i, 3)
-            blocks.append(
+        sizes = [3] + [width * 2 ** min(i, 3) for i in range(depth)]  # channels
+        self.blocks = nn.Sequential(
+            *(
                 nn.Sequential(
-                    nn.Conv2d(channels, out, 3, padding=1, bias=norm == "none"),
-                    _norm(norm, out),
+                    nn.Conv2d(sizes[i], sizes[i + 1], 3, padding=1, bias=norm == "none"),
+                    _norm(norm, sizes[i + 1]),
                     nn.ReLU(inplace=True),
                     nn.MaxPool2d(2) if i < depth - 1 else nn.Identity(),
                 )
+                for i in range(depth)
             )
-            channels = out
-        self.blocks = nn.Sequential(*blocks)
+        )
         self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(sizes[-1], num_classes)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,23 +68,20 @@ class MLP(nn.Module):
         depth: int = 2,
     ) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        features = in_features
-        for _ in range(depth):
-            layers.append(nn.Sequential(nn.Linear(features, hidden), nn.ReLU()))
-            features = hidden
+        sizes = [in_features] + [hidden] * depth
         self.flatten = nn.Flatten()
-        self.blocks = nn.Sequential(*layers)
-        self.head = nn.Linear(features, num_classes)
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in itertools.pairwise(sizes))
+        )
+        self.head = nn.Linear(sizes[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.flatten(x)))
 
 
 class TinyTransformer(nn.Module):
-    """A small ViT: 4x4 patches embedded by a strided convolution plus a learned position,
-    ``depth`` pre-norm encoder blocks, the mean over patches to a linear classifier. No
-    dropout, so that a step is deterministic."""
+    """A small ViT: 4x4 patch embedding plus a learned position, ``depth`` pre-norm encoder
+    blocks, the mean over patches to a linear classifier; no dropout (deterministic)."""
 
     def __init__(
         self,
@@ -158,14 +153,10 @@ class ModelCost:
 
 
 def model_costs(name: str, batch_size: int = 1, image_size: int = 32, **kwargs: Any) -> ModelCost:
-    """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images.
-
-    :func:`~course_utils.flops.count_flops` counts the forward (matmuls, convolutions,
-    attention; elementwise work counts zero) in training mode, so that the fused inference
-    path of transformer layers does not hide them, and with the math attention kernel (the
-    fused CPU kernel is invisible to it). A training step is 3x the forward (the usual MFU
-    convention); the backward is not counted: torch 2.14's counter counts a grouped
-    convolution's backward as dense, inflating MobileNet's count about 20x.
+    """Parameters and FLOPs of ``build_model(name, **kwargs)`` on a batch of images: the
+    forward counted in training mode (no fused inference path) with the math attention
+    kernel (the fused CPU one is invisible to the counter); a training step is 3x that (the
+    MFU convention), as torch 2.14 counts a grouped convolution's backward as dense (20x).
 
     >>> cost = model_costs("mlp", hidden=16, depth=1)  # 3072*16 + 16*10 multiply-adds
     >>> cost.parameters, cost.forward_flops, cost.training_flops
@@ -206,9 +197,8 @@ def _checkpointed_forward(module: nn.Module, forward: Callable[..., Any]) -> Cal
 
 def checkpoint_blocks(model: nn.Module, names: list[str] | None = None) -> list[str]:
     """Wrap blocks of ``model`` (default: all of :func:`blocks_of`) with gradient
-    checkpointing, in place, and return their names. A checkpointed block keeps only its
-    input and recomputes its activations during backward. Its ``forward`` is replaced, so
-    the ``state_dict`` keys stay; wrapping twice changes nothing."""
+    checkpointing, in place (``forward`` replaced: the ``state_dict`` keys stay; twice is
+    once), and return their names."""
     chosen = []
     for name, block in blocks_of(model):
         if names is not None and name not in names:

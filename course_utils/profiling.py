@@ -1,13 +1,5 @@
 """Where a training step's time goes: the data wait (``next`` on the DataLoader), the copy
-to the device, and the compute (forward, backward, optimizer step).
-
-CUDA work is asynchronous, so :class:`StepProfiler` by default synchronizes the device
-after the copy and after the compute, charging each phase the time it really took (at the
-cost of the CPU/GPU overlap); with ``synchronize=False`` copy and compute measure only the
-launches. A starved fraction (data wait plus copy, over the wall time) near 1 means a
-faster model or GPU will not help. ``benchmarks/bench_profiler_overhead.py`` measures the
-profiler's overhead (under 2% of a step).
-"""
+to the device, and the compute. Overhead: under 2% of a step (bench_profiler_overhead)."""
 
 from __future__ import annotations
 
@@ -25,12 +17,8 @@ from course_utils.timing import format_seconds, synchronizer
 @dataclass
 class LoopProfile:
     """What :class:`StepProfiler` measured over the steps after the warm-up (seconds).
-
-    ``wall_s`` runs from the first measured step's data wait to the last one's compute,
-    and a device synchronization even when not ``synchronized``. ``cpu_s`` is this
-    process's CPU time (``time.process_time``, all threads) over the same steps: with
-    ``num_workers=0`` it includes decoding; on a GPU it also counts spinning.
-    """
+    ``cpu_s``: this process's CPU time (all threads; with ``num_workers=0`` it includes
+    decoding, on a GPU it counts spinning)."""
 
     num_steps: int = 0
     samples: int = 0
@@ -44,7 +32,6 @@ class LoopProfile:
 
     @property
     def step_s(self) -> float:
-        """Mean wall-clock seconds per step."""
         return self.wall_s / max(self.num_steps, 1)
 
     @property
@@ -95,8 +82,7 @@ class LoopProfile:
 
 
 def _samples(batch: Any) -> int:
-    """The samples in a batch: the length of its labels (``batch[1]``), else of its first
-    tensor."""
+    """The samples in a batch: the length of its labels (``batch[1]``), else of its first."""
     if isinstance(batch, (list, tuple)):
         if len(batch) > 1 and hasattr(batch[1], "__len__"):
             return len(batch[1])
@@ -107,12 +93,10 @@ def _samples(batch: Any) -> int:
 
 
 class StepProfiler:
-    """Times the data wait, copy and compute of each step of a loop (see the module doc).
-
-    The first ``warmup`` steps are left out of the report. Batches move with
-    :func:`~course_utils.device.to_device` (asynchronous when pinned and going to a GPU).
-    ``sync`` replaces the device's synchronize function (tests use it).
-    """
+    """Times the data wait, copy and compute of each step after the first ``warmup``. It
+    synchronizes the device after the copy and the compute (at the cost of the CPU/GPU
+    overlap); with ``synchronize=False`` they measure only the launches. ``sync`` replaces
+    the device's synchronize function (tests use it)."""
 
     def __init__(
         self,
@@ -131,16 +115,11 @@ class StepProfiler:
         self._profile = LoopProfile(synchronized=synchronize, device=str(self.device))
 
     def report(self) -> LoopProfile:
-        """The profile of the steps measured so far."""
         return self._profile
 
     def iterate(self, loader: Iterable[Any], max_steps: int | None = None) -> Iterator[Any]:
-        """Yield each batch of ``loader`` moved to the device, timing the three phases.
-
-        The compute phase is the time between handing out a batch and being asked for the
-        next (the body of your ``for`` loop). Stops after ``max_steps`` steps (warm-up
-        included) when given.
-        """
+        """Yield each batch of ``loader`` moved to the device (for at most ``max_steps``
+        steps, warm-up included); compute is the time until the next batch is asked for."""
         profile = self._profile = LoopProfile(
             synchronized=self.synchronize, device=str(self.device)
         )
@@ -194,8 +173,7 @@ def profile_loop(
     warmup: int = 1,
     synchronize: bool = True,
 ) -> LoopProfile:
-    """Run ``compute(batch)`` (a :class:`~course_utils.training.TrainStep`, say) on each
-    batch of ``loader`` moved to ``device``, and return the :class:`LoopProfile`.
+    """Run ``compute(batch)`` on each batch of ``loader`` moved to ``device``; profile it.
 
     >>> profile = profile_loop([torch.ones(2, 3)] * 4, lambda batch: batch * 2, warmup=1)
     >>> profile.num_steps, profile.samples

@@ -1,10 +1,5 @@
-"""Timing GPU work correctly: synchronize, exclude warm-up, repeat, report median and spread.
-
-CUDA kernels run asynchronously: ``c = a @ b`` returns once the kernel is queued, so a
-stopwatch around it measures the launch. :func:`benchmark` synchronizes the device before
-starting and before stopping the clock, runs untimed warm-up calls first (cuBLAS handles,
-kernel selection, caches), and reports the median and IQR over several repeats.
-"""
+"""Timing GPU work correctly: synchronize (CUDA kernels run asynchronously: a stopwatch
+around ``a @ b`` measures the launch), exclude warm-up, repeat, report median and spread."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ import torch
 
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
-    """A function that waits until all queued work on ``device`` has finished (on the CPU,
-    whose work is synchronous, it does nothing)."""
+    """A function that waits for all queued work on ``device`` (on the CPU: nothing)."""
     device = torch.device(device)
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -91,11 +85,8 @@ def benchmark(
     sync: Callable[[], None] | None = None,
 ) -> Timing:
     """Time ``fn()`` on ``device``: ``warmup`` untimed calls, then ``repeats`` timings of
-    ``number`` calls each (seconds per call).
-
-    ``synchronize=False`` shows what naive timing measures (on a GPU: mostly the kernel
-    launches). ``sync`` replaces the device's synchronize function (tests, simulations).
-    """
+    ``number`` calls each (seconds per call). ``synchronize=False`` shows what naive timing
+    measures; ``sync`` replaces the device's synchronize function (tests, simulations)."""
     if warmup < 0 or repeats < 1 or number < 1:
         raise ValueError("need warmup >= 0, repeats >= 1 and number >= 1")
     wait = sync or synchronizer(device)
@@ -124,12 +115,8 @@ def time_in_turns(
     rounds: int = 5,
     sync: Callable[[], None] | None = None,
 ) -> dict[str, Timing]:
-    """Time several functions taking turns (A, B, A, B, ...), one :class:`Timing` each.
-
-    Timing all of A, then all of B, charges a change in a shared machine's load to one of
-    them; in turns each sees the same moments, so the ratio of medians is fair. Each gets
-    ``warmup`` untimed calls, then one synchronized call per round.
-    """
+    """Time functions taking turns (A, B, A, B, ...: a shared machine's changing load hits
+    each alike), one :class:`Timing` each: ``warmup`` untimed calls, one call per round."""
     if warmup < 0 or rounds < 1:
         raise ValueError("need warmup >= 0 and rounds >= 1")
     wait = sync or synchronizer(device)
@@ -151,10 +138,8 @@ def time_in_turns(
 
 
 class SimulatedGPU:
-    """A stand-in for a GPU stream on a CPU-only machine, to show asynchronous timing.
-
-    ``launch(seconds)`` queues "work" and returns at once, like a kernel launch; a thread
-    does the work in order; ``synchronize()`` waits for the queue to empty.
+    """A GPU stream simulated on the CPU: ``launch(seconds)`` queues "work" and returns at
+    once, a thread does it in order, ``synchronize()`` waits for the queue to empty.
 
     >>> gpu = SimulatedGPU()
     >>> gpu.launch(0.01); gpu.synchronize(); gpu.completed
@@ -174,11 +159,9 @@ class SimulatedGPU:
             self._work.task_done()
 
     def launch(self, seconds: float) -> None:
-        """Queue ``seconds`` of work and return immediately."""
         self._work.put(seconds)
 
     def synchronize(self) -> None:
-        """Block until every launched piece of work has finished."""
         self._work.join()
 
 
@@ -213,15 +196,11 @@ def compare_matmul(
     repeats: int = 5,
     settle_s: float = 0.2,
 ) -> list[dict[str, Any]]:
-    """Time the same float32 square matmul in NumPy and in torch on each device.
-
-    One row per (library, device, size): median time, IQR, GFLOP/s (``2 n^3`` FLOPs: a
-    multiply and an add per multiply-accumulate) and ``max_abs_diff`` from NumPy's result.
-
-    ``settle_s`` is a pause after each measurement: NumPy's and torch's CPU thread pools
-    spin for a while after their last call, and on a 2-core machine that turned 0.2 ms
-    torch matmuls into 16 ms ones (``benchmarks/bench_matmul.py``).
-    """
+    """Time the same float32 square matmul in NumPy and in torch on each device: one row
+    per (library, device, size) with median, IQR, GFLOP/s (``2 n^3`` FLOPs) and
+    ``max_abs_diff`` from NumPy's result. ``settle_s``: a pause after each measurement, as
+    the CPU thread pools spin after their last call (on 2 cores that turned 0.2 ms torch
+    matmuls into 16 ms ones, ``benchmarks/bench_matmul.py``)."""
     rows = []
     generator = np.random.default_rng(0)
     for n in sizes:

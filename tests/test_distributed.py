@@ -11,8 +11,6 @@ import pickle
 import subprocess
 import sys
 import time
-import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,30 +35,12 @@ from course_utils.models import build_model
 SAFETY_NET_S = 120  # subprocess timeout: a hang fails the test instead of the suite
 
 
-def _two_nodes(config: RunConfig) -> list[subprocess.CompletedProcess[str]]:
-    """Two torchrun agents with a c10d rendezvous on 127.0.0.1 (IPv4 only, the address
-    free_port checked). One retry: in 1 of 2 CI runs of the whole suite (never in 80 runs
-    alone or under load) one node's agent outlived the job after its worker failed at the
-    end; the warning keeps every node's last lines so the cause shows in the log."""
-    for attempt in (1, 2):
-        endpoint = f"127.0.0.1:{free_port()}"
-        node = torchrun_train(config, 1, "cpu", nnodes=2, endpoint=endpoint)
-        try:
-            return launch_nodes([node, node], SAFETY_NET_S)
-        except RuntimeError as error:
-            if attempt == 2:
-                raise
-            warnings.warn(f"two-node job, attempt 1: {error}", stacklevel=2)
-            for leftover in Path(config.out or ".").glob("*"):
-                leftover.unlink()
-    raise AssertionError("unreachable")
-
-
 def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
     """Multi-node as 2 torchrun agents (one process each) on one machine, c10d rendezvous:
     rank 0 alone logs and saves, and the result equals one process on the 2x batch."""
     config = RunConfig(steps=4, batch_size=8, dataset_size=32, out=str(tmp_path))  # 2 epochs
-    agents = _two_nodes(config)
+    node = torchrun_train(config, 1, "cpu", nnodes=2, endpoint=f"127.0.0.1:{free_port()}")
+    agents = launch_nodes([node, node], SAFETY_NET_S, retries=1)  # 1 run in 25-50 hangs
     outputs = [agent.stdout for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     logs = "\n".join(outputs)
@@ -82,6 +62,20 @@ def test_launch_nodes_kills_every_node_when_they_outlive_the_timeout():
     with pytest.raises(RuntimeError, match=r"2 torchrun agent\(s\) did not finish in 1 s"):
         launch_nodes([sleeper, sleeper], timeout_s=1)
     assert time.monotonic() - start < 30
+
+
+def test_launch_nodes_retries_on_a_fresh_port_and_stops_a_node_that_outlives_another():
+    """The second node outlives the first by more than grace_s: both attempts fail, the first
+    with a warning, the retry on another rendezvous port."""
+    script = "import sys, time; print(sys.argv[1], flush=True); time.sleep(int(sys.argv[2]))"
+    nodes = [[sys.executable, "-c", script, "--rdzv-endpoint=127.0.0.1:1", str(s)] for s in (0, 60)]
+    start = time.monotonic()
+    hung = r"1 torchrun agent\(s\) outlived another by 1 s"
+    retried = pytest.warns(UserWarning, match="attempt 1 failed")
+    with retried, pytest.raises(RuntimeError, match=hung) as e:
+        launch_nodes(nodes, timeout_s=60, retries=1, grace_s=1)
+    assert time.monotonic() - start < 30
+    assert "127.0.0.1:" in str(e.value) and "127.0.0.1:1 " not in str(e.value)  # a fresh port
 
 
 def _ddp_setup(out_dir, epochs=2, batch_size=8, save_on_every_rank=False, set_epoch=True):
@@ -271,7 +265,6 @@ def test_ddp_on_two_gpus_uses_nccl(tmp_path):
     done = launch_nodes([torchrun_train(config, 2, "auto")], SAFETY_NET_S)[0]
     assert done.returncode == 0, done.stdout
     assert "backend nccl" in done.stdout
-
 
 
 def test_ddp_check_rejects_bad_input_with_one_error_line(capsys):
