@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from course_utils.device import cuda_gpu_count
+from course_utils.env import usable_cores
 from course_utils.units import MIB
 
 # the normalization applied by every pipeline here (images are synthetic: round numbers)
@@ -267,14 +268,6 @@ class LoaderAdvice:
     def __str__(self) -> str:
         lines = [f"{key}={value!r}: {self.reasons[key]}" for key, value in self.kwargs.items()]
         return "\n".join(lines)
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (``os.sched_getaffinity``: containers and
-    ``taskset`` restrict it below ``os.cpu_count()``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
 
 
 def suggest_loader_kwargs(

@@ -111,9 +111,11 @@ def _cudnn_version() -> int | None:
         return None
 
 
-def _cpu_cores() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux: the cores this process may use
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
+def usable_cores() -> int:
+    """CPU cores this process may run on (``os.sched_getaffinity``: containers and
+    ``taskset`` restrict it below ``os.cpu_count()``)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    return max(1, len(affinity(0))) if affinity else max(1, os.cpu_count() or 1)
 
 
 def doctor() -> dict[str, Any]:
@@ -137,7 +139,7 @@ def doctor() -> dict[str, Any]:
     return {
         "environment": environment,
         "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
-        "cpu_cores": _cpu_cores(),
+        "cpu_cores": usable_cores(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": installed_version("torchvision"),
@@ -213,4 +215,4 @@ def measured_on(device: torch.device | str) -> str:
         return f"measured on this machine (GPU: {name or 'unknown NVIDIA GPU'})"
     if device.type == "mps":
         return "measured on this machine (Apple GPU, MPS)"
-    return f"measured on this machine (CPU: {platform.machine()}, {_cpu_cores()} cores)"
+    return f"measured on this machine (CPU: {platform.machine()}, {usable_cores()} cores)"

@@ -34,21 +34,15 @@ _THIS_PROCESS = psutil.Process()
 _CORES = psutil.cpu_count() or 1
 
 
-def sample(gpu_index: int | None = 0) -> Reading:
-    """One :class:`Reading`: NVML's for GPU ``gpu_index`` (NVML numbering:
-    :func:`nvml_index_of` maps a CUDA device), without the process list; otherwise the
-    CPU's (``cpu_util_pct`` over all cores since the previous call, ``process_rss_mib``).
-    """
-    return read("nvml", gpu_index)
-
-
 def pick_source(gpu_index: int | None = 0) -> str:
     """The best source that answers here: ``"nvml"``, ``"nvidia-smi"`` or ``"cpu"``."""
-    return next((s for s in SOURCES[:2] if read(s, gpu_index).source == s), "cpu")
+    return next((s for s in SOURCES[:2] if sample(gpu_index, s).source == s), "cpu")
 
 
-def read(source: str, gpu_index: int | None = 0) -> Reading:
-    """One reading from ``source``; the CPU's when the GPU does not answer."""
+def sample(gpu_index: int | None = 0, source: str = "nvml") -> Reading:
+    """One :class:`Reading` of GPU ``gpu_index`` (NVML numbering: :func:`nvml_index_of`
+    maps a CUDA device) from ``source``, without the process list; the CPU's when the GPU
+    does not answer (``cpu_util_pct`` over all cores since the previous call)."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r}: use one of {', '.join(SOURCES)}")
     reading = None
@@ -115,9 +109,6 @@ class LiveView:
             self.write(text)
 
 
-# ----------------------------------------------------------------------------- monitor
-
-
 class Monitor:
     """Sample GPU (or CPU) state every ``interval_s`` seconds in a background thread.
 
@@ -161,7 +152,7 @@ class Monitor:
         if self.source == "auto":
             self.source = pick_source(self.gpu_index)
         if self.source == "cpu":
-            read("cpu")  # the first call only sets the reference for the percentages
+            sample(None, "cpu")  # the first call only sets the reference for the percentages
         self.started_s = time.time()
         self._thread = threading.Thread(target=self._run, name="course-monitor", daemon=True)
         self._thread.start()
@@ -187,7 +178,7 @@ class Monitor:
 
     def _take_reading(self) -> float:
         began = time.perf_counter()
-        reading = read(self.source, self.gpu_index)
+        reading = sample(self.gpu_index, self.source)
         self.samples.append(reading)
         if self._view is not None:
             try:
@@ -266,9 +257,6 @@ class Monitor:
         figure.suptitle(title or self.summary_line(), fontsize=9)
         figure.tight_layout()
         return figure
-
-
-# ----------------------------------------------------------------------------- GPU-Util experiment
 
 
 def utilization_experiment(

@@ -115,10 +115,7 @@ def cuda_driver_version() -> str | None:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-# ----------------------------------------------------------------------------- readers
-# Each takes an NVML device handle; a value NVML cannot give is None.
-
-
+# The readers below take an NVML device handle; a value NVML cannot give is None.
 def _identity(handle: Any) -> tuple[str | None, str | None, str | None]:
     """``--query-gpu=name,uuid,pci.bus_id``."""
     bus_id = getattr(nvml_call("nvmlDeviceGetPciInfo", handle), "busId", None)

@@ -33,9 +33,6 @@ class SmiParseError(ValueError):
     """The text is not nvidia-smi output (or a noheader CSV came without its fields)."""
 
 
-# ----------------------------------------------------------------------------- values
-
-
 def is_not_available(text: str | None) -> bool:
     """True for the texts nvidia-smi prints instead of a value (:data:`NOT_AVAILABLE`)."""
     return text is None or text.strip() in NOT_AVAILABLE
@@ -79,9 +76,6 @@ def strip_provenance(text: str) -> tuple[str | None, str]:
     if re.match(r"#\s*(source|provenance)\s*:", first, re.IGNORECASE):
         return first.lstrip("#").strip(), rest
     return None, text
-
-
-# ----------------------------------------------------------------------------- detection
 
 
 def detect_format(text: str) -> str:
@@ -511,9 +505,6 @@ def parse_version(text: str) -> dict[str, Any]:
     )
 
 
-# ----------------------------------------------------------------------------- diagnose / explain
-
-
 # diagnose's messages by code, formatted with the GPU's label and the values checked
 _ADVICE = {
     "busy-but-low-power": "{label}: GPU-Util {util}% but power {draw:.0f} W of {cap:.0f} W "
@@ -689,9 +680,6 @@ def query_gpus(fields: list[str], timeout_s: float = 10.0) -> list[dict[str, Any
         return list(parse_csv(run.output, fields)["gpus"]) if run.ok else []
     except SmiParseError:
         return []
-
-
-# ----------------------------------------------------------------------------- samples
 
 
 def _samples() -> dict[str, Any]:

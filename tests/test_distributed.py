@@ -35,6 +35,7 @@ from course_utils.models import build_model
 SAFETY_NET_S = 120  # subprocess timeout: a hang fails the test instead of the suite
 
 
+@pytest.mark.slow
 def test_two_node_agents_rendezvous_train_and_match_one_process(tmp_path):
     """Multi-node as 2 torchrun agents (one process each) on one machine, c10d rendezvous:
     rank 0 alone logs and saves, and the result equals one process on the 2x batch."""
@@ -142,6 +143,7 @@ def _not_answered():
     raise NotImplementedError()
 
 
+@pytest.mark.slow
 def test_ddp_check_cli_runs_torchrun_and_prints_the_difference_last():
     done = subprocess.run(
         [sys.executable, "-m", "course_utils", "ddp-check", "--nproc", "2", "--steps", "2"],
@@ -172,6 +174,7 @@ print("[rank 0] finished", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "timeout_s"), [("raise", 60), ("hang", 2)])
 def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s, tmp_path):
     """A rank that raises: torchrun stops the others. A rank that hangs: the others' collective
