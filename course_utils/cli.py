@@ -35,7 +35,7 @@ BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
 # Optional packages a command may import, and the extra of course-utils that brings each.
 EXTRAS = {
     **dict.fromkeys(["nbformat", "nbclient", "ipykernel", "jupyter_client"], "notebooks"),
-    **dict.fromkeys(["nbconvert", "nbgrader"], "classroom"),
+    **dict.fromkeys(["nbconvert", "nbgrader", "copydetect"], "classroom"),
     **dict.fromkeys(["mkdocs", "material", "mkdocs_jupyter"], "site"),
 }
 
@@ -106,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
     klass = command("grade-class", "grade a folder of submissions in parallel", "grades")
     klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
     klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
+    klass.add_argument("--shard", help="grade share K of N of the class (K/N), for grade-merge")
+    merge = command("grade-merge", "merge grade-class --shard output folders into one", None)
+    merge.add_argument("folders", type=Path, nargs="+", help="the shards' --out folders")
+    for parser_ in (klass, merge):
+        parser_.add_argument(
+            "--similarity", type=float, default=0.7, help="report answers alike beyond (0.7)"
+        )
+        parser_.add_argument("--roster", type=Path, help="a Canvas gradebook export (canvas.csv)")
     for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
@@ -212,11 +220,22 @@ def _student(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_class_output(args: argparse.Namespace) -> None:
+    """grade-class's and grade-merge's --similarity and --roster (bad: ValueError)."""
+    if not 0 < args.similarity <= 1:
+        raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")
+    if args.roster is not None and not args.roster.is_file():
+        raise ValueError(f"no such roster file: {args.roster}")
+
+
 def _grade(args: argparse.Namespace) -> int:
     """``grade`` and ``grade-class``."""
     # lazy: imports nbclient (notebooks extra)
     from course_utils.gradebook import COURSE_NOTEBOOKS, Options, grade_class, grade_notebooks
+    from course_utils.shards import parse_shard
 
+    if args.command != "grade":
+        _check_class_output(args)
     for name in ("cell_timeout", "timeout", "memory"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -240,7 +259,31 @@ def _grade(args: argparse.Namespace) -> int:
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
-    grade_class(args.submissions, source, args.out, options, resume=not args.regrade, warn=warn)
+    grade_class(
+        args.submissions,
+        source,
+        args.out,
+        options,
+        resume=not args.regrade,
+        warn=warn,
+        shard=parse_shard(args.shard) if args.shard else (1, 1),
+        whole_source=args.source is not None,
+        threshold=args.similarity,
+        roster=args.roster,
+    )
+    return 0
+
+
+def _grade_merge(args: argparse.Namespace) -> int:
+    from course_utils.gradebook import grade_merge  # lazy: imports nbclient
+
+    _check_class_output(args)
+    if args.out is None:
+        raise ValueError("grade-merge needs --out FOLDER, where the merged class goes")
+    for folder in args.folders:
+        if not folder.is_dir():
+            raise ValueError(f"no such folder: {folder}")
+    grade_merge(args.folders, args.out, threshold=args.similarity, roster=args.roster)
     return 0
 
 
@@ -265,6 +308,7 @@ HANDLERS = {
     "student": _student,
     "grade": _grade,
     "grade-class": _grade,
+    "grade-merge": _grade_merge,
     "site": _site,
 }
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from course_utils import sandbox as sandboxes
+from course_utils.canvas import write_canvas
 from course_utils.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
@@ -37,6 +38,14 @@ from course_utils.grading import (
     grade_submission,
 )
 from course_utils.runner import find_notebooks
+from course_utils.shards import ClassRun, merge, share
+from course_utils.similarity import (
+    THRESHOLD,
+    answer_cells,
+    boilerplate,
+    similar_pairs,
+    write_similarity,
+)
 from course_utils.student import InputError, read_notebook, write_notebook
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
@@ -245,27 +254,47 @@ def grade_tasks(
     return [results[number] for number in range(len(tasks))]
 
 
+def notebook_maxima(sources: dict[str, Path]) -> dict[str, float]:
+    """Each instructor notebook's points: the sum over its check cells."""
+    return {
+        name: sum(
+            float(cell.metadata["nbgrader"].get("points", 0) or 0)
+            for cell in check_cells(read_notebook(path)).values()
+        )
+        for name, path in sources.items()
+    }
+
+
 def write_gradebook(
     out: Path,
     learners: Sequence[str],
     notebooks: Sequence[str],
     results: Sequence[dict[str, Any]],
     notes: dict[str, list[str]],
+    maxima: dict[str, float] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``gradebook.csv`` and ``checks.csv``; return their paths."""
+    """Write ``gradebook.csv`` and ``checks.csv``; return their paths. A notebook of the
+    assignment that a learner did not hand in scores 0 of its points (``maxima``) and is
+    named in the ``missing`` column."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
-    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "notes"]]
+    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "missing", "notes"]]
     checks: list[list[Any]] = [
         ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
     ]
     for learner in learners:
         row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
+        missing = []
         for notebook in notebooks:
-            result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
+            result = by_cell.get((learner, notebook))
+            if result is None:
+                missing.append(notebook)
+                result = {"error": "not submitted"}
             report = result.get("report")
             if report is None:
                 row.append("0")
-                said.append(f"{notebook}: {result.get('error', '?')}")
+                most += (maxima or {}).get(notebook, 0.0)
+                if notebook not in missing:
+                    said.append(f"{notebook}: {result.get('error', '?')}")
                 checks.append([learner, notebook, "", 0, "", result.get("error"), ""])
                 continue
             row.append(f"{report['score']:g}")
@@ -275,7 +304,7 @@ def write_gradebook(
                 points = f"{check['points']:g}", f"{check['max_points']:g}"
                 why = check["reason"], check.get("matched", "")
                 checks.append([learner, notebook, check["grade_id"], *points, *why])
-        book.append([learner, *row, f"{total:g}", f"{most:g}", "; ".join(said)])
+        book.append([learner, *row, f"{total:g}", f"{most:g}", " ".join(missing), "; ".join(said)])
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
         with (out / name).open("w", newline="", encoding="utf-8") as file:
@@ -294,6 +323,43 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
     )
 
 
+def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
+    """Each submission's answer cells (for the similarity report); unreadable ones: none."""
+    answers: dict[str, dict[str, dict[str, str]]] = {}
+    references: dict[str, Any] = {}
+    for task in tasks:
+        try:
+            reference = references.get(task.source) or read_notebook(Path(task.source))
+            references[task.source] = reference
+            cells = answer_cells(read_notebook(Path(task.path)), reference)
+        except InputError:
+            continue
+        answers.setdefault(task.learner, {})[task.notebook] = cells
+    return answers
+
+
+def write_class(
+    out: Path,
+    run: ClassRun,
+    results: Sequence[dict[str, Any]],
+    threshold: float = THRESHOLD,
+    roster: Path | None = None,
+) -> list[Path]:
+    """Write a class run's files into ``out`` (gradebook, checks, canvas, similarity and
+    the run's record); return their paths and say which roster entries were missing."""
+    book, checks = write_gradebook(
+        out, run.learners, run.assignment, results, run.notes, run.maxima
+    )
+    scores = {(r["learner"], r["notebook"]): r["report"]["score"] for r in results if "report" in r}
+    canvas, unknown = write_canvas(out, run.learners, run.assignment, scores, run.maxima, roster)
+    if unknown:
+        raise InputError(f"the roster {roster} has no student named {', '.join(unknown)}")
+    pairs = similar_pairs(run.answers, run.given, threshold)
+    similar = write_similarity(out, pairs, threshold)
+    run.save(out)
+    return [book, checks, canvas, *similar]
+
+
 def grade_class(
     submissions: Path,
     source: Path,
@@ -303,32 +369,69 @@ def grade_class(
     resume: bool = True,
     progress: TextIO | None = None,
     warn: Callable[[str], None] | None = None,
+    shard: tuple[int, int] = (1, 1),
+    whole_source: bool = True,
+    threshold: float = THRESHOLD,
+    roster: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Grade every learner's notebooks in ``submissions`` into ``out`` (see the module's
-    documentation); return the results. Raises :class:`InputError` for bad folders."""
+    """Grade every learner's notebooks in ``submissions`` (or shard K/N's share of them,
+    :mod:`course_utils.shards`) into ``out`` (see the module's documentation); return the
+    results. The assignment is every instructor notebook in ``source``, or with
+    ``whole_source=False`` those that somebody in the class handed in; a notebook of it
+    that a learner lacks scores 0 of its points. Raises :class:`InputError` for bad
+    folders."""
     progress = progress or sys.stdout
     sources = instructor_notebooks(source)
     learners = find_submissions(submissions)
+    handed_in = {path.name for paths in learners.values() for path in paths}
+    if not handed_in & set(sources):
+        raise InputError(f"no submitted notebook has an instructor notebook in {source}")
+    assignment = [name for name in sources if whole_source or name in handed_in]
+    mine = share(list(learners), shard)
     options = _resolved(options, [submissions, out, source, *sources.values()])
     tasks: list[Task] = []
     notes: dict[str, list[str]] = {}
-    for learner, paths in learners.items():
-        for path in paths:
-            if path.name in sources:
+    for learner in mine:
+        for path in learners[learner]:
+            if path.name in assignment:
                 tasks.append(Task(learner, path.name, str(path), str(sources[path.name])))
             else:
                 skipped = f"{path.name}: skipped (no instructor notebook of that name)"
                 notes.setdefault(learner, []).append(skipped)
-    seen = [name for name in sources if any(task.notebook == name for task in tasks)]
-    if not tasks:
-        raise InputError(f"no submitted notebook has an instructor notebook in {source}")
+    maxima = notebook_maxima({name: sources[name] for name in assignment})
+    given = {name: boilerplate(read_notebook(sources[name])) for name in assignment}
     results = grade_tasks(tasks, options, out, progress, resume)
-    book, checks = write_gradebook(out, list(learners), seen, results, notes)
+    run = ClassRun(
+        mine, assignment, maxima, notes, [(t.learner, t.notebook) for t in tasks],
+        _answers(tasks), given, shard,
+    )  # fmt: skip
+    written = write_class(out, run, results, threshold, roster)
     failed = sum("report" not in result for result in results)
-    print(f"wrote {book}, {checks} and feedback/ for {len(learners)} learner(s)", file=progress)
+    part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
+    names = ", ".join(path.name for path in written)
+    print(f"wrote {names} and feedback/ for {len(mine)} learner(s){part} in {out}", file=progress)
     if failed and warn is not None:
-        warn(f"{failed} submission(s) could not be graded: see the notes in {book}")
+        warn(f"{failed} submission(s) could not be graded: see the notes in {written[0]}")
     return results
+
+
+def grade_merge(
+    folders: Sequence[Path],
+    out: Path,
+    *,
+    threshold: float = THRESHOLD,
+    roster: Path | None = None,
+    progress: TextIO | None = None,
+) -> list[Path]:
+    """``grade-merge``: the shards' output folders as one, as if graded in one run."""
+    run, results = merge(folders, out)
+    written = write_class(out, run, results, threshold, roster)
+    names = ", ".join(path.name for path in written)
+    print(
+        f"merged {len(folders)} shard(s), {len(run.learners)} learner(s): wrote {names} in {out}",
+        file=progress or sys.stdout,
+    )
+    return written
 
 
 def grade_notebooks(

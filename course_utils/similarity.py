@@ -1,0 +1,167 @@
+"""Answer cells that are alike across a class: ``similarity.csv`` and ``similarity.html``.
+
+For each exercise (an nbgrader solution cell, by ``grade_id``), every pair of learners'
+answers is fingerprinted and compared with copydetect (winnowed k-grams of the code after
+its names, strings and comments are normalized away, so renaming variables and
+reformatting change nothing). What the instructor gave (the starter code of the student
+version and the instructor's own solution) is boilerplate: sharing it proves nothing. A
+pair is reported when the shared code covers at least ``threshold`` of either answer and
+is at least ``min_shared`` normalized characters long, so that two independent one-line
+answers to a small exercise are not reported. The report is evidence to look at, not a
+verdict (docs/instructor-guide.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: copydetect's defaults: k-grams of 25 normalized characters, every k-gram of a 30
+#: character stretch of shared code is found (window 30 - 25 + 1).
+NOISE = 25
+GUARANTEE = 30
+THRESHOLD = 0.7
+MIN_SHARED = 60
+
+#: answers[learner][notebook][grade_id] = the learner's answer cell
+Answers = Mapping[str, Mapping[str, Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class SimilarPair:
+    """Two learners' answers to one exercise that share code beyond the boilerplate."""
+
+    notebook: str
+    exercise: str
+    learner_a: str
+    learner_b: str
+    #: the share of each answer's code that the other also has
+    share_a: float
+    share_b: float
+    shared_lines: str
+
+    @property
+    def similarity(self) -> float:
+        return max(self.share_a, self.share_b)
+
+
+def answer_cells(submission: Any, reference: Any) -> dict[str, str]:
+    """The learner's answer to each exercise of ``reference`` (found by grade_id or, when
+    the learner lost it, by content), by grade_id."""
+    from course_utils.matching import match_cells  # lazy: imports the notebooks extra
+
+    matches = match_cells(submission, reference)
+    return {
+        gid: submission.cells[match.index].source
+        for gid, match in matches.items()
+        if match.role == "solution"
+    }
+
+
+def boilerplate(reference: Any) -> dict[str, str]:
+    """What the instructor gave for each exercise: the solution and its starter code."""
+    from course_utils.student import nbgrader_role, student_version  # lazy: nbgrader
+
+    starter = student_version(reference)
+    given: dict[str, str] = {}
+    for mine, theirs in zip(reference.cells, starter.cells, strict=True):
+        gid = mine.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid and nbgrader_role(mine) == "solution":
+            given[str(gid)] = mine.source + "\n" + theirs.source
+    return given
+
+
+def _fingerprint(code: str, boilerplate_hashes: Any = None, window: int = 0) -> Any:
+    from copydetect import CodeFingerprint  # lazy: classroom extra
+
+    win = window or GUARANTEE - NOISE + 1
+    return CodeFingerprint("answer.py", NOISE, win, boilerplate_hashes, fp=io.StringIO(code))
+
+
+def _shared_lines(code: str, slices: Any) -> str:
+    """The lines of ``code`` that the copied character slices touch."""
+    starts = [0]
+    for line in code.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    lines = code.splitlines()
+    keep: set[int] = set()
+    for begin, end in zip(*slices, strict=True):
+        keep.update(n for n in range(len(lines)) if starts[n] < end and starts[n + 1] > begin)
+    return "\n".join(lines[n] for n in sorted(keep))
+
+
+def similar_pairs(
+    answers: Answers,
+    given: Mapping[str, Mapping[str, str]],
+    threshold: float = THRESHOLD,
+    min_shared: int = MIN_SHARED,
+) -> list[SimilarPair]:
+    """The pairs of answers alike beyond ``threshold`` (see the module's documentation),
+    per notebook and exercise, most alike first. ``given[notebook][grade_id]`` is the
+    instructor's code for that exercise."""
+    import numpy as np  # lazy: with copydetect
+    from copydetect import compare_files
+
+    exercises = sorted(
+        {
+            (nb, gid)
+            for notebooks in answers.values()
+            for nb, cells in notebooks.items()
+            for gid in cells
+        }
+    )
+    pairs: list[SimilarPair] = []
+    for notebook, gid in exercises:
+        mine = given.get(notebook, {}).get(gid, "")
+        hashes = np.unique(np.array(list(_fingerprint(mine, window=1).hashes))) if mine else None
+        prints = {
+            learner: _fingerprint(code, hashes)
+            for learner in sorted(answers)
+            if (code := answers[learner].get(notebook, {}).get(gid, "")).strip()
+        }
+        for a, b in itertools.combinations(sorted(prints), 2):
+            shared, (share_a, share_b), (slices_a, _) = compare_files(prints[a], prints[b])
+            if shared < min_shared or max(share_a, share_b) < threshold:
+                continue
+            lines = _shared_lines(prints[a].raw_code, slices_a)
+            pairs.append(SimilarPair(notebook, gid, a, b, float(share_a), float(share_b), lines))
+    return sorted(pairs, key=lambda p: (-p.similarity, p.notebook, p.exercise, p.learner_a))
+
+
+def write_similarity(out: Path, pairs: list[SimilarPair], threshold: float) -> tuple[Path, Path]:
+    """Write ``similarity.csv`` and its readable page ``similarity.html``."""
+    out.mkdir(parents=True, exist_ok=True)
+    header = ["notebook", "exercise", "learner_a", "learner_b", "similarity", "share_a",
+              "share_b", "shared_lines"]  # fmt: skip
+    with (out / "similarity.csv").open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        for p in pairs:
+            shares = (f"{p.similarity:.2f}", f"{p.share_a:.2f}", f"{p.share_b:.2f}")
+            writer.writerow([p.notebook, p.exercise, p.learner_a, p.learner_b, *shares,
+                             p.shared_lines])  # fmt: skip
+    rows = "".join(
+        f"<tr><td>{html.escape(p.notebook)}</td><td>{html.escape(p.exercise)}</td>"
+        f"<td>{html.escape(p.learner_a)}</td><td>{html.escape(p.learner_b)}</td>"
+        f"<td>{p.similarity:.0%}</td><td><pre>{html.escape(p.shared_lines)}</pre></td></tr>\n"
+        for p in pairs
+    )
+    page = (
+        "<!doctype html>\n<html lang=en><meta charset=utf-8><title>Similar answers</title>\n"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;"
+        "padding:4px;vertical-align:top}table{border-collapse:collapse}pre{margin:0}</style>\n"
+        f"<h1>Similar answers</h1>\n<p>{len(pairs)} pair(s) of answers share at least "
+        f"{threshold:.0%} of one answer's code beyond what the instructor gave (names, "
+        "strings, comments and layout ignored). This is evidence to look at, not a verdict: "
+        "read both notebooks before you conclude anything.</p>\n"
+        "<table><tr><th>notebook</th><th>exercise</th><th>learner</th><th>learner</th>"
+        f"<th>similarity</th><th>shared lines ({'first learner'})</th></tr>\n{rows}</table>\n"
+    )
+    (out / "similarity.html").write_text(page, encoding="utf-8")
+    return out / "similarity.csv", out / "similarity.html"
