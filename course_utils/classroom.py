@@ -162,6 +162,17 @@ def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _copy_failure(error: Exception) -> str:
+    """Feedback for a ``to_gpu`` that raised ``error``."""
+    if isinstance(error, AttributeError) and "attribute" in str(error):
+        return (
+            f"to_gpu called a tensor method on a value that is not a tensor ({error}): go "
+            "inside tuples, lists and dicts, copy only the tensors, return other values as "
+            "they are"
+        )
+    return f"to_gpu(batch, device) raised {type(error).__name__}: {error}"
+
+
 def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     """Exercise 03 (b): ``to_gpu(batch, device)`` must return the batch's structure with
     each tensor copied by ``.to`` (or ``.cuda``) on that very tensor, asynchronously where
@@ -187,9 +198,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
         try:
             result = to_gpu(batch, torch.device("cuda"))
         except Exception as error:  # the learner's code failed: say how, in one line
-            raise CheckFailed(
-                f"to_gpu(batch, device) raised {type(error).__name__}: {error}"
-            ) from None
+            raise CheckFailed(_copy_failure(error)) from None
     check(
         set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
         "to_gpu changed the dict inside the batch it was given: build a new dict instead",
