@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,35 +85,157 @@ class TensorMove:
     pinned: bool  # the source tensor was in pinned (page-locked) memory
     non_blocking: bool  # the call asked for an asynchronous copy
     target: str  # the device (or dtype) asked for, as text
+    source_id: int = 0  # id() of the tensor the call was made on
+    result_id: int = 0  # id() of the tensor it returned
 
 
 @contextlib.contextmanager
-def record_tensor_to() -> Iterator[list[TensorMove]]:
+def record_tensor_to(*, pretend_cuda: bool = False) -> Iterator[list[TensorMove]]:
     """Record every ``Tensor.to(...)`` call made inside the ``with`` block (a spy: the
     calls still run). Exercise checks use it to see *how* a learner moved a batch.
+    ``pretend_cuda=True``: a move to a CUDA device (``.to`` or ``.cuda``) is recorded and
+    returns a CPU copy instead, so that a CPU grader can watch code written for a GPU.
 
     >>> with record_tensor_to() as moves:
     ...     _ = torch.ones(2).to("cpu", non_blocking=True)
     >>> [(move.source_device, move.non_blocking) for move in moves]
     [('cpu', True)]
+    >>> with record_tensor_to(pretend_cuda=True) as moves:
+    ...     _ = torch.ones(2).to("cuda:0")
+    >>> moves[0].target, _.device.type
+    ('cuda:0', 'cpu')
     """
-    original = torch.Tensor.to
-    own = "to" in vars(torch.Tensor)  # defined on Tensor itself, or inherited from TensorBase
+    original_to, original_cuda = torch.Tensor.to, torch.Tensor.cuda
+    own = {name: name in vars(torch.Tensor) for name in ("to", "cuda")}  # else from TensorBase
     moves: list[TensorMove] = []
+
+    def record(self: torch.Tensor, target: Any, asynchronous: Any, move: Any) -> Any:
+        pinned = self.device.type == "cpu" and bool(self.is_pinned())
+        result = self.detach().clone() if pretend_cuda and is_cuda_target(target) else move()
+        moves.append(
+            TensorMove(
+                str(self.device), pinned, bool(asynchronous), str(target), id(self), id(result)
+            )
+        )
+        return result
 
     def spy(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         target = kwargs.get("device", kwargs.get("dtype", args[0] if args else ""))
-        pinned = self.device.type == "cpu" and self.is_pinned()
         # positional forms: to(device, dtype, non_blocking) or to(dtype, non_blocking)
         asynchronous = kwargs.get("non_blocking", any(arg is True for arg in args))
-        moves.append(TensorMove(str(self.device), pinned, bool(asynchronous), str(target)))
-        return original(self, *args, **kwargs)
+        return record(self, target, asynchronous, lambda: original_to(self, *args, **kwargs))
+
+    def cuda_spy(self: torch.Tensor, device: Any = None, non_blocking: bool = False) -> Any:
+        target = torch.device("cuda", device) if isinstance(device, int) else device or "cuda"
+        return record(self, target, non_blocking, lambda: original_cuda(self, device, non_blocking))
 
     torch.Tensor.to = spy  # type: ignore[method-assign,assignment]
+    if pretend_cuda:
+        torch.Tensor.cuda = cuda_spy  # type: ignore[method-assign,assignment]
     try:
         yield moves
     finally:
-        if own:
-            torch.Tensor.to = original  # type: ignore[method-assign]
-        else:
-            del torch.Tensor.to
+        for name, method in (("to", original_to), ("cuda", original_cuda)):
+            if own[name]:
+                setattr(torch.Tensor, name, method)
+            elif name in vars(torch.Tensor):
+                delattr(torch.Tensor, name)
+
+
+def is_cuda_target(target: Any) -> bool:
+    """Whether a ``Tensor.to`` target (a device, its name or index; not a dtype) is CUDA.
+
+    >>> is_cuda_target("cuda:1"), is_cuda_target(torch.device("cpu")), is_cuda_target(torch.float16)
+    (True, False, False)
+    """
+    if isinstance(target, torch.dtype | torch.Tensor | bool):
+        return False
+    try:
+        return torch.device(target).type == "cuda"
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, answering ``is_pinned()`` with True (a CPU grader cannot pin memory)."""
+    tensor.is_pinned = lambda *args, **kwargs: True  # type: ignore[method-assign]
+    return tensor
+
+
+def _copy_failure(error: Exception) -> str:
+    """Feedback for a ``to_gpu`` that raised ``error``."""
+    if isinstance(error, AttributeError) and "attribute" in str(error):
+        return (
+            f"to_gpu called a tensor method on a value that is not a tensor ({error}): go "
+            "inside tuples, lists and dicts, copy only the tensors, return other values as "
+            "they are"
+        )
+    return f"to_gpu(batch, device) raised {type(error).__name__}: {error}"
+
+
+def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
+    """Exercise 03 (b): ``to_gpu(batch, device)`` must return the batch's structure with
+    each tensor copied by ``.to`` (or ``.cuda``) on that very tensor, asynchronously where
+    the tensor is pinned, leaving the batch it was given as it was. The check watches the
+    copies with :func:`record_tensor_to` (``pretend_cuda=True``) and feeds a nested batch
+    of pretend-pinned images and labels and a pageable mask: it runs on a CPU.
+
+    >>> check_copy_to_gpu(lambda batch, device: batch)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
+    """
+    images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
+    mask, names = torch.ones(4, dtype=torch.bool), ["a.png", "b.png", "c.png", "d.png"]
+    inner = {"label": labels, "mask": mask}
+    batch = (images, inner, names)
+    where = {
+        "the images tensor (batch[0])": images,
+        "the labels tensor (batch[1]['label'])": labels,
+        "the mask tensor (batch[1]['mask'])": mask,
+    }
+    with record_tensor_to(pretend_cuda=True) as moves:
+        try:
+            result = to_gpu(batch, torch.device("cuda"))
+        except Exception as error:  # the learner's code failed: say how, in one line
+            raise CheckFailed(_copy_failure(error)) from None
+    check(
+        set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
+        "to_gpu changed the dict inside the batch it was given: build a new dict instead",
+    )
+    check(
+        isinstance(result, Sequence)
+        and len(result) == 3
+        and isinstance(result[1], Mapping)
+        and set(result[1]) == {"label", "mask"},
+        "return the batch in its own shape: here a sequence of 3 items whose second item is "
+        "a dict with the same keys ('label', 'mask')",
+    )
+    check(
+        list(result[2]) == names,
+        "the file names (batch[2]) are not tensors: return them as they are",
+    )
+    returned = {
+        "the images tensor (batch[0])": result[0],
+        "the labels tensor (batch[1]['label'])": result[1]["label"],
+        "the mask tensor (batch[1]['mask'])": result[1]["mask"],
+    }
+    for name, tensor in where.items():
+        copies = [m for m in moves if m.source_id == id(tensor) and is_cuda_target(m.target)]
+        rebuilt = "you copied a new tensor made from it (clone, contiguous, torch.tensor...), "
+        rebuilt += "which is in pageable memory, so that copy cannot be asynchronous: call "
+        rebuilt += ".to(device, non_blocking=True) on the batch's own tensor"
+        left = "copy every tensor of the batch, also those inside the dict, with .to(device)"
+        made = returned[name] is not tensor
+        check(copies, f"{name} was not copied: " + (rebuilt if made else left))
+        check(
+            not (tensor.is_pinned() and not all(m.non_blocking for m in copies)),
+            f"{name} is in pinned memory but was copied with non_blocking=False (the "
+            "default), so the host waits for each copy: pass non_blocking=True (or "
+            "non_blocking=tensor.is_pinned())",
+        )
+        check(
+            id(returned[name]) in {m.result_id for m in copies},
+            f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
+            "the device, it does not move the tensor in place",
+        )

@@ -1,0 +1,249 @@
+"""Exercise 03 (b): its check passes right answers written in several ways and fails the
+usual mistakes with feedback that names the mistake. The check cell runs as the grader
+runs it: after the notebook's imports, with the learner's functions in its namespace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+from torch.utils.data import DataLoader
+
+from course_utils.classroom import CheckFailed, check_copy_to_gpu, record_tensor_to
+from course_utils.device import to_device
+
+NB03 = Path(__file__).resolve().parent.parent / "notebooks" / "03_data_loading_and_batch_size.ipynb"
+
+
+def _cell(predicate) -> str:
+    notebook = nbformat.read(NB03, as_version=4)
+    return next(cell.source for cell in notebook.cells if predicate(cell))
+
+
+def _grade_cell(grade_id: str) -> str:
+    return _cell(lambda cell: cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+@pytest.fixture(scope="module")
+def nb03() -> dict:
+    namespace: dict = {}
+    for cell_id in ("nb03-04", "nb03-04b", "nb03-device"):
+        exec(_cell(lambda cell, cell_id=cell_id: cell.get("id") == cell_id), namespace)
+    exec(_grade_cell("03-gpu-loader"), namespace)  # the instructor's solution
+    return namespace
+
+
+def _run_check(nb03: dict, **learner) -> None:
+    namespace = {**nb03, **learner}
+    exec(_grade_cell("03-gpu-loader-check"), namespace)
+
+
+# ------------------------------------------------------------------ right answers
+
+
+def recursive_pinned(batch, device):  # non_blocking exactly where it can help
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=batch.is_pinned())
+    if isinstance(batch, dict):
+        return {key: recursive_pinned(value, device) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return [recursive_pinned(value, device) for value in batch]  # a list for a tuple
+    return batch
+
+
+def by_device_type(batch, device):
+    if torch.is_tensor(batch):
+        return batch.to(device=device, non_blocking=device.type == "cuda")
+    if isinstance(batch, dict):
+        return dict((key, by_device_type(value, device)) for key, value in batch.items())
+    if isinstance(batch, list | tuple):
+        return tuple(by_device_type(value, device) for value in batch)
+    return batch
+
+
+def with_pytree(batch, device):
+    return tree_map(
+        lambda leaf: leaf.to(device, non_blocking=True) if torch.is_tensor(leaf) else leaf, batch
+    )
+
+
+def with_cuda_method(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.cuda(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: with_cuda_method(value, device) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(with_cuda_method(value, device) for value in batch)
+    return batch
+
+
+def positional(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, batch.dtype, True)  # to(device, dtype, non_blocking)
+    if isinstance(batch, dict):
+        return {key: positional(value, device) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(positional(value, device) for value in batch)
+    return batch
+
+
+def course_helper(batch, device):
+    return to_device(batch, device)
+
+
+@pytest.mark.parametrize(
+    "solution",
+    [recursive_pinned, by_device_type, with_pytree, with_cuda_method, positional, course_helper],
+)
+def test_right_answers_written_another_way_pass(nb03, solution, capsys):
+    _run_check(nb03, to_gpu=solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def test_the_instructor_solution_passes(nb03, capsys):
+    _run_check(nb03)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ wrong answers
+
+
+def blocking(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: blocking(value, device) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(blocking(value, device) for value in batch)
+    return batch
+
+
+def flat(batch, device):  # the nested dict is not looked into
+    return [t.to(device, non_blocking=True) if torch.is_tensor(t) else t for t in batch]
+
+
+def flat_crash(batch, device):  # calls .to on everything
+    return [t.to(device, non_blocking=True) for t in batch]
+
+
+def discards_copies(batch, device):  # .to is not in place
+    for t in tree_flatten_tensors(batch):
+        t.to(device, non_blocking=True)
+    return batch
+
+
+def tree_flatten_tensors(batch):
+    leaves, _ = torch.utils._pytree.tree_flatten(batch)
+    return [leaf for leaf in leaves if torch.is_tensor(leaf)]
+
+
+def clones_first(batch, device):  # a pageable copy of a pinned tensor: not asynchronous
+    return tree_map(
+        lambda t: t.clone().to(device, non_blocking=True) if torch.is_tensor(t) else t, batch
+    )
+
+
+def mutates(batch, device):
+    images, extra, names = batch
+    for key in extra:
+        extra[key] = extra[key].to(device, non_blocking=True)
+    return images.to(device, non_blocking=True), extra, names
+
+
+def images_only_async(batch, device):
+    images, extra, names = batch
+    moved = {key: value.to(device) for key, value in extra.items()}
+    return images.to(device, non_blocking=True), moved, names
+
+
+def dict_as_list(batch, device):
+    images, extra, names = batch
+    moved = [value.to(device, non_blocking=True) for value in extra.values()]
+    return images.to(device, non_blocking=True), moved, names
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (blocking, "non_blocking=False"),
+        (images_only_async, r"labels tensor .* non_blocking=False"),
+        (flat, r"labels tensor .* was not copied: copy every tensor"),
+        (flat_crash, "not a tensor"),
+        (discards_copies, "not its copy: .to returns a new tensor"),
+        (clones_first, "new tensor made from it"),
+        (mutates, "changed the dict"),
+        (dict_as_list, "same keys"),
+    ],
+)
+def test_usual_mistakes_fail_with_feedback_that_names_them(solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        check_copy_to_gpu(solution)
+
+
+def _loader(pin=True, persistent=True, prefetch=4, shuffle=True):
+    def gpu_loader(dataset, batch_size, workers):
+        extra = {}
+        if workers:
+            extra = dict(persistent_workers=persistent, prefetch_factor=prefetch)
+        return DataLoader(
+            dataset, batch_size, shuffle=shuffle, num_workers=workers, pin_memory=pin, **extra
+        )
+
+    return gpu_loader
+
+
+def always_persistent(dataset, batch_size, workers):
+    return DataLoader(
+        dataset,
+        batch_size,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu_loader", "feedback"),
+    [
+        (_loader(pin=False), "without pin_memory=True"),
+        (_loader(persistent=False), "persistent_workers=True"),
+        (_loader(prefetch=2), "prefetch_factor=4"),
+        (_loader(shuffle=False), "shuffle=True"),
+        (always_persistent, "workers=0"),
+    ],
+)
+def test_loader_mistakes_fail_with_feedback(nb03, gpu_loader, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run_check(nb03, gpu_loader=gpu_loader)
+
+
+# ------------------------------------------------------------------ the spy itself
+
+
+def test_pretend_cuda_records_moves_and_keeps_tensors_on_the_cpu():
+    source = torch.arange(3)
+    with record_tensor_to(pretend_cuda=True) as moves:
+        moved = source.to("cuda", non_blocking=True)
+        again = source.cuda(1)
+        local = source.to("cpu")
+    assert moved.device.type == again.device.type == "cpu" and torch.equal(moved, source)
+    assert [(m.target, m.non_blocking) for m in moves] == [
+        ("cuda", True),
+        ("cuda:1", False),
+        ("cpu", False),
+    ]
+    assert moves[0].source_id == id(source) and moves[0].result_id == id(moved)
+    assert local is source  # a move to the CPU still runs for real
+
+
+def test_the_spy_restores_the_methods():
+    to, cuda = torch.Tensor.to, torch.Tensor.cuda
+    with pytest.raises(RuntimeError), record_tensor_to(pretend_cuda=True):
+        raise RuntimeError("the learner's code failed")
+    assert torch.Tensor.to is to and torch.Tensor.cuda is cuda
