@@ -203,9 +203,10 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
 
     Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
     (``"MIG-<uuid>"``: the slice, as CUDA sees it). Like CUDA, the list stops at the
-    first entry that names no GPU (``"-1"`` or ``""`` hide every GPU). CUDA 11 to 13
-    enumerate a single MIG device per process (NVIDIA's MIG user guide, "CUDA Device
-    Enumeration"): after the first, MIG devices are left out.
+    first entry that names no GPU (``"-1"`` or ``""`` hide every GPU). CUDA enumerates a
+    single MIG device per process (NVIDIA's MIG user guide, "CUDA Device Enumeration",
+    docs.nvidia.com/datacenter/tesla/mig-user-guide/mig-device-names.html): after the
+    first, MIG devices are left out.
     """
     chosen: list[GpuInfo] = []
     entries = [None] * len(gpus) if value is None else [raw.strip() for raw in value.split(",")]
