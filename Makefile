@@ -73,9 +73,10 @@ student: env
 lab: env
 	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
 
+# Fails at once, in one line, unless this torch can use a GPU here (a driver older than
+# 580 with the locked CUDA 13 torch: see the README's "The GPU lane").
 gpu-lane: env
-	$(PY) -m course_utils doctor
-	@$(PY) -c "from course_utils.device import cuda_gpu_count as n; n() or print('warning: no CUDA GPU visible: the GPU tests will skip and the notebooks run at full size on the CPU')"
+	$(PY) -m course_utils doctor --require-gpu
 	$(PYTEST) -q -rs -m "gpu or multigpu" tests
 	COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
 

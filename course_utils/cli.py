@@ -61,17 +61,24 @@ def _parser() -> argparse.ArgumentParser:
             parser.add_argument("--out", type=Path, default=out and Path(out), help="output folder")
         return parser
 
-    command("doctor", "describe this machine for the course").add_argument("--json", **json_option)
+    doctor = command("doctor", "describe this machine for the course")
+    doctor.add_argument("--json", **json_option)
+    doctor.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail (exit 1, one line) unless this torch can use a GPU here (make gpu-lane)",
+    )
     badges = command(
         "badges",
         "point Colab badges and setup cells at a repository",
-        description="Write every notebook's Colab setup cell: the repository and ref to "
-        "install from and the SHA-256 of colab_setup.sh (a script that does not match never "
-        "runs). Without --repo or --no-repo, each cell keeps its repository and ref.",
+        description="Write every notebook's badge line (cell 0's third line) and Colab setup "
+        "cell (cell 1) and the README's badge line: the repository and ref to install from "
+        "and the SHA-256 of colab_setup.sh (a script that does not match never runs). "
+        "Without --repo: the committed form (no repository; on Colab the cell asks for one).",
     )
     where = badges.add_mutually_exclusive_group()
     where.add_argument("--repo", help="the repository, as OWNER/NAME")
-    where.add_argument("--no-repo", action="store_true", help="point the cells at no repository")
+    where.add_argument("--no-repo", action="store_true", help="the committed form (the default)")
     badges.add_argument("--ref", help="best a commit (git checks it by its hash); or a branch/tag")
     badges.add_argument("--branch", help="where badges open notebooks (default: --ref, or main)")
     badges.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
@@ -128,6 +135,11 @@ def _parser() -> argparse.ArgumentParser:
 def _doctor(args: argparse.Namespace) -> int:
     from course_utils.env import doctor, format_doctor  # lazy: imports torch
 
+    if args.require_gpu:
+        from course_utils.device import cuda_gpu_count, no_gpu_reason  # lazy: imports torch
+
+        if cuda_gpu_count() == 0:
+            raise RuntimeError(f"the GPU lane needs a GPU this torch can use; {no_gpu_reason()}")
     report = doctor()
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return 0
@@ -138,13 +150,17 @@ def _badges(args: argparse.Namespace) -> int:
         raise ValueError("--repo needs --ref: a commit, e.g. --ref $(git rev-parse HEAD)")
     if not args.repo and (args.ref or args.branch):
         raise ValueError("--ref and --branch go with --repo")
-    repo = "" if args.no_repo else args.repo
-    changes = retarget_course(args.root, repo, args.ref, badge_ref=args.branch)
-    cells = f"{changes.setup_cells} setup cell(s)"
-    if args.repo:
+    changes = retarget_course(args.root, args.repo or "", args.ref, badge_ref=args.branch)
+    cells = f"{changes.setup_cells} notebook(s)"
+    if not args.repo:
         print(
-            f"{cells} now install from {args.repo}@{args.ref}; {changes.badges} badge(s) "
-            f"open the notebooks at {args.repo}@{changes.badge_ref}"
+            f"{cells}: setup cells with an empty COURSE_REPO field (on Colab they say what to "
+            "type) and no badge (the committed form; --repo and --ref fill them in)"
+        )
+    else:
+        print(
+            f"{cells}: setup cells install from {args.repo}@{args.ref}; {changes.badges} "
+            f"badge(s) open the notebooks at {args.repo}@{changes.badge_ref}"
         )
         committed = script_at_ref(args.root, args.ref)
         if committed is None:
@@ -157,15 +173,11 @@ def _badges(args: argparse.Namespace) -> int:
                 f"warning: colab_setup.sh at {args.ref} is not this checkout's: the cells "
                 "will refuse it; commit and push it, then use that commit as --ref"
             )
-    for repo_, ref in sorted(changes.settings):
-        where = f"{repo_}@{ref}" if repo_ else "no repository (on Colab they say so)"
-        if not args.repo:
-            print(f"{cells}: {where}")
-        if repo_ and not is_commit(ref):
+        if not is_commit(args.ref):
             print(
-                f"note: {ref} is not a commit: the cells check colab_setup.sh by its SHA-256, "
-                f"but pip installs whatever {ref} holds when a learner runs them; for a class, "
-                "use a commit: --ref $(git rev-parse HEAD)"
+                f"note: {args.ref} is not a commit: the cells check colab_setup.sh by its "
+                f"SHA-256, but pip installs whatever {args.ref} holds when a learner runs "
+                "them; for a class, use a commit: --ref $(git rev-parse HEAD)"
             )
     print(
         f"colab_setup.sh SHA-256 {changes.sha256}; files changed: "

@@ -1,10 +1,15 @@
 """Colab badges and setup cells, pointed at the repository that hosts the course.
 
-Each notebook's setup cell, on Colab only, downloads ``colab_setup.sh`` from the
-repository and ref written in it by ``python -m course_utils badges`` and runs it only if
-its SHA-256 matches the one written beside them. The script takes the repository and ref
-from the cell, so its hash is the same in every fork. A copy pointed at no repository
-(``COURSE_REPO`` empty: how the course is committed) says so on Colab in one line.
+Every notebook opens with a title cell whose third line is its "Open in Colab" badge and a
+setup cell (tagged ``colab-setup``, collapsed to a Colab form). On Colab only, the setup
+cell downloads ``colab_setup.sh`` from the repository and ref in its form fields and runs
+it only if its SHA-256 is the one written beside them. ``python -m course_utils badges``
+writes both cells of every notebook from :func:`badge_line` and :func:`setup_cell_source`:
+with ``--repo`` and ``--ref`` the form is filled in and the badges open that repository;
+without, the committed form: the fields empty (on Colab the cell says in one line what to
+type) and, instead of a badge, a line saying how to open the notebook in Colab. The script
+takes the repository and ref from the cell, so its hash is the same in every fork.
+Everything else in a notebook is kept byte for byte.
 """
 
 from __future__ import annotations
@@ -15,10 +20,24 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SETUP_TAG = "colab-setup"
 SETUP_SCRIPT = "colab_setup.sh"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+DEFAULT_REF = "main"
+# Colab shows the cell as a form (its code hidden), JupyterLab collapses its source.
+SETUP_CELL_METADATA: dict[str, Any] = {
+    "cellView": "form",
+    "jupyter": {"source_hidden": True},
+    "tags": [SETUP_TAG],
+}
+# The third line of every title cell (and of the README) until a repository is named.
+UNPUBLISHED_BADGE_LINE = (
+    "*Open in Colab:* the published copy of the course (the `colab` branch that "
+    "`.github/workflows/publish.yml` writes) has a one-click badge here; from any copy on "
+    "GitHub, open a notebook in Colab with File → Open notebook → GitHub and its address."
+)
 
 _REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _REF_PATTERN = re.compile(r"^[A-Za-z0-9_./-]+$")
@@ -27,7 +46,8 @@ _BADGE_URL = re.compile(
     r"[A-Za-z0-9_./-]+?/(notebooks/[A-Za-z0-9_.-]+\.ipynb)"
 )
 _SETTINGS = re.compile(
-    r'^COURSE_REPO, COURSE_REF = "([^"\n]*)", "([^"\n]*)"\nSETUP_SHA256 = "([0-9a-f]*)"$',
+    r'^COURSE_REPO = "([^"\n]*)"  # @param .*\nCOURSE_REF = "([^"\n]*)"  # @param .*\n'
+    r'SETUP_SHA256 = "([0-9a-f]*)"',
     re.MULTILINE,
 )
 
@@ -75,33 +95,46 @@ def badge_url(repo: str, ref: str, notebook: str) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 
+def badge_line(repo: str, ref: str, notebook: str) -> str:
+    """The third line of a title cell: the badge that opens ``notebook`` at ``repo``/``ref``
+    in Colab, or without a repository :data:`UNPUBLISHED_BADGE_LINE` (no dead link)."""
+    if not repo:
+        return UNPUBLISHED_BADGE_LINE
+    return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
+
+
 def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
-    """The first code cell of every notebook: on Colab, fetch ``colab_setup.sh`` from
-    ``repo`` at ``ref`` and run it if its SHA-256 is ``sha256`` (no repo and ref: say so)."""
-    if bool(repo) != bool(ref):
-        raise ValueError("give both a repository and a ref, or neither")
+    """The setup cell of every notebook: a Colab form with the repository (``repo``,
+    "" for none: the learner types it) and ``ref`` to install from; on Colab it fetches
+    ``colab_setup.sh`` from there and runs it if its SHA-256 is ``sha256``."""
     if repo:
         _check_repo_and_ref(repo, ref)
+    elif not _REF_PATTERN.match(ref) or ref.startswith("-") or ".." in ref:
+        raise ValueError(f"--ref must be a branch, tag or commit, got {ref!r}")
     if not _is_hex(sha256, 64):
         raise ValueError(f"not a SHA-256 in hex: {sha256!r}")
     return (
-        "# Colab only: install the course package without touching Colab's torch.\n"
-        "# Elsewhere this cell does nothing (use `make lab` or environment.yml locally).\n"
-        "# `python -m course_utils badges` writes the repository and commit to install from\n"
-        "# and the SHA-256 of their colab_setup.sh: a script that does not match never runs.\n"
-        "import hashlib, os, sys, tempfile, urllib.request\n"
-        "\n"
-        f'COURSE_REPO, COURSE_REF = "{repo}", "{ref}"\n'
+        "# @title Course setup: run this cell first (on Colab it installs the course; "
+        "elsewhere it does nothing)\n"
+        "# The GitHub repository (OWNER/NAME) and ref to install from; the script that does\n"
+        "# not have the SHA-256 below never runs. `python -m course_utils badges` writes them.\n"
+        f'COURSE_REPO = "{repo}"  # @param {{type:"string"}}\n'
+        f'COURSE_REF = "{ref}"  # @param {{type:"string"}}\n'
         f'SETUP_SHA256 = "{sha256}"\n'
+        "import hashlib, os, re, sys, tempfile, urllib.request\n"
         'if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:\n'
-        "    if not COURSE_REPO:\n"
-        '        raise RuntimeError("Colab setup: this copy of the course names no repository'
-        ' to install from (see docs/instructor-guide.md)")\n'
+        '    COURSE_REPO, COURSE_REF = COURSE_REPO.strip().strip("/"), COURSE_REF.strip() or '
+        '"main"\n'
+        '    if not re.fullmatch(r"[\\w.-]+/[\\w.-]+", COURSE_REPO) or not re.fullmatch('
+        'r"[\\w./-]+", COURSE_REF):\n'
+        '        raise RuntimeError("Colab setup: type the GitHub repository this notebook comes '
+        "from into COURSE_REPO above (OWNER/NAME: what follows colab.research.google.com/"
+        'github/ in the address bar), then run this cell again")\n'
         '    url = f"https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"\n'
         "    script = urllib.request.urlopen(url, timeout=60).read()\n"
         "    if hashlib.sha256(script).hexdigest() != SETUP_SHA256:\n"
-        '        raise RuntimeError(f"Colab setup: refused to run {url}:'
-        ' its SHA-256 is not SETUP_SHA256")\n'
+        '        raise RuntimeError(f"Colab setup: refused to run {url}: its SHA-256 is not '
+        'SETUP_SHA256 (set COURSE_REF to the commit this notebook comes from)")\n'
         '    with tempfile.NamedTemporaryFile(suffix="_colab_setup.sh", delete=False) as file:\n'
         "        file.write(script)\n"
         "    !COURSE_REPO={COURSE_REPO} COURSE_REF={COURSE_REF} bash {file.name}\n"
@@ -128,65 +161,165 @@ class BadgeChanges:
     badge_ref: str | None = None  # where the badges open the notebooks
 
 
-def _retarget_notebook(
-    path: Path, target: tuple[str, str] | None, root: Path, changes: BadgeChanges
-) -> None:
-    """Rewrite one notebook's setup cell, and its badges for a repository, counting into
-    ``changes``. ``target``: (repository, ref), ("", "") for none, None: the cell's own."""
+# --- editing a notebook's JSON text in place: everything else stays byte for byte ----------
+
+_DECODER = json.JSONDecoder()
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
+
+
+def _members(text: str, start: int) -> list[tuple[str, int, int]]:
+    """(key, start, end) of each value of the JSON object opening at ``text[start]``."""
+    found, position = [], _skip_space(text, start + 1)
+    while text[position] != "}":
+        key, position = _DECODER.raw_decode(text, position)
+        position = _skip_space(text, _skip_space(text, position) + 1)  # past the colon
+        _, end = _DECODER.raw_decode(text, position)
+        found.append((key, position, end))
+        position = _skip_space(text, end)
+        position = _skip_space(text, position + 1) if text[position] == "," else position
+    return found
+
+
+def _elements(text: str, start: int) -> list[tuple[int, int]]:
+    """(start, end) of each element of the JSON array opening at ``text[start]``."""
+    found, position = [], _skip_space(text, start + 1)
+    while text[position] != "]":
+        _, end = _DECODER.raw_decode(text, position)
+        found.append((position, end))
+        position = _skip_space(text, end)
+        position = _skip_space(text, position + 1) if text[position] == "," else position
+    return found
+
+
+def _indent_of(text: str, position: int) -> str:
+    """The leading white space of the line holding ``text[position]``."""
+    line_start = text.rfind("\n", 0, position) + 1
+    line = text[line_start:position]
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _dump(value: Any, indent: str) -> str:
+    """``value`` as JSON in nbformat's layout (one space per level), nested at ``indent``."""
+    text = json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False)
+    return text.replace("\n", "\n" + indent)
+
+
+def _setup_cell(old: dict[str, Any], source: str, cell_id: str) -> dict[str, Any]:
+    metadata = {key: value for key, value in old.get("metadata", {}).items() if key != "tags"}
+    metadata |= SETUP_CELL_METADATA | {
+        "jupyter": {**metadata.get("jupyter", {}), "source_hidden": True}
+    }
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": old.get("id", cell_id),
+        "metadata": metadata,
+        "outputs": [],
+        "source": source.splitlines(keepends=True),
+    }
+
+
+def _is_badge_line(line: str) -> bool:
+    return line.rstrip("\n") == UNPUBLISHED_BADGE_LINE or bool(_BADGE_URL.search(line))
+
+
+def _title_lines(path: Path, lines: list[str], badge: str) -> list[str]:
+    """The first three lines of the title cell: its title, a blank line, ``badge``."""
+    head = [line.rstrip("\n") for line in lines[:3]]
+    titles = [line for line in head if line.startswith("# ")]
+    badges = [line for line in head if _is_badge_line(line)]
+    if len(lines) < 3 or len(titles) != 1 or len(badges) != 1 or "" not in head:
+        raise ValueError(
+            f"{path.name}: cell 0 must start with its title ('# NN — title'), a blank line "
+            f"and the badge line, in any order; found {head!r}"
+        )
+    return [titles[0] + "\n", "\n", badge + ("\n" if len(lines) > 3 else "")]
+
+
+def _notebook_text(path: Path, badge: str, setup: str) -> str:
+    """The notebook at ``path`` with ``badge`` as its title cell's third line (after the
+    title and a blank line) and ``setup`` as cell 1 (inserted if it has none); the rest of
+    the file byte for byte."""
     text = path.read_text(encoding="utf-8")
-    notebook = json.loads(text)
-    own_path = path.resolve().relative_to(root.resolve()).as_posix()
-    for cell in notebook.get("cells", []):
-        source = "".join(cell.get("source", []))
-        if cell.get("cell_type") == "markdown":
-            if not (target and target[0] and changes.badge_ref):
-                continue
-            url = badge_url(target[0], changes.badge_ref, own_path)
-            new, count = _BADGE_URL.subn(url, source)
-            changes.badges += count
-        elif SETUP_TAG in cell.get("metadata", {}).get("tags", []):
-            old = setup_cell_settings(source)
-            repo, ref = target if target is not None else (old[:2] if old else ("", ""))
-            new = setup_cell_source(repo, ref, changes.sha256)
-            changes.settings.add((repo, ref))
-            changes.setup_cells += 1
-        else:
-            continue
-        cell["source"] = new.splitlines(keepends=True)
-    new_text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    if new_text != text:
-        path.write_text(new_text, encoding="utf-8")
-        changes.files.append(str(path.relative_to(root)))
+    cells = json.loads(text).get("cells") or []
+    if not cells or cells[0].get("cell_type") != "markdown":
+        raise ValueError(f"{path.name}: cell 0 must be the title (markdown)")
+    stored = cells[0].get("source", "")
+    lines = "".join(stored).splitlines(keepends=True)
+    first = _title_lines(path, lines, badge)
+    tagged = [i for i, c in enumerate(cells) if SETUP_TAG in c.get("metadata", {}).get("tags", [])]
+    if tagged not in ([], [1]):
+        raise ValueError(f"{path.name}: the {SETUP_TAG} cell must be cell 1 (found: {tagged})")
+
+    cells_at = next(start for key, start, _ in _members(text, 0) if key == "cells")
+    spans = _elements(text, cells_at)
+    indent = _indent_of(text, spans[0][0])
+    new_cell = _dump(_setup_cell(cells[1] if tagged else {}, setup, _new_id(path)), indent)
+    edits: list[tuple[int, int, str]] = []  # (start, end, new text), applied back to front
+    if tagged:
+        edits.append((spans[1][0], spans[1][1], new_cell))
+    else:
+        edits.append((spans[0][1], spans[0][1], ",\n" + indent + new_cell))
+    source_at, source_end = next(
+        (start, end) for key, start, end in _members(text, spans[0][0]) if key == "source"
+    )
+    if isinstance(stored, list) and stored[:3] == lines[:3]:
+        for (start, end), line in zip(_elements(text, source_at)[:3], first, strict=True):
+            edits.append((start, end, json.dumps(line, ensure_ascii=False)))
+    else:  # one string, or lines split otherwise: the source as one string
+        whole = "".join(first + lines[3:])
+        edits.append((source_at, source_end, json.dumps(whole, ensure_ascii=False)))
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+def _new_id(path: Path) -> str:
+    return f"nb{path.stem.split('_')[0]}-colab-setup"
 
 
 def retarget_course(
     root: Path, repo: str | None, ref: str | None = None, *, badge_ref: str | None = None
 ) -> BadgeChanges:
-    """Write every notebook's setup cell under the checkout ``root`` with the SHA-256 of
-    its ``colab_setup.sh``, pointed at ``repo``/``ref`` (``repo`` None: each cell's own;
-    "": none). For a repository, the notebooks' and README's badges open the notebooks at
-    ``badge_ref`` (default: ``ref``, or ``main`` for a commit, whose notebooks predate the
-    new cells)."""
-    target: tuple[str, str] | None = None
-    if repo is not None:
-        target = (repo, ref or "")
-        if repo or ref:
-            _check_repo_and_ref(repo, ref or "")
-            badge_ref = badge_ref or ("main" if is_commit(ref or "") else ref)
-            _check_repo_and_ref(repo, badge_ref or "")
+    """Write the badge line and the setup cell of every notebook under the checkout
+    ``root`` (and the README's badge line), with the SHA-256 of its ``colab_setup.sh``,
+    pointed at ``repo``/``ref`` (``repo`` None or "": the committed form, no repository).
+    The badges open the notebooks at ``badge_ref`` (default: ``ref``, or ``main`` for a
+    commit, whose notebooks predate the new cells)."""
+    repo = repo or ""
+    if repo or ref:
+        _check_repo_and_ref(repo, ref or "")
+        badge_ref = badge_ref or (DEFAULT_REF if is_commit(ref or "") else ref)
+        _check_repo_and_ref(repo, badge_ref or "")
+    ref = ref or DEFAULT_REF
     sha256 = script_sha256(root)
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
-    changes = BadgeChanges([], 0, 0, sha256, badge_ref=badge_ref)
+    changes = BadgeChanges([], 0, 0, sha256, {(repo, ref)}, badge_ref=badge_ref)
+    setup = setup_cell_source(repo, ref, sha256)
+    written: dict[Path, str] = {}  # every file checked before any is written
     for path in notebooks:
-        _retarget_notebook(path, target, root, changes)
+        own_path = path.resolve().relative_to(root.resolve()).as_posix()
+        written[path] = _notebook_text(path, badge_line(repo, badge_ref or "", own_path), setup)
+        changes.setup_cells += 1
+        changes.badges += bool(repo)
     readme = root / "README.md"
-    if repo and badge_ref and readme.exists():
-        text = readme.read_text(encoding="utf-8")
-        new, count = _BADGE_URL.subn(lambda m: badge_url(repo, badge_ref, m.group(1)), text)
-        changes.badges += count
-        if new != text:
-            readme.write_text(new, encoding="utf-8")
-            changes.files.append(str(readme.relative_to(root)))
+    if readme.exists():
+        lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+        if len(lines) >= 3 and _is_badge_line(lines[2]):
+            first = notebooks[0].resolve().relative_to(root.resolve()).as_posix()
+            ending = "\n" if lines[2].endswith("\n") else ""
+            lines[2] = badge_line(repo, badge_ref or "", first) + ending
+            written[readme] = "".join(lines)
+            changes.badges += bool(repo)
+    for path, text in written.items():
+        if text != path.read_text(encoding="utf-8"):
+            path.write_text(text, encoding="utf-8")
+            changes.files.append(path.resolve().relative_to(root.resolve()).as_posix())
     return changes

@@ -1,11 +1,14 @@
 """Choosing where to run (notebook 01): device, GPU, numeric precision, moving batches.
 
-Nothing here initializes CUDA until you ask for a CUDA tensor: GPUs are found through
-NVML (or, without NVML, in a subprocess), so a notebook can still ``fork`` afterwards.
+Nothing here initializes CUDA or touches it in a way that spoils a later ``fork`` until
+you ask for a CUDA tensor: GPUs are found through NVML (or, without NVML, in a
+subprocess), and what this torch was built for is read in a subprocess, so a notebook can
+still ``fork`` afterwards (DataLoader workers, Lightning's ``ddp_notebook``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -17,7 +20,14 @@ from typing import Any
 
 import torch
 
-from course_utils.nvml import cuda_driver_version, gpu_for_cuda_index, nvml_status, visible_gpus
+from course_utils import nvml
+from course_utils.nvml import (
+    cuda_driver_version,
+    gpu_for_cuda_index,
+    nvml_session,
+    nvml_status,
+    visible_gpus,
+)
 
 DEVICE_ENV_VAR = "COURSE_DEVICE"
 
@@ -45,13 +55,18 @@ def _version_tuple(text: str | None) -> tuple[int, ...] | None:
         return None
 
 
+@functools.cache
 def _arch_flags() -> list[str]:
     """The GPU architectures this torch was built for (``sm_75``, ``compute_90``...), read
-    without ``torch.cuda.get_arch_list()``, which creates a driver context."""
+    once, in a child process: ``torch._C._cuda_getArchFlags()`` marks this process so that
+    every process forked from it later fails at its first CUDA call ("Cannot re-initialize
+    CUDA in forked subprocess"), and ``torch.cuda.get_arch_list()`` also starts CUDA."""
+    code = "import torch; print(getattr(torch._C, '_cuda_getArchFlags', lambda: '')() or '')"
     try:
-        return str(getattr(torch._C, "_cuda_getArchFlags", lambda: "")() or "").split()
-    except Exception:  # the CUDA libraries could not be loaded
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
         return []
+    return done.stdout.decode(errors="replace").split() if done.returncode == 0 else []
 
 
 def _arch_number(flag: str) -> tuple[int, int] | None:
@@ -97,28 +112,54 @@ def gpu_problems() -> list[str]:
             f"supports CUDA up to {cuda_driver_version()}: update the driver, or install a "
             f"torch built for CUDA {driver[0]}.x"
         )
-    flags = _arch_flags()
     for position, gpu in enumerate(visible_gpus()):
-        if gpu.compute_capability and not build_runs_on(gpu.compute_capability, flags):
+        if not gpu.compute_capability:
+            continue
+        flags = _arch_flags()  # read once, only when there is a GPU to check
+        if not build_runs_on(gpu.compute_capability, flags):
             major, minor = gpu.compute_capability
             problems.append(
                 f"cuda:{position} ({gpu.name}, compute capability {major}.{minor}) is not "
                 f"supported by this torch {torch.__version__} (built for "
                 f"{' '.join(flags)}): use a GPU it supports, or a torch build that "
-                f"includes sm_{major}{minor}"
+                f"includes sm_{major}{minor}" + _legacy_build_hint(gpu.compute_capability)
             )
     return problems
 
 
+def _legacy_build_hint(capability: tuple[int, int]) -> str:
+    """For a GPU older than Turing: which PyTorch build still runs on it."""
+    if capability >= (7, 5):
+        return ""
+    return (
+        "; PyTorch >= 2.8 with CUDA 12.8+/13 wheels needs compute capability >= 7.5 "
+        "(Turing): this GPU needs the cu126 build (pip install torch torchvision "
+        "--index-url https://download.pytorch.org/whl/cu126)"
+    )
+
+
+# The last count NVML gave, for (CUDA_VISIBLE_DEVICES, the NVML binding): GPUs do not come
+# and go while a process runs, and every pick() in a notebook's knobs cell asks again.
+_counted: tuple[tuple[Any, ...], int] | None = None
+
+
 def cuda_gpu_count() -> int:
     """How many GPUs PyTorch can use, found without initializing CUDA (NVML, else a
-    subprocess); 0 also when this torch cannot run on them (:func:`gpu_problems`)."""
+    subprocess); 0 also when this torch cannot run on them (:func:`gpu_problems`).
+    NVML's answer is kept for the process, per value of ``CUDA_VISIBLE_DEVICES``."""
+    global _counted
     if not torch.backends.cuda.is_built():
         return 0
     if torch.cuda.is_initialized():
         return torch.cuda.device_count()
-    if nvml_status() == "ok":  # with problems, the first CUDA operation would fail: 0
-        return 0 if gpu_problems() else len(visible_gpus())
+    key = (os.environ.get("CUDA_VISIBLE_DEVICES"), nvml._pynvml)
+    if _counted is not None and _counted[0][0] == key[0] and _counted[0][1] is key[1]:
+        return _counted[1]
+    with nvml_session():  # one NVML session: the calls below nest in it
+        if nvml_status() == "ok":  # with problems, the first CUDA operation would fail: 0
+            count = 0 if gpu_problems() else len(visible_gpus())
+            _counted = (key, count)
+            return count
     return _count_gpus_in_subprocess() if _driver_present() else 0
 
 
@@ -159,7 +200,7 @@ def choose_device(prefer: str | None = None) -> DeviceChoice:
         return DeviceChoice(torch.device("cuda", position), f"CUDA is available: {why}")
     if mps_available():
         return DeviceChoice(torch.device("mps"), "Apple MPS is available (no CUDA GPU)")
-    return DeviceChoice(torch.device("cpu"), _no_gpu_reason())
+    return DeviceChoice(torch.device("cpu"), no_gpu_reason())
 
 
 def _explicit_choice(wanted: str) -> DeviceChoice:
@@ -177,20 +218,23 @@ def _explicit_choice(wanted: str) -> DeviceChoice:
         count = cuda_gpu_count()
         index = 0 if device.index is None else device.index
         if index >= count:
-            why = _no_gpu_reason() if count == 0 else f"use cuda:0 to cuda:{count - 1}"
+            why = no_gpu_reason() if count == 0 else f"use cuda:0 to cuda:{count - 1}"
             raise ValueError(f"asked for {wanted}, but PyTorch sees {count} CUDA GPU(s): {why}")
         return DeviceChoice(torch.device("cuda", index), f"asked for {wanted}")
     raise ValueError(f"unsupported device {wanted!r}: use cpu, cuda, cuda:N or mps")
 
 
-def _no_gpu_reason() -> str:
+def no_gpu_reason() -> str:
+    """Why PyTorch has no GPU to use here, in one line: a CPU-only build, every GPU hidden,
+    none visible (no driver answers), the driver too old for this build's CUDA, or a GPU
+    whose architecture this build has no kernels for."""
     if not torch.backends.cuda.is_built():
         return f"no GPU: this torch ({torch.__version__}) is a CPU-only build"
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU"
     status = nvml_status()
     if status != "ok":
-        return "no GPU: " + status
+        return "no GPU visible: " + status
     problems = gpu_problems()
     if problems:
         return "no usable GPU: " + problems[0]
@@ -315,8 +359,10 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool | None 
     device = torch.device(device)
     if isinstance(batch, torch.Tensor):
         if non_blocking is None:  # asynchronous exactly for pinned memory to a GPU
-            pinned = batch.device.type == "cpu" and batch.is_pinned()
-            return batch.to(device, non_blocking=device.type == "cuda" and pinned)
+            # is_pinned() asks the CUDA driver (and creates a context on GPU 0): only
+            # when the batch goes to a GPU
+            pinned = device.type == "cuda" and batch.device.type == "cpu" and batch.is_pinned()
+            return batch.to(device, non_blocking=pinned)
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
         moved = {key: to_device(value, device, non_blocking) for key, value in batch.items()}

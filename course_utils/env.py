@@ -167,7 +167,8 @@ def doctor() -> dict[str, Any]:
 
 def _gpu_entry(gpu: nvml.GpuInfo) -> dict[str, Any]:
     capability = gpu.compute_capability and ".".join(map(str, gpu.compute_capability))
-    return asdict(gpu) | {"mig_uuids": list(gpu.mig_uuids), "compute_capability": capability}
+    entry = {key: value for key, value in asdict(gpu).items() if key != "mig_devices"}
+    return entry | {"mig_uuids": list(gpu.mig_uuids), "compute_capability": capability}
 
 
 def format_doctor(report: dict[str, Any]) -> str:

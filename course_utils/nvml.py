@@ -41,6 +41,8 @@ class GpuInfo:
     memory_free_mib: int | None
     compute_capability: tuple[int, int] | None
     mig_uuids: tuple[str, ...] = ()  # UUIDs of its MIG devices ("MIG-..."), when MIG is on
+    # Each MIG device as CUDA sees it: its own name, UUID and memory (index: the parent's)
+    mig_devices: tuple[GpuInfo, ...] = ()
 
 
 def binding_problem() -> str | None:
@@ -141,19 +143,24 @@ def _gpu_info(index: int) -> GpuInfo | None:
     handle = nvml_call("nvmlDeviceGetHandleByIndex", index)
     if handle is None:
         return None
-    capability = nvml_call("nvmlDeviceGetCudaComputeCapability", handle)
-    mig_uuids: list[str] = []
+    found = nvml_call("nvmlDeviceGetCudaComputeCapability", handle)
+    capability = (int(found[0]), int(found[1])) if found else None
+    mig_devices: list[GpuInfo] = []
     if _mig_enabled(handle):
         for slot in range(int(nvml_call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0)):
             mig = nvml_call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
             uuid = None if mig is None else _text(nvml_call("nvmlDeviceGetUUID", mig))
-            mig_uuids += [uuid] if uuid else []
+            if uuid:  # a slice: its own name ("... MIG 1g.10gb") and memory, not the GPU's
+                name = _text(nvml_call("nvmlDeviceGetName", mig))
+                memory = _memory_mib(mig)
+                mig_devices.append(GpuInfo(index, name, uuid, None, *memory, capability, (uuid,)))
     return GpuInfo(
         index,
         *_identity(handle),
         *_memory_mib(handle),
-        compute_capability=tuple(capability) if capability else None,
-        mig_uuids=tuple(mig_uuids),
+        compute_capability=capability,
+        mig_uuids=tuple(mig.uuid for mig in mig_devices if mig.uuid),
+        mig_devices=tuple(mig_devices),
     )
 
 
@@ -180,23 +187,41 @@ def _matches(entry: str, gpu: GpuInfo) -> bool:
     return bool(gpu.uuid and gpu.uuid.startswith(entry))
 
 
+def _as_cuda_sees_it(gpu: GpuInfo, entry: str | None = None) -> GpuInfo:
+    """A GPU with MIG on is seen by CUDA as one of its MIG devices: the one ``entry``
+    (``"MIG-<uuid>"``) names, else the first; the GPU itself without MIG devices."""
+    named = entry if entry and entry.startswith("MIG-") and not entry.startswith("MIG-GPU-") else ""
+    for mig in gpu.mig_devices:
+        if (mig.uuid or "").startswith(named):
+            return mig
+    return gpu
+
+
 def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInfo]:
     """The GPUs CUDA will use given ``CUDA_VISIBLE_DEVICES`` (``value``; ``None`` when
     unset: every GPU); position ``k`` in the result is ``cuda:k``.
 
     Entries are indices (``"1,0"``), UUID prefixes (``"GPU-3f2a"``) or MIG devices
-    (``"MIG-<uuid>"``: the GPU that holds the slice). Like CUDA, the list stops at the
-    first entry that names no GPU (``"-1"`` or ``""`` hide every GPU).
+    (``"MIG-<uuid>"``: the slice, as CUDA sees it). Like CUDA, the list stops at the
+    first entry that names no GPU (``"-1"`` or ``""`` hide every GPU). CUDA enumerates a
+    single MIG device per process (NVIDIA's MIG user guide, "CUDA Device Enumeration",
+    docs.nvidia.com/datacenter/tesla/mig-user-guide/mig-device-names.html): after the
+    first, MIG devices are left out.
     """
-    if value is None:
-        return list(gpus)
     chosen: list[GpuInfo] = []
-    for entry in (raw.strip() for raw in value.split(",")):
-        match = next((gpu for gpu in gpus if entry and _matches(entry, gpu)), None)
-        if match is None or match in chosen:
+    entries = [None] * len(gpus) if value is None else [raw.strip() for raw in value.split(",")]
+    for position, entry in enumerate(entries):
+        if entry is None:
+            match: GpuInfo | None = gpus[position]
+        else:
+            match = next((gpu for gpu in gpus if entry and _matches(entry, gpu)), None)
+        if match is None or any(gpu.index == match.index for gpu in chosen):
+            if value is None:
+                continue
             break
-        chosen.append(match)
-    return chosen
+        chosen.append(_as_cuda_sees_it(match, entry))
+    migs = [gpu for gpu in chosen if gpu.mig_uuids]
+    return [gpu for gpu in chosen if gpu not in migs[1:]]
 
 
 def visible_gpus() -> list[GpuInfo]:
@@ -247,8 +272,9 @@ def gpu_for_cuda_index(cuda_index: int, gpus: list[GpuInfo] | None = None) -> Gp
     if uuid:
         bare = _bare_uuid(uuid)
         for gpu in every:
-            if any(_bare_uuid(u) == bare for u in (gpu.uuid or "", *gpu.mig_uuids) if u):
-                return gpu
+            for seen in (*gpu.mig_devices, gpu):  # a MIG device: the slice, not its GPU
+                if any(_bare_uuid(u) == bare for u in (seen.uuid or "", *seen.mig_uuids) if u):
+                    return seen
     visible = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), every)
     return visible[cuda_index] if 0 <= cuda_index < len(visible) else None
 

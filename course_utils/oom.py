@@ -17,16 +17,36 @@ from torch import nn
 
 from course_utils.units import MIB
 
+# What a RuntimeError says when memory ran out, lower case: CUDA, MPS, the CPU allocator,
+# and the disguises of cuDNN and cuBLAS near the limit: cuDNN's v8 API tries every engine
+# configuration, each fails to allocate its workspace, and it reports "unable to find an
+# engine" (aten/src/ATen/native/cudnn/Conv_v8.cpp); handle creation reports
+# CUDNN_STATUS_ALLOC_FAILED or CUBLAS_STATUS_ALLOC_FAILED.
+_OUT_OF_MEMORY_WORDS = (
+    "out of memory",
+    "can't allocate memory",
+    "unable to find an engine",
+    "_status_alloc_failed",
+)
+
 
 def is_out_of_memory(error: BaseException) -> bool:
     """True for ``torch.cuda.OutOfMemoryError``, ``MemoryError``, or a ``RuntimeError``
-    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS) or "can't allocate memory" (CPU)."""
+    saying "out of memory" (CUDA, MPS, cuDNN, cuBLAS), "can't allocate memory" (CPU), or
+    what cuDNN and cuBLAS say instead near the limit ("GET was unable to find an engine to
+    execute this computation", ``CUDNN_STATUS_ALLOC_FAILED``, ``CUBLAS_STATUS_ALLOC_FAILED``).
+
+    >>> is_out_of_memory(RuntimeError("GET was unable to find an engine to execute this"))
+    True
+    >>> is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
     if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
         return True
     if not isinstance(error, RuntimeError):
         return False
     message = str(error).lower()
-    return "out of memory" in message or "can't allocate memory" in message
+    return any(words in message for words in _OUT_OF_MEMORY_WORDS)
 
 
 def error_summary(error: BaseException) -> str:

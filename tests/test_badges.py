@@ -28,13 +28,13 @@ def make_course(root, names=("01_a.ipynb", "02_b.ipynb")):
         setup = nbformat.v4.new_code_cell(colab.setup_cell_source(OLD_REPO, OLD_REF, STALE_SHA))
         setup.metadata["tags"] = [colab.SETUP_TAG]
         notebook.cells = [
-            nbformat.v4.new_markdown_cell(f"# {name}\n{badge}\nSome text."),
+            nbformat.v4.new_markdown_cell(f"# {name}\n\n{badge}\n\nSome text."),
             setup,
             nbformat.v4.new_code_cell("x = 'https://colab.research.google.com/ is text here'"),
         ]
         nbformat.write(notebook, root / "notebooks" / name)
     readme_badge = badge_markdown("notebooks/01_a.ipynb")
-    (root / "README.md").write_text(f"# Course\n{readme_badge}\n")
+    (root / "README.md").write_text(f"# Course\n\n{readme_badge}\n")
     (root / "colab_setup.sh").write_text(SCRIPT)
 
 
@@ -81,24 +81,79 @@ def test_a_commit_pins_the_setup_cells_and_the_badges_open_a_branch(tmp_path):
     assert "/blob/spring/notebooks/01_a.ipynb" in cells(tmp_path, "01_a.ipynb")[0].source
 
 
-def test_without_a_repo_the_cells_keep_theirs_and_get_the_new_hash(tmp_path):
+def test_without_a_repo_the_course_gets_the_committed_form(tmp_path):
     make_course(tmp_path)
     changes = colab.retarget_course(tmp_path, None)
-    assert changes.settings == {(OLD_REPO, OLD_REF)} and changes.badges == 0
+    assert changes.settings == {("", "main")} and changes.badges == 0
     for name in ("01_a.ipynb", "02_b.ipynb"):
-        setup = cells(tmp_path, name)[1].source
-        assert colab.setup_cell_settings(setup) == (OLD_REPO, OLD_REF, SCRIPT_SHA)
-    assert OLD_REPO in (tmp_path / "README.md").read_text()
-
-
-def test_no_repo_leaves_the_cells_unconfigured_and_the_badges_alone(tmp_path):
-    make_course(tmp_path)
+        title, setup, _ = cells(tmp_path, name)
+        assert colab.setup_cell_settings(setup.source) == ("", "main", SCRIPT_SHA)
+        assert title.source.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
+        assert "colab.research.google.com/github" not in title.source  # no dead link
     readme = (tmp_path / "README.md").read_text()
-    changes = colab.retarget_course(tmp_path, "")
-    assert changes.settings == {("", "")}
-    setup = cells(tmp_path, "01_a.ipynb")[1].source
-    assert colab.setup_cell_settings(setup) == ("", "", SCRIPT_SHA)
-    assert (tmp_path / "README.md").read_text() == readme
+    assert readme.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE and OLD_REPO not in readme
+    assert colab.retarget_course(tmp_path, "").files == []  # "" is the same form
+
+
+def test_the_setup_cell_is_cell_1_collapsed_and_everything_else_is_kept_byte_for_byte(tmp_path):
+    make_course(tmp_path, names=("01_a.ipynb",))
+    path = tmp_path / "notebooks" / "01_a.ipynb"
+    notebook = json.loads(path.read_text())
+    notebook["cells"][2]["metadata"]["custom"] = {"ü": 1}  # odd but legal content
+    notebook["cells"][0]["source"] = "".join(notebook["cells"][0]["source"])  # one string
+    text = json.dumps(notebook, indent=2, ensure_ascii=True)  # not nbformat's layout
+    path.write_text(text)
+    colab.retarget_course(tmp_path, "teacher/gpu-class", COMMIT)
+    new = path.read_text()
+    before, after = json.loads(text), json.loads(new)
+    assert after["cells"][2:] == before["cells"][2:] and after["metadata"] == before["metadata"]
+    tail = text[text.index('"x = ') - 200 :]  # the text after cell 1 is untouched
+    assert new.endswith(tail)
+    setup = after["cells"][1]
+    assert setup["metadata"]["cellView"] == "form"
+    assert setup["metadata"]["jupyter"] == {"source_hidden": True}
+    assert setup["metadata"]["tags"] == [colab.SETUP_TAG]
+    assert setup["id"] == before["cells"][1]["id"]
+    old_rest = before["cells"][0]["source"].split("\n")[3:]
+    assert after["cells"][0]["source"].split("\n")[3:] == old_rest
+
+
+def test_a_notebook_without_a_setup_cell_gets_one_as_cell_1(tmp_path):
+    make_course(tmp_path, names=("01_a.ipynb",))
+    path = tmp_path / "notebooks" / "01_a.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    del notebook.cells[1]
+    notebook.cells[0].source = "# 09 x\n\n" + colab.UNPUBLISHED_BADGE_LINE + "\n\nText."
+    nbformat.write(notebook, path)
+    colab.retarget_course(tmp_path, None)
+    _title, setup, other = cells(tmp_path, "01_a.ipynb")
+    assert setup.source == colab.setup_cell_source("", "main", SCRIPT_SHA)
+    assert other.source.startswith("x = ")
+    nbformat.validate(nbformat.read(path, as_version=4))  # ids and all
+
+
+@pytest.mark.parametrize("title", ["# x\nno badge line\n\nText", "# x\n\n", "Text only"])
+def test_a_title_cell_without_its_badge_line_is_refused_before_any_change(tmp_path, title):
+    make_course(tmp_path)
+    path = tmp_path / "notebooks" / "02_b.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[0].source = title
+    nbformat.write(notebook, path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match=r"02_b\.ipynb: cell 0"):
+        colab.retarget_course(tmp_path, None)
+    assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+
+def test_the_badge_line_may_come_first_and_is_moved_under_the_title(tmp_path):
+    make_course(tmp_path, names=("01_a.ipynb",))
+    path = tmp_path / "notebooks" / "01_a.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    notebook.cells[0].source = f"{badge_markdown('notebooks/01_a.ipynb')}\n\n# 01 a\n\nText."
+    nbformat.write(notebook, path)
+    colab.retarget_course(tmp_path, None)
+    lines = cells(tmp_path, "01_a.ipynb")[0].source.splitlines()
+    assert lines == ["# 01 a", "", colab.UNPUBLISHED_BADGE_LINE, "", "Text."]
 
 
 def test_running_twice_changes_nothing_the_second_time(tmp_path):
@@ -106,8 +161,12 @@ def test_running_twice_changes_nothing_the_second_time(tmp_path):
     colab.retarget_course(tmp_path, "teacher/gpu-class", "main")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert colab.retarget_course(tmp_path, "teacher/gpu-class", "main").files == []
-    assert colab.retarget_course(tmp_path, None).files == []
     assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    colab.retarget_course(tmp_path, None)
+    unconfigured = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    colab.retarget_course(tmp_path, "teacher/gpu-class", "main")
+    colab.retarget_course(tmp_path, None)  # there and back: byte for byte
+    assert unconfigured == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
 
 def test_a_renamed_notebook_gets_a_badge_for_its_own_path(tmp_path):
@@ -131,11 +190,13 @@ def test_invalid_repo_or_ref_is_refused_before_any_change(tmp_path, repo, ref):
     assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
 
-def test_a_setup_cell_needs_a_real_hash_and_both_or_neither_setting():
+def test_a_setup_cell_needs_a_real_hash_and_a_ref():
     with pytest.raises(ValueError, match="SHA-256"):
         colab.setup_cell_source("me/x", "main", "abc")
-    with pytest.raises(ValueError, match="both"):
+    with pytest.raises(ValueError, match="--ref"):
         colab.setup_cell_source("me/x", "", SCRIPT_SHA)
+    with pytest.raises(ValueError, match="--ref"):
+        colab.setup_cell_source("", "", SCRIPT_SHA)
 
 
 def copy_course(root, target):
@@ -153,7 +214,7 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
     assert notebooks, "the course has no notebooks"
     assert main(["badges", "--repo", "teacher/fork", "--ref", "v2", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "setup cell(s) now install from teacher/fork@v2;" in out
+    assert "setup cells install from teacher/fork@v2;" in out
     assert "badge(s) open the notebooks at teacher/fork@v2" in out
     assert "note: v2 is not a commit" in out and "git rev-parse HEAD" in out
     sha = hashlib.sha256((root / "colab_setup.sh").read_bytes()).hexdigest()
@@ -172,7 +233,7 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
 
 @pytest.mark.parametrize(
     "argv",
-    [["--repo", "teacher/fork"], ["--ref", COMMIT], ["--no-repo", "--ref", "v1"],
+    [["--repo", "teacher/fork"], ["--ref", COMMIT], ["--no-repo", "--ref", "v1"], ["--branch", "x"],
      ["--repo", "bad", "--ref", "v1"]],
 )
 def test_cli_refuses_incomplete_settings_in_one_line(tmp_path, root, capsys, argv):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -208,9 +207,7 @@ def test_pointing_the_course_at_a_fork_leaves_the_script_alone(tmp_path: Path) -
     before touching anything."""
     fork = tmp_path / "fork"
     (fork / "notebooks").mkdir(parents=True)
-    (fork / "notebooks" / "00_x.ipynb").write_text(
-        json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-    )
+    shutil.copy2(ROOT / "notebooks" / "01_runtime_and_devices.ipynb", fork / "notebooks")
     shutil.copy2(SCRIPT, fork / "colab_setup.sh")
     changes = retarget_course(fork, "someone/their-fork", "spring-2027")
     assert "colab_setup.sh" not in changes.files

@@ -97,6 +97,7 @@ def fake_cuda(monkeypatch):
         monkeypatch.setattr(dev, "visible_gpus", lambda: gpus)
         monkeypatch.setattr(dev, "cuda_driver_version", lambda: driver)
         monkeypatch.setattr(dev, "_arch_flags", lambda: arch.split())
+        monkeypatch.setattr(dev, "_counted", None)  # forget the last count
 
     return setup
 

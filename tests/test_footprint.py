@@ -175,18 +175,28 @@ def test_cpu_rows_need_a_budget():
         compare_techniques(standard_techniques("cpu", "mlp")[:1], "cpu", model="mlp")
 
 
+# The allocator's peak above the static part also holds one layer's temporaries: the
+# largest weight gradient (a layer4 conv of resnet18: 9 MiB), the gradient of the current
+# activation and a cuDNN workspace (up to tens of MiB). At batch 256 (32 px: about 107 MiB
+# of activations) they stay well inside the band; at batch 32 (13 MiB) they did not
+# (tests/test_gpu_lane.py checks it on the CPU).
+GPU_BREAKDOWN_BATCH = 256
+GPU_BREAKDOWN_BAND = (0.5, 3.0)
+
+
 @pytest.mark.gpu
 def test_breakdown_on_a_gpu_uses_the_allocator_and_static_bytes_stay_exact():
     device = torch.device("cuda")
     model = build_model("resnet18")
     step = TrainStep(model, device, TrainConfig(precision="fp32", optimizer="adam"))
-    breakdown = memory_breakdown(step, random_batch(32, device))
+    breakdown = memory_breakdown(step, random_batch(GPU_BREAKDOWN_BATCH, device))
     assert "CUDA" in breakdown.method
     assert breakdown.parameters == _numel_bytes(model.parameters())
     assert breakdown.optimizer_state == expected_optimizer_state_bytes(model, "adam")
     ratio = breakdown.activations / breakdown.activations_estimate
     # the allocator also sees temporaries and gradients of activations: a wider band
-    assert 0.5 <= ratio <= 3.0, ratio
+    low, high = GPU_BREAKDOWN_BAND
+    assert low <= ratio <= high, ratio
 
 
 def _overflowing_loss(logits, targets):

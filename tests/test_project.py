@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,25 +60,27 @@ def test_notebook_is_committed_clean(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_opens_with_a_badge_and_the_colab_setup_cell(path):
-    cells = json.loads(path.read_text())["cells"]
-    first_markdown = "".join(cells[0]["source"])
-    assert re.search(
-        r"https://colab\.research\.google\.com/github/[^/\s]+/[^/\s]+/blob/[^\s)]+/notebooks/"
-        + re.escape(path.name),
-        first_markdown,
-    ), "the first markdown cell has an Open in Colab badge for this notebook"
-    first_code = next(cell for cell in cells if cell["cell_type"] == "code")
-    assert colab.SETUP_TAG in first_code["metadata"].get("tags", [])
-    source = "".join(first_code["source"])
-    settings = colab.setup_cell_settings(source)
-    assert settings, "the setup cell names COURSE_REPO, COURSE_REF and SETUP_SHA256"
-    repo, ref, sha256 = settings
-    assert sha256 == colab.script_sha256(ROOT), (
-        "the setup cell's SHA-256 is not colab_setup.sh's: "
-        "run python -m course_utils badges (it keeps the repository and ref)"
+def test_notebook_opens_with_the_badge_line_and_the_canonical_setup_cell(path, tmp_path):
+    """Cell 0's third line and cell 1 are exactly what `python -m course_utils badges`
+    writes (the committed form: no repository), with colab_setup.sh's SHA-256."""
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(path, tmp_path / "notebooks" / path.name)
+    shutil.copy(ROOT / "colab_setup.sh", tmp_path / "colab_setup.sh")
+    changes = colab.retarget_course(tmp_path, None)
+    assert changes.files == [], (
+        f"{path.name}'s badge line or setup cell is not the canonical one: "
+        "run python -m course_utils badges"
     )
-    assert source == colab.setup_cell_source(repo, ref, sha256), "written by the badges command"
+    cells = json.loads(path.read_text())["cells"]
+    assert "".join(cells[0]["source"]).splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
+    source = "".join(cells[1]["source"])
+    assert source == colab.setup_cell_source("", colab.DEFAULT_REF, colab.script_sha256(ROOT))
+
+
+def test_the_committed_readme_has_no_dead_colab_link():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
+    assert "https://colab.research.google.com/github/" not in readme  # no link to a notebook
 
 
 def test_readme_documents_the_two_commands_and_the_workload_variable():
