@@ -152,8 +152,8 @@ def tf32_allowed(*, convolutions: bool = False) -> bool:
     (True, False)
     """
     backends = torch.backends
-    op = backends.cudnn.conv if convolutions else backends.cuda.matmul
-    if getattr(op, "fp32_precision", None) is None:  # torch < 2.9 (or no cudnn.conv)
+    op = getattr(backends.cudnn, "conv", None) if convolutions else backends.cuda.matmul
+    if getattr(op, "fp32_precision", None) is None:  # torch < 2.9
         flags = backends.cudnn if convolutions else backends.cuda.matmul
         return bool(flags.allow_tf32)
     for level in (op, backends.cudnn, backends):  # "none" defers to the level above

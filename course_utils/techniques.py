@@ -431,16 +431,18 @@ def run_amp_step_against_fp32(
     04's exercise check."""
     device = torch.device(device)
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    first = nn.Linear(32, 64)
+    net = nn.Sequential(first, nn.ReLU(), nn.Linear(64, 10)).to(device)
     start, reference = copy.deepcopy(net), copy.deepcopy(net)
     batches = [
         (torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device))
         for _ in range(2)
     ]
     dtypes: list[torch.dtype] = []
-    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
-    leftover, in_autocast = [], []
-    weight = net[0].weight
+    first.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    leftover: list[bool] = []
+    in_autocast: list[bool] = []
+    weight = first.weight
 
     def watch_backward(gradient: torch.Tensor) -> None:  # runs before .grad accumulates
         leftover.append(weight.grad is not None and bool(weight.grad.abs().sum() > 0))
