@@ -157,3 +157,13 @@ def test_tf32_allowed_reads_the_new_settings_and_their_fallback(fp32_precision):
         assert tf32_allowed() is True and tf32_allowed(convolutions=True) is True
     finally:
         torch.backends.fp32_precision = before
+
+
+def test_tf32_allowed_reads_the_old_flags_on_torch_before_2_9(monkeypatch):
+    class OldFlags:  # torch < 2.9: allow_tf32 only, no fp32_precision, no cudnn.conv
+        allow_tf32 = True
+
+    monkeypatch.setattr(torch.backends, "cudnn", OldFlags())
+    assert tf32_allowed(convolutions=True) is True
+    OldFlags.allow_tf32 = False
+    assert tf32_allowed(convolutions=True) is False
