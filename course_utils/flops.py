@@ -138,30 +138,60 @@ class PeakFlops:
     source: str
 
 
+def tf32_allowed(*, convolutions: bool = False) -> bool:
+    """Whether float32 matmuls (``convolutions=True``: cuDNN convolutions) may run on TF32
+    tensor cores on Ampere and newer GPUs.
+
+    torch >= 2.9 reads ``torch.backends.cuda.matmul.fp32_precision`` and
+    ``torch.backends.cudnn.conv.fp32_precision`` (``"tf32"`` or ``"ieee"``; ``"none"``
+    defers to ``torch.backends.cudnn.fp32_precision``, then ``torch.backends.fp32_precision``).
+    Older torch reads ``matmul.allow_tf32`` / ``cudnn.allow_tf32``. The two spellings are not
+    mixed: torch >= 2.9 raises when the old flag is read after the new one was set.
+
+    >>> tf32_allowed(convolutions=True), tf32_allowed()  # PyTorch's defaults
+    (True, False)
+    """
+    backends = torch.backends
+    op = getattr(backends.cudnn, "conv", None) if convolutions else backends.cuda.matmul
+    if getattr(op, "fp32_precision", None) is None:  # torch < 2.9
+        flags = backends.cudnn if convolutions else backends.cuda.matmul
+        return bool(flags.allow_tf32)
+    for level in (op, backends.cudnn, backends):  # "none" defers to the level above
+        value = getattr(level, "fp32_precision", "none")
+        if value != "none":
+            return bool(value == "tf32")
+    return False
+
+
 def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
 ) -> PeakFlops:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
     otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table).
 
-    float32 work runs on TF32 tensor cores (Ampere and newer) when allowed: matmuls with
-    ``torch.backends.cuda.matmul.allow_tf32`` (off by default), convolutions with
-    ``torch.backends.cudnn.allow_tf32`` (on by default; pass ``convolutions=True`` for a
-    CNN). The peak is then TF32's, and its source names the column it divides by.
+    float32 work runs on TF32 tensor cores only on GPUs that have them (compute capability
+    8.0 and newer: the rows with a TF32 column) and only where :func:`tf32_allowed`:
+    matmuls when allowed (off by default), convolutions by default (pass
+    ``convolutions=True`` for a CNN). The peak is then TF32's; on a T4 or a V100 (no TF32)
+    it stays the fp32 column. Its source names the column it divides by.
     """
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        tf32 = dtype == torch.float32 and (
-            torch.backends.cuda.matmul.allow_tf32
-            or (convolutions and torch.backends.cudnn.allow_tf32)
-        )
-        row, tflops = gpu_peak_flops(name), datasheet_tflops(name, dtype, tf32=bool(tf32))
-        if tflops is not None and row is not None:
-            column = {torch.float16: "fp16 tensor-core", torch.bfloat16: "bf16 tensor-core"}.get(
-                dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)"
+        row = gpu_peak_flops(name)
+        if row is not None:
+            tf32 = (
+                dtype == torch.float32
+                and row.tf32 is not None  # Ampere and newer; a T4 or V100 has no TF32
+                and (tf32_allowed() or (convolutions and tf32_allowed(convolutions=True)))
             )
-            return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
+            tflops = datasheet_tflops(name, dtype, tf32=tf32)
+            if tflops is not None:
+                column = {
+                    torch.float16: "fp16 tensor-core",
+                    torch.bfloat16: "bf16 tensor-core",
+                }.get(dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)")
+                return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
     n = 1024
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)

@@ -21,6 +21,7 @@ from torch import nn
 
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
+from course_utils.classroom import CheckFailed
 from course_utils.device import PrecisionName, autocast, pick_precision
 from course_utils.flops import PeakFlops, device_peak_flops, mfu
 from course_utils.footprint import (
@@ -77,7 +78,8 @@ def standard_techniques(
 ) -> list[Technique]:
     """The rows of notebook 04, the first being the baseline (fp32, Adam, no toggles).
     Mixed precision: :func:`~course_utils.device.pick_precision`'s choice on a GPU, bf16
-    on a CPU; channels_last and inference_mode rows are GPU-only."""
+    on a CPU; channels_last runs with that AMP (compare it with the AMP row: cuDNN's
+    channels_last kernels pay off on tensor cores), and it and inference_mode are GPU-only."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     amp = pick_precision(device).name if on_gpu else PrecisionName.BF16
@@ -87,7 +89,11 @@ def standard_techniques(
         Technique("baseline (fp32, Adam)", base),
         Technique(f"AMP ({amp} autocast)" + ("" if on_gpu else ", CPU"), with_(precision=amp)),
         Technique("gradient checkpointing", with_(checkpointing=True)),
-        Technique("channels_last", with_(channels_last=True), gpu_only=not on_gpu),
+        Technique(  # against the AMP row: fp32 has no tensor cores on a T4
+            f"channels_last + AMP ({amp})",
+            with_(channels_last=True, precision=amp),
+            gpu_only=not on_gpu,
+        ),
         Technique("SGD with momentum instead of Adam", with_(optimizer="momentum", lr=0.05)),
         Technique("plain SGD instead of Adam", with_(optimizer="sgd", lr=0.05)),
         Technique("evaluation in inference_mode", base, evaluation=True, gpu_only=not on_gpu),
@@ -357,22 +363,52 @@ def plot_techniques(results: Sequence[TechniqueResult], title: str = "") -> Figu
 
 @dataclass(frozen=True)
 class AmpStepRun:
-    """One mixed-precision step and a float32 reference step (:func:`run_amp_step_against_fp32`)."""
+    """Two calls of a learner's mixed-precision step and a float32 reference step
+    (:func:`run_amp_step_against_fp32`)."""
 
     loss: float
     reference_loss: float
-    update: torch.Tensor  # how the weights moved, flattened
+    update: torch.Tensor  # how the first call moved the weights, flattened
     reference_update: torch.Tensor
     forward_dtypes: list[torch.dtype]  # output dtype of the first layer at each call
     scale_before: float
-    scale_after: float
-    gradients_cleared: bool
+    scale_after: float  # after the first call
+    leftover_gradients: bool  # the second call's backward found the first call's gradients
+    autocast_in_backward: bool  # backward ran inside torch.autocast
+    loss_detached: bool  # the returned loss holds no autograd graph
 
     @property
     def update_error(self) -> float:
         """Distance between the two updates, relative to the reference update's size."""
         reference = self.reference_update.norm().item()
         return (self.update - self.reference_update).norm().item() / max(reference, 1e-12)
+
+
+# PyTorch's own errors for a wrongly ordered step, and the mistake each one means
+_AMP_STEP_ERRORS = {
+    "_scale is None": "call backward on scaler.scale(loss), not on the loss itself",
+    "No inf checks were recorded for this optimizer": "the scaler's step found no gradients: "
+    "clear them at the start of the step or after scaler.step, never between backward and step",
+    "No inf checks were recorded prior to update": "step through the scaler, "
+    "scaler.step(optimizer), before scaler.update(): never optimizer.step() itself",
+    "already been called on this optimizer since the last update": "call scaler.update() "
+    "once per step, after scaler.step(optimizer), and unscale_ at most once per step",
+    "step() has already been called since the last update": "call scaler.update() once per "
+    "step, after scaler.step(optimizer)",
+    "unscale_() is being called after step()": "call scaler.update() once per step, after "
+    "scaler.step(optimizer): the next step's unscale_ needs it",
+}
+
+
+def _call_learner_step(amp_step: Callable[..., Any], *args: Any) -> Any:
+    """``amp_step(*args)``; an error PyTorch raises for a known mistake becomes feedback."""
+    try:
+        return amp_step(*args)
+    except Exception as error:
+        for text, mistake in _AMP_STEP_ERRORS.items():
+            if text in str(error):
+                raise CheckFailed(f"{mistake} (PyTorch raised: {error})") from error
+        raise CheckFailed(f"your step raised {type(error).__name__}: {error}") from error
 
 
 def run_amp_step_against_fp32(
@@ -384,26 +420,44 @@ def run_amp_step_against_fp32(
     lr: float = 0.1,
     dtype: torch.dtype = torch.float16,
 ) -> AmpStepRun:
-    """Run ``amp_step(model, optimizer, scaler, inputs, targets, dtype, max_norm)`` once
-    on a small MLP with SGD and a fresh ``GradScaler(init_scale=...)``, and the same step
-    in float32 without a scaler (cross-entropy, gradients clipped to ``max_norm``, SGD)
-    from the same weights. A huge ``init_scale`` (2**100) makes the scaled fp16 gradients
-    overflow, so a correct step is skipped. Used by notebook 04's exercise check."""
+    """Call ``amp_step(model, optimizer, scaler, inputs, targets, dtype, max_norm)`` twice,
+    on two batches, on a small MLP with SGD and a fresh ``GradScaler(init_scale=...)``, and
+    compare the first call with the same step in float32 without a scaler (cross-entropy,
+    gradients clipped to ``max_norm``, SGD) from the same weights. Hooks watch the second
+    backward: gradients left from the first call (never cleared, wherever a step clears
+    them) and autocast still on. A huge ``init_scale`` (2**100) makes the scaled fp16
+    gradients overflow, so a correct step is skipped. An error PyTorch raises for a known
+    mistake is reported as :class:`~course_utils.classroom.CheckFailed`. Used by notebook
+    04's exercise check."""
     device = torch.device(device)
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    first = nn.Linear(32, 64)
+    net = nn.Sequential(first, nn.ReLU(), nn.Linear(64, 10)).to(device)
     start, reference = copy.deepcopy(net), copy.deepcopy(net)
-    inputs = torch.randn(16, 32, device=device)
-    targets = torch.randint(0, 10, (16,), device=device)
+    batches = [
+        (torch.randn(16, 32, device=device), torch.randint(0, 10, (16,), device=device))
+        for _ in range(2)
+    ]
     dtypes: list[torch.dtype] = []
-    net[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    first.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    leftover: list[bool] = []
+    in_autocast: list[bool] = []
+    weight = first.weight
+
+    def watch_backward(gradient: torch.Tensor) -> None:  # runs before .grad accumulates
+        leftover.append(weight.grad is not None and bool(weight.grad.abs().sum() > 0))
+        in_autocast.append(torch.is_autocast_enabled(device.type))
+
+    weight.register_hook(watch_backward)
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    loss = amp_step(net, optimizer, scaler, inputs, targets, dtype, max_norm)
-    reference_loss = nn.functional.cross_entropy(reference(inputs), targets)
+    loss = _call_learner_step(amp_step, net, optimizer, scaler, *batches[0], dtype, max_norm)
+    after_first, scale_after = copy.deepcopy(net), scaler.get_scale()
+    reference_loss = nn.functional.cross_entropy(reference(batches[0][0]), batches[0][1])
     reference_loss.backward()
     nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
     torch.optim.SGD(reference.parameters(), lr=lr).step()
+    _call_learner_step(amp_step, net, optimizer, scaler, *batches[1], dtype, max_norm)
 
     def moved(model: nn.Module) -> torch.Tensor:
         pairs = zip(model.parameters(), start.parameters(), strict=True)
@@ -412,10 +466,12 @@ def run_amp_step_against_fp32(
     return AmpStepRun(
         loss=float(torch.as_tensor(loss).float().item()),
         reference_loss=reference_loss.item(),
-        update=moved(net),
+        update=moved(after_first),
         reference_update=moved(reference),
-        forward_dtypes=dtypes,
+        forward_dtypes=dtypes[:1],
         scale_before=init_scale,
-        scale_after=scaler.get_scale(),
-        gradients_cleared=all(p.grad is None for p in net.parameters()),
+        scale_after=scale_after,
+        leftover_gradients=any(leftover[1:]),
+        autocast_in_backward=any(in_autocast),
+        loss_detached=not (isinstance(loss, torch.Tensor) and loss.requires_grad),
     )

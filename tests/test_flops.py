@@ -17,6 +17,7 @@ from course_utils.flops import (
     gpu_peak_flops,
     matmul_stream,
     mfu,
+    tf32_allowed,
 )
 
 
@@ -84,3 +85,85 @@ def test_a_gpu_peak_names_the_column_it_divides_by_and_its_datasheet(
         torch.backends.cuda.matmul.allow_tf32 = before
     assert peak.flops_per_s == tflops * 1e12
     assert f"dense {column} peak" in peak.source and gpu_peak_flops(name).source in peak.source
+
+
+@pytest.fixture
+def fp32_precision():
+    """Set torch >= 2.9's TF32 switches (matmul, cuDNN conv); restored afterwards."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+
+    def set_precision(for_matmul: str, for_conv: str) -> None:
+        matmul.fp32_precision, conv.fp32_precision = for_matmul, for_conv
+
+    yield set_precision
+    set_precision(*saved)
+
+
+def _fake_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:
+    """A GPU as torch reports it (the review's emulation); a measured peak would fail."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+
+    def no_benchmark(*args, **kwargs):
+        raise AssertionError("a GPU in the datasheet table must not time a matmul")
+
+    monkeypatch.setattr("course_utils.flops.benchmark", no_benchmark)
+
+
+@pytest.mark.parametrize(
+    ("name", "capability", "fp32_tflops"),
+    [("Tesla T4", (7, 5), 8.1), ("Tesla V100-SXM2-16GB", (7, 0), 15.7)],
+)
+def test_a_gpu_without_tf32_divides_a_cnn_by_its_fp32_column(
+    monkeypatch, fp32_precision, name, capability, fp32_tflops
+):
+    # cuDNN's conv precision is "tf32" by default on every GPU, also where there is no TF32.
+    fp32_precision("none", "tf32")
+    _fake_gpu(monkeypatch, name, capability)
+    peak = device_peak_flops("cuda", torch.float32, convolutions=True)
+    assert peak.flops_per_s == fp32_tflops * 1e12
+    assert "fp32 (no tensor cores)" in peak.source and "measured" not in peak.source
+
+
+@pytest.mark.parametrize(
+    ("name", "capability", "fp32_tflops", "tf32_tflops"),
+    [("NVIDIA A100-SXM4-80GB", (8, 0), 19.5, 156.0), ("NVIDIA L4", (8, 9), 30.3, 60.0),
+     ("NVIDIA H200", (9, 0), 67.0, 495.0)],
+)
+def test_ampere_and_later_follow_the_fp32_precision_settings(
+    monkeypatch, fp32_precision, name, capability, fp32_tflops, tf32_tflops
+):
+    _fake_gpu(monkeypatch, name, capability)
+    fp32_precision("none", "tf32")  # PyTorch's defaults: TF32 convolutions, IEEE matmuls
+    conv = device_peak_flops("cuda", torch.float32, convolutions=True)
+    assert conv.flops_per_s == tf32_tflops * 1e12 and "TF32 tensor-core" in conv.source
+    assert device_peak_flops("cuda", torch.float32).flops_per_s == fp32_tflops * 1e12
+    fp32_precision("none", "ieee")  # reading the old flag now would raise: never mixed
+    assert device_peak_flops("cuda", torch.float32, convolutions=True).flops_per_s == (
+        fp32_tflops * 1e12
+    )
+    fp32_precision("tf32", "ieee")
+    assert device_peak_flops("cuda", torch.float32).flops_per_s == tf32_tflops * 1e12
+
+
+def test_tf32_allowed_reads_the_new_settings_and_their_fallback(fp32_precision):
+    fp32_precision("none", "ieee")
+    assert tf32_allowed(convolutions=True) is False and tf32_allowed() is False
+    fp32_precision("tf32", "none")  # "none": the cuDNN level, then the global one decide
+    before = torch.backends.fp32_precision
+    torch.backends.fp32_precision = "tf32"
+    try:
+        assert tf32_allowed() is True and tf32_allowed(convolutions=True) is True
+    finally:
+        torch.backends.fp32_precision = before
+
+
+def test_tf32_allowed_reads_the_old_flags_on_torch_before_2_9(monkeypatch):
+    class OldFlags:  # torch < 2.9: allow_tf32 only, no fp32_precision, no cudnn.conv
+        allow_tf32 = True
+
+    monkeypatch.setattr(torch.backends, "cudnn", OldFlags())
+    assert tf32_allowed(convolutions=True) is True
+    OldFlags.allow_tf32 = False
+    assert tf32_allowed(convolutions=True) is False

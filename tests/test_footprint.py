@@ -157,7 +157,7 @@ def test_technique_table_on_cpu_measures_what_it_can_and_labels_the_rest():
     by_name = {r.name: r for r in results}
     base = results[0]
     assert base.measured and base.max_batch == 6, base
-    gpu_only = by_name["channels_last"]
+    gpu_only = by_name["channels_last + AMP (bf16)"]
     assert not gpu_only.measured and gpu_only.peak_bytes is None and "GPU only" in gpu_only.note
     sgd = by_name["plain SGD instead of Adam"]
     assert sgd.static_bytes < base.static_bytes and sgd.max_batch > base.max_batch

@@ -1,0 +1,257 @@
+"""Notebook 04's exercise (c), a mixed-precision step with clipping: its check passes right
+answers written in other orders (``zero_grad`` at the start or at the end of the step,
+``set_to_none`` either way) and fails the usual mistakes with feedback that names them.
+
+The check cell is run as the grader runs it, with the learner's ``amp_step`` defined in the
+same namespace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+from course_utils.classroom import CheckFailed, check, check_close, passed
+from course_utils.techniques import run_amp_step_against_fp32
+
+NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_memory_efficient_models.ipynb"
+ce = nn.functional.cross_entropy
+
+
+def _grade_cell(grade_id: str) -> str:
+    for cell in nbformat.read(NB04, as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+def _run_check(amp_step) -> None:
+    namespace = {
+        "torch": torch,
+        "nn": nn,
+        "check": check,
+        "check_close": check_close,
+        "passed": passed,
+        "run_amp_step_against_fp32": run_amp_step_against_fp32,
+        "amp_step": amp_step,
+    }
+    exec(compile(_grade_cell("04-amp-step-check"), "exercise (c) check", "exec"), namespace)
+
+
+def _forward_loss(model, x, y, dtype):
+    with torch.autocast(x.device.type, dtype=dtype):
+        return ce(model(x), y)
+
+
+def _clip_and_step(model, opt, scaler, loss, max_norm):
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+
+
+# ----------------------------------------------------------------- right answers
+
+
+def zero_grad_at_the_end(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def zero_grad_at_the_start(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    opt.zero_grad()  # the common idiom: clear first, then forward and backward
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    return loss.detach()
+
+
+def zeros_kept_at_the_end(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    opt.zero_grad(set_to_none=False)
+    return loss.detach()
+
+
+def model_zero_grad_and_keywords(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    model.zero_grad(set_to_none=False)
+    with torch.autocast(device_type=x.device.type, dtype=dtype, enabled=True):
+        outputs = model(x)
+    loss = ce(outputs.float(), y)  # the loss outside autocast, in float32: also allowed
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    scaler.step(opt)
+    scaler.update()
+    return loss.item()  # a float is detached too
+
+
+def grads_set_to_none_by_hand(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    for p in model.parameters():
+        p.grad = None
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    return loss.detach()
+
+
+RIGHT = [zero_grad_at_the_end, zero_grad_at_the_start, zeros_kept_at_the_end,
+         model_zero_grad_and_keywords, grads_set_to_none_by_hand]
+
+
+@pytest.mark.parametrize("answer", RIGHT, ids=lambda f: f.__name__)
+def test_right_answers_in_any_order_pass(answer, capsys):
+    _run_check(answer)
+    assert "Exercise (c): all checks passed" in capsys.readouterr().out
+
+
+def test_the_notebook_solution_passes(capsys):
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+             for c in nbformat.read(NB04, as_version=4).cells}
+    namespace = {"torch": torch, "nn": nn}
+    exec(cells["04-amp-step"], namespace)
+    _run_check(namespace["amp_step"])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- wrong answers
+
+
+def no_zero_grad(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    return loss.detach()
+
+
+def no_update(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    opt.zero_grad()
+    return loss.detach()
+
+
+def autocast_around_backward(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    with torch.autocast(x.device.type, dtype=dtype):
+        loss = ce(model(x), y)
+        scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def no_autocast(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = ce(model(x), y)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    opt.zero_grad()
+    return loss.detach()
+
+
+def bf16_always(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, torch.bfloat16)  # ignores dtype
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    opt.zero_grad()
+    return loss.detach()
+
+
+def clip_before_unscale(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def no_clipping(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def unscaled_backward(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    loss.backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def optimizer_step_itself(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def optimizer_step_without_unscale(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def zero_grad_before_step(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    opt.zero_grad()  # the gradients are gone before the step uses them
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    return loss.detach()
+
+
+def loss_with_its_graph(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    _clip_and_step(model, opt, scaler, loss, max_norm)
+    opt.zero_grad()
+    return loss
+
+
+WRONG = [
+    (no_zero_grad, "added to the first step's gradients: call opt.zero_grad"),
+    (no_update, "call scaler.update"),
+    (autocast_around_backward, "leave the autocast block before backward"),
+    (no_autocast, "inside torch.autocast"),
+    (bf16_always, "with dtype"),
+    (clip_before_unscale, "unscale_ the gradients before clip_grad_norm_"),
+    (no_clipping, "away from a float32 step with clipping"),
+    (unscaled_backward, "backward on scaler.scale\\(loss\\)"),
+    (optimizer_step_itself, "must be skipped"),
+    (optimizer_step_without_unscale, "never optimizer.step\\(\\) itself"),
+    (zero_grad_before_step, "never between backward and step"),
+    (loss_with_its_graph, "return the loss detached"),
+]
+
+
+@pytest.mark.parametrize(("answer", "feedback"), WRONG, ids=lambda v: getattr(v, "__name__", ""))
+def test_usual_mistakes_fail_with_feedback_that_names_them(answer, feedback):
+    with pytest.raises(CheckFailed, match=feedback) as failure:
+        _run_check(answer)
+    assert "<" not in str(failure.value)  # plain words, no repr
