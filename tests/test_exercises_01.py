@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections import namedtuple
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -34,12 +35,14 @@ def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
 
 
 @pytest.fixture
-def namespace(monkeypatch) -> dict:
+def namespace(monkeypatch) -> Iterator[dict]:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    threads = torch.get_num_threads()  # the knobs cell sets them (small workload: one)
     space: dict = {}
     for cell_id in ["nb01-04", "nb01-05"]:  # imports and knobs
         exec(_cell(cell_id=cell_id), space)
-    return space
+    yield space
+    torch.set_num_threads(threads)
 
 
 def _run(namespace: dict, grade_id: str, name: str, solution) -> None:
@@ -234,7 +237,7 @@ def reference_forward(model, x, capability):
 
 
 def enabled_flag_forward(model, x, capability):
-    major, minor = capability
+    major, _minor = capability
     dtype = torch.bfloat16 if major >= 8 else torch.float16
     with torch.amp.autocast(device_type=x.device.type, dtype=dtype, enabled=major >= 7):
         return model(x)
@@ -311,7 +314,8 @@ def left_on_forward(model, x, capability):
 def float_output_forward(model, x, capability):
     if capability < (7, 0):
         return model(x)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16 if capability >= (8, 0) else torch.float16):
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.autocast(x.device.type, dtype=dtype):
         return model(x).float()
 
 
