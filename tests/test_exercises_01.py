@@ -393,3 +393,13 @@ def test_record_autocast_sees_each_call_and_removes_its_hook():
             layer(torch.ones(1, 2))
     layer(torch.ones(1, 2))  # after the block: not recorded
     assert seen == [None, torch.float16]
+
+
+def no_grad_forward(model, x, capability):
+    with torch.no_grad():
+        return reference_forward(model, x, capability)
+
+
+def test_mixed_forward_check_wants_autograd_kept(namespace):
+    with pytest.raises(CheckFailed, match="must keep autograd on"):
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", no_grad_forward)
