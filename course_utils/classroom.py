@@ -239,3 +239,97 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
             "the device, it does not move the tensor in place",
         )
+
+        if own:
+            torch.Tensor.to = original  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.to
+
+
+def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, or, if it raises, a sentence saying what it raised
+    (so that a check's feedback can quote it instead of stopping with a traceback). An
+    unanswered exercise's ``NotImplementedError`` propagates: the grader reports "not answered".
+
+    >>> answer_or_error(int, "7"), answer_or_error(int, "seven")
+    (7, "your function raised ValueError: invalid literal for int() with base 10: 'seven'")
+    """
+    try:
+        return function(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # any mistake of the learner's: report it in words
+        return f"your function raised {type(error).__name__}: {error}"
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__ if value is not None else "None"
+
+
+def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
+    """Where a nested batch ``got`` (tuples, lists, dicts, namedtuples, tensors) first
+    differs from ``want``, in words; ``None`` when they match (tensors: same device, shape
+    and dtype; other values: equal; containers: the same type).
+
+    >>> first_difference({"x": [torch.ones(1)]}, {"x": (torch.ones(1),)})
+    "batch['x'] should be a tuple, but it is a list"
+    >>> first_difference([torch.ones(1)], [torch.ones(1, device="meta")])
+    'batch[0] is a tensor on cpu; it should be on meta'
+    >>> first_difference((1, "a"), (1, "a")) is None
+    True
+    """
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"{where} should be a tensor, but it is {_kind(got)} {got!r}"
+        if got.device.type != want.device.type:
+            return f"{where} is a tensor on {got.device.type}; it should be on {want.device.type}"
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return f"{where} should keep its shape and dtype {tuple(want.shape)}, {want.dtype}"
+        return None
+    if type(got) is not type(want):
+        hint = ""
+        if isinstance(want, tuple) and hasattr(want, "_fields"):
+            hint = " (a namedtuple takes its fields as separate arguments: type(batch)(*values))"
+        return f"{where} should be a {_kind(want)}, but it is a {_kind(got)}{hint}"
+    if isinstance(want, dict):
+        if list(got) != list(want):
+            return f"{where} should have the keys {list(want)}, not {list(got)}"
+        pairs = [(got[key], want[key], f"{where}[{key!r}]") for key in want]
+    elif isinstance(want, list | tuple):
+        if len(got) != len(want):
+            return f"{where} should have {len(want)} items, not {len(got)}"
+        pairs = [(g, w, f"{where}[{i}]") for i, (g, w) in enumerate(zip(got, want, strict=True))]
+    else:
+        return None if got == want else f"{where} should stay {want!r}, but it is {got!r}"
+    for got_item, want_item, place in pairs:
+        if (difference := first_difference(got_item, want_item, place)) is not None:
+            return difference
+    return None
+
+
+@contextlib.contextmanager
+def record_autocast(
+    module: torch.nn.Module, device_type: str = "cpu"
+) -> Iterator[list[torch.dtype | None]]:
+    """Spy on ``module``: for each call made inside the ``with`` block, the dtype
+    ``torch.autocast`` was casting to for ``device_type`` (``None``: autocast was off).
+
+    >>> layer = torch.nn.Linear(2, 2)
+    >>> with record_autocast(layer) as seen:
+    ...     _ = layer(torch.ones(1, 2))
+    ...     with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...         _ = layer(torch.ones(1, 2))
+    >>> seen
+    [None, torch.bfloat16]
+    """
+    seen: list[torch.dtype | None] = []
+
+    def hook(_module: Any, _args: Any) -> None:
+        enabled = torch.is_autocast_enabled(device_type)
+        seen.append(torch.get_autocast_dtype(device_type) if enabled else None)
+
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        yield seen
+    finally:
+        handle.remove()

@@ -115,7 +115,9 @@ def available_only_time_it(fn, device, warmup=2, repeats=5):
 
 @pytest.fixture
 def nb01(monkeypatch):
-    return _namespace(NB01, ["nb01-04", "nb01-05"], monkeypatch)
+    threads = torch.get_num_threads()  # the knobs cell may set them (small workload: one)
+    yield _namespace(NB01, ["nb01-04", "nb01-05"], monkeypatch)
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("solution", [good_time_it, available_only_time_it])

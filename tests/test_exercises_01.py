@@ -1,0 +1,405 @@
+"""Notebook 01's exercises (a) and (b): their checks (hidden ones included, as the grader
+runs them) pass right answers written in several ways and fail the usual wrong answers,
+with feedback that names the mistake in plain words.
+
+Each check cell runs after the notebook's imports and knobs, with the learner's function
+defined in the same namespace. Exercise (c) is tested in tests/test_exercise_checks.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import namedtuple
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree
+
+from course_utils.classroom import CheckFailed, answer_or_error, first_difference, record_autocast
+
+ROOT = Path(__file__).resolve().parent.parent
+NB01 = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
+
+
+def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
+    for cell in nbformat.read(NB01, as_version=4).cells:
+        if cell.get("id") == cell_id or (
+            grade_id and cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id
+        ):
+            return cell.source
+    raise KeyError(grade_id or cell_id)
+
+
+@pytest.fixture
+def namespace(monkeypatch) -> Iterator[dict]:
+    monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    threads = torch.get_num_threads()  # the knobs cell sets them (small workload: one)
+    space: dict = {}
+    for cell_id in ["nb01-04", "nb01-05"]:  # imports and knobs
+        exec(_cell(cell_id=cell_id), space)
+    yield space
+    torch.set_num_threads(threads)
+
+
+def _run(namespace: dict, grade_id: str, name: str, solution) -> None:
+    namespace[name] = solution
+    try:
+        exec(_cell(grade_id=grade_id), namespace)
+    finally:  # a wrong answer may leave autocast on: never let it leak into other tests
+        torch.set_autocast_enabled("cpu", False)
+
+
+# ----------------------------------------------------------------------------- (a)
+
+
+def reference_to_device(batch, device):
+    exec(_cell(grade_id="01-my-to-device"), space := {"torch": torch})
+    return space["my_to_device"](batch, device)
+
+
+def pytree_to_device(batch, device):
+    return _pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
+
+
+def make_to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return dict((k, make_to_device(v, device)) for k, v in batch.items())
+    if hasattr(batch, "_make"):
+        return batch._make(make_to_device(v, device) for v in batch)
+    if isinstance(batch, list):
+        return [make_to_device(v, device) for v in batch]
+    if isinstance(batch, tuple):
+        return tuple(make_to_device(v, device) for v in batch)
+    return batch
+
+
+def deepcopy_then_move(batch, device):
+    """Copies the whole batch, then moves the copy in place: the input stays as it was."""
+    batch = copy.deepcopy(batch)
+
+    def move(container):
+        keys = container.keys() if isinstance(container, dict) else range(len(container))
+        for key in keys:
+            value = container[key]
+            if isinstance(value, torch.Tensor):
+                container[key] = value.to(device)
+            elif isinstance(value, (dict, list)):
+                move(value)
+            elif isinstance(value, tuple):
+                container[key] = make_to_device(value, device)
+        return container
+
+    if isinstance(batch, (dict, list)):
+        return move(batch)
+    return make_to_device(batch, device)
+
+
+def in_place_to_device(batch, device):
+    """Assigns into the lists and dicts it was given: the caller's batch changes."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (dict, list)):
+        keys = list(batch) if isinstance(batch, dict) else range(len(batch))
+        for key in keys:
+            batch[key] = in_place_to_device(batch[key], device)
+        return batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(in_place_to_device(v, device) for v in batch))
+    if isinstance(batch, tuple):
+        return tuple(in_place_to_device(v, device) for v in batch)
+    return batch
+
+
+def in_place_lists_only(batch, device):
+    """Builds new dicts but assigns into nested lists: only a nested list changes."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: in_place_lists_only(v, device) for k, v in batch.items()}
+    if isinstance(batch, list):
+        for i, value in enumerate(batch):
+            batch[i] = in_place_lists_only(value, device)
+        return batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(in_place_lists_only(v, device) for v in batch))
+    if isinstance(batch, tuple):
+        return tuple(in_place_lists_only(v, device) for v in batch)
+    return batch
+
+
+def no_namedtuple_to_device(batch, device):
+    """The previous reference solution: type(batch)(generator) breaks on a namedtuple."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: no_namedtuple_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(no_namedtuple_to_device(v, device) for v in batch)
+    return batch
+
+
+def plain_tuple_to_device(batch, device):
+    """Turns a namedtuple into a plain tuple."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: plain_tuple_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [plain_tuple_to_device(v, device) for v in batch]
+    if isinstance(batch, tuple):
+        return tuple(plain_tuple_to_device(v, device) for v in batch)
+    return batch
+
+
+def list_for_tuple_to_device(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: list_for_tuple_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return [list_for_tuple_to_device(v, device) for v in batch]
+    return batch
+
+
+def top_level_only(batch, device):
+    if isinstance(batch, dict):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return batch.to(device) if isinstance(batch, torch.Tensor) else batch
+
+
+def drops_numbers(batch, device):
+    """Keeps only the tensors of a list or tuple."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: drops_numbers(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(drops_numbers(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        kept = [drops_numbers(v, device) for v in batch if not isinstance(v, (int, float))]
+        return type(batch)(kept)
+    return batch
+
+
+@pytest.mark.parametrize(
+    "solution", [reference_to_device, pytree_to_device, make_to_device, deepcopy_then_move]
+)
+def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
+    _run(namespace, "01-my-to-device-check", "my_to_device", solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (in_place_to_device, "changed the batch it was given"),
+        (in_place_lists_only, "changed the batch it was given"),
+        (no_namedtuple_to_device, "raised TypeError.*namedtuple Pair"),
+        (plain_tuple_to_device, "should be a Pair, but it is a tuple"),
+        (list_for_tuple_to_device, "should be a tuple, but it is a list"),
+        (top_level_only, r"batch\['extra'\]\[0\] is a tensor on cpu; it should be on meta"),
+        (drops_numbers, "should have 2 items, not 1"),
+    ],
+)
+def test_my_to_device_check_names_the_mistake(namespace, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run(namespace, "01-my-to-device-check", "my_to_device", solution)
+
+
+def test_a_list_mutated_in_place_deep_inside_fails_the_hidden_check(namespace):
+    """Right on the visible batch (whose lists hold no list), wrong deeper down."""
+
+    def deep_in_place(batch, device):
+        if isinstance(batch, list) and any(isinstance(v, list) for v in batch):
+            for i, value in enumerate(batch):
+                batch[i] = deep_in_place(value, device)
+            return batch
+        return reference_to_device(batch, device) if not isinstance(batch, list) else [
+            deep_in_place(v, device) for v in batch
+        ]
+
+    with pytest.raises(CheckFailed, match="changed the batch it was given"):
+        _run(namespace, "01-my-to-device-check", "my_to_device", deep_in_place)
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+def reference_forward(model, x, capability):
+    exec(_cell(grade_id="01-mixed-forward"), space := {"torch": torch})
+    return space["mixed_forward"](model, x, capability)
+
+
+def enabled_flag_forward(model, x, capability):
+    major, _minor = capability
+    dtype = torch.bfloat16 if major >= 8 else torch.float16
+    with torch.amp.autocast(device_type=x.device.type, dtype=dtype, enabled=major >= 7):
+        return model(x)
+
+
+def course_helpers_forward(model, x, capability):
+    from course_utils.device import autocast, pick_precision
+
+    with autocast(x.device, pick_precision("cuda", capability=capability)):
+        return model(x)
+
+
+def decimal_forward(model, x, capability):
+    version = capability[0] + capability[1] / 10
+    if version < 7:
+        return model(x)
+    with torch.autocast(str(x.device.type), dtype=torch.bfloat16 if version >= 8 else torch.half):
+        out = model(x)
+    return out
+
+
+def half_model_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    return model.to(dtype)(x.to(dtype))
+
+
+def cuda_only_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.autocast("cuda", dtype=dtype):
+        return model(x)
+
+
+def fp16_everywhere_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        return model(x)
+
+
+def strict_ampere_forward(model, x, capability):
+    """`>` where `>=` was meant: an A100 (8.0) gets fp16."""
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability > (8, 0) else torch.float16
+    with torch.autocast(x.device.type, dtype=dtype):
+        return model(x)
+
+
+def always_autocast_forward(model, x, capability):
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.autocast(x.device.type, dtype=dtype):
+        return model(x)
+
+
+def cast_output_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    return model(x).to(dtype)
+
+
+def left_on_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    torch.autocast(x.device.type, dtype=dtype).__enter__()  # never exited
+    return model(x)
+
+
+def float_output_forward(model, x, capability):
+    if capability < (7, 0):
+        return model(x)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.autocast(x.device.type, dtype=dtype):
+        return model(x).float()
+
+
+@pytest.mark.parametrize(
+    "solution", [reference_forward, enabled_flag_forward, course_helpers_forward, decimal_forward]
+)
+def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
+    _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (half_model_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
+        (cuda_only_forward, r"torch.autocast\(x.device.type, dtype=torch.float16\)"),
+        (fp16_everywhere_forward, r"an A100 \(8.0\), run model\(x\) under .*bfloat16"),
+        (strict_ampere_forward, r"an A100 \(8.0\).*bfloat16"),
+        (always_autocast_forward, "a P100 .* has no tensor cores: run model\\(x\\) in float32"),
+        (cast_output_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
+        (float_output_forward, "do not convert the model, x or the output yourself"),
+        (left_on_forward, "autocast is still on after your function returned"),
+    ],
+)
+def test_mixed_forward_check_names_the_mistake(namespace, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+
+
+def test_feedback_reads_as_words_not_reprs(namespace):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", fp16_everywhere_forward)
+    assert "<" not in str(failure.value) and "PrecisionName" not in str(failure.value)
+
+
+def test_an_unanswered_exercise_reads_as_not_answered(namespace):
+    def unanswered(*args):
+        raise NotImplementedError()
+
+    for grade_id, name in [("01-mixed-forward-check", "mixed_forward"),
+                           ("01-my-to-device-check", "my_to_device")]:
+        with pytest.raises(NotImplementedError):
+            _run(namespace, grade_id, name, unanswered)
+
+
+# ----------------------------------------------------------------------------- the helpers
+
+
+def test_first_difference_names_the_place_and_the_kind_of_mistake():
+    Pair = namedtuple("Pair", "a b")
+    want = {"x": [torch.ones(1, device="meta"), Pair(1, "s")]}
+    assert first_difference({"x": [torch.ones(1, device="meta"), Pair(1, "s")]}, want) is None
+    assert first_difference({"x": [torch.ones(1), Pair(1, "s")]}, want) == (
+        "batch['x'][0] is a tensor on cpu; it should be on meta"
+    )
+    assert "should be a Pair, but it is a tuple" in first_difference(
+        {"x": [torch.ones(1, device="meta"), (1, "s")]}, want
+    )
+    assert first_difference({"y": []}, want) == "batch should have the keys ['x'], not ['y']"
+    assert first_difference([1, 2], [1, 3]) == "batch[1] should stay 3, but it is 2"
+    assert first_difference(torch.ones(2), torch.ones(3)).startswith("batch should keep its shape")
+
+
+def test_answer_or_error_reports_what_was_raised_and_lets_not_implemented_through():
+    assert answer_or_error(lambda: 1 / 0).startswith("your function raised ZeroDivisionError")
+    with pytest.raises(NotImplementedError):
+        answer_or_error(lambda: (_ for _ in ()).throw(NotImplementedError()))
+
+
+def test_record_autocast_sees_each_call_and_removes_its_hook():
+    layer = nn.Linear(2, 2)
+    with record_autocast(layer) as seen:
+        layer(torch.ones(1, 2))
+        with torch.autocast("cpu", dtype=torch.float16):
+            layer(torch.ones(1, 2))
+    layer(torch.ones(1, 2))  # after the block: not recorded
+    assert seen == [None, torch.float16]
+
+
+def no_grad_forward(model, x, capability):
+    with torch.no_grad():
+        return reference_forward(model, x, capability)
+
+
+def test_mixed_forward_check_wants_autograd_kept(namespace):
+    with pytest.raises(CheckFailed, match="must keep autograd on"):
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", no_grad_forward)

@@ -1,0 +1,117 @@
+"""Notebook 02's exercises (a) and (b): their checks pass right answers written in other
+ways and fail the usual wrong answers with feedback that names the mistake. Exercise (c)
+is tested in tests/test_exercise_checks.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils.classroom import CheckFailed
+
+ROOT = Path(__file__).resolve().parent.parent
+NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
+
+
+def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
+    for cell in nbformat.read(NB02, as_version=4).cells:
+        if cell.get("id") == cell_id or (
+            grade_id and cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id
+        ):
+            return cell.source
+    raise KeyError(grade_id or cell_id)
+
+
+@pytest.fixture
+def namespace(monkeypatch) -> dict:
+    monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    space: dict = {}
+    exec(_cell(cell_id="nb02-03"), space)  # the imports
+    return space
+
+
+def _run(namespace: dict, grade_id: str, name: str, solution) -> None:
+    namespace[name] = solution
+    exec(_cell(grade_id=grade_id), namespace)
+
+
+# ----------------------------------------------------------------------------- (a)
+
+
+def regex_parse(line):
+    found = [re.search(r"-?\d+(\.\d+)?", cell) for cell in line.split(", ")]
+    return [float(match.group()) if match else None for match in found]
+
+
+def split_parse(line):
+    values = []
+    for cell in line.split(", "):
+        number = cell.split(" ")[0]
+        values.append(float(number) if number.replace(".", "", 1).isdigit() else None)
+    return values
+
+
+def zero_for_missing(line):
+    return [value if value is not None else 0.0 for value in regex_parse(line)]
+
+
+def keeps_units(line):
+    return [cell.strip() for cell in line.split(",")]
+
+
+def only_na_is_missing(line):
+    return [None if cell.strip() == "[N/A]" else float(cell.split()[0]) for cell in line.split(",")]
+
+
+@pytest.mark.parametrize("solution", [regex_parse, split_parse])
+def test_parse_query_line_check_passes_right_answers(namespace, solution, capsys):
+    _run(namespace, "02-parse-query-line-check", "parse_query_line", solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (zero_for_missing, "return None for it, not 0"),
+        (keeps_units, "should be a number"),
+        (only_na_is_missing, "your function raised ValueError"),
+    ],
+)
+def test_parse_query_line_check_names_the_mistake(namespace, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run(namespace, "02-parse-query-line-check", "parse_query_line", solution)
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+def per_gpu_then_sum(flops_per_step, step_s, peak_tflops, gpus=1):
+    achieved_per_gpu = flops_per_step / gpus / step_s
+    return achieved_per_gpu / (peak_tflops * 1e12)
+
+
+def forgot_tera(flops_per_step, step_s, peak_tflops, gpus=1):
+    return flops_per_step / step_s / (gpus * peak_tflops)
+
+
+def forgot_gpus(flops_per_step, step_s, peak_tflops, gpus=1):
+    return flops_per_step / step_s / (peak_tflops * 1e12)
+
+
+@pytest.mark.parametrize("solution", [per_gpu_then_sum])
+def test_run_mfu_check_passes_right_answers(namespace, solution, capsys):
+    _run(namespace, "02-run-mfu-check", "run_mfu", solution)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [(forgot_tera, "convert TFLOP/s to FLOP/s"), (forgot_gpus, "combined peak of all 8")],
+)
+def test_run_mfu_check_names_the_mistake(namespace, solution, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run(namespace, "02-run-mfu-check", "run_mfu", solution)
