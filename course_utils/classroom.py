@@ -240,11 +240,6 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             "the device, it does not move the tensor in place",
         )
 
-        if own:
-            torch.Tensor.to = original  # type: ignore[method-assign]
-        else:
-            del torch.Tensor.to
-
 
 def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, or, if it raises, a sentence saying what it raised
