@@ -459,7 +459,7 @@ def _rank_main(
 
     torch.save = spied_save
     DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
-    DistributedSampler.__init__ = spied_init  # type: ignore[method-assign]
+    DistributedSampler.__init__ = spied_init  # type: ignore[method-assign,assignment]
     with open(os.devnull, "w") as log:  # the errors are reported, the prints dropped
         sys.stdout = sys.stderr = log
         try:
