@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -413,12 +413,15 @@ def plot_scaling(rows: Sequence[dict[str, Any]], label: str) -> Any:
 @dataclass
 class RanksRun:
     """What :func:`run_as_ranks` saw: each rank's exit code (``None``: stopped) and error,
-    the ranks that called ``torch.save`` and the epochs given to ``set_epoch``."""
+    the ranks that called ``torch.save``, the epochs given to ``set_epoch``, the ranks that
+    built a ``DistributedSampler`` and those that returned with the process group open."""
 
     exit_codes: list[int | None]
     errors: dict[int, str]
     saved_by: list[int]
     set_epoch_calls: dict[int, list[int]]
+    made_sampler: list[int] = field(default_factory=list)
+    left_group_open: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -438,8 +441,9 @@ def _rank_main(
     os.environ.update(WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
-    seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None}
+    seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None, "samplers": 0}
     save, set_epoch = torch.save, DistributedSampler.set_epoch
+    make_sampler = DistributedSampler.__init__
 
     def spied_save(*save_args: Any, **kwargs: Any) -> Any:
         seen["saved"] = True
@@ -449,14 +453,20 @@ def _rank_main(
         seen["epochs"].append(epoch)
         set_epoch(sampler, epoch)
 
+    def spied_init(sampler: Any, *init_args: Any, **kwargs: Any) -> None:
+        seen["samplers"] += 1
+        make_sampler(sampler, *init_args, **kwargs)
+
     torch.save = spied_save
     DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
+    DistributedSampler.__init__ = spied_init  # type: ignore[method-assign,assignment]
     with open(os.devnull, "w") as log:  # the errors are reported, the prints dropped
         sys.stdout = sys.stderr = log
         try:
             fn(*args)
         except BaseException as error:  # reported to the parent, which decides
             seen["error"] = f"rank {rank}: {type(error).__name__}: {error}"
+        seen["group_open"] = dist.is_available() and dist.is_initialized()
         log.flush()
     (Path(folder) / f"rank-{rank}.json").write_text(json.dumps(seen))
     os._exit(1 if seen["error"] else 0)  # skip the parent's exit handlers (a Jupyter kernel's)
@@ -506,7 +516,42 @@ def run_as_ranks(
             set_epoch_calls={
                 rank: seen.get(rank, {}).get("epochs", []) for rank in range(world_size)
             },
+            made_sampler=sorted(rank for rank, report in seen.items() if report["samplers"]),
+            left_group_open=sorted(rank for rank, report in seen.items() if report["group_open"]),
         )
+
+
+# --------------------------------------------------------- exercise 06 (b): all-reduce
+
+
+def exercise_gradient(rows: slice | None = None) -> torch.Tensor:
+    """The weight gradient of a seeded ``nn.Linear(5, 3)``'s mean squared error over
+    ``rows`` of a seeded batch of 8 (all of them by default): a share, or the whole."""
+    torch.manual_seed(0)
+    layer = nn.Linear(5, 3)
+    inputs, targets = torch.randn(8, 5), torch.randn(8, 3)
+    chosen = rows if rows is not None else slice(None)
+    nn.functional.mse_loss(layer(inputs[chosen]), targets[chosen]).backward()
+    assert layer.weight.grad is not None
+    return layer.weight.grad
+
+
+def average_on_ranks(average: Callable[[torch.Tensor], Any], folder: str) -> None:
+    """One rank of exercise 06 (b), under :func:`run_as_ranks`: join a gloo group, take
+    :func:`exercise_gradient` of this rank's share of the batch, give it to ``average``,
+    and save ``{"own": ..., "result": ...}`` (``result``: what ``average`` returned, or
+    the gradient it changed in place) to ``folder/rank-<rank>.pt``."""
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        share = 8 // world
+        gradient = exercise_gradient(slice(share * rank, share * (rank + 1)))
+        own = gradient.clone()
+        result = average(gradient)
+        result = gradient if result is None else result
+        torch.save({"own": own, "result": result}, Path(folder) / f"rank-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- DataParallel

@@ -597,3 +597,45 @@ def checkpointing(folder: Path | str, every_n_steps: int) -> ModelCheckpoint:
 def saved_step(path: Path | str) -> int:
     """The ``global_step`` stored in a Lightning checkpoint."""
     return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+
+
+# ------------------------------------------------------------ exercise 05 (a) feedback
+
+
+def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> str | None:
+    """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
+    (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``)."""
+    with warnings.catch_warnings():  # self.log outside a Trainer only warns
+        warnings.simplefilter("ignore")
+        out = module.training_step(batch, 0)
+    if out is None:
+        return (
+            "your training_step returns nothing: end it with `return loss` (the Trainer "
+            "needs the loss to run backward)"
+        )
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor) or not loss.requires_grad or loss.numel() != 1:
+        kind = type(loss).__name__ if not isinstance(loss, torch.Tensor) else "a tensor"
+        return (
+            f"training_step should return the loss tensor itself (one number that backward "
+            f"can use); yours returned {kind} (loss.item() or .detach() cut it off from backward)"
+        )
+    return None
+
+
+def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> str | None:
+    """What is wrong with a Trainer's ``optimizers`` for plain SGD at ``lr``, in plain words
+    (``None``: one ``torch.optim.SGD``, no momentum, learning rate ``lr`` before any
+    scheduler changed it)."""
+    if len(optimizers) != 1:
+        return f"configure_optimizers should give one optimizer, not {len(optimizers)}"
+    optimizer = optimizers[0]
+    if type(optimizer) is not torch.optim.SGD:
+        return f"configure_optimizers should use torch.optim.SGD, not {type(optimizer).__name__}"
+    group = optimizer.param_groups[0]
+    used = group.get("initial_lr", group["lr"])  # a scheduler keeps the starting rate here
+    if not math.isclose(used, lr, rel_tol=1e-9):
+        return f"the optimizer's learning rate is {used}, but self.lr is {lr}: pass lr=self.lr"
+    if group.get("momentum", 0.0) or group.get("nesterov"):
+        return "plain SGD here: leave out momentum (the check compares with plain SGD)"
+    return None

@@ -1,0 +1,190 @@
+"""The exercises of notebook 06: their checks pass right answers written several ways and
+fail the usual mistakes with feedback that names them. (b) and (c) run the learner's code
+in 2 forked gloo processes, as the notebook does.
+
+Each check cell runs as the grader runs it: after the notebook's imports and knobs, with the
+learner's function defined in the same namespace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_utils.classroom import CheckFailed
+from course_utils.data import SyntheticImages
+from course_utils.models import build_model
+
+NB06 = Path(__file__).resolve().parent.parent / "notebooks" / "06_multi_gpu.ipynb"
+
+
+def _grade_cell(grade_id: str) -> str:
+    for cell in nbformat.read(NB06, as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+@pytest.fixture(scope="module")
+def nb06() -> dict:
+    cells = {c.get("id"): c.source for c in nbformat.read(NB06, as_version=4).cells}
+    namespace: dict = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COURSE_WORKLOAD", "small")
+        patch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what the imports cell sets
+        for cell_id in ("nb06-03", "nb06-04"):
+            exec(cells[cell_id], namespace)
+    return namespace
+
+
+def _check(nb06: dict, grade_id: str, name: str, answer) -> None:
+    exec(_grade_cell(grade_id), dict(nb06, **{name: answer}))
+
+
+def _fails_with(nb06: dict, grade_id: str, name: str, answer, feedback: str) -> None:
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb06, grade_id, name, answer)
+    assert feedback in str(failure.value), str(failure.value)
+
+
+# ----------------------------------------------------------------------------- (a)
+
+
+def deal(order, rank, world_size):
+    return list(order[rank::world_size])
+
+
+def deal_with_a_loop(order, rank, world_size):
+    return torch.tensor([order[i] for i in range(len(order)) if i % world_size == rank])
+
+
+def positions(order, rank, world_size):
+    return list(range(rank, len(order), world_size))
+
+
+def chunks(order, rank, world_size):
+    size = len(order) // world_size
+    return order[rank * size : (rank + 1) * size]
+
+
+@pytest.mark.parametrize("answer", [deal, deal_with_a_loop])
+def test_rank_indices_passes_right_answers(nb06, answer, capsys):
+    _check(nb06, "06-rank-indices-check", "rank_indices", answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [(positions, "you dealt positions"), (chunks, "it deals like cards")],
+)
+def test_rank_indices_names_the_mistake(nb06, answer, feedback):
+    _fails_with(nb06, "06-rank-indices-check", "rank_indices", answer, feedback)
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+def all_reduce_in_place(gradient):
+    dist.all_reduce(gradient)
+    gradient /= dist.get_world_size()
+
+
+def all_gather_mean(gradient):
+    parts = [torch.empty_like(gradient) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, gradient)
+    return torch.stack(parts).mean(dim=0)
+
+
+def keeps_its_own(gradient):
+    return gradient
+
+
+def sums(gradient):
+    dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
+    return gradient
+
+
+def uses_avg(gradient):
+    dist.all_reduce(gradient, op=dist.ReduceOp.AVG)
+    return gradient
+
+
+@pytest.mark.parametrize("answer", [all_reduce_in_place, all_gather_mean, uses_avg])
+def test_average_gradient_passes_right_answers(nb06, answer, capsys):
+    _check(nb06, "06-average-gradients-check", "average_gradient", answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (keeps_its_own, "dist.all_reduce(gradient)"),
+        (sums, "you summed the gradients"),
+    ],
+)
+def test_average_gradient_names_the_mistake(nb06, answer, feedback):
+    _fails_with(nb06, "06-average-gradients-check", "average_gradient", answer, feedback)
+
+
+# ----------------------------------------------------------------------------- (c)
+
+
+def _ddp_main(out_dir, epochs=2, batch_size=8, *, sampler=True, set_epoch=True, destroy=True):
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(build_model("mlp"))
+    data = SyntheticImages(size=64, seed=0)
+    shard = DistributedSampler(data, shuffle=True, seed=0) if sampler else None
+    loader = DataLoader(data, batch_size=batch_size, sampler=shard)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(epochs):
+        if shard is not None and set_epoch:
+            shard.set_epoch(epoch)
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    if dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), f"{out_dir}/ddp_model.pt")
+    if destroy:
+        dist.destroy_process_group()
+
+
+def right_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size)
+
+
+def no_sampler_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, sampler=False)
+
+
+def no_set_epoch_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, set_epoch=False)
+
+
+def left_open_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, destroy=False)
+
+
+def test_ddp_setup_passes_the_right_answer(nb06, capsys):
+    _check(nb06, "06-ddp-setup-check", "ddp_main", right_main)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (no_sampler_main, "DistributedSampler"),
+        (no_set_epoch_main, "set_epoch"),
+        (left_open_main, "destroy_process_group"),
+    ],
+)
+def test_ddp_setup_names_the_mistake(nb06, answer, feedback):
+    _fails_with(nb06, "06-ddp-setup-check", "ddp_main", answer, feedback)
