@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
-from course_utils.profiling import LoopProfile, StepProfiler, batch_samples
+from course_utils.profiling import LoopProfile, StepProfiler
 from course_utils.timing import synchronizer, time_in_turns
 from course_utils.training import TrainConfig, TrainStep
 
@@ -108,9 +108,9 @@ def largest_phase(profile: LoopProfile) -> str:
 @dataclass
 class LoopRun:
     """What :func:`run_loop` measured for one training loop. ``profile`` covers the steps
-    after the warm-up; ``samples_per_s`` covers the whole run, end to end: from the call of
-    the loop (so work done before its first batch, such as decoding once, counts) to its
-    last step, warm-up included."""
+    after the warm-up step; ``samples_per_s`` adds the loop's set-up before its first
+    batch (``setup_s``: decoding once, say), so that no fix is credited for work done
+    before the clock starts. The warm-up step's one-time costs count for no loop."""
 
     name: str
     profile: LoopProfile
@@ -121,18 +121,22 @@ class LoopRun:
     empty_cache_calls: int
     monitor: Reading  # read at the end: GPU-Util, or CPU utilization during the run
     setup_s: float = 0.0  # from the call of the loop to its first batch (e.g. decoding)
-    total_s: float = 0.0  # from the call of the loop to its last step (synchronized)
-    total_samples: int = 0  # every sample the loop trained on, warm-up included
     epoch_samples: int = 0  # the samples in one epoch (the dataset's length)
 
     @property
+    def total_s(self) -> float:
+        """The set-up plus the measured steps."""
+        return self.setup_s + self.profile.wall_s
+
+    @property
     def samples_per_s(self) -> float:
-        """End-to-end throughput: every sample over the whole run, set-up included."""
-        return self.total_samples / self.total_s if self.total_s > 0 else 0.0
+        """End-to-end throughput of the measured steps, the set-up included."""
+        return self.profile.samples / self.total_s if self.total_s > 0 else 0.0
 
     @property
     def epochs(self) -> float:
-        return self.total_samples / self.epoch_samples if self.epoch_samples else 0.0
+        """Epochs in the measured steps."""
+        return self.profile.samples / self.epoch_samples if self.epoch_samples else 0.0
 
     @property
     def steps(self) -> int:
@@ -231,11 +235,10 @@ def run_loop(
     ``samples`` samples (at least 3 steps, after one untimed step) and measure it.
 
     ``timed(loader)`` yields batches epoch after epoch, timing the wait for each; on a GPU
-    only the end is synchronized (a per-step ``.item()`` must show its cost). The run is
-    also timed end to end, from the call of the loop, so work the loop does before its
-    first batch (decoding once) counts. Spies count host reads of the loss and
-    ``empty_cache()``; the loss on a fixed batch before and after shows that the loop
-    trains. On a CPU the loop gets ``cpu_threads`` threads (on a
+    only the end is synchronized (a per-step ``.item()`` must show its cost). The loop's
+    set-up before its first batch (decoding once) is timed and counts. Spies count host
+    reads of the loss and ``empty_cache()``; the loss on a fixed batch before and after
+    shows that the loop trains. On a CPU the loop gets ``cpu_threads`` threads (on a
     loaded 2-core machine two ran many times slower than one, and their ratio swung).
     """
     device = torch.device(device)
@@ -248,15 +251,13 @@ def run_loop(
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
     profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
-    clock = {"start": 0.0, "first_batch": 0.0, "samples": 0}
+    clock = {"start": 0.0, "first_batch": 0.0}
 
     def timed(loader: Any) -> Iterator[Any]:
         clock["first_batch"] = time.perf_counter()  # the loop's set-up ends here
         steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
         epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-        for batch in profiler.iterate(epochs, max_steps=steps + 1):  # + the warm-up
-            clock["samples"] += batch_samples(batch)
-            yield batch
+        yield from profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -269,7 +270,6 @@ def run_loop(
             clock["start"] = clock["first_batch"] = time.perf_counter()
             losses = loop(data, model, device, timed)
             sync()
-            total_s = time.perf_counter() - clock["start"]
     finally:
         torch.set_num_threads(threads)
     profile = profiler.report()
@@ -284,8 +284,6 @@ def run_loop(
         empty_cache_calls=counts["empty_cache"],
         monitor=sample(gpu_index),
         setup_s=clock["first_batch"] - clock["start"],
-        total_s=total_s,
-        total_samples=int(clock["samples"]),
         epoch_samples=len(data),
     )
 
