@@ -150,3 +150,11 @@ def test_spies_count_every_way_of_reading_the_loss_on_the_host(read, calls):
     data = EncodedImages(16, stored_size=36)
     run = run_loop(_sync_loop(read), data, "cpu", samples=12, width=4)
     assert run.item_calls == calls
+
+
+def test_decoding_once_is_paid_inside_the_run():
+    data = EncodedImages(32, stored_size=64)
+    once = run_recipe(SLOW.changed(decode="once"), data, "cpu", samples=16, width=4)
+    per_sample = run_recipe(SLOW, data, "cpu", samples=16, width=4)
+    assert once.setup_s > per_sample.setup_s  # 32 decodes before the first step ...
+    assert once.samples_per_s < once.profile.samples_per_s  # ... counted in the rate
