@@ -124,6 +124,9 @@ def test_run_loop_counts_the_set_up_before_the_first_batch():
     # the steps alone run as fast, but the set-up is paid
     assert late.samples_per_s < 32 / 0.3 and late.samples_per_s < quick.samples_per_s
     assert late.samples_per_s < late.profile.samples_per_s
+    # sleeping costs no CPU time: the CPU rate sees the steps only, and compares loops there
+    assert late.setup_cpu_s < 0.1 and late.samples_per_cpu_s > 32 / 0.3
+    assert late.rate() == late.samples_per_cpu_s
 
 
 def _sync_loop(read):
