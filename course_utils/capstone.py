@@ -141,11 +141,14 @@ class LoopRun:
         cpu_s = self.setup_cpu_s + self.profile.cpu_s
         return self.profile.samples / cpu_s if cpu_s > 0 else 0.0
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.profile.device.startswith("cpu")
+
     def rate(self) -> float:
         """The rate to compare loops by: :attr:`samples_per_s` on a GPU,
         :attr:`samples_per_cpu_s` on a CPU (where other processes would slow the clock)."""
-        on_cpu = self.profile.device.startswith("cpu")
-        return self.samples_per_cpu_s if on_cpu else self.samples_per_s
+        return self.samples_per_cpu_s if self.on_cpu else self.samples_per_s
 
     @property
     def epochs(self) -> float:
@@ -161,12 +164,13 @@ class LoopRun:
 def break_even_epoch(slow: LoopRun, fast: LoopRun) -> int | None:
     """The first epoch after which ``fast`` has spent less time in all than ``slow``: its
     extra set-up (``setup_s``, e.g. decoding once) against the time it saves per epoch
-    (from each run's steps after the warm-up). ``None`` if it saves nothing per epoch.
+    (from each run's steps after the warm-up). ``None`` if it saves nothing per epoch. On a
+    CPU both are this process's CPU time, as in :meth:`LoopRun.rate`.
 
     >>> def run(setup_s, samples_per_s):
-    ...     profile = LoopProfile(num_steps=1, samples=int(samples_per_s), wall_s=1.0)
+    ...     profile = LoopProfile(num_steps=1, samples=int(samples_per_s), wall_s=1.0, cpu_s=1.0)
     ...     return LoopRun("loop", profile, [], 0.0, 0.0, 0, 0, {}, setup_s=setup_s,
-    ...                    epoch_samples=100)
+    ...                    setup_cpu_s=setup_s, epoch_samples=100)
     >>> break_even_epoch(run(0.0, 100), run(1.5, 200))  # 1 s per epoch against 0.5 s
     3
     >>> break_even_epoch(run(0.0, 100), run(0.5, 50)) is None
@@ -174,13 +178,18 @@ def break_even_epoch(slow: LoopRun, fast: LoopRun) -> int | None:
     """
 
     def epoch_s(run: LoopRun) -> float:
-        rate = run.profile.samples_per_s
-        return run.epoch_samples / rate if rate > 0 else math.inf
+        steps_s = run.profile.cpu_s if run.on_cpu else run.profile.wall_s
+        return (
+            run.epoch_samples * steps_s / run.profile.samples if run.profile.samples else math.inf
+        )
+
+    def setup_s(run: LoopRun) -> float:
+        return run.setup_cpu_s if run.on_cpu else run.setup_s
 
     saved = epoch_s(slow) - epoch_s(fast)
     if not saved > 0:
         return None
-    return max(1, math.ceil((fast.setup_s - slow.setup_s) / saved))
+    return max(1, math.ceil((setup_s(fast) - setup_s(slow)) / saved))
 
 
 def _reads_a_loss(tensor: torch.Tensor) -> bool:
