@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -104,43 +107,130 @@ def largest_phase(profile: LoopProfile) -> str:
 
 @dataclass
 class LoopRun:
-    """What :func:`run_loop` measured for one training loop."""
+    """What :func:`run_loop` measured for one training loop. ``profile`` covers the steps
+    after the warm-up step; ``samples_per_s`` adds the loop's set-up before its first
+    batch (``setup_s``: decoding once, say), so that no fix is credited for work done
+    before the clock starts. The warm-up step's one-time costs count for no loop."""
 
     name: str
     profile: LoopProfile
     losses: list[float]
     loss_before: float  # mean loss on a fixed batch of the training images, before ...
     loss_after: float  # ... and after the loop
-    item_calls: int  # ``.item()`` on tensors with a grad_fn (the loss), during the loop
+    item_calls: int  # the loss read on the host: ``.item()``, ``float()``, ``.tolist()``
     empty_cache_calls: int
     monitor: Reading  # read at the end: GPU-Util, or CPU utilization during the run
+    setup_s: float = 0.0  # from the call of the loop to its first batch (e.g. decoding)
+    setup_cpu_s: float = 0.0  # this process's CPU time in the set-up
+    epoch_samples: int = 0  # the samples in one epoch (the dataset's length)
+
+    @property
+    def total_s(self) -> float:
+        """The set-up plus the measured steps."""
+        return self.setup_s + self.profile.wall_s
 
     @property
     def samples_per_s(self) -> float:
-        return self.profile.samples_per_s
+        """End-to-end throughput of the measured steps, the set-up included."""
+        return self.profile.samples / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def samples_per_cpu_s(self) -> float:
+        """The same per second of this process's CPU time: on a CPU device with
+        ``num_workers=0``, a rate that other processes on a busy machine hardly change."""
+        cpu_s = self.setup_cpu_s + self.profile.cpu_s
+        return self.profile.samples / cpu_s if cpu_s > 0 else 0.0
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.profile.device.startswith("cpu")
+
+    def rate(self) -> float:
+        """The rate to compare loops by: :attr:`samples_per_s` on a GPU,
+        :attr:`samples_per_cpu_s` on a CPU (where other processes would slow the clock)."""
+        return self.samples_per_cpu_s if self.on_cpu else self.samples_per_s
+
+    @property
+    def epochs(self) -> float:
+        """Epochs in the measured steps."""
+        return self.profile.samples / self.epoch_samples if self.epoch_samples else 0.0
+
+    @property
+    def steps(self) -> int:
+        """Steps the loop ran, the warm-up included."""
+        return self.profile.num_steps + 1
+
+
+def break_even_epoch(slow: LoopRun, fast: LoopRun) -> int | None:
+    """The first epoch after which ``fast`` has spent less time in all than ``slow``: its
+    extra set-up (``setup_s``, e.g. decoding once) against the time it saves per epoch
+    (from each run's steps after the warm-up). ``None`` if it saves nothing per epoch. On a
+    CPU both are this process's CPU time, as in :meth:`LoopRun.rate`.
+
+    >>> def run(setup_s, samples_per_s):
+    ...     profile = LoopProfile(num_steps=1, samples=int(samples_per_s), wall_s=1.0, cpu_s=1.0)
+    ...     return LoopRun("loop", profile, [], 0.0, 0.0, 0, 0, {}, setup_s=setup_s,
+    ...                    setup_cpu_s=setup_s, epoch_samples=100)
+    >>> break_even_epoch(run(0.0, 100), run(1.5, 200))  # 1 s per epoch against 0.5 s
+    3
+    >>> break_even_epoch(run(0.0, 100), run(0.5, 50)) is None
+    True
+    """
+
+    def epoch_s(run: LoopRun) -> float:
+        steps_s = run.profile.cpu_s if run.on_cpu else run.profile.wall_s
+        return (
+            run.epoch_samples * steps_s / run.profile.samples if run.profile.samples else math.inf
+        )
+
+    def setup_s(run: LoopRun) -> float:
+        return run.setup_cpu_s if run.on_cpu else run.setup_s
+
+    saved = epoch_s(slow) - epoch_s(fast)
+    if not saved > 0:
+        return None
+    return max(1, math.ceil((setup_s(fast) - setup_s(slow)) / saved))
+
+
+def _reads_a_loss(tensor: torch.Tensor) -> bool:
+    """A scalar float read on the host by the loop's code (a loss, ``.detach()``-ed or
+    not), not by PyTorch itself (GradScaler reads its flags with ``.item()``)."""
+    if tensor.dim() != 0 or not tensor.is_floating_point():
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    return not (caller == "torch" or caller.startswith("torch."))
 
 
 @contextmanager
 def _spies() -> Iterator[dict[str, int]]:
-    """Count ``Tensor.item`` on autograd results and ``torch.cuda.empty_cache`` calls."""
+    """Count host reads of a loss (``.item()``, ``float()``, ``.tolist()``) and
+    ``torch.cuda.empty_cache`` calls."""
     counts = {"item": 0, "empty_cache": 0}
-    item, empty_cache = torch.Tensor.item, torch.cuda.empty_cache
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "__float__", "tolist")}
+    empty_cache = torch.cuda.empty_cache
 
-    def counting_item(tensor: torch.Tensor) -> Any:
-        if tensor.grad_fn is not None:  # a loss, not a GradScaler's internal flag
-            counts["item"] += 1
-        return item(tensor)
+    def counting(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def read(tensor: torch.Tensor, *args: Any) -> Any:
+            if _reads_a_loss(tensor):
+                counts["item"] += 1
+            return original(tensor, *args)
+
+        return read
 
     def counting_empty_cache() -> None:
         counts["empty_cache"] += 1
         empty_cache()
 
-    torch.Tensor.item = counting_item  # type: ignore[method-assign,assignment]
+    for name in originals:
+        setattr(torch.Tensor, name, counting(name))
     torch.cuda.empty_cache = counting_empty_cache
     try:
         yield counts
     finally:
-        torch.Tensor.item = item  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
         torch.cuda.empty_cache = empty_cache
 
 
@@ -168,9 +258,10 @@ def run_loop(
     ``samples`` samples (at least 3 steps, after one untimed step) and measure it.
 
     ``timed(loader)`` yields batches epoch after epoch, timing the wait for each; on a GPU
-    only the end is synchronized (a per-step ``.item()`` must show its cost). Spies count
-    ``.item()`` on the loss and ``empty_cache()``; the loss on a fixed batch before and
-    after shows that the loop trains. On a CPU the loop gets ``cpu_threads`` threads (on a
+    only the end is synchronized (a per-step ``.item()`` must show its cost). The loop's
+    set-up before its first batch (decoding once) is timed and counts. Spies count host
+    reads of the loss and ``empty_cache()``; the loss on a fixed batch before and after
+    shows that the loop trains. On a CPU the loop gets ``cpu_threads`` threads (on a
     loaded 2-core machine two ran many times slower than one, and their ratio swung).
     """
     device = torch.device(device)
@@ -183,11 +274,14 @@ def run_loop(
     before = _fixed_batch_loss(model, fixed, device)
     sync = synchronizer(device)
     profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
+    clock = {"start": 0.0, "first_batch": 0.0, "cpu_start": 0.0, "cpu_first_batch": 0.0}
 
     def timed(loader: Any) -> Iterator[Any]:
+        clock["first_batch"] = time.perf_counter()  # the loop's set-up ends here
+        clock["cpu_first_batch"] = time.process_time()
         steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
         epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-        return profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
+        yield from profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -196,8 +290,11 @@ def run_loop(
     sample(gpu_index)  # starts the CPU-utilization interval
     try:
         with _spies() as counts:
+            sync()
+            clock["start"] = clock["first_batch"] = time.perf_counter()
+            clock["cpu_start"] = clock["cpu_first_batch"] = time.process_time()
             losses = loop(data, model, device, timed)
-        sync()
+            sync()
     finally:
         torch.set_num_threads(threads)
     profile = profiler.report()
@@ -211,6 +308,9 @@ def run_loop(
         item_calls=counts["item"],
         empty_cache_calls=counts["empty_cache"],
         monitor=sample(gpu_index),
+        setup_s=clock["first_batch"] - clock["start"],
+        setup_cpu_s=clock["cpu_first_batch"] - clock["cpu_start"],
+        epoch_samples=len(data),
     )
 
 
@@ -231,7 +331,7 @@ def compare_loops(
     time_in_turns(
         {str(i): turn(i) for i in range(len(loops))}, device=device, warmup=0, rounds=rounds
     )
-    return [max(kept, key=lambda run: run.samples_per_s) for kept in runs]
+    return [max(kept, key=lambda run: run.rate()) for kept in runs]
 
 
 def run_recipe(
@@ -243,5 +343,5 @@ def run_recipe(
     **options: Any,
 ) -> LoopRun:
     """The fastest of ``repeats`` runs of the recipe's loop; ``decode="once"`` decodes
-    before the timed steps (paid once per run, not per epoch: the notebook measures it)."""
+    before the first step, inside the run: its end-to-end ``samples_per_s`` counts it."""
     return compare_loops([recipe.loop], data, device, rounds=repeats, **options)[0]

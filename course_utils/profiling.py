@@ -81,12 +81,12 @@ class LoopProfile:
         )
 
 
-def _samples(batch: Any) -> int:
+def batch_samples(batch: Any) -> int:
     """The samples in a batch: the length of its labels (``batch[1]``), else of its first."""
     if isinstance(batch, (list, tuple)):
         if len(batch) > 1 and hasattr(batch[1], "__len__"):
             return len(batch[1])
-        return _samples(batch[0]) if batch else 0
+        return batch_samples(batch[0]) if batch else 0
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     return 0
@@ -152,7 +152,7 @@ class StepProfiler:
                     done += 1
                     if done > self.warmup:
                         profile.num_steps += 1
-                        profile.samples += _samples(batch)
+                        profile.samples += batch_samples(batch)
                         profile.data_s += fetched - start
                         profile.copy_s += copied - fetched
                         profile.compute_s += end - copied

@@ -3,6 +3,8 @@ names the largest phase."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -105,3 +107,57 @@ def test_compare_loops_keeps_the_best_run_of_each_in_order():
                                rounds=2)
     assert (slow.name, fast.name) == ("_habits_loop", "_fixed_loop")
     assert slow.profile.samples == 12 and fast.profile.samples == 24  # at least 3 steps each
+
+
+def _slow_setup_loop(data, model, device, timed):
+    """Work before the first batch (as decoding once is) counts in the end-to-end rate."""
+    time.sleep(0.3)
+    return _fixed_loop(data, model, device, timed)
+
+
+def test_run_loop_counts_the_set_up_before_the_first_batch():
+    data = EncodedImages(16, stored_size=36)
+    quick = run_loop(_fixed_loop, data, "cpu", samples=32, width=4)
+    late = run_loop(_slow_setup_loop, data, "cpu", samples=32, width=4)
+    assert late.setup_s >= 0.3 > quick.setup_s
+    assert late.profile.samples == 32 and late.epochs == 2.0  # 4 steps of 8 after the warm-up
+    # the steps alone run as fast, but the set-up is paid
+    assert late.samples_per_s < 32 / 0.3 and late.samples_per_s < quick.samples_per_s
+    assert late.samples_per_s < late.profile.samples_per_s
+    # sleeping costs no CPU time: the CPU rate sees the steps only, and compares loops there
+    assert late.setup_cpu_s < 0.1 and late.samples_per_cpu_s > 32 / 0.3
+    assert late.rate() == late.samples_per_cpu_s
+
+
+def _sync_loop(read):
+    def loop(data, model, device, timed):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step, (inputs, targets) in enumerate(timed(DataLoader(data, batch_size=4))):
+            loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            read(step, loss)
+    return loop
+
+
+@pytest.mark.parametrize("read, calls", [
+    (lambda step, loss: loss.item(), 4),
+    (lambda step, loss: float(loss), 4),
+    (lambda step, loss: loss.detach().item(), 4),
+    (lambda step, loss: loss.detach().cpu().tolist(), 4),
+    (lambda step, loss: step % 2 == 0 and loss.item(), 2),  # every other step
+    (lambda step, loss: loss.detach().sum(), 0),  # stays on the device
+])
+def test_spies_count_every_way_of_reading_the_loss_on_the_host(read, calls):
+    data = EncodedImages(16, stored_size=36)
+    run = run_loop(_sync_loop(read), data, "cpu", samples=12, width=4)
+    assert run.item_calls == calls
+
+
+def test_decoding_once_is_paid_inside_the_run():
+    data = EncodedImages(32, stored_size=64)
+    once = run_recipe(SLOW.changed(decode="once"), data, "cpu", samples=16, width=4)
+    per_sample = run_recipe(SLOW, data, "cpu", samples=16, width=4)
+    assert once.setup_s > per_sample.setup_s  # 32 decodes before the first step ...
+    assert once.samples_per_s < once.profile.samples_per_s  # ... counted in the rate

@@ -1,0 +1,182 @@
+"""Exercise (c) of notebook 07 (retry with a smaller batch): its check passes right answers
+written in different ways and fails the usual mistakes, with feedback that names them.
+
+The check cell runs as the grader runs it: after the notebook's imports, knobs and the
+helper cell of the exercise, with the learner's ``retry_halving`` in the same namespace.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_utils.classroom import CheckFailed
+from course_utils.oom import is_out_of_memory
+
+NB07 = Path(__file__).resolve().parent.parent / "notebooks" / "07_gpu_memory_and_cache.ipynb"
+
+
+def _notebook():
+    return nbformat.read(NB07, as_version=4)
+
+
+def _grade_cell(grade_id: str) -> str:
+    for cell in _notebook().cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+@pytest.fixture(scope="module")
+def nb07():
+    """The namespace the check runs in: imports, knobs, and the exercise's helpers."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("COURSE_WORKLOAD", "small")
+    cells = {cell.get("id"): cell.source for cell in _notebook().cells}
+    namespace: dict = {}
+    try:
+        for cell_id in ("nb07-04", "nb07-05", "nb07-37a"):
+            exec(cells[cell_id], namespace)
+    finally:
+        patch.undo()
+    return namespace
+
+
+def _check(nb07, retry_halving) -> None:
+    namespace = dict(nb07, retry_halving=retry_halving)
+    exec(_grade_cell("07-retry-halving-check"), namespace)
+
+
+# --------------------------------------------------------------- right answers
+
+
+def solution(step, batch_size):
+    namespace: dict = {"torch": torch, "gc": gc}
+    source = next(cell.source for cell in _notebook().cells
+                  if cell.metadata.get("nbgrader", {}).get("grade_id") == "07-retry-halving")
+    exec(source, namespace)
+    return namespace["retry_halving"](step, batch_size)
+
+
+def checks_the_message(step, batch_size):
+    """Catches RuntimeError and lets through what is not out of memory, as 07 teaches."""
+    while batch_size > 0:
+        failed = False
+        try:
+            step(batch_size)
+            return batch_size
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            failed = True
+        if failed:
+            gc.collect()
+            batch_size //= 2
+    raise RuntimeError("no batch size fits")
+
+
+def checks_the_text(step, batch_size):
+    while True:
+        try:
+            step(batch_size)
+            return batch_size
+        except RuntimeError as error:
+            if "out of memory" not in str(error):
+                raise
+        batch_size //= 2
+        if batch_size == 0:
+            raise RuntimeError("even a batch of 1 does not fit")
+
+
+def recursive(step, batch_size):
+    if batch_size == 0:
+        raise RuntimeError("out of sizes")
+    try:
+        step(batch_size)
+        return batch_size
+    except torch.cuda.OutOfMemoryError:
+        pass
+    return recursive(step, batch_size // 2)
+
+
+@pytest.mark.parametrize("answer", [solution, checks_the_message, checks_the_text, recursive])
+def test_retry_check_passes_right_answers(nb07, answer, capsys):
+    _check(nb07, answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------- wrong answers
+
+
+def catches_every_runtime_error(step, batch_size):
+    """The review's wrong answer: a shape bug is halved down to nothing and hidden."""
+    while batch_size > 0:
+        try:
+            step(batch_size)
+            return batch_size
+        except RuntimeError:
+            pass
+        batch_size //= 2
+    raise RuntimeError("not even a batch of 1 fits")
+
+
+def reraises_the_last_error(step, batch_size):
+    """Catches every RuntimeError, then raises the last message again: the bug's message
+    survives, but the buggy step ran four times."""
+    last = ""
+    while batch_size > 0:
+        try:
+            step(batch_size)
+            return batch_size
+        except RuntimeError as error:
+            last = str(error)
+        batch_size //= 2
+    raise RuntimeError(last if "out of memory" not in last else "nothing fits")
+
+
+def catches_everything(step, batch_size):
+    while batch_size > 0:
+        try:
+            step(batch_size)
+            return batch_size
+        except Exception:
+            pass
+        batch_size //= 2
+    raise RuntimeError("nothing fits")
+
+
+def retries_inside_except(step, batch_size):
+    try:
+        step(batch_size)
+        return batch_size
+    except torch.cuda.OutOfMemoryError:
+        if batch_size == 1:
+            raise RuntimeError("nothing fits") from None
+        return retries_inside_except(step, batch_size // 2)  # the failed frame is alive
+
+
+def raises_the_oom(step, batch_size):
+    while True:
+        try:
+            step(batch_size)
+            return batch_size
+        except torch.cuda.OutOfMemoryError:
+            if batch_size == 1:
+                raise
+        batch_size //= 2
+
+
+@pytest.mark.parametrize(("answer", "feedback"), [
+    (catches_every_runtime_error, "a shape error is not out of memory, but your code caught it"),
+    (reraises_the_last_error, "a shape error is not out of memory, but your code caught it"),
+    (catches_everything, "a ZeroDivisionError is not out of memory, but your code caught it"),
+    (retries_inside_except, "retry after the except block has ended"),
+    (raises_the_oom, "raise your own RuntimeError"),
+])
+def test_retry_check_names_the_mistake(nb07, answer, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check(nb07, answer)

@@ -1,0 +1,177 @@
+"""The exercises of notebook 08 (capstone): their checks pass right answers written in
+different ways and fail the usual mistakes, with feedback that names the mistake.
+
+Each check cell runs as the grader runs it: after the notebook's imports and knobs, with
+the learner's answer defined in the same namespace (at the ``small`` workload, on the CPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+import torch
+
+from course_utils.classroom import CheckFailed
+from course_utils.profiling import LoopProfile
+
+NB08 = Path(__file__).resolve().parent.parent / "notebooks" / "08_capstone.ipynb"
+
+
+def _cells() -> dict[str, nbformat.NotebookNode]:
+    notebook = nbformat.read(NB08, as_version=4)
+    return {cell.get("id"): cell for cell in notebook.cells if cell.cell_type == "code"}
+
+
+def _grade_cell(grade_id: str) -> str:
+    for cell in _cells().values():
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
+
+
+def _namespace(cell_ids: list[str], monkeypatch) -> dict:
+    monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    cells = _cells()
+    namespace: dict = {}
+    for cell_id in cell_ids:
+        exec(cells[cell_id].source, namespace)
+    return namespace
+
+
+# ----------------------------------------------------------------------------- (a)
+
+DATA_BOUND = LoopProfile(num_steps=10, samples=80, data_s=0.7, copy_s=0.01, compute_s=0.29,
+                         wall_s=1.0)
+COMPUTE_BOUND = LoopProfile(num_steps=10, samples=80, data_s=0.2, copy_s=0.05, compute_s=0.75,
+                            wall_s=1.0)
+
+
+def _check_a(namespace, profile, bottleneck, max_speedup):
+    namespace.update(baseline=SimpleNamespace(profile=profile), profile=profile,
+                     BOTTLENECK=bottleneck, MAX_SPEEDUP=max_speedup)
+    exec(_grade_cell("08-bottleneck-check"), namespace)
+
+
+@pytest.fixture
+def nb08_imports(monkeypatch):
+    return _namespace(["nb08-03"], monkeypatch)
+
+
+def _from_times(p):
+    times = {"data": p.data_s, "copy": p.copy_s, "compute": p.compute_s}
+    name = max(times, key=times.get)
+    return name, p.wall_s / (p.wall_s - times[name])
+
+
+def _from_shares(p):  # the shares printed by the notebook, rounded as printed
+    shares = {"data": round(p.data_wait_fraction, 3), "copy": round(p.copy_fraction, 3),
+              "compute": round(p.compute_fraction, 3)}
+    name = max(shares, key=shares.get)
+    return name, 1 / (1 - shares[name])
+
+
+def _from_phase_sum(p):  # the sum of the three phases as the step time
+    total = p.data_s + p.copy_s + p.compute_s
+    name, _ = _from_times(p)
+    return name, total / (total - getattr(p, {"data": "data_s", "copy": "copy_s",
+                                                "compute": "compute_s"}[name]))
+
+
+@pytest.mark.parametrize("profile", [DATA_BOUND, COMPUTE_BOUND])
+@pytest.mark.parametrize("answer", [_from_times, _from_shares, _from_phase_sum])
+def test_bottleneck_check_passes_right_answers(nb08_imports, profile, answer, capsys):
+    bottleneck, bound = answer(profile)
+    _check_a(nb08_imports, profile, bottleneck, torch.tensor(bound) if answer is _from_shares
+             else bound)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("profile", "bottleneck", "max_speedup", "feedback"), [
+    (COMPUTE_BOUND, "data", 1 / 0.8, "most of the step time went to 'compute'"),  # guessed
+    (DATA_BOUND, "Data", 1 / 0.3, 'should be "data"'),
+    (DATA_BOUND, "data", 0.7, "not a speed-up"),  # the share, not a speed-up
+    (DATA_BOUND, "data", 1 / 0.7, "removing the phase leaves the rest"),  # total / phase
+    (DATA_BOUND, "data", 2.0, "3.33x at most"),  # a guess
+    (COMPUTE_BOUND, "compute", 1 / 0.3, "4.00x at most"),  # DATA_BOUND's answer, copied
+])
+def test_bottleneck_check_names_the_mistake(nb08_imports, profile, bottleneck, max_speedup,
+                                            feedback):
+    with pytest.raises(CheckFailed, match=feedback.replace("(", r"\(")):
+        _check_a(nb08_imports, profile, bottleneck, max_speedup)
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+@pytest.fixture(scope="module")
+def nb08():
+    patch = pytest.MonkeyPatch()
+    try:
+        namespace = _namespace(["nb08-03", "nb08-04", "nb08-05a", "nb08-06"], patch)
+    finally:
+        patch.undo()
+    return namespace
+
+
+def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05):
+    """A fixed loop with one habit put back (or none): how learners write it."""
+    PreDecodedImages, DataLoader = nb["PreDecodedImages"], nb["DataLoader"]
+    augment, batch = nb["augment_on_device"], nb["BIG_BATCH"]
+
+    def fast_loop(data, model, device, timed):
+        dataset = PreDecodedImages.from_encoded(data) if decode_once else data
+        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        losses = []
+        for step, (inputs, targets) in enumerate(timed(loader)):
+            inputs = inputs.to(device, non_blocking=True)
+            if decode_once:
+                inputs = augment(inputs, data.image_size)
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(read(step, loss) if read else loss.detach())
+            if empty_cache:
+                torch.cuda.empty_cache()
+        return losses
+
+    return fast_loop
+
+
+def _check_b(nb, loop):
+    namespace = dict(nb, fast_loop=loop)
+    exec(_grade_cell("08-fast-loop-check"), namespace)
+
+
+def test_fast_loop_check_passes_the_solution(nb08, capsys):
+    namespace = dict(nb08)
+    exec(_cells()["nb08-17"].source, namespace)
+    _check_b(nb08, namespace["fast_loop"])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
+    def every_tenth(step, loss):
+        if step % 10 == 0:
+            print(f"step {step}: loss {loss.item():.3f}")
+        return loss.detach()
+
+    _check_b(nb08, _fast_loop(nb08, read=every_tenth))
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("habits", "feedback"), [
+    (dict(read=lambda step, loss: loss.item()), "read the loss on the CPU"),
+    (dict(read=lambda step, loss: float(loss)), "read the loss on the CPU"),
+    (dict(read=lambda step, loss: loss.detach().item()), "read the loss on the CPU"),
+    (dict(empty_cache=True), "empty_cache"),
+    (dict(decode_once=False), "decodes images while it trains|aim for 1.2x"),
+    (dict(lr=0.0), "does not train the model"),
+])
+def test_fast_loop_check_names_the_mistake(nb08, habits, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_b(nb08, _fast_loop(nb08, **habits))
