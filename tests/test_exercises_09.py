@@ -22,7 +22,8 @@ from course_utils.classroom import CheckFailed
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
 # the cells a check needs, by how they start: imports, knobs, the model
-SETUP = ("import contextlib", "# the model:", "class CausalSelfAttention", "class Block", "class GPT")
+SETUP = ("import contextlib", "# the model:", "class CausalSelfAttention", "class Block",
+         "class GPT")
 
 
 def _code_cells() -> list[nbformat.NotebookNode]:
@@ -72,70 +73,95 @@ def _fails(namespace, grade_id, name, solution, feedback: str) -> None:
 # ----------------------------------------------------------------------------- (a)
 
 
-def sdpa_attention(q, k, v):
+def _heads(t, heads):
+    batch, seq, dim = t.shape
+    return t.view(batch, seq, heads, dim // heads).transpose(1, 2)
+
+
+def _merge(t):
+    batch, heads, seq, head_dim = t.shape
+    return t.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+
+
+def _attention(x, w_qkv, w_out, heads, attend):
+    q, k, v = (_heads(t, heads) for t in (x @ w_qkv.T).chunk(3, dim=-1))
+    return _merge(attend(q, k, v)) @ w_out.T
+
+
+def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def naive_attention(q, k, v):  # right, written out by hand
+def sdpa_attention(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, causal_sdpa)
+
+
+def by_hand(q, k, v, scale=None, diagonal=1):
     T = q.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    hidden = torch.ones(T, T, dtype=torch.bool).triu(diagonal)
+    return torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1) @ v
 
 
-def explicit_mask_attention(q, k, v):  # right: SDPA with a boolean mask of allowed keys
-    T = q.shape[-2]
-    allowed = torch.ones(T, T, dtype=torch.bool).tril()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+def naive_attention(x, w_qkv, w_out, heads):  # right, written out by hand
+    return _attention(x, w_qkv, w_out, heads, by_hand)
 
 
-def explicit_scale_attention(q, k, v):  # right: the default scale, passed explicitly
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=q.shape[-1] ** -0.5)
+def linear_and_mask_attention(x, w_qkv, w_out, heads):  # right: F.linear, a boolean mask
+    def attend(q, k, v):
+        allowed = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    q, k, v = (_heads(t, heads) for t in F.linear(x, w_qkv).split(x.shape[-1], dim=-1))
+    return F.linear(_merge(attend(q, k, v)), w_out)
 
 
-def not_causal(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v)
+def not_causal(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, F.scaled_dot_product_attention)
 
 
-def scaled_by_d(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1 / q.shape[-1])
+def scaled_by_d(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, 1 / q.shape[-1]))
 
 
-def scaled_twice(q, k, v):  # divides by √d and lets SDPA divide again
-    return F.scaled_dot_product_attention(q / math.sqrt(q.shape[-1]), k, v, is_causal=True)
+def scaled_twice(x, w_qkv, w_out, heads):  # divides by √d and lets SDPA divide again
+    def attend(q, k, v):
+        q = q / math.sqrt(q.shape[-1])
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return _attention(x, w_qkv, w_out, heads, attend)
 
 
-def not_scaled(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+def not_scaled(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, 1.0))
 
 
-def sees_the_next_token(q, k, v):
-    T = q.shape[-2]
-    allowed = torch.ones(T, T, dtype=torch.bool).tril(1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+def sees_the_next_token(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, diagonal=2))
 
 
-def hides_the_diagonal(q, k, v):
-    T = q.shape[-2]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+def hides_the_diagonal(x, w_qkv, w_out, heads):
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, diagonal=0))
 
 
-def returns_a_tuple(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True), None
+def wrong_head_split(x, w_qkv, w_out, heads):  # .view(batch, heads, seq, head_dim): mixes tokens
+    batch, seq, dim = x.shape
+    q, k, v = (t.reshape(batch, heads, seq, dim // heads) for t in (x @ w_qkv.T).chunk(3, -1))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.transpose(1, 2).reshape(batch, seq, dim) @ w_out.T
 
 
-def wrong_layout(q, k, v):  # treats the input as (batch, seq, heads, head_dim)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+def no_output_projection(x, w_qkv, w_out, heads):
+    return sdpa_attention(x, w_qkv, torch.eye(x.shape[-1]), heads)
 
 
-@pytest.mark.parametrize(
-    "solution", [sdpa_attention, naive_attention, explicit_mask_attention, explicit_scale_attention]
-)
+def returns_a_tuple(x, w_qkv, w_out, heads):
+    return sdpa_attention(x, w_qkv, w_out, heads), None
+
+
+@pytest.mark.parametrize("solution", [sdpa_attention, naive_attention, linear_and_mask_attention])
 def test_causal_attention_check_passes_right_answers(namespace, solution, capsys):
-    _passes(namespace, "09-causal-attention-check", "causal_attention", solution, capsys)
+    _passes(namespace, "09-causal-attention-check", "causal_self_attention", solution, capsys)
 
 
 @pytest.mark.parametrize(
@@ -147,12 +173,13 @@ def test_causal_attention_check_passes_right_answers(namespace, solution, capsys
         (not_scaled, "not scaled"),
         (sees_the_next_token, "off by one"),
         (hides_the_diagonal, "attend to itself"),
+        (wrong_head_split, "split heads with .view(batch, seq, heads, head_dim)"),
+        (no_output_projection, "project with w_out"),
         (returns_a_tuple, "return one tensor"),
-        (wrong_layout, "causal attention for shape"),
     ],
 )
 def test_causal_attention_check_names_the_mistake(namespace, solution, feedback):
-    _fails(namespace, "09-causal-attention-check", "causal_attention", solution, feedback)
+    _fails(namespace, "09-causal-attention-check", "causal_self_attention", solution, feedback)
 
 
 # ----------------------------------------------------------------------------- (b)
@@ -320,7 +347,9 @@ def test_the_instructor_solutions_pass_their_checks(namespace, capsys):
     """The solution cells themselves, as the notebook has them."""
     cells = _code_cells()
     for grade_id in ("09-causal-attention", "09-pad-vocabulary", "09-run-throughput"):
-        solution = next(c for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+        solution = next(
+            c for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id
+        )
         names = dict(namespace)
         exec(solution.source, names)
         exec(_check_cell(grade_id + "-check"), names)
