@@ -116,7 +116,7 @@ def available_only_time_it(fn, device, warmup=2, repeats=5):
 @pytest.fixture
 def nb01(monkeypatch):
     threads = torch.get_num_threads()  # the knobs cell may set them (small workload: one)
-    yield _namespace(NB01, ["nb01-04", "nb01-05"], monkeypatch)
+    yield _namespace(NB01, ["nb01-04", "nb01-04b", "nb01-05"], monkeypatch)
     torch.set_num_threads(threads)
 
 
@@ -205,7 +205,7 @@ def no_shutdown_read_gpu(nvml, index):
 
 @pytest.fixture
 def nb02(monkeypatch):
-    return _namespace(NB02, ["nb02-03"], monkeypatch)
+    return _namespace(NB02, ["nb02-03", "nb02-03b"], monkeypatch)
 
 
 def test_read_gpu_check_passes_the_solution(nb02, capsys):

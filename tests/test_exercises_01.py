@@ -39,7 +39,7 @@ def namespace(monkeypatch) -> Iterator[dict]:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
     threads = torch.get_num_threads()  # the knobs cell sets them (small workload: one)
     space: dict = {}
-    for cell_id in ["nb01-04", "nb01-05"]:  # imports and knobs
+    for cell_id in ["nb01-04", "nb01-04b", "nb01-05"]:  # imports and knobs
         exec(_cell(cell_id=cell_id), space)
     yield space
     torch.set_num_threads(threads)

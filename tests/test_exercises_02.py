@@ -31,6 +31,7 @@ def namespace(monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
     space: dict = {}
     exec(_cell(cell_id="nb02-03"), space)  # the imports
+    exec(_cell(cell_id="nb02-03b"), space)
     return space
 
 

@@ -33,7 +33,7 @@ def nb05() -> dict:
     namespace: dict = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COURSE_WORKLOAD", "small")
-        for cell_id in ("nb05-04", "nb05-05", "nb05-05b"):
+        for cell_id in ("nb05-04", "nb05-04b", "nb05-05", "nb05-05b"):
             exec(cells[cell_id], namespace)
     return namespace
 

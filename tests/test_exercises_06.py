@@ -39,7 +39,7 @@ def nb06() -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COURSE_WORKLOAD", "small")
         patch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what the imports cell sets
-        for cell_id in ("nb06-03", "nb06-04"):
+        for cell_id in ("nb06-03", "nb06-03b", "nb06-04"):
             exec(cells[cell_id], namespace)
     return namespace
 
