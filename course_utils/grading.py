@@ -313,7 +313,7 @@ class _Channel:
         self.instructions.write_text(json.dumps(spec), encoding="utf-8")
         os.chmod(self.instructions, 0o600)
         self._pending = b""
-        self.armed = False
+        self.armed = self.closed = False
         self.results: dict[str, dict[str, Any]] = {}
         self.flags: list[str] = []
 
@@ -325,8 +325,7 @@ class _Channel:
             except BlockingIOError:
                 break
             if not data:
-                if self.armed:
-                    self._flag("the notebook's code closed the grader's channel to its guard")
+                self.closed = self.armed  # no writer left: the kernel died, or its code
                 break
             self._pending += data
         *lines, self._pending = self._pending.split(b"\n")
@@ -398,12 +397,12 @@ class _Kernel:
         gid = cell.metadata.get(_GUARDED)
         if gid is None:
             outcome = self._execute(cell, timeout_s)
-            self.channel.read()
+            self._read(outcome)
             return outcome
         nonce = secrets.token_hex(8)
         trigger = f"__import__('sys').audit({guards.EVENT!r}, 'check', {gid!r}, {nonce!r})"
         outcome = self._execute(nbformat.v4.new_code_cell(trigger), timeout_s)
-        self.channel.read()
+        self._read(outcome)
         if outcome.status in ("timeout", "dead"):
             return outcome
         result = self.channel.results.pop(nonce, None)
@@ -416,6 +415,11 @@ class _Kernel:
         if result.get("ename"):
             return replace(outcome, status="error", ename=result["ename"], evalue=result["evalue"])
         return replace(outcome, status="ok", ename="", evalue="")
+
+    def _read(self, outcome: CellOutcome) -> None:
+        self.channel.read()
+        if self.channel.closed and outcome.status == "ok":  # the kernel lives on
+            self.channel._flag("the notebook's code closed the grader's channel to its guard")
 
     def _execute(self, cell: Any, timeout_s: float, store_history: bool = True) -> CellOutcome:
         self._client.timeout = max(1, int(timeout_s))

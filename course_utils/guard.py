@@ -174,8 +174,11 @@ class _Record:
             for attribute, value in attributes.items():
                 if now.get(attribute, _MISSING) is not value:
                     found.append(f"{where}.{attribute} was replaced or deleted")
-                    if len(found) >= limit:
-                        return found
+            for attribute in now.keys() - attributes.keys():
+                if any(attribute in vars(base) for base in klass.__mro__[1:-1]):
+                    found.append(f"{where}.{attribute} was added over the inherited one")
+            if len(found) >= limit:
+                return found[:limit]
         for function, where, state in self.functions.values():
             if _function_state(function) != state:
                 found.append(f"the code, defaults or globals of {where} were changed")
@@ -198,7 +201,6 @@ class _Guard:
         self.gettrace, self.getprofile = sys.gettrace, sys.getprofile
         self.getframe = sys._getframe
         self.threading_vars = vars(threading)
-        self.excepthook = sys.excepthook
         self.builtins = dict(vars(builtins))
         self.record = _Record()
         self.lazy: list[str] = []
@@ -288,11 +290,14 @@ class _Guard:
             for name in set(vars(owner)) - names:
                 if callable(vars(owner)[name]) and hasattr(type(owner), name):
                     found.append(f"IPython's {type(owner).__name__}.{name} was replaced")
-        if sys.excepthook is not self.excepthook and _defined_in_notebook(
-            sys.excepthook, self.user_ns
-        ):
+        if _defined_in_notebook(self._excepthook(), self.user_ns):
             found.append("sys.excepthook was replaced")
         return found
+
+    def _excepthook(self) -> Any:
+        """The notebook's sys.excepthook: IPython swaps in its own while it runs a cell and
+        keeps the notebook's as ``sys_excepthook``."""
+        return getattr(self.shell, "sys_excepthook", sys.excepthook)
 
     def _names(self, check: dict[str, Any]) -> list[str]:
         """Names the check reads that no longer refer to what the instructor bound."""

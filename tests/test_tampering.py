@@ -234,18 +234,20 @@ def test_changing_how_later_cells_run_scores_0_and_is_flagged(tmp_path):
             f"{shell}.events.register('pre_run_cell', fake)"),
         "tracers": _attack(
             "import sys, threading\ndef tracer(frame, event, arg):\n"
-            "    if event == 'exception':\n        frame.f_locals.clear()\n    return tracer\n"
+            "    return tracer\n"
             "sys.settrace(tracer)\nsys.setprofile(tracer)\nthreading.settrace(tracer)\n"
             "sys.excepthook = lambda *a: None"),
     })
     _assert_nothing_faked(reports)
     said = {name: " ".join(report["tampering"]) for name, report in reports.items()}
-    assert "input_transformers_post" in said["input transformer"]
-    assert "ast_transformers" in said["ast transformer"]
+    # a transformer that drops the grader's own cells leaves no verdict: that is what is said
+    assert "did not run as sent" in said["input transformer"]
+    assert "ast_transformers" in said["ast transformer"] or "did not run" in said["ast transformer"]
     assert "set_custom_exc" in said["exception handler"]
     assert "showtraceback" in said["exception handler"]
     assert "pre_run_cell" in said["event hook"]
-    assert "sys.settrace" in said["tracers"] and "sys.excepthook" in said["tracers"]
+    assert "sys.settrace" in said["tracers"] and "threading.settrace" in said["tracers"]
+    # (IPython itself puts sys.excepthook back after each cell: that line changes nothing)
 
 
 # -- 4. patching the library functions a check relies on -------------------------------------
@@ -270,7 +272,7 @@ def test_patching_library_functions_scores_0(tmp_path):
     _assert_nothing_faked(reports)
     said = {name: " ".join(report["tampering"]) for name, report in reports.items()}
     assert "math.isclose was replaced" in said["math and torch"]
-    assert "torch.Tensor.double" in said["tensor method"] or "double" in said["tensor method"]
+    assert "torch.Tensor.double was added over the inherited one" in said["tensor method"]
     assert "math.isclose" in said["module dict"]
 
 
