@@ -116,6 +116,28 @@ def _function_state(function: Any) -> tuple[Any, ...]:
     )
 
 
+#: Modules where any change is tampering; elsewhere a library may wrap its own functions
+#: (importing lightning wraps ``torch.compile``): a replacement defined in an installed
+#: package's file is accepted there.
+_STRICT = ("course_utils", "builtins", "math")
+_LIBRARIES = tuple(
+    {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    | {p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+)
+
+
+def _is_code(value: Any) -> bool:
+    """Whether a module attribute is code (a function, class or module), not data."""
+    return callable(value) or isinstance(value, types.ModuleType)
+
+
+def _from_library(value: Any) -> bool:
+    """Whether ``value`` is a Python function defined in an installed package's file."""
+    code = getattr(getattr(value, "__func__", value), "__code__", None)
+    filename = str(getattr(code, "co_filename", ""))
+    return filename.startswith(_LIBRARIES) and os.path.isfile(filename)
+
+
 def _describe(module: str, name: str) -> str:
     return name if module == "builtins" else f"{module}.{name}"
 
@@ -131,7 +153,7 @@ class _Record:
     def add_module(self, name: str, module: types.ModuleType) -> None:
         if name in self.modules:
             return
-        attributes = dict(vars(module))
+        attributes = {k: v for k, v in vars(module).items() if _is_code(v)}
         self.modules[name] = (module, attributes)
         for attribute, value in attributes.items():
             where = _describe(name, attribute)
@@ -163,19 +185,25 @@ class _Record:
         for name, (module, attributes) in self.modules.items():
             if sys.modules.get(name, module) is not module:
                 found.append(f"the module {name} was replaced in sys.modules")
-            now = vars(module)
+            now, strict = vars(module), name.split(".")[0] in _STRICT
             for attribute, value in attributes.items():
-                if now.get(attribute, _MISSING) is not value and f"{name}.{attribute}" not in _VOLATILE:
+                new = now.get(attribute, _MISSING)
+                if new is value or f"{name}.{attribute}" in _VOLATILE:
+                    continue
+                if strict or not _from_library(new):
                     found.append(f"{_describe(name, attribute)} was replaced or deleted")
                     if len(found) >= limit:
                         return found
         for klass, where, attributes in self.classes.values():
             now = vars(klass)
             for attribute, value in attributes.items():
-                if now.get(attribute, _MISSING) is not value:
+                new = now.get(attribute, _MISSING)
+                if new is not value and not _from_library(new):
                     found.append(f"{where}.{attribute} was replaced or deleted")
             for attribute in now.keys() - attributes.keys():
-                if any(attribute in vars(base) for base in klass.__mro__[1:-1]):
+                if not _from_library(now[attribute]) and any(
+                    attribute in vars(base) for base in klass.__mro__[1:-1]
+                ):
                     found.append(f"{where}.{attribute} was added over the inherited one")
             if len(found) >= limit:
                 return found[:limit]
@@ -206,6 +234,8 @@ class _Guard:
         self.lazy: list[str] = []
         for name in [*CORE_MODULES, *spec.get("modules", [])]:
             top = name.split(".")[0]
+            if top == "sys":  # its hooks are checked one by one; the rest is the kernel's state
+                continue
             if name in sys.modules or top in sys.stdlib_module_names or top == "course_utils":
                 try:
                     self.record.add_module(name, importlib.import_module(name))
