@@ -218,6 +218,8 @@ def grade_tasks(
         results[number], task, graded = result, tasks[number], result.get("report")
         score = f"{graded['score']:g}/{graded['max_score']:g}" if graded else "not graded: "
         score += "" if graded else result.get("error", "?")
+        if graded and graded.get("tampering"):
+            score += f"  TAMPERING flagged ({len(graded['tampering'])})"
         seconds = result.get("seconds", 0)
         say(f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {score}  ({seconds:.1f} s)")
 
@@ -254,12 +256,13 @@ def write_gradebook(
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
-    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "notes"]]
+    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "notes", "tampering"]]
     checks: list[list[Any]] = [
         ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
     ]
     for learner in learners:
         row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
+        tampering: list[str] = []
         for notebook in notebooks:
             result = by_cell.get((learner, notebook)) or {"error": "not submitted"}
             report = result.get("report")
@@ -271,11 +274,14 @@ def write_gradebook(
             row.append(f"{report['score']:g}")
             total, most = total + report["score"], most + report["max_score"]
             said += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
+            tampering += [f"{notebook}: {what}" for what in report.get("tampering", [])]
             for check in report["checks"]:
                 points = f"{check['points']:g}", f"{check['max_points']:g}"
                 why = check["reason"], check.get("matched", "")
                 checks.append([learner, notebook, check["grade_id"], *points, *why])
-        book.append([learner, *row, f"{total:g}", f"{most:g}", "; ".join(said)])
+        book.append(
+            [learner, *row, f"{total:g}", f"{most:g}", "; ".join(said), "; ".join(tampering)]
+        )
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
         with (out / name).open("w", newline="", encoding="utf-8") as file:

@@ -78,7 +78,7 @@ def sign(key: bytes, payload: str) -> str:
     """The line the guard writes for ``payload``: its HMAC-SHA256, a space, the payload.
 
     >>> sign(b"k", "{}")[:8], sign(b"k", "{}")[64:]
-    ('dac3f3b4', ' {}')
+    ('add853b1', ' {}')
     """
     return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest() + " " + payload
 
@@ -99,7 +99,7 @@ def read_signed(key: bytes, line: str) -> dict[str, Any] | None:
 def _function_state(function: Any) -> tuple[Any, ...]:
     """What decides what a Python function does, as object identities."""
     closure = getattr(function, "__closure__", None) or ()
-    contents = []
+    contents: list[int | None] = []
     for cell in closure:
         try:
             contents.append(id(cell.cell_contents))
@@ -465,12 +465,15 @@ class _Guard:
             self.tampered(f"{event}: raw access to the Python interpreter's memory")
         elif event == "sys.addaudithook":
             self.tampered("an audit hook was added (sys.addaudithook)")
-        elif self.running is not None and (
-            event == "sys._getframe"
-            or (event == "object.__getattr__" and len(args) >= 2 and args[1] in _FRAME_ATTRIBUTES)
+        elif (
+            self.running is not None
+            and (
+                event == "sys._getframe"
+                or (event == "object.__getattr__" and args[1:2] and args[1] in _FRAME_ATTRIBUTES)
+            )
+            and self._from_notebook()
         ):
-            if self._from_notebook():
-                self.tampered("the notebook's code inspected the running check's frames")
+            self.tampered("the notebook's code inspected the running check's frames")
 
     def _caller_code(self) -> Any:
         frame = self.getframe(3)
@@ -479,7 +482,7 @@ class _Guard:
     def _from_notebook(self) -> bool:
         """Whether the code that raised the event (past ``inspect``'s helpers) is the
         notebook's: a function defined in a cell, or a cell itself."""
-        frame = self.getframe(3)  # 0: this, 1: _event, 2: hook, 3: the caller
+        frame: Any = self.getframe(3)  # 0: this, 1: _event, 2: hook, 3: the caller
         while frame is not None and frame.f_globals.get("__name__") == "inspect":
             frame = frame.f_back
         return frame is not None and frame.f_globals is self.user_ns
