@@ -63,7 +63,6 @@ _WATCHED_EVENTS = frozenset(
         "sys.setprofile",
         "sys._getframe",
         "sys.addaudithook",
-        "ctypes.dlsym",
         *_GC_EVENTS,
         *_CTYPES_EVENTS,
     }
@@ -127,8 +126,10 @@ _LIBRARIES = tuple(
 
 
 def _is_code(value: Any) -> bool:
-    """Whether a module attribute is code (a function, class or module), not data."""
-    return callable(value) or isinstance(value, types.ModuleType)
+    """Whether an attribute is code (a function, class, module or method), not data."""
+    return callable(value) or isinstance(
+        value, types.ModuleType | property | classmethod | staticmethod
+    )
 
 
 def _from_library(value: Any) -> bool:
@@ -148,7 +149,7 @@ class _Record:
     def __init__(self) -> None:
         self.modules: dict[str, tuple[Any, dict[str, Any]]] = {}
         self.functions: dict[int, tuple[Any, str, tuple[Any, ...]]] = {}
-        self.classes: dict[int, tuple[type, str, dict[str, Any]]] = {}
+        self.classes: dict[int, tuple[type, str, dict[str, Any], set[str]]] = {}
 
     def add_module(self, name: str, module: types.ModuleType) -> None:
         if name in self.modules:
@@ -168,12 +169,9 @@ class _Record:
         for klass in cls.__mro__:
             if klass is object or id(klass) in self.classes:
                 continue
-            attributes = dict(vars(klass))
-            self.classes[id(klass)] = (
-                klass,
-                where if klass is cls else klass.__qualname__,
-                attributes,
-            )
+            attributes = {k: v for k, v in vars(klass).items() if _is_code(v)}
+            name = where if klass is cls else klass.__qualname__
+            self.classes[id(klass)] = (klass, name, attributes, set(vars(klass)))
             for name, value in attributes.items():
                 if isinstance(value, types.FunctionType):
                     state = _function_state(value)
@@ -194,16 +192,18 @@ class _Record:
                     found.append(f"{_describe(name, attribute)} was replaced or deleted")
                     if len(found) >= limit:
                         return found
-        for klass, where, attributes in self.classes.values():
+        for klass, where, attributes, keys in self.classes.values():
             now = vars(klass)
             for attribute, value in attributes.items():
                 new = now.get(attribute, _MISSING)
                 if new is not value and not _from_library(new):
                     found.append(f"{where}.{attribute} was replaced or deleted")
-            for attribute in now.keys() - attributes.keys():
-                if not _from_library(now[attribute]) and any(
-                    attribute in vars(base) for base in klass.__mro__[1:-1]
-                ):
+            for attribute in now.keys() - keys:
+                inherited = next(
+                    (vars(b)[attribute] for b in klass.__mro__[1:-1] if attribute in vars(b)),
+                    now[attribute],  # new, not over an inherited one
+                )
+                if inherited is not now[attribute] and not _from_library(now[attribute]):
                     found.append(f"{where}.{attribute} was added over the inherited one")
             if len(found) >= limit:
                 return found[:limit]
@@ -270,15 +270,19 @@ class _Guard:
             written = self.write(self.fd, data)
             data = data[written:]
 
+    def flag(self, what: str) -> None:
+        """Report ``what`` without scoring anything 0."""
+        if what not in self.flags:
+            self.flags.add(what)
+            self.send({"kind": "flag", "what": what})
+
     def tampered(self, what: str) -> None:
         """Report ``what``; while a check runs, it also scores that check 0."""
         if self.running is not None:
             if what not in self.running:
                 self.running.append(what)
             return
-        if what not in self.flags:
-            self.flags.add(what)
-            self.send({"kind": "flag", "what": what})
+        self.flag(what)
 
     # -- what the learner may have changed ---------------------------------------------
     def _shell_state(self) -> dict[str, Any]:
@@ -459,10 +463,8 @@ class _Guard:
             self.tampered(f"{event} was called while the check ran")
         elif event in _GC_EVENTS and self._from_notebook():
             self.tampered(f"{event} was called: it reaches any object, the grader's own included")
-        elif event in _CTYPES_EVENTS or (
-            event == "ctypes.dlsym" and str(args[-1] if args else "").startswith(("Py", "_Py"))
-        ):
-            self.tampered(f"{event}: raw access to the Python interpreter's memory")
+        elif event in _CTYPES_EVENTS and self._from_notebook():
+            self.flag(f"{event}: the notebook's code read or wrote raw memory (ctypes)")
         elif event == "sys.addaudithook":
             self.tampered("an audit hook was added (sys.addaudithook)")
         elif (
