@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,8 +56,9 @@ class Task:
 @dataclass(frozen=True)
 class Options:
     """How every submission of a run is graded (all but ``hidden`` in each result's key).
-    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None: one
-    per CPU core). A run resolves ``auto`` once and shares the CPU threads among jobs."""
+    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
+    :func:`default_jobs`). A run resolves ``auto`` once and shares the CPU threads among
+    jobs."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
@@ -74,6 +75,13 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """Submissions graded at once by default: one more than the CPU cores. Each job spends
+    part of every submission waiting for its kernel (start-up, replies): the extra job
+    uses those waits."""
+    return cpu_count() + 1
 
 
 _warned_unsandboxed = False
@@ -183,6 +191,17 @@ def _worker_start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _context() -> Any:
+    """How workers start: forked from a fresh server process that has imported the grader
+    once (``forkserver``: a worker starts in milliseconds, without importing it again), else
+    spawned. Never forked from this process (it may hold threads and sockets)."""
+    if "forkserver" not in get_all_start_methods():
+        return get_context("spawn")
+    context = get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     """The stored result of an unchanged submission, or None."""
     try:
@@ -227,8 +246,7 @@ def grade_tasks(
         for number in todo:
             report(number, grade_task(tasks[number], options, out))
     else:
-        spawn = get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_worker_start) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=_worker_start) as pool:
             futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
             try:
                 for future in as_completed(futures):
@@ -294,7 +312,7 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
     jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
     hidden = tuple(str(path) for path in paths)
     mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
-    jobs = options.jobs or cpu_count()
+    jobs = options.jobs or default_jobs()
     return replace(
         options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden
     )
