@@ -167,6 +167,9 @@ def test_rebinding_the_names_a_check_calls_scores_0(tmp_path):
             "'full': staticmethod(lambda *a: 1.0)})", new_cell=True),
         "encoded": _attack(_encoded(
             "check = check_close = lambda *a, **k: None\n" + fake_math)),
+        "frames": _attack(  # the answer, while the check runs, rebinds the check's names
+            "import sys\ndef double(x):\n"
+            "    sys._getframe(1).f_globals.update(check=lambda *a, **k: None)\n    return 0"),
         "builtins": _attack(
             "all = isinstance = lambda *a, **k: True\n"
             "import course_utils.classroom as c\ncheck = c.check_close\n" + fake_math),
@@ -176,6 +179,7 @@ def test_rebinding_the_names_a_check_calls_scores_0(tmp_path):
     assert "the name check no longer refers to course_utils.classroom.check" in said
     assert "the name math no longer refers to math" in said
     assert "Python's built-in all" in " ".join(reports["builtins"]["tampering"])
+    assert "inspected the running check's frames" in " ".join(reports["frames"]["tampering"])
 
 
 # -- 2. patching the check module or its functions' code ------------------------------------
