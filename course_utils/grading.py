@@ -310,8 +310,9 @@ class _Channel:
         os.mkfifo(self.pipe, 0o600)
         self.fd = os.open(self.pipe, os.O_RDONLY | os.O_NONBLOCK)
         spec = {**guard, "key": self.key.hex(), "channel": str(self.pipe)}
-        self.instructions.write_text(json.dumps(spec), encoding="utf-8")
-        os.chmod(self.instructions, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        with os.fdopen(os.open(self.instructions, flags, 0o600), "w", encoding="utf-8") as file:
+            json.dump(spec, file)  # hidden checks and the key: readable by the kernel only
         self._pending = b""
         self.armed = self.closed = False
         self.results: dict[str, dict[str, Any]] = {}
