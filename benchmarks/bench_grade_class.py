@@ -1,5 +1,6 @@
 """How long grade-class takes for a class of generated submissions, sequentially
-(``--jobs 1``) and in parallel (one job per CPU core), in one run.
+(``--jobs 1``) and in parallel (the default ``--jobs``: one more than the CPU cores), in
+one run, with the grader's protections on (each check run by the kernel's guard).
 
 The class: CLASS_SIZE learners, one notebook each, against a generated instructor notebook
 with three exercises that use torch (as the course's do): solved, unsolved, half solved,
@@ -25,7 +26,7 @@ import nbformat
 from common import parse_out, write_figures
 
 from course_utils.env import measured_on
-from course_utils.gradebook import Options, cpu_count, grade_class
+from course_utils.gradebook import Options, cpu_count, default_jobs, grade_class
 from course_utils.sandbox import unavailable_reason
 from course_utils.student import student_version, write_notebook
 
@@ -118,35 +119,36 @@ def _idle_and_total() -> tuple[int, int] | None:
 
 def main() -> None:
     out = parse_out(__doc__ or "")
-    cores = cpu_count()
+    cores, parallel_jobs = cpu_count(), default_jobs()
     load_before = os.getloadavg()
-    times: dict[int, list[float]] = {1: [], cores: []}
-    idle_shares: dict[int, list[float | None]] = {1: [], cores: []}
+    times: dict[int, list[float]] = {1: [], parallel_jobs: []}
+    idle_shares: dict[int, list[float | None]] = {1: [], parallel_jobs: []}
     with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
         klass, source = make_class(Path(tmp))
         scores = set()
         for round_ in range(ROUNDS):
-            for jobs in (1, cores):
+            for jobs in (1, parallel_jobs):
                 seconds, idle, score = run(klass, source, Path(tmp) / f"out{round_}-{jobs}", jobs)
                 times[jobs].append(seconds)
                 idle_shares[jobs].append(idle)
                 scores.add(score)
                 print(f"round {round_ + 1}: --jobs {jobs}: {seconds:.1f} s, machine idle {idle}")
-    sequential, parallel = statistics.median(times[1]), statistics.median(times[cores])
+    sequential, parallel = statistics.median(times[1]), statistics.median(times[parallel_jobs])
     figures = {
         "label": measured_on("cpu"),
         "class_size": CLASS_SIZE,
         "cores": cores,
+        "parallel_jobs": parallel_jobs,
         "sandbox": "bwrap" if unavailable_reason() is None else "none",
         "sequential_s": times[1],
-        "parallel_s": times[cores],
+        "parallel_s": times[parallel_jobs],
         "sequential_median_s": sequential,
         "parallel_median_s": parallel,
         "seconds_per_submission_sequential": sequential / CLASS_SIZE,
         # The machine's CPU time left idle during each run: near 0 during the sequential
         # runs means other work used the second core, so parallel could not gain much.
         "machine_idle_share_sequential": idle_shares[1],
-        "machine_idle_share_parallel": idle_shares[cores],
+        "machine_idle_share_parallel": idle_shares[parallel_jobs],
         "speed_up": sequential / parallel,
         "parallel_efficiency": sequential / parallel / cores,
         "same_scores_every_run": len(scores) == 1,

@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
         parser_.add_argument("--timeout", type=float, help="seconds for a run (default: 900)")
-        parser_.add_argument("--jobs", type=int, help="submissions at once (default: CPU cores)")
+        parser_.add_argument("--jobs", type=int, help="submissions at once (default: cores + 1)")
         parser_.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto")
         parser_.add_argument("--memory", type=float, help="GiB per sandboxed process (default: 4)")
         parser_.add_argument("--processes", type=int, help="processes, threads (default: 512)")

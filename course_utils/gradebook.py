@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,8 +65,9 @@ class Task:
 @dataclass(frozen=True)
 class Options:
     """How every submission of a run is graded (all but ``hidden`` in each result's key).
-    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None: one
-    per CPU core). A run resolves ``auto`` once and shares the CPU threads among jobs."""
+    ``sandbox``: ``auto``, ``bwrap`` or ``none``; ``jobs``: submissions at once (None:
+    :func:`default_jobs`). A run resolves ``auto`` once and shares the CPU threads among
+    jobs."""
 
     cell_timeout_s: float = CELL_TIMEOUT_S
     total_timeout_s: float = TOTAL_TIMEOUT_S
@@ -83,6 +84,13 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_jobs() -> int:
+    """Submissions graded at once by default: one more than the CPU cores. Each job spends
+    part of every submission waiting for its kernel (start-up, replies): the extra job
+    uses those waits."""
+    return cpu_count() + 1
 
 
 _warned_unsandboxed = False
@@ -192,6 +200,17 @@ def _worker_start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _context() -> Any:
+    """How workers start: forked from a fresh server process that has imported the grader
+    once (``forkserver``: a worker starts in milliseconds, without importing it again), else
+    spawned. Never forked from this process (it may hold threads and sockets)."""
+    if "forkserver" not in get_all_start_methods():
+        return get_context("spawn")
+    context = get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     """The stored result of an unchanged submission, or None."""
     try:
@@ -227,6 +246,8 @@ def grade_tasks(
         results[number], task, graded = result, tasks[number], result.get("report")
         score = f"{graded['score']:g}/{graded['max_score']:g}" if graded else "not graded: "
         score += "" if graded else result.get("error", "?")
+        if graded and graded.get("tampering"):
+            score += f"  TAMPERING flagged ({len(graded['tampering'])})"
         seconds = result.get("seconds", 0)
         say(f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {score}  ({seconds:.1f} s)")
 
@@ -234,8 +255,7 @@ def grade_tasks(
         for number in todo:
             report(number, grade_task(tasks[number], options, out))
     else:
-        spawn = get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_worker_start) as pool:
+        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=_worker_start) as pool:
             futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
             try:
                 for future in as_completed(futures):
@@ -277,13 +297,15 @@ def write_gradebook(
     assignment that a learner did not hand in scores 0 of its points (``maxima``) and is
     named in the ``missing`` column."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
-    book: list[list[Any]] = [["learner", *notebooks, "total", "max", "missing", "notes"]]
+    header = ["learner", *notebooks, "total", "max", "missing", "notes", "tampering"]
+    book: list[list[Any]] = [header]
     checks: list[list[Any]] = [
         ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
     ]
     for learner in learners:
         row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
-        missing = []
+        missing: list[str] = []
+        tampering: list[str] = []
         for notebook in notebooks:
             result = by_cell.get((learner, notebook))
             if result is None:
@@ -300,11 +322,13 @@ def write_gradebook(
             row.append(f"{report['score']:g}")
             total, most = total + report["score"], most + report["max_score"]
             said += [f"{notebook}: {m} (found by content)" for m in report["matched"]]
+            tampering += [f"{notebook}: {what}" for what in report.get("tampering", [])]
             for check in report["checks"]:
                 points = f"{check['points']:g}", f"{check['max_points']:g}"
                 why = check["reason"], check.get("matched", "")
                 checks.append([learner, notebook, check["grade_id"], *points, *why])
-        book.append([learner, *row, f"{total:g}", f"{most:g}", " ".join(missing), "; ".join(said)])
+        totals = [f"{total:g}", f"{most:g}", " ".join(missing)]
+        book.append([learner, *row, *totals, "; ".join(said), "; ".join(tampering)])
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
         with (out / name).open("w", newline="", encoding="utf-8") as file:
@@ -317,7 +341,7 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
     jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
     hidden = tuple(str(path) for path in paths)
     mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
-    jobs = options.jobs or cpu_count()
+    jobs = options.jobs or default_jobs()
     return replace(
         options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden
     )

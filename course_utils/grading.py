@@ -5,20 +5,28 @@ cells, hidden checks included; a deleted check scores 0; cells that lost their
 The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small``) in a
 scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.sandbox`). A cell
 past its limit or that kills the kernel gets a fresh kernel replaying the cells that had
-succeeded; when the whole run's time is up, the checks not yet run score 0. A check
-scores its ``points`` if it runs without an exception. The checks run in the learner's
-process (as with nbgrader): the sandbox protects the machine, not the score.
+succeeded; when the whole run's time is up, the checks not yet run score 0. The checks do
+not run as cells: :mod:`course_utils.guard`, armed before any learner code, runs each one
+out of reach of what the learner's cells changed, and sends its signed verdict back; a
+check scores its ``points`` when that verdict says it ran to its end without an exception
+and nothing it depends on was tampered with. Tampering is reported in
+:attr:`GradeReport.tampering` (docs/instructor-guide.md, "Threat model").
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import copy
+import json
 import os
+import re
+import secrets
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +35,9 @@ from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+from course_utils import guard as guards
 from course_utils import sandbox as sandboxes
-from course_utils.matching import Match, grade_id, match_cells
+from course_utils.matching import Match, defined_names, grade_id, match_cells
 from course_utils.student import InputError, nbgrader_role, read_notebook
 
 CELL_TIMEOUT_S = 120  # seconds per cell
@@ -36,7 +45,7 @@ TOTAL_TIMEOUT_S = 900  # seconds for the whole run
 #: Seconds a fresh kernel may take to import torch and the checks (not counted per cell).
 WARM_UP_S = 120
 #: Changes whenever the same submission could score differently (class runs regrade).
-GRADER_VERSION = "2"
+GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
 
 _COURSE_ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +60,8 @@ class CellOutcome:
     ename: str = ""
     evalue: str = ""
     seconds: float = 0.0
+    #: For a check: what its guard found tampered with (the check then scores 0).
+    tampering: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +98,8 @@ class GradeReport:
     sandbox: str = "none"
     #: Exercise cells found by content, not by grade_id: "grade_id: cell N, how".
     matched: list[str] = field(default_factory=list)
+    #: What the submission's code changed to score without solving (empty: nothing seen).
+    tampering: list[str] = field(default_factory=list)
     score: float = field(init=False)
     max_score: float = field(init=False)
 
@@ -110,6 +123,7 @@ class GradeReport:
         lines.append(f"  {'total':<{width}}  {total}")
         lines += [f"  found without grade_id: {match}" for match in self.matched]
         lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"  TAMPERING: {what}" for what in self.tampering]
         if self.sandbox == "none":
             lines.append("  note: the submission ran unsandboxed")
         return "\n".join(lines)
@@ -147,6 +161,7 @@ def _assemble(
         if match is not None and match.role == "check":
             checks_at[len(cells)] = match.grade_id
             cell = nbformat.v4.new_code_cell(reference[match.grade_id].source)
+            cell.metadata[_GUARDED] = match.grade_id  # run by the kernel's guard
         else:
             metadata = dict(cell.metadata)
             if match is not None:  # a solution found by content is a solution again
@@ -155,6 +170,91 @@ def _assemble(
         cells.append(cell)
         origin.append(index)
     return cells, checks_at, origin
+
+
+_GUARDED = "course_guard"
+_MAGIC = re.compile(r"^\s*[%!].*$", re.MULTILINE)
+
+
+def _tree(source: str) -> ast.Module | None:
+    """A cell's syntax tree, its IPython magics left out; None for a cell magic or bad syntax."""
+    if source.lstrip().startswith("%%"):
+        return None
+    try:
+        return ast.parse(_MAGIC.sub("", source))
+    except SyntaxError:
+        return None
+
+
+def _imports(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
+    """Names a cell's top-level imports bind: name -> (module, attribute or None)."""
+    bound: dict[str, tuple[str, str | None]] = {}
+    statements = list(tree.body)
+    while statements:
+        node = statements.pop(0)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = (alias.name, None)
+                else:
+                    bound[alias.name.split(".")[0]] = (alias.name.split(".")[0], None)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            bound.update({(a.asname or a.name): (node.module, a.name) for a in node.names})
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            statements += [
+                *node.body,
+                *getattr(node, "orelse", []),
+                *getattr(node, "finalbody", []),
+            ]
+            statements += [s for handler in getattr(node, "handlers", []) for s in handler.body]
+    return bound
+
+
+def guard_spec(reference: Any) -> dict[str, Any]:
+    """What the kernel's guard needs (:func:`course_utils.guard.arm`): each check's source,
+    the names it reads that the instructor's imports bind (``pinned``: they must still
+    refer to those objects) or that are Python's built-ins, and the modules to record.
+    A name a solution cell defines, or that the instructor's cells bind more than once or
+    otherwise, is the learner's to bind: it is not pinned."""
+    imports: dict[str, set[tuple[str, str | None]]] = {}
+    bound: dict[str, int] = {}
+    learners: set[str] = set()
+    checks: dict[str, Any] = check_cells(reference)
+    for cell in reference.cells:
+        if cell.cell_type != "code":
+            continue
+        if nbgrader_role(cell) == "solution":
+            learners |= defined_names(cell.source)
+            continue
+        tree = _tree(cell.source)
+        if tree is None:
+            continue
+        for name, target in _imports(tree).items():
+            imports.setdefault(name, set()).add(target)
+        for name in defined_names(cell.source, imports=False):
+            bound[name] = bound.get(name, 0) + 2  # bound otherwise than by an import
+    pinned = {
+        name: next(iter(targets))
+        for name, targets in imports.items()
+        if len(targets) == 1 and name not in bound and name not in learners
+    }
+    spec: dict[str, Any] = {}
+    for gid, cell in checks.items():
+        tree = _tree(cell.source)
+        reads: set[str] = set()
+        own = defined_names(cell.source)
+        if tree is not None:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Name):
+                    (reads if isinstance(node.ctx, ast.Load) else own).add(node.id)
+        free = reads - own - learners
+        spec[gid] = {
+            "source": cell.source,
+            "pinned": {name: pinned[name] for name in sorted(free & set(pinned))},
+            "builtins": sorted(n for n in free - set(imports) - set(bound) if hasattr(builtins, n)),
+        }
+    modules = sorted({module for targets in imports.values() for module, _ in targets})
+    return {"checks": spec, "modules": modules}
 
 
 @dataclass(frozen=True)
@@ -178,9 +278,10 @@ def _kernel_environment(cwd: Path, settings: KernelSettings) -> dict[str, str]:
     return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
+def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None, files: tuple[Path, ...]) -> Any:
     """A kernel manager; with a sandbox, one that starts the kernel inside bubblewrap and
-    talks to it through Unix sockets in the scratch folder (the kernel has no network)."""
+    talks to it through Unix sockets in the scratch folder (the kernel has no network);
+    ``files``: what else the kernel must open (the guard's instructions and pipe)."""
     if sandbox is None:
         return AsyncKernelManager(kernel_name="python3")
 
@@ -188,7 +289,7 @@ def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
             command: list[str] = super().format_kernel_cmd(extra_arguments)
             assert sandbox is not None
-            sandbox.prepare(cwd, Path(self.connection_file))
+            sandbox.prepare(cwd, Path(self.connection_file), *files)
             return sandbox.command(command, cwd)
 
     return SandboxedKernelManager(
@@ -199,17 +300,74 @@ def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None) -> Any:
     )
 
 
-class _Kernel:
-    """One kernel running cells for the grader; replaced when it hangs or dies."""
+class _Channel:
+    """The read end of the pipe the kernel's guard writes its signed messages to."""
 
-    def __init__(self, cwd: str, warm_up_s: float, settings: KernelSettings) -> None:
+    def __init__(self, folder: Path, guard: dict[str, Any]) -> None:
+        self.key = secrets.token_bytes(32)
+        name = f".guard-{secrets.token_hex(8)}"
+        self.pipe, self.instructions = folder / f"{name}.pipe", folder / f"{name}.json"
+        os.mkfifo(self.pipe, 0o600)
+        self.fd = os.open(self.pipe, os.O_RDONLY | os.O_NONBLOCK)
+        spec = {**guard, "key": self.key.hex(), "channel": str(self.pipe)}
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        with os.fdopen(os.open(self.instructions, flags, 0o600), "w", encoding="utf-8") as file:
+            json.dump(spec, file)  # hidden checks and the key: readable by the kernel only
+        self._pending = b""
+        self.armed = self.closed = False
+        self.results: dict[str, dict[str, Any]] = {}
+        self.flags: list[str] = []
+
+    def read(self) -> None:
+        """Take in what the guard wrote since the last read."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                self.closed = self.armed  # no writer left: the kernel died, or its code
+                break
+            self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            message = guards.read_signed(self.key, line.decode(errors="replace"))
+            if message is None:
+                self._flag("the notebook's code wrote forged messages to the grader's channel")
+            elif message.get("kind") == "armed":
+                self.armed = True
+            elif message.get("kind") == "result":
+                self.results[str(message.get("nonce"))] = message
+            elif message.get("kind") == "flag":
+                self._flag(str(message.get("what")))
+
+    def _flag(self, what: str) -> None:
+        if what not in self.flags:
+            self.flags.append(what)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        for path in (self.pipe, self.instructions):
+            path.unlink(missing_ok=True)
+
+
+class _Kernel:
+    """One kernel running cells for the grader, its guard armed; replaced when it hangs or
+    dies."""
+
+    def __init__(
+        self, cwd: str, warm_up_s: float, settings: KernelSettings, guard: dict[str, Any]
+    ) -> None:
         self._scratch = nbformat.v4.new_notebook()
         options: Any = dict(allow_errors=True, shutdown_kernel="immediate", record_timing=False)
         self._client = NotebookClient(
             self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
         sandbox = settings.sandbox
-        self._client.km = _kernel_manager(Path(cwd), sandbox)
+        self.channel = _Channel(Path(cwd), guard)
+        files = (self.channel.pipe, self.channel.instructions)
+        self._client.km = _kernel_manager(Path(cwd), sandbox, files)
         env = _kernel_environment(Path(cwd), settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -222,16 +380,54 @@ class _Kernel:
             raise RuntimeError(
                 f"the grading kernel did not start{where if sandbox else ''}: {error}"
             ) from error
-        # Import torch and the checks before the first timed cell: a cell's time limit is
-        # for the learner's code, not for the kernel's start-up.
-        self.run(nbformat.v4.new_code_cell("import course_utils.classroom"), warm_up_s)
+        # Import torch and the checks, and arm the guard, before the first timed cell: a
+        # cell's time limit is for the learner's code, not for the kernel's start-up.
+        arm = (
+            "import course_utils.classroom, course_utils.guard\n"
+            f"course_utils.guard.arm({str(self.channel.instructions)!r})"
+        )
+        outcome = self._execute(nbformat.v4.new_code_cell(arm), warm_up_s, store_history=False)
+        self.channel.read()
+        if not self.channel.armed:
+            self.close()
+            why = f"{outcome.ename}: {outcome.evalue}" if outcome.ename else outcome.status
+            raise RuntimeError(f"the grader's guard did not start in the kernel ({why})")
 
     def run(self, cell: Any, timeout_s: float) -> CellOutcome:
+        """Run a cell; a check cell (marked by :func:`_assemble`) runs through the guard."""
+        gid = cell.metadata.get(_GUARDED)
+        if gid is None:
+            outcome = self._execute(cell, timeout_s)
+            self._read(outcome)
+            return outcome
+        nonce = secrets.token_hex(8)
+        trigger = f"__import__('sys').audit({guards.EVENT!r}, 'check', {gid!r}, {nonce!r})"
+        outcome = self._execute(nbformat.v4.new_code_cell(trigger), timeout_s)
+        self._read(outcome)
+        if outcome.status in ("timeout", "dead"):
+            return outcome
+        result = self.channel.results.pop(nonce, None)
+        if result is None:
+            what = "the check did not run as sent: the notebook's code changed how cells run"
+            return replace(outcome, status="error", ename="GuardMissing", tampering=[what])
+        if result.get("tampering"):
+            problems = [str(problem) for problem in result["tampering"]]
+            return replace(outcome, status="error", ename="Tampering", tampering=problems)
+        if result.get("ename"):
+            return replace(outcome, status="error", ename=result["ename"], evalue=result["evalue"])
+        return replace(outcome, status="ok", ename="", evalue="")
+
+    def _read(self, outcome: CellOutcome) -> None:
+        self.channel.read()
+        if self.channel.closed and outcome.status == "ok":  # the kernel lives on
+            self.channel._flag("the notebook's code closed the grader's channel to its guard")
+
+    def _execute(self, cell: Any, timeout_s: float, store_history: bool = True) -> CellOutcome:
         self._client.timeout = max(1, int(timeout_s))
         self._scratch.cells = [cell]
         start = time.perf_counter()
         try:
-            self._client.execute_cell(cell, 0)
+            self._client.execute_cell(cell, 0, store_history=store_history)
         except (CellTimeoutError, DeadKernelError) as error:
             status = "timeout" if isinstance(error, CellTimeoutError) else "dead"
             return CellOutcome(status, seconds=time.perf_counter() - start)
@@ -243,6 +439,7 @@ class _Kernel:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the kernel may already be gone
             self._client._cleanup_kernel()
+        self.channel.close()
 
 
 def run_cells(
@@ -251,13 +448,25 @@ def run_cells(
     cell_timeout_s: float,
     total_timeout_s: float,
     settings: KernelSettings = KernelSettings(),
-) -> tuple[list[CellOutcome], list[str]]:
+    guard: dict[str, Any] | None = None,
+) -> tuple[list[CellOutcome], list[str], list[str]]:
     """Run the cells in order in a fresh kernel in a scratch folder; one outcome per cell,
-    and notes. After a timeout or a dead kernel, a new kernel replays the cells that had
-    succeeded; cells left when the whole run's time is up are ``not-run``."""
+    notes, and the tampering the kernel's guard saw outside the checks (``guard``: what
+    :func:`guard_spec` says; check cells are marked by :func:`_assemble`). After a timeout
+    or a dead kernel, a new kernel replays the cells that had succeeded; cells left when the
+    whole run's time is up are ``not-run``."""
     deadline = time.monotonic() + total_timeout_s
     outcomes: list[CellOutcome] = []
     notes: list[str] = []
+    flags: list[str] = []
+    guard = guard or {}
+
+    def start(warm_up_s: float) -> _Kernel:
+        return _Kernel(cwd, warm_up_s, settings, guard)
+
+    def close(kernel: _Kernel) -> None:
+        kernel.close()
+        flags.extend(flag for flag in kernel.channel.flags if flag not in flags)
 
     def remaining() -> float:
         return deadline - time.monotonic()
@@ -267,7 +476,7 @@ def run_cells(
         if remaining() < 1:
             return None
         try:
-            kernel = _Kernel(cwd, min(WARM_UP_S, remaining()), settings)
+            kernel = start(min(WARM_UP_S, remaining()))
         except RuntimeError:
             return None
         for cell, outcome in zip(done, outcomes, strict=False):
@@ -276,12 +485,12 @@ def run_cells(
             if outcome.status == "ok" and (
                 limit < 1 or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead")
             ):
-                kernel.close()
+                close(kernel)
                 return None
         return kernel
 
     with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as cwd:
-        kernel: _Kernel | None = _Kernel(cwd, min(WARM_UP_S, total_timeout_s), settings)
+        kernel: _Kernel | None = start(min(WARM_UP_S, total_timeout_s))
         try:
             for index, cell in enumerate(cells):
                 if kernel is None or remaining() < 1:
@@ -290,7 +499,7 @@ def run_cells(
                 outcome = kernel.run(cell, min(cell_timeout_s, remaining()))
                 outcomes.append(outcome)
                 if outcome.status in ("timeout", "dead"):
-                    kernel.close()
+                    close(kernel)
                     kernel = None  # closed: not closed again if restoring fails
                     kernel = restore(cells[:index])
                     what = "timed out" if outcome.status == "timeout" else "killed the kernel"
@@ -300,10 +509,10 @@ def run_cells(
                     notes.append(f"code cell {index + 1} {what}; {then}")
         finally:
             if kernel is not None:
-                kernel.close()
+                close(kernel)
     if any(outcome.status == "not-run" for outcome in outcomes) and remaining() < 1:
         notes.append(f"the whole run's time limit ({total_timeout_s:g} s) was reached")
-    return outcomes, notes
+    return outcomes, notes, flags
 
 
 def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
@@ -314,6 +523,8 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
         "not-run": "not run: the time limit was reached or the kernel could not be restored",
     }.get(outcome.status) or {
         "CheckFailed": outcome.evalue,
+        "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
+        "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
         "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
         "AssertionError": outcome.evalue or "an assert in the check failed",
     }.get(outcome.ename, error or "the check raised an error")
@@ -351,8 +562,12 @@ def grade_submission(
     matches = match_cells(learner, reference)
     cells, checks_at, origin = _assemble(learner, reference, matches)
     start = time.perf_counter()
-    outcomes, notes = run_cells(
-        cells, cell_timeout_s=cell_timeout_s, total_timeout_s=total_timeout_s, settings=settings
+    outcomes, notes, tampering = run_cells(
+        cells,
+        cell_timeout_s=cell_timeout_s,
+        total_timeout_s=total_timeout_s,
+        settings=settings,
+        guard=guard_spec(reference),
     )
     seconds = round(time.perf_counter() - start, 2)
     position = {gid: index for index, gid in checks_at.items()}
@@ -380,8 +595,13 @@ def grade_submission(
         solution_id = grade_id(cell)
         if nbgrader_role(cell) == "solution" and solution_id and solution_id not in matches:
             notes.append(f"solution cell {solution_id} not found (no grade_id, no cell like it)")
+    for index, gid in checks_at.items():
+        tampering += [f"{gid}: {what}" for what in outcomes[index].tampering]
+    tampering = list(dict.fromkeys(tampering))
     sandbox = "bwrap" if settings.sandbox else "none"
-    report = GradeReport(str(submission), str(source), results, seconds, notes, sandbox, matched)
+    report = GradeReport(
+        str(submission), str(source), results, seconds, notes, sandbox, matched, tampering
+    )
     return report, _feedback(learner, cells, origin, checks_at, report)
 
 
@@ -418,6 +638,7 @@ def _feedback(
         summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
     summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
     summary += [f"- note: {note}" for note in report.notes]
+    summary += [f"- tampering (reported to your instructor): {what}" for what in report.tampering]
     cell = nbformat.v4.new_markdown_cell("\n".join(summary).strip())
     if (notebook.get("nbformat"), notebook.get("nbformat_minor", 0)) < (4, 5):
         cell.pop("id", None)

@@ -69,10 +69,12 @@ MOVE = ("def move(batch, device):\n    ### BEGIN SOLUTION\n"
         "    return [t.to(device, non_blocking=t.is_pinned()) for t in batch]\n"
         "    ### END SOLUTION")
 MOVES = [
-    "def move(batch, device):\n    return [x.to(device, non_blocking=x.is_pinned()) for x in batch]",
+    "def move(batch, device):\n"
+    "    return [x.to(device, non_blocking=x.is_pinned()) for x in batch]",
     "def move(batch, device):\n    out = []\n    for t in batch:\n"
     "        out.append(t.to(device, non_blocking=t.is_pinned()))\n    return out",
-    "def move(b, d):\n    return [v.to(d, non_blocking=True) if v.is_pinned() else v.to(d) for v in b]",
+    "def move(b, d):\n"
+    "    return [v.to(d, non_blocking=True) if v.is_pinned() else v.to(d) for v in b]",
     "def move(batch, device):\n    return [tensor.to(device, non_blocking=tensor.is_pinned()) "
     "for tensor in batch]",
 ]
@@ -143,7 +145,7 @@ def test_canvas_csv_columns_and_roster(tmp_path):
 def test_shards_deal_every_learner_once():
     learners = [f"l{n:02d}" for n in range(11)]
     shares = [share(learners, (k, 4)) for k in range(1, 5)]
-    assert sorted(sum(shares, [])) == learners
+    assert sorted(learner for part in shares for learner in part) == learners
     assert shares == [share(list(reversed(learners)), (k, 4)) for k in range(1, 5)]
     assert parse_shard("2/4") == (2, 4)
     for bad in ("0/4", "5/4", "x", "1/2/3", "2"):
@@ -212,7 +214,8 @@ def test_merge_refuses_an_incomplete_set_of_shards(klass, tmp_path, capsys):
     assert main(["grade-merge", str(tmp_path / "s1"), str(tmp_path / "s3"), "--out",
                  str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: grade-merge needs each of the 3 shards once: missing shard(s) [2]")
+    expected = "error: grade-merge needs each of the 3 shards once: missing shard(s) [2]"
+    assert err.startswith(expected)
     assert len(err.strip().splitlines()) == 1
     assert main(["grade-merge", str(tmp_path), "--out", str(tmp_path / "m")]) == 2
     assert "no run.json" in capsys.readouterr().err
