@@ -26,9 +26,9 @@ import nbformat
 from common import parse_out, write_figures
 
 from course_utils.env import measured_on
-from course_utils.gradebook import Options, cpu_count, default_jobs, grade_class
-from course_utils.sandbox import unavailable_reason
-from course_utils.student import student_version, write_notebook
+from course_utils.instructor.gradebook import Options, cpu_count, default_jobs, grade_class
+from course_utils.instructor.sandbox import unavailable_reason
+from course_utils.instructor.student import student_version, write_notebook
 
 CLASS_SIZE = 20
 ROUNDS = 2  # pairs of (sequential, parallel)

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 # These import the standard library only: the quick commands start fast.
 from course_utils import smi, workload
 from course_utils.colab import is_commit, retarget_course, script_at_ref
-from course_utils.sandbox import Limits
+from course_utils.instructor.sandbox import Limits
 from course_utils.site import build_site
 from course_utils.units import GIB
 
@@ -225,7 +225,7 @@ def _ddp_check(args: argparse.Namespace) -> int:
 
 
 def _student(args: argparse.Namespace) -> int:
-    from course_utils.student import make_student_versions  # lazy: imports nbformat
+    from course_utils.instructor.student import make_student_versions  # lazy: imports nbformat
 
     written = make_student_versions(args.paths, args.out)
     print(f"{len(written)} student notebook(s) written to {args.out}")
@@ -243,8 +243,13 @@ def _check_class_output(args: argparse.Namespace) -> None:
 def _grade(args: argparse.Namespace) -> int:
     """``grade`` and ``grade-class``."""
     # lazy: imports nbclient (notebooks extra)
-    from course_utils.gradebook import COURSE_NOTEBOOKS, Options, grade_class, grade_notebooks
-    from course_utils.shards import parse_shard
+    from course_utils.instructor.gradebook import (
+        COURSE_NOTEBOOKS,
+        Options,
+        grade_class,
+        grade_notebooks,
+    )
+    from course_utils.instructor.shards import parse_shard
 
     if args.command != "grade":
         _check_class_output(args)
@@ -287,7 +292,7 @@ def _grade(args: argparse.Namespace) -> int:
 
 
 def _grade_merge(args: argparse.Namespace) -> int:
-    from course_utils.gradebook import grade_merge  # lazy: imports nbclient
+    from course_utils.instructor.gradebook import grade_merge  # lazy: imports nbclient
 
     _check_class_output(args)
     if args.out is None:

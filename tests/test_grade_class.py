@@ -11,8 +11,8 @@ import pytest
 from test_grader import _instructor
 
 from course_utils.cli import main
-from course_utils.gradebook import find_submissions
-from course_utils.student import student_version, write_notebook
+from course_utils.instructor.gradebook import find_submissions
+from course_utils.instructor.student import student_version, write_notebook
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_nbgrader_layout_is_found(tmp_path):
 
 @pytest.mark.slow
 def test_grade_with_several_paths_unsandboxed_says_so_once(course, monkeypatch, capsys):
-    import course_utils.gradebook as gradebook
+    import course_utils.instructor.gradebook as gradebook
 
     monkeypatch.setattr(gradebook, "_warned_unsandboxed", False)
     source, klass = course

@@ -13,8 +13,8 @@ import nbformat
 import pytest
 
 from course_utils.cli import main
-from course_utils.grading import GradeReport, grade_submission
-from course_utils.student import student_version, write_notebook
+from course_utils.instructor.grading import GradeReport, grade_submission
+from course_utils.instructor.student import student_version, write_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 

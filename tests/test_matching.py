@@ -8,8 +8,8 @@ import nbformat
 import pytest
 from test_grader import CHECK_B, _instructor, _scores, _submit, grade
 
-from course_utils.matching import match_cells
-from course_utils.student import student_version, write_notebook
+from course_utils.instructor.matching import match_cells
+from course_utils.instructor.student import student_version, write_notebook
 
 
 @pytest.fixture

@@ -17,11 +17,11 @@ import nbformat
 import pytest
 from test_grader import _instructor, _submit
 
-from course_utils import sandbox
-from course_utils.gradebook import find_sandbox
-from course_utils.grading import KernelSettings, grade_submission
-from course_utils.sandbox import Limits
-from course_utils.student import write_notebook
+from course_utils.instructor import sandbox
+from course_utils.instructor.gradebook import find_sandbox
+from course_utils.instructor.grading import KernelSettings, grade_submission
+from course_utils.instructor.sandbox import Limits
+from course_utils.instructor.student import write_notebook
 from course_utils.units import GIB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def _uid(process: Path) -> int | None:
 
 
 def test_without_a_sandbox_grading_says_so_once(monkeypatch, capsys):
-    import course_utils.gradebook as gradebook
+    import course_utils.instructor.gradebook as gradebook
 
     monkeypatch.setattr(gradebook, "_warned_unsandboxed", False)
     assert find_sandbox("none") is None and find_sandbox("none") is None

@@ -17,10 +17,10 @@ import nbformat
 import pytest
 from test_grader import _meta, _notebook
 
-from course_utils import guard
-from course_utils.gradebook import Options, Task, grade_tasks
-from course_utils.grading import guard_spec
-from course_utils.student import write_notebook
+from course_utils.instructor import guard
+from course_utils.instructor.gradebook import Options, Task, grade_tasks
+from course_utils.instructor.grading import guard_spec
+from course_utils.instructor.student import write_notebook
 
 IMPORTS = "import math\nimport torch\nfrom course_utils.classroom import check, check_close, passed"
 DOUBLE = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.student import InputError
+from course_utils.instructor.student import InputError
 
 RECORD = "run.json"
 

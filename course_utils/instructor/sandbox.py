@@ -22,7 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 
 UID_BASE = 2_000_000_000
-_PACKAGE_DIR = Path(__file__).resolve().parent
+#: The course package (course_utils/), bound read-only into the sandbox.
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Sandbox:
         if uid is None:  # RLIMIT_NPROC counts every process of this user
             processes += _tasks_of(os.getuid())
         limits = json.dumps({**asdict(self.limits), "processes": processes, "uid": uid})
-        launcher = [sys.executable, "-I", str(_PACKAGE_DIR / "sandbox.py"), limits]
+        launcher = [sys.executable, "-I", str(Path(__file__).resolve()), limits]
         return [self.bwrap, *options, *launcher, "--", *argv]
 
 

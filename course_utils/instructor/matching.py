@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.student import nbgrader_role
+from course_utils.instructor.student import nbgrader_role
 
 #: How alike (0 to 1, difflib's ratio) a cell must be to the instructor's check.
 CHECK_ALIKE = 0.6

@@ -1,12 +1,12 @@
 """Grade one submitted notebook against the instructor's checks (nbgrader ``grade: true``
 cells, hidden checks included; a deleted check scores 0; cells that lost their
-``grade_id`` are found by content, :mod:`course_utils.matching`).
+``grade_id`` are found by content, :mod:`course_utils.instructor.matching`).
 
 The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small``) in a
-scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.sandbox`). A cell
+scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.instructor.sandbox`). A cell
 past its limit or that kills the kernel gets a fresh kernel replaying the cells that had
 succeeded; when the whole run's time is up, the checks not yet run score 0. The checks do
-not run as cells: :mod:`course_utils.guard`, armed before any learner code, runs each one
+not run as cells: :mod:`course_utils.instructor.guard`, armed before any learner code, runs each one
 out of reach of what the learner's cells changed, and sends its signed verdict back; a
 check scores its ``points`` when that verdict says it ran to its end without an exception
 and nothing it depends on was tampered with. Tampering is reported in
@@ -35,10 +35,10 @@ from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from course_utils import guard as guards
-from course_utils import sandbox as sandboxes
-from course_utils.matching import Match, defined_names, grade_id, match_cells
-from course_utils.student import InputError, nbgrader_role, read_notebook
+from course_utils.instructor import guard as guards
+from course_utils.instructor import sandbox as sandboxes
+from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
+from course_utils.instructor.student import InputError, nbgrader_role, read_notebook
 
 CELL_TIMEOUT_S = 120  # seconds per cell
 TOTAL_TIMEOUT_S = 900  # seconds for the whole run
@@ -48,7 +48,7 @@ WARM_UP_S = 120
 GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
 
-_COURSE_ROOT = Path(__file__).resolve().parent.parent
+_COURSE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -211,9 +211,9 @@ def _imports(tree: ast.Module) -> dict[str, tuple[str, str | None]]:
 
 
 def guard_spec(reference: Any) -> dict[str, Any]:
-    """What the kernel's guard needs (:func:`course_utils.guard.arm`): each check's source,
-    the names it reads that the instructor's imports bind (``pinned``: they must still
-    refer to those objects) or that are Python's built-ins, and the modules to record.
+    """What the kernel's guard needs (:func:`~course_utils.instructor.guard.arm`): each
+    check's source, the names it reads that the instructor's imports bind (``pinned``: they
+    must still refer to those objects) or that are Python's built-ins, and the modules to record.
     A name a solution cell defines, or that the instructor's cells bind more than once or
     otherwise, is the learner's to bind: it is not pinned."""
     imports: dict[str, set[tuple[str, str | None]]] = {}
@@ -383,8 +383,8 @@ class _Kernel:
         # Import torch and the checks, and arm the guard, before the first timed cell: a
         # cell's time limit is for the learner's code, not for the kernel's start-up.
         arm = (
-            "import course_utils.classroom, course_utils.guard\n"
-            f"course_utils.guard.arm({str(self.channel.instructions)!r})"
+            "import course_utils.classroom, course_utils.instructor.guard\n"
+            f"course_utils.instructor.guard.arm({str(self.channel.instructions)!r})"
         )
         outcome = self._execute(nbformat.v4.new_code_cell(arm), warm_up_s, store_history=False)
         self.channel.read()

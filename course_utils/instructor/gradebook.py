@@ -26,9 +26,9 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
-from course_utils import sandbox as sandboxes
-from course_utils.canvas import write_canvas
-from course_utils.grading import (
+from course_utils.instructor import sandbox as sandboxes
+from course_utils.instructor.canvas import write_canvas
+from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
     TOTAL_TIMEOUT_S,
@@ -37,19 +37,19 @@ from course_utils.grading import (
     check_cells,
     grade_submission,
 )
-from course_utils.runner import find_notebooks
-from course_utils.shards import ClassRun, merge, share
-from course_utils.similarity import (
+from course_utils.instructor.shards import ClassRun, merge, share
+from course_utils.instructor.similarity import (
     THRESHOLD,
     answer_cells,
     boilerplate,
     similar_pairs,
     write_similarity,
 )
-from course_utils.student import InputError, read_notebook, write_notebook
+from course_utils.instructor.student import InputError, read_notebook, write_notebook
+from course_utils.runner import find_notebooks
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
-COURSE_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+COURSE_NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ _warned_unsandboxed = False
 def find_sandbox(
     mode: str = "auto", hidden: tuple[str, ...] = (), limits: sandboxes.Limits | None = None
 ) -> sandboxes.Sandbox | None:
-    """:func:`course_utils.sandbox.find`; without a sandbox, say so once per process."""
+    """:func:`course_utils.instructor.sandbox.find`; without a sandbox, say so once per process."""
     global _warned_unsandboxed
     box = sandboxes.find(mode, hidden, limits or sandboxes.Limits())
     if box is None and not _warned_unsandboxed:
@@ -399,7 +399,7 @@ def grade_class(
     roster: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Grade every learner's notebooks in ``submissions`` (or shard K/N's share of them,
-    :mod:`course_utils.shards`) into ``out`` (see the module's documentation); return the
+    :mod:`course_utils.instructor.shards`) into ``out`` (see the module's documentation); return the
     results. The assignment is every instructor notebook in ``source``, or with
     ``whole_source=False`` those that somebody in the class handed in; a notebook of it
     that a learner lacks scores 0 of its points. Raises :class:`InputError` for bad

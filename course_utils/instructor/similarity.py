@@ -54,7 +54,7 @@ class SimilarPair:
 def answer_cells(submission: Any, reference: Any) -> dict[str, str]:
     """The learner's answer to each exercise of ``reference`` (found by grade_id or, when
     the learner lost it, by content), by grade_id."""
-    from course_utils.matching import match_cells  # lazy: imports the notebooks extra
+    from course_utils.instructor.matching import match_cells  # lazy: imports the notebooks extra
 
     matches = match_cells(submission, reference)
     return {
@@ -66,7 +66,7 @@ def answer_cells(submission: Any, reference: Any) -> dict[str, str]:
 
 def boilerplate(reference: Any) -> dict[str, str]:
     """What the instructor gave for each exercise: the solution and its starter code."""
-    from course_utils.student import nbgrader_role, student_version  # lazy: nbgrader
+    from course_utils.instructor.student import nbgrader_role, student_version  # lazy: nbgrader
 
     starter = student_version(reference)
     given: dict[str, str] = {}

@@ -18,7 +18,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from course_utils.student import InputError
+from course_utils.instructor.student import InputError
 
 IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 #: How Canvas's own export writes the row of maxima (leading spaces included).
