@@ -11,9 +11,9 @@ import statistics
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
+from notebook_cells import code_cells, grade_cell
 
 from course_utils.classroom import CheckFailed
 from course_utils.fake_nvml import FakeGpu, FakeNvml, gpu_from_sample
@@ -25,17 +25,10 @@ NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
 
 
 def _cells(path) -> dict[str, str]:
-    notebook = nbformat.read(path, as_version=4)
-    return {cell.get("id"): cell.source for cell in notebook.cells if cell.cell_type == "code"}
-
+    return code_cells(path)
 
 def _grade_cell(path, grade_id: str) -> str:
-    notebook = nbformat.read(path, as_version=4)
-    for cell in notebook.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(grade_id)
-
+    return grade_cell(path, grade_id)
 
 def _namespace(path, setup_ids: list[str], monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")

@@ -13,9 +13,9 @@ from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
+from notebook_cells import code_cells, grade_cell
 from torch import nn
 from torch.utils import _pytree
 
@@ -26,13 +26,7 @@ NB01 = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
 
 
 def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
-    for cell in nbformat.read(NB01, as_version=4).cells:
-        if cell.get("id") == cell_id or (
-            grade_id and cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id
-        ):
-            return cell.source
-    raise KeyError(grade_id or cell_id)
-
+    return code_cells(NB01)[cell_id] if cell_id else grade_cell(NB01, str(grade_id))
 
 @pytest.fixture
 def namespace(monkeypatch) -> Iterator[dict]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
+from notebook_cells import code_cells, grade_cell
 
 from course_utils.classroom import CheckFailed
 
@@ -18,13 +18,7 @@ NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
 
 
 def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
-    for cell in nbformat.read(NB02, as_version=4).cells:
-        if cell.get("id") == cell_id or (
-            grade_id and cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id
-        ):
-            return cell.source
-    raise KeyError(grade_id or cell_id)
-
+    return code_cells(NB02)[cell_id] if cell_id else grade_cell(NB02, str(grade_id))
 
 @pytest.fixture
 def namespace(monkeypatch) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from notebook_cells import grade_cell
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
@@ -25,8 +26,7 @@ def _cell(predicate) -> str:
 
 
 def _grade_cell(grade_id: str) -> str:
-    return _cell(lambda cell: cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-
+    return grade_cell(NB03, grade_id)
 
 @pytest.fixture(scope="module")
 def nb03() -> dict:

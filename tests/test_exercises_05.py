@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning.pytorch as pl
-import nbformat
 import pytest
 import torch
+from notebook_cells import code_cells, grade_cell
 from torch import nn
 
 from course_utils.classroom import CheckFailed
@@ -21,15 +21,11 @@ NB05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_lightning.ipyn
 
 
 def _grade_cell(grade_id: str) -> str:
-    for cell in nbformat.read(NB05, as_version=4).cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(grade_id)
-
+    return grade_cell(NB05, grade_id)
 
 @pytest.fixture(scope="module")
 def nb05() -> dict:
-    cells = {c.get("id"): c.source for c in nbformat.read(NB05, as_version=4).cells}
+    cells = code_cells(NB05)
     namespace: dict = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COURSE_WORKLOAD", "small")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from notebook_cells import code_cells, grade_cell
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -26,15 +26,11 @@ NB06 = Path(__file__).resolve().parent.parent / "notebooks" / "06_multi_gpu.ipyn
 
 
 def _grade_cell(grade_id: str) -> str:
-    for cell in nbformat.read(NB06, as_version=4).cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(grade_id)
-
+    return grade_cell(NB06, grade_id)
 
 @pytest.fixture(scope="module")
 def nb06() -> dict:
-    cells = {c.get("id"): c.source for c in nbformat.read(NB06, as_version=4).cells}
+    cells = code_cells(NB06)
     namespace: dict = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COURSE_WORKLOAD", "small")

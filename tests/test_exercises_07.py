@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from notebook_cells import grade_cell
 
 from course_utils.classroom import CheckFailed
 from course_utils.oom import is_out_of_memory
@@ -25,11 +26,7 @@ def _notebook():
 
 
 def _grade_cell(grade_id: str) -> str:
-    for cell in _notebook().cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(grade_id)
-
+    return grade_cell(NB07, grade_id)
 
 @pytest.fixture(scope="module")
 def nb07():

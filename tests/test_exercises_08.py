@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 import torch
+from notebook_cells import grade_cell
 
 from course_utils.classroom import CheckFailed
 from course_utils.profiling import LoopProfile
@@ -26,11 +27,7 @@ def _cells() -> dict[str, nbformat.NotebookNode]:
 
 
 def _grade_cell(grade_id: str) -> str:
-    for cell in _cells().values():
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
-            return cell.source
-    raise KeyError(grade_id)
-
+    return grade_cell(NB08, grade_id)
 
 def _namespace(cell_ids: list[str], monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")

@@ -1,0 +1,22 @@
+"""The cells of a course notebook, for tests that run an exercise's check cell the way the
+grader does: after the notebook's own set-up cells, with the learner's answer in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+
+def code_cells(path: Path) -> dict[str, str]:
+    """Each code cell's source, by cell id."""
+    notebook = nbformat.read(path, as_version=4)
+    return {cell.get("id"): cell.source for cell in notebook.cells if cell.cell_type == "code"}
+
+
+def grade_cell(path: Path, grade_id: str) -> str:
+    """The source of the cell with this nbgrader grade_id (KeyError if none)."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell.source
+    raise KeyError(grade_id)
