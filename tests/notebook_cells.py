@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 
 
 def code_cells(path: Path) -> dict[str, str]:
@@ -20,3 +21,16 @@ def grade_cell(path: Path, grade_id: str) -> str:
         if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
             return cell.source
     raise KeyError(grade_id)
+
+
+def run_cells(path: Path, cell_ids: tuple[str, ...], **environment: str) -> dict:
+    """The namespace after running these code cells in order, as the small workload runs
+    them, with ``environment`` set while they run (a check's set-up cells)."""
+    cells = code_cells(path)
+    namespace: dict = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {"COURSE_WORKLOAD": "small", **environment}.items():
+            patch.setenv(name, value)
+        for cell_id in cell_ids:
+            exec(cells[cell_id], namespace)
+    return namespace

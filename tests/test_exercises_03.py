@@ -28,6 +28,7 @@ def _cell(predicate) -> str:
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB03, grade_id)
 
+
 @pytest.fixture(scope="module")
 def nb03() -> dict:
     namespace: dict = {}

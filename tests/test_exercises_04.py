@@ -26,6 +26,7 @@ ce = nn.functional.cross_entropy
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB04, grade_id)
 
+
 def _run_check(amp_step) -> None:
     namespace = {
         "torch": torch,

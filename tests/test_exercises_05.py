@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from notebook_cells import code_cells, grade_cell
+from notebook_cells import grade_cell, run_cells
 from torch import nn
 
 from course_utils.classroom import CheckFailed
@@ -23,15 +23,10 @@ NB05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_lightning.ipyn
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB05, grade_id)
 
+
 @pytest.fixture(scope="module")
 def nb05() -> dict:
-    cells = code_cells(NB05)
-    namespace: dict = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COURSE_WORKLOAD", "small")
-        for cell_id in ("nb05-04", "nb05-04b", "nb05-05", "nb05-05b"):
-            exec(cells[cell_id], namespace)
-    return namespace
+    return run_cells(NB05, ("nb05-04", "nb05-04b", "nb05-05", "nb05-05b"))
 
 
 def _check(nb05: dict, module_class: type) -> None:

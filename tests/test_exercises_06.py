@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from notebook_cells import code_cells, grade_cell
+from notebook_cells import grade_cell, run_cells
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -28,16 +28,10 @@ NB06 = Path(__file__).resolve().parent.parent / "notebooks" / "06_multi_gpu.ipyn
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB06, grade_id)
 
+
 @pytest.fixture(scope="module")
-def nb06() -> dict:
-    cells = code_cells(NB06)
-    namespace: dict = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("COURSE_WORKLOAD", "small")
-        patch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what the imports cell sets
-        for cell_id in ("nb06-03", "nb06-03b", "nb06-04"):
-            exec(cells[cell_id], namespace)
-    return namespace
+def nb06() -> dict:  # the imports cell sets PYTORCH_NVML_BASED_CUDA_CHECK too
+    return run_cells(NB06, ("nb06-03", "nb06-03b", "nb06-04"), PYTORCH_NVML_BASED_CUDA_CHECK="1")
 
 
 def _check(nb06: dict, grade_id: str, name: str, answer) -> None:

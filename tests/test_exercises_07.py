@@ -28,6 +28,7 @@ def _notebook():
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB07, grade_id)
 
+
 @pytest.fixture(scope="module")
 def nb07():
     """The namespace the check runs in: imports, knobs, and the exercise's helpers."""

@@ -29,6 +29,7 @@ def _cells() -> dict[str, nbformat.NotebookNode]:
 def _grade_cell(grade_id: str) -> str:
     return grade_cell(NB08, grade_id)
 
+
 def _namespace(cell_ids: list[str], monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
     cells = _cells()
