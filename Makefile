@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # The small workload for tests: every notebook runs quickly on a 2-core CPU; no progress bars.
-TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off
+# Every GPU claim is strict in tests (course_utils/claims.py): one that does not hold fails.
+TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off COURSE_CLAIMS=strict
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help env course site test quick lint lab gpu-lane bench lock clean student colab-check
@@ -77,8 +78,8 @@ lab: env
 # 580 with the locked CUDA 13 torch: see the README's "The GPU lane").
 gpu-lane: env
 	$(PY) -m course_utils doctor --require-gpu
-	$(PYTEST) -q -rs -m "gpu or multigpu" tests
-	COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
+	COURSE_CLAIMS=strict $(PYTEST) -q -rs -m "gpu or multigpu" tests
+	COURSE_CLAIMS=strict COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
 
 bench: env
 	@mkdir -p build/bench

@@ -60,7 +60,7 @@ def record_measurement(
     return measurement
 
 
-def _output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The ``data`` of each output of an executed notebook (a parsed ``.ipynb``), in order."""
     for cell in notebook.get("cells", []):
         for output in cell.get("outputs", []) or []:
@@ -71,7 +71,7 @@ def _output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def measurements_in_notebook(notebook: dict[str, Any]) -> list[Measurement]:
     """The measurements recorded in an executed notebook, in order."""
     found = []
-    for data in _output_data(notebook):
+    for data in output_data(notebook):
         with contextlib.suppress(KeyError, TypeError):  # none, or malformed
             found.append(Measurement(**data[MEASUREMENT_MIME]))
     return found
@@ -94,7 +94,7 @@ class Plot:
 def plots_in_notebook(notebook: dict[str, Any]) -> list[Plot]:
     """The images (plots) in an executed notebook's outputs, in order; one per output."""
     plots = []
-    for data in _output_data(notebook):
+    for data in output_data(notebook):
         for mime in PLOT_MIMES:
             value = data.get(mime)
             if isinstance(value, list):  # a multi-line string as a list of lines
