@@ -283,3 +283,54 @@ def test_overrides_file_is_checked_line_by_line(tmp_path, capsys):
     [override] = read_overrides(path, checks, ["ann"])
     assert (override.notebook, override.points, override.comment) == \
         ("01_ex.ipynb", 1.5, "nearly right")
+
+
+def test_the_resume_key_ignores_jobs_and_threads(tmp_path):
+    from course_utils.instructor.gradebook import Options, Task, result_key
+
+    write_notebook(_instructor(), tmp_path / "01_ex.ipynb")
+    task = Task("ann", "01_ex.ipynb", str(tmp_path / "01_ex.ipynb"), str(tmp_path / "01_ex.ipynb"))
+    key = result_key(task, Options(jobs=1, threads=2))
+    assert result_key(task, Options(jobs=9, threads=1, hidden=("/x",))) == key
+    assert result_key(task, Options(jobs=1, cell_timeout_s=5)) != key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM to the main process", "SIGINT to the process group"])
+def test_an_interrupted_class_run_leaves_no_scratch_folder(how, tmp_path):
+    """A real signal to a real grade-class: the scratch folders (the learner's working
+    folder, the guard's instructions with the hidden checks) are removed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    for learner in ("ann", "bob"):
+        looping = _instructor()
+        looping.cells[2].source = "while True:\n    pass"
+        write_notebook(looping, tmp_path / "class" / learner / "01_ex.ipynb")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "course_utils", "grade-class", str(tmp_path / "class"),
+               "--source", str(source), "--out", str(tmp_path / "out"), "--jobs", "2",
+               "--sandbox", "none", "--cell-timeout", "300"]
+    process = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(scratch)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not list(scratch.glob("course-grade-run-*/course-grade-*/.guard-*.json")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.5)
+    if how.startswith("SIGTERM"):
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "error: interrupted" in err and "run the same command again" in err
+    assert "Traceback" not in err
+    assert not list(scratch.glob("course-grade*")), list(scratch.rglob("*"))
+    assert not (tmp_path / "out" / "gradebook.csv").exists()
