@@ -1,15 +1,16 @@
 """The gradebook as ``canvas.csv``, in the format Canvas's gradebook import reads.
 
 Columns, as in a gradebook that Canvas exports (Grades → Export): ``Student``, ``ID``,
-``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook of the
-assignment with the learner's points. The second row, ``Points Possible``, gives each
-column's maximum, which Canvas uses for an assignment the import creates. Canvas matches
-rows to students by ``ID``, ``SIS User ID`` or ``SIS Login ID``: without a roster the
-learner's folder name goes into ``SIS Login ID`` (name the folders by login); with
-``--roster`` (a gradebook exported from the course) each learner's row takes the
-student's name, IDs and section from the roster row whose ``SIS Login ID``,
-``SIS User ID``, ``ID`` or ``Student`` equals the folder name, and a notebook whose
-stem begins a roster column ``NAME (ASSIGNMENT_ID)`` updates that assignment.
+``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per Canvas assignment with
+the learner's points (:func:`assignment_columns`: ``--column NOTEBOOK=COLUMN``, several
+notebooks into one assignment, else a roster column ``STEM (ID)``, else the stem). The
+second row, ``Points Possible``, gives each column's maximum, which Canvas uses for an
+assignment the import creates. Canvas matches rows to students by ``ID``, ``SIS User ID``
+or ``SIS Login ID``: without a roster the learner's name goes into ``SIS Login ID``; with
+``--roster`` (a gradebook exported from the course) each row takes the student's name, IDs
+and section from the roster. A cell whose notebook was handed in but not scored is left
+empty (the import keeps what Canvas has), never 0. The file is written whole or not at
+all, and a roster that lacks a learner leaves none (:func:`check_roster`).
 """
 
 from __future__ import annotations
