@@ -267,9 +267,9 @@ def _student(args: argparse.Namespace) -> int:
 
 def _class_outputs(args: argparse.Namespace) -> Any:
     """grade-class's and grade-merge's options for the class's files (bad: ValueError)."""
-    from course_utils.instructor.adjust import late_policy
-    from course_utils.instructor.canvas import parse_columns
-    from course_utils.instructor.gradebook import ClassOutputs
+    from course_utils.instructor.adjust import late_policy  # lazy: imports nbformat
+    from course_utils.instructor.canvas import parse_columns  # lazy: imports nbformat
+    from course_utils.instructor.gradebook import ClassOutputs  # lazy: imports nbclient
 
     if not 0 < args.similarity <= 1:
         raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")

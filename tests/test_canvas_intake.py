@@ -253,7 +253,8 @@ def test_lateness_from_the_marker_or_the_time_and_the_penalty_cap():
     assert days_late({"late": None, "submitted_at": "2026-12-01T10:00:00Z"}, policy) == 0
     assert [policy.penalty(d) for d in (0, 1, 2, 5)] == [0, 0.1, 0.2, 0.25]
     assert late_policy("5%", None, None).penalty(9) == 0.05  # once, whatever the days
-    report = {"score": 0.2, "max_score": 3.0, "checks": []}
+    check = {"grade_id": "c", "points": 0.2, "max_points": 3.0, "passed": False, "reason": ""}
+    report = {"score": 0.2, "max_score": 3.0, "checks": [check]}
     results = [{"learner": "a", "notebook": "n.ipynb", "report": report}]
     [late], _ = adjust(results, (), policy, {"a": {"n.ipynb": {"late": True}}})
     assert late["report"]["score"] == 0 and late["report"]["late"]["penalty"] == 0.2

@@ -45,7 +45,7 @@ from course_utils.instructor.grading import (
     feedback_summary,
     grade_submission,
 )
-from course_utils.instructor.intake import collect, describe, learner_folders, read_times
+from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -424,8 +424,8 @@ def write_gradebook(
 def _html_exporter() -> Any:
     """nbconvert's HTML exporter (its templates found also from a virtual environment that
     reuses another's packages)."""
-    import nbconvert
-    from nbconvert import HTMLExporter
+    import nbconvert  # lazy: slow to import, and only the class's feedback needs it
+    from nbconvert import HTMLExporter  # lazy: as above
 
     shared = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
     templates = shared / "nbconvert" / "templates"
@@ -691,7 +691,9 @@ def grade_class(
     else:
         results = grade_tasks(tasks, options, out, progress, resume)
     handed = {
-        learner: {nb: describe(h) for nb, h in intake.handed[learner].items() if nb in assignment}
+        learner: {
+            nb: handed_record(h) for nb, h in intake.handed[learner].items() if nb in assignment
+        }
         for learner in mine
         if learner in intake.handed
     }

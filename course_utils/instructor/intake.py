@@ -360,7 +360,7 @@ def collect(
     return intake
 
 
-def describe(handed: Handed) -> dict[str, Any]:
+def handed_record(handed: Handed) -> dict[str, Any]:
     """What ``run.json`` and ``submissions.csv`` keep of a handed-in notebook."""
     return {
         "file": handed.original,

@@ -60,7 +60,7 @@ class ClassRun:
     #: given[notebook][grade_id]: the instructor's code for each exercise
     given: dict[str, dict[str, str]] = field(default_factory=dict)
     shard: tuple[int, int] = (1, 1)
-    #: handed[learner][notebook]: the file graded as it (intake.describe: name, how, late)
+    #: handed[learner][notebook]: the file graded as it (intake.handed_record: name, how, late)
     handed: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     #: unmatched[learner]: notebooks handed in that matched no instructor notebook
     unmatched: dict[str, list[str]] = field(default_factory=dict)
