@@ -7,7 +7,9 @@ The contract of every command:
   one line on stderr starting with ``error:``, exit status 2;
 * a failure while running (a notebook or check failed, a package is missing, the
   machine refused): one line starting with ``error:``, exit status 1;
-* success: exit status 0. No command prints a traceback.
+* success: exit status 0. No command prints a traceback;
+* ``grade-class`` only: exit status 3 when it graded the class but some notebooks handed
+  in were matched to no instructor notebook (listed as ``NOT MATCHED``, not scored).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from course_utils.site import build_site
 from course_utils.units import GIB
 
 PROG = "python -m course_utils"
-BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
+BAD_INPUT, FAILED, UNMATCHED = 2, 1, 3  # exit statuses (see the module doc)
 
 # Optional packages a command may import, and the extra of course-utils that brings each.
 EXTRAS = {
@@ -111,8 +113,25 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or more)")
     grade.add_argument("--json", **json_option)
     klass = command("grade-class", "grade a folder of submissions in parallel", "grades")
-    klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
+    klass.add_argument(
+        "submissions",
+        type=Path,
+        help="one folder per learner, nbgrader's course folder, or Canvas's submissions "
+        "download (the zip, or the folder it unpacks to; needs --roster)",
+    )
     klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
+    klass.add_argument(
+        "--student",
+        action="append",
+        default=[],
+        metavar="LEARNER",
+        help="regrade only this learner (repeatable); the others' results are kept",
+    )
+    klass.add_argument(
+        "--submitted-at",
+        type=Path,
+        help="CSV of submission times (learner or ID, submitted_at) for --due",
+    )
     klass.add_argument("--shard", help="grade share K of N of the class (K/N), for grade-merge")
     merge = command("grade-merge", "merge grade-class --shard output folders into one", None)
     merge.add_argument("folders", type=Path, nargs="+", help="the shards' --out folders")
@@ -121,6 +140,20 @@ def _parser() -> argparse.ArgumentParser:
             "--similarity", type=float, default=0.7, help="report answers alike beyond (0.7)"
         )
         parser_.add_argument("--roster", type=Path, help="a Canvas gradebook export (canvas.csv)")
+        parser_.add_argument(
+            "--column",
+            action="append",
+            default=[],
+            metavar="NOTEBOOK=COLUMN",
+            help="the Canvas column (or assignment id) for a notebook's points; repeatable, "
+            "several notebooks may share a column",
+        )
+        parser_.add_argument(
+            "--overrides", type=Path, help="CSV of learner,check,points,comment to apply"
+        )
+        parser_.add_argument("--late-penalty", help="e.g. 10%%/day (or 10%% once) of the points")
+        parser_.add_argument("--late-cap", help="the most a late notebook loses (default 100%%)")
+        parser_.add_argument("--due", help="the deadline, ISO 8601 (for --submitted-at times)")
     for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
@@ -232,12 +265,25 @@ def _student(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_class_output(args: argparse.Namespace) -> None:
-    """grade-class's and grade-merge's --similarity and --roster (bad: ValueError)."""
+def _class_outputs(args: argparse.Namespace) -> Any:
+    """grade-class's and grade-merge's options for the class's files (bad: ValueError)."""
+    from course_utils.instructor.adjust import late_policy  # lazy: imports nbformat
+    from course_utils.instructor.canvas import parse_columns  # lazy: imports nbformat
+    from course_utils.instructor.gradebook import ClassOutputs  # lazy: imports nbclient
+
     if not 0 < args.similarity <= 1:
         raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")
-    if args.roster is not None and not args.roster.is_file():
-        raise ValueError(f"no such roster file: {args.roster}")
+    for name in ("roster", "overrides", "submitted_at"):
+        path = getattr(args, name, None)
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such {name.replace('_', '-')} file: {path}")
+    return ClassOutputs(
+        threshold=args.similarity,
+        roster=args.roster,
+        columns=parse_columns(args.column),
+        overrides=args.overrides,
+        late=late_policy(args.late_penalty, args.late_cap, args.due),
+    )
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -251,8 +297,6 @@ def _grade(args: argparse.Namespace) -> int:
     )
     from course_utils.instructor.shards import parse_shard
 
-    if args.command != "grade":
-        _check_class_output(args)
     for name in ("cell_timeout", "timeout", "memory"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -273,10 +317,12 @@ def _grade(args: argparse.Namespace) -> int:
     if args.command == "grade":
         return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
 
+    outputs = _class_outputs(args)
+
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
-    grade_class(
+    graded = grade_class(
         args.submissions,
         source,
         args.out,
@@ -285,22 +331,23 @@ def _grade(args: argparse.Namespace) -> int:
         warn=warn,
         shard=parse_shard(args.shard) if args.shard else (1, 1),
         whole_source=args.source is not None,
-        threshold=args.similarity,
-        roster=args.roster,
+        outputs=outputs,
+        students=args.student,
+        submitted_at=args.submitted_at,
     )
-    return 0
+    return UNMATCHED if graded.unmatched else 0
 
 
 def _grade_merge(args: argparse.Namespace) -> int:
     from course_utils.instructor.gradebook import grade_merge  # lazy: imports nbclient
 
-    _check_class_output(args)
+    outputs = _class_outputs(args)
     if args.out is None:
         raise ValueError("grade-merge needs --out FOLDER, where the merged class goes")
     for folder in args.folders:
         if not folder.is_dir():
             raise ValueError(f"no such folder: {folder}")
-    grade_merge(args.folders, args.out, threshold=args.similarity, roster=args.roster)
+    grade_merge(args.folders, args.out, outputs=outputs)
     return 0
 
 
@@ -340,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command
     try:
         return HANDLERS[command](args)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while grading
+        why = f" ({error})" if str(error) else ""
+        print(f"error: interrupted{why}: run the same command again to resume", file=sys.stderr)
         return 130
     except ModuleNotFoundError as error:  # an optional package (nbformat, nbgrader...)
         name = (error.name or "").split(".")[0]
