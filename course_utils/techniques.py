@@ -296,8 +296,9 @@ def compare_techniques(
     techniques: Sequence[Technique], device: torch.device | str, **options: Any
 ) -> list[TechniqueResult]:
     """:func:`measure_technique` for every row, sharing the measured device peaks. The
-    finder's ``gc.collect()`` after each failed trial scans every object torch made (about
-    0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration."""
+    finder's ``gc.collect()`` (on a GPU, after a failed trial whose tensors a reference
+    cycle still holds) scans every object torch made (about 0.2 s on a small CPU):
+    ``gc.freeze()`` hides those for the duration."""
     peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
     try:
