@@ -3,6 +3,7 @@ around ``a @ b`` measures the launch), exclude warm-up, repeat, report median an
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import statistics
 import threading
@@ -199,8 +200,6 @@ _OPENBLAS_SETTERS = (  # NumPy's own OpenBLAS (scipy-openblas, 64-bit ints), the
 
 def _numpy_openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
     """The set/get thread-count functions of the OpenBLAS NumPy loaded (Linux), or None."""
-    import ctypes
-
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
@@ -224,7 +223,7 @@ def numpy_blas_threads(threads: int) -> Iterator[int | None]:
     or None where it cannot be set (then NumPy keeps its own pool). Uses ``threadpoolctl``
     when installed, else NumPy's bundled OpenBLAS directly."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # lazy: optional, not in the lock
     except ImportError:
         threadpool_limits = None
     if threadpool_limits is not None:
