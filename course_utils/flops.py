@@ -167,7 +167,9 @@ def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
 ) -> PeakFlops:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
-    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table).
+    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table),
+    once per process, device and dtype (its source says with how many CPU threads), so
+    that every MFU of a run divides by the same figure.
 
     float32 work runs on TF32 tensor cores only on GPUs that have them (compute capability
     8.0 and newer: the rows with a TF32 column) and only where :func:`tf32_allowed`:
@@ -192,11 +194,22 @@ def device_peak_flops(
                     torch.bfloat16: "bf16 tensor-core",
                 }.get(dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)")
                 return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
-    n = 1024
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
-    what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
-    return PeakFlops(2 * n**3 / timing.min_s, f"measured: best of 5 {what}")
+    key = (str(device), dtype)
+    if key not in _MEASURED_PEAKS:  # measured once: a peak that moves is no denominator
+        n = 1024
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
+        what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
+        count = torch.get_num_threads()
+        threads = f", {count} CPU thread{'s' * (count != 1)}" if device.type == "cpu" else ""
+        source = f"measured once in this process: best of 5 {what}{threads}"
+        _MEASURED_PEAKS[key] = PeakFlops(2 * n**3 / timing.min_s, source)
+    return _MEASURED_PEAKS[key]
+
+
+# measured peaks, by (device, dtype): a CPU's "peak" re-measured in each cell of a busy
+# machine moved by 1.5x between two cells (review 02-N1); the source names the threads
+_MEASURED_PEAKS: dict[tuple[str, torch.dtype], PeakFlops] = {}
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,32 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def allocated_cuda_bytes() -> int:
+    """Bytes of live CUDA tensors on every GPU (0 before CUDA starts)."""
+    if not torch.cuda.is_initialized():
+        return 0
+    return sum(map(torch.cuda.memory_allocated, range(torch.cuda.device_count())))
+
+
+def release_after_out_of_memory(allocated_before: int | None = None) -> bool:
+    """Free what a failed trial left, once its traceback is gone, without collecting the
+    whole heap where no device memory is at stake; returns whether ``gc.collect()`` ran.
+
+    The failed step's tensors go with its traceback, by reference counting. A CPU or a
+    simulated :class:`MemoryBudget` has no cache to return, so nothing more is done (a
+    full ``gc.collect()`` per trial cost 2.8 s on a busy 2-core machine). With CUDA the
+    caching allocator's blocks go back to the driver (``empty_cache``), and the heap is
+    collected only if more is still allocated than ``allocated_before`` (the bytes before
+    the trial): a reference cycle then holds the failed step's tensors."""
+    if not torch.cuda.is_initialized():
+        return False
+    collected = allocated_before is not None and allocated_cuda_bytes() > allocated_before
+    if collected:
+        gc.collect()
+    torch.cuda.empty_cache()
+    return collected
+
+
 # ------------------------------------------- what a notebook keeps alive, and dropping it
 
 
