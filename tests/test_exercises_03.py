@@ -92,13 +92,9 @@ def positional(batch, device):
     return batch
 
 
-def course_helper(batch, device):
-    return to_device(batch, device)
-
-
 @pytest.mark.parametrize(
     "solution",
-    [recursive_pinned, by_device_type, with_pytree, with_cuda_method, positional, course_helper],
+    [recursive_pinned, by_device_type, with_pytree, with_cuda_method, positional],
 )
 def test_right_answers_written_another_way_pass(nb03, solution, capsys):
     _run_check(nb03, to_gpu=solution)
@@ -149,22 +145,43 @@ def clones_first(batch, device):  # a pageable copy of a pinned tensor: not asyn
 
 
 def mutates(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     for key in extra:
         extra[key] = extra[key].to(device, non_blocking=True)
-    return images.to(device, non_blocking=True), extra, names
+    return images.to(device, non_blocking=True), extra, names, boxes
 
 
 def images_only_async(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     moved = {key: value.to(device) for key, value in extra.items()}
-    return images.to(device, non_blocking=True), moved, names
+    return images.to(device, non_blocking=True), moved, names, boxes
 
 
 def dict_as_list(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     moved = [value.to(device, non_blocking=True) for value in extra.values()]
-    return images.to(device, non_blocking=True), moved, names
+    return images.to(device, non_blocking=True), moved, names, boxes
+
+
+def tuples_only(batch, device):  # issue 35: lists not recursed into
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: tuples_only(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(tuples_only(value, device) for value in batch)
+    return batch
+
+
+def pins_itself(batch, device):  # 03-N11: the loader has pinned already
+    return tree_map(
+        lambda t: t.pin_memory().to(device, non_blocking=True) if torch.is_tensor(t) else t,
+        batch,
+    )
+
+
+def course_helper(batch, device):  # issue 35: the course's own to_device does the exercise
+    return to_device(batch, device, non_blocking=True)
 
 
 @pytest.mark.parametrize(
@@ -178,6 +195,9 @@ def dict_as_list(batch, device):
         (clones_first, "new tensor made from it"),
         (mutates, "changed the dict"),
         (dict_as_list, "same keys"),
+        (tuples_only, r"boxes of the first image .* in a list.* was not copied: .*lists"),
+        (pins_itself, r"pinned the tensors itself .* pin_memory=True has already pinned"),
+        (course_helper, r"called the course's own to_device\(\)"),
     ],
 )
 def test_usual_mistakes_fail_with_feedback_that_names_them(solution, feedback):
