@@ -215,6 +215,30 @@ def good_read_gpu(nvml, index):
         nvml.nvmlShutdown()
 
 
+def true_division_read_gpu(nvml, index):  # issue 35: fractional MiB
+    util, used, total = _bytes(nvml, index)
+    return util, used / 2**20, total / 2**20
+
+
+def rounding_read_gpu(nvml, index):  # issue 35: rounding where the floor is asked
+    util, used, total = _bytes(nvml, index)
+    return util, round(used / 2**20), round(total / 2**20)
+
+
+def _bytes(nvml, index):
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        except nvml.NVMLError_NotSupported:
+            util = None
+        return util, memory.used, memory.total
+    finally:
+        nvml.nvmlShutdown()
+
+
 def gpu0_read_gpu(nvml, index):
     return good_read_gpu(nvml, 0)
 
@@ -280,6 +304,8 @@ def test_read_gpu_check_passes_the_solution(nb02, capsys):
         (no_mig_read_gpu, "under MIG"),
         (no_finally_read_gpu, "try/finally"),
         (no_shutdown_read_gpu, "nvmlShutdown"),
+        (true_division_read_gpu, r"rarely whole MiB: 2047.5 MiB used reads 2047 .* not 2047.5"),
+        (rounding_read_gpu, r"rarely whole MiB: .* not 2048"),
     ],
 )
 def test_read_gpu_check_names_the_mistake(nb02, solution, feedback):
