@@ -6,6 +6,7 @@ runs it: after the notebook's imports, with the learner's functions in its names
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -268,3 +269,32 @@ def test_the_spy_restores_the_methods():
     with pytest.raises(RuntimeError), record_tensor_to(pretend_cuda=True):
         raise RuntimeError("the learner's code failed")
     assert torch.Tensor.to is to and torch.Tensor.cuda is cuda
+
+
+# ------------------------------------------------------------------ (a), issue 35
+
+
+def _run_knee_check(nb03: dict, knee) -> None:
+    rows = [(2, 50.0), (8, 95.0), (32, 100.0)]
+    sweep = SimpleNamespace(  # a measured sweep, its knee from the course's batch_size_sweep
+        fitted=[SimpleNamespace(batch_size=b, samples_per_s=r) for b, r in rows],
+        knee=lambda: SimpleNamespace(batch_size=8),
+    )
+    exec(_grade_cell("03-knee-check"), {**nb03, "knee": knee, "sweep": sweep})
+
+
+def knee_at_least(rows, fraction=0.9):  # right: >= written as a ratio
+    best = max(rate for _, rate in rows)
+    return min(size for size, rate in rows if rate / best >= fraction)
+
+
+def knee_strict(rows, fraction=0.9):  # issue 35: a strict > where "at least" is asked
+    best = max(rate for _, rate in rows)
+    return min(size for size, rate in rows if rate > fraction * best)
+
+
+def test_the_knee_at_exactly_the_fraction(nb03, capsys):
+    _run_knee_check(nb03, knee_at_least)
+    assert "all checks passed" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"exactly half of 1000.*use >=, not >"):
+        _run_knee_check(nb03, knee_strict)
