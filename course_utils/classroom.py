@@ -373,10 +373,10 @@ def exact_tensor(value: Any, what: str) -> torch.Tensor:
     >>> exact_tensor(torch.ones(1), "the output").tolist()
     [1.0]
     >>> class Agreeable(torch.Tensor): ...
-    >>> exact_tensor(torch.ones(1).as_subclass(Agreeable), "the output")
+    >>> exact_tensor(torch.ones(1).as_subclass(Agreeable), "the output")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: the output is a Agreeable, a subclass of torch.Tensor: return a plain torch.Tensor
+    course_utils.classroom.CheckFailed: the output is a Agreeable, a subclass of torch.Tensor: ...
     """
     check(
         isinstance(value, torch.Tensor),
@@ -486,8 +486,8 @@ class FakeClock:
         import timeit
         from unittest import mock
 
-        clocks = {"perf_counter": self.read, "monotonic": self.read, "time": self.read}
-        clocks.update(perf_counter_ns=self.read_ns, monotonic_ns=self.read_ns)
+        clocks: dict[str, Any] = {"perf_counter": self.read, "monotonic": self.read}
+        clocks.update(time=self.read, perf_counter_ns=self.read_ns, monotonic_ns=self.read_ns)
         clocks.update(time_ns=self.read_ns)
         with (
             mock.patch.multiple(time, **clocks),
@@ -508,9 +508,13 @@ def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any])
     cases = [([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]), ([0.4], [0.003, 0.001, 0.007])]
     for warm, timed in cases:
         clock, durations = FakeClock(), iter(warm + timed)
-        calls = []
+        calls: list[int] = []
 
-        def fn(clock: FakeClock = clock, durations: Iterator[float] = durations) -> None:
+        def fn(
+            clock: FakeClock = clock,
+            durations: Iterator[float] = durations,
+            calls: list[int] = calls,
+        ) -> None:
             calls.append(1)
             clock.advance(next(durations, 0.0))
 
@@ -564,12 +568,12 @@ class LooksLikeCuda(torch.Tensor):
     feeds it to code written for a GPU, to see whether the code follows its input's device.
     Results computed from it look like CUDA tensors too."""
 
-    @property  # type: ignore[override]
-    def device(self) -> torch.device:
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
         return torch.device("cuda", 0)
 
-    @property  # type: ignore[override]
-    def is_cuda(self) -> bool:
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
         return True
 
 

@@ -217,7 +217,7 @@ def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
         (list_for_tuple_to_device, "should be a tuple, but it is a list"),
         (top_level_only, r"batch\['extra'\]\[0\] is a tensor on cpu; it should be on meta"),
         (drops_numbers, "should have 2 items, not 1"),
-        (exact_type_to_device, r"tensor on cpu; it should be on meta, given parameters .*isinstance"),
+        (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
         (course_to_device, r"called the course's own to_device\(\)"),
     ],
 )

@@ -270,7 +270,8 @@ def adam_four_bytes(model):  # issue 35: 4 bytes per element assumed (every chec
 
 
 def adam_element_size(model):  # right, written another way
-    return sum(2 * p.nelement() * p.element_size() + 4 for p in model.parameters() if p.requires_grad)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return sum(2 * p.nelement() * p.element_size() + 4 for p in trainable)
 
 
 def rounded_batch(budget, static, per_sample):  # issue 35: rounding where the floor is asked
@@ -304,9 +305,10 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
     ("grade_id", "name", "answer", "feedback"),
     [
         ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
-         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .* p.element_size\(\) bytes .* not always 4"),
+         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .* element_size\(\) bytes .* not always 4"),
         ("04-batch-budget-check", "largest_batch", rounded_batch, r"7.5 samples' worth .* 7 fit"),
-        ("04-batch-budget-check", "largest_batch", split_floor_batch, r"flooring each part gives 8"),
+        ("04-batch-budget-check", "largest_batch", split_floor_batch,
+         r"flooring each part gives 8"),
     ],
 )
 def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
