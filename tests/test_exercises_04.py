@@ -305,7 +305,7 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
     ("grade_id", "name", "answer", "feedback"),
     [
         ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
-         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .* element_size\(\) bytes .* not always 4"),
+         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .*element_size\(\) bytes .* not always 4"),
         ("04-batch-budget-check", "largest_batch", rounded_batch, r"7.5 samples' worth .* 7 fit"),
         ("04-batch-budget-check", "largest_batch", split_floor_batch,
          r"flooring each part gives 8"),
