@@ -625,8 +625,8 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
 
 def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> str | None:
     """What is wrong with a Trainer's ``optimizers`` for plain SGD at ``lr``, in plain words
-    (``None``: one ``torch.optim.SGD``, no momentum, learning rate ``lr`` before any
-    scheduler changed it)."""
+    (``None``: one ``torch.optim.SGD``, no momentum or weight decay, learning rate ``lr``
+    before any scheduler changed it)."""
     if len(optimizers) != 1:
         return f"configure_optimizers should give one optimizer, not {len(optimizers)}"
     optimizer = optimizers[0]
@@ -638,4 +638,9 @@ def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) ->
         return f"the optimizer's learning rate is {used}, but self.lr is {lr}: pass lr=self.lr"
     if group.get("momentum", 0.0) or group.get("nesterov"):
         return "plain SGD here: leave out momentum (the check compares with plain SGD)"
+    if group.get("weight_decay", 0.0):
+        return (
+            f"plain SGD here: leave out weight_decay (yours is {group['weight_decay']:g}; the "
+            "check compares with SGD without it)"
+        )
     return None
