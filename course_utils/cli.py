@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--check", action="store_true", help="only check what the run needs (exit 0: ready)"
     )
+    record.add_argument(
+        "--validate", type=Path, metavar="FILE", help="only check that FILE is a valid record"
+    )
 
     smi = command("smi", "parse or explain nvidia-smi output")
     smi.add_argument("action", choices=("parse", "explain"))
@@ -219,6 +222,11 @@ def _gpu_record(args: argparse.Namespace) -> int:
     for name, value in limits.items():
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number of seconds, not {value:g}")
+    if args.validate:
+        from course_utils.records import load_record, record_label
+
+        print(f"a valid GPU record: {record_label(load_record(args.validate))}")
+        return 0  # RecordError is a ValueError: one line, exit 2
     if args.check:
         gpu_record.check_ready()
         print(

@@ -311,6 +311,7 @@ def run_one_notebook(
         progress=progress,
         deadline=deadline,
         kernel_name=kernel,
+        render=False,  # the record needs the figures, not web pages (nor nbconvert)
     )
     claims: list[dict[str, Any]] = []
     executed = out / path.name

@@ -56,10 +56,11 @@ def run_notebook(
     progress: TextIO,
     deadline: float | None = None,
     kernel_name: str = "python3",
+    render: bool = True,
 ) -> NotebookResult:
     """Execute one notebook in its own folder and save the executed copy in ``out_dir``.
     ``deadline`` (``time.monotonic()``): no cell runs past it (the notebook's time limit);
-    ``kernel_name``: the Jupyter kernel to run it in."""
+    ``kernel_name``: the Jupyter kernel to run it in; ``render``: write an HTML copy."""
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as failure:  # not JSON, not a notebook, an unknown format version
@@ -105,7 +106,9 @@ def run_notebook(
     nbformat.write(notebook, out_dir / path.name)
     if live:
         progress.write("\r")
-    rendering = render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent)
+    rendering = None
+    if render:
+        rendering = render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent)
     measurements, plots = measurements_in_notebook(notebook), plots_in_notebook(notebook)
     status = "failed" if error else "ok"
     return NotebookResult(str(path), status, seconds, error, measurements, plots, rendering)
@@ -118,7 +121,10 @@ def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
         from nbconvert import HTMLExporter  # lazy: optional (jupyterlab or the classroom extra)
     except ImportError:  # a bare runner (the GPU record needs no web pages)
         return None
-    exporter = HTMLExporter(template_name="lab")
+    try:
+        exporter = HTMLExporter(template_name="lab")  # no such template: no rendering
+    except Exception:
+        return None
     level = exporter.log.level
     exporter.log.setLevel(logging.ERROR)  # not "alternative text is missing" for every plot
     try:

@@ -2,9 +2,9 @@
 
 The README (landing page), the notebooks as ``make course`` executed them, the instructor
 guide, the run report and the GPU comparison (the GPU records shipped in
-``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary folder and built by mkdocs
-(``website/mkdocs.yml``). Nothing is executed; the site loads nothing from another host
-and works from disk or under any sub-path.
+``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary
+folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
+nothing from another host and works from disk or under any sub-path.
 """
 
 from __future__ import annotations
