@@ -215,7 +215,7 @@ def _run_notebooks(args: argparse.Namespace) -> int:
 
 
 def _gpu_record(args: argparse.Namespace) -> int:
-    from course_utils import gpu_record  # imports nothing outside the package until it checks
+    from course_utils import gpu_record  # lazy: keeps the other commands' start fast
 
     limits = {"--budget-s": args.budget_s, "--notebook-timeout-s": args.notebook_timeout_s}
     limits["--tests-timeout-s"] = args.tests_timeout_s
@@ -223,7 +223,7 @@ def _gpu_record(args: argparse.Namespace) -> int:
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number of seconds, not {value:g}")
     if args.validate:
-        from course_utils.records import load_record, record_label
+        from course_utils.records import load_record, record_label  # lazy: only --validate
 
         print(f"a valid GPU record: {record_label(load_record(args.validate))}")
         return 0  # RecordError is a ValueError: one line, exit 2

@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
-from course_utils.records import SCHEMA_ID, Record, validate_record
+import course_utils
+from course_utils.claims import claims_in_notebook
+from course_utils.records import SCHEMA_ID, Record, notebook_key, validate_record
 
 # The order notebooks run in, most informative per GPU-minute first, so that a short slot
 # (9 minutes) records what matters most: 09, 04, 03 and 08 hold the GPU-only checks the
@@ -195,8 +197,6 @@ def torch_gpus() -> list[dict[str, Any]]:
 
 def course_version(where: Path) -> dict[str, Any]:
     """The course's commit (git, when ``where`` is in a checkout) and package version."""
-    from course_utils import __version__
-
     commit = dirty = None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         head = subprocess.run(
@@ -214,7 +214,7 @@ def course_version(where: Path) -> dict[str, Any]:
                 timeout=20,
             )
             dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": commit, "dirty": dirty, "version": __version__}
+    return {"commit": commit, "dirty": dirty, "version": course_utils.__version__}
 
 
 # ------------------------------------------------------------------ the run
@@ -222,8 +222,6 @@ def course_version(where: Path) -> dict[str, Any]:
 
 def order_notebooks(paths: Sequence[Path], gpu_count: int = 1) -> list[Path]:
     """``paths`` in :data:`ORDER` (others after, by name); 06 second with 2+ GPUs."""
-    from course_utils.records import notebook_key
-
     order = list(ORDER)
     if gpu_count >= 2:
         order.remove(MULTI_GPU_NOTEBOOK)
@@ -298,10 +296,9 @@ def run_one_notebook(
     path: Path, out: Path, limit_s: float, kernel: str, progress: TextIO
 ) -> dict[str, Any]:
     """Run one notebook within ``limit_s``; its record entry (figures and verdicts)."""
-    import nbformat
+    import nbformat  # lazy: the runner's packages, checked by check_ready() first
 
-    from course_utils.claims import claims_in_notebook
-    from course_utils.runner import run_notebook
+    from course_utils.runner import run_notebook  # lazy: imports nbclient (likewise)
 
     deadline = time.monotonic() + limit_s
     result = run_notebook(
@@ -358,8 +355,8 @@ def gpu_record(
 ) -> tuple[Path, Record]:
     """Check, then run the tests and notebooks and write the record after each step;
     return the record's path and the record (``outcome``: passed or failed)."""
-    from course_utils.env import doctor, format_doctor
-    from course_utils.runner import find_notebooks
+    from course_utils.env import doctor, format_doctor  # lazy: imports torch (checked first)
+    from course_utils.runner import find_notebooks  # lazy: imports nbclient (likewise)
 
     check_ready()
     start = clock()

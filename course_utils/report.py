@@ -20,6 +20,8 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
+from course_utils.records import format_value, recorded_gpu_figures
+
 MEASUREMENT_MIME = "application/vnd.course-utils.measurement+json"
 PLOT_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 
@@ -140,8 +142,6 @@ def write_report(
 
 def _recorded_html(notebook: str, records: list[dict[str, Any]]) -> str:
     """A notebook's figures from the GPU records, each record's label once."""
-    from course_utils.records import format_value, recorded_gpu_figures
-
     blocks = recorded_gpu_figures(notebook, records=records, show=False)
     if not blocks:
         return "<small>none recorded yet</small>"

@@ -23,6 +23,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from course_utils import workload
 from course_utils.progress import ENV_VAR as PROGRESS_VAR
+from course_utils.records import load_records
 from course_utils.report import (
     NotebookResult,
     measurements_in_notebook,
@@ -168,8 +169,6 @@ def run_course(
             results.append(result)
         environment = doctor()
         environment["workload"] = size
-    from course_utils.records import load_records
-
     report = write_report(results, environment, out_dir, load_records())
     failed = sum(result.status != "ok" for result in results)
     progress.write(f"Report: {report} ({failed} notebook(s) failed)\n")
