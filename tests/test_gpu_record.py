@@ -452,3 +452,55 @@ def test_the_site_builds_the_gpu_comparison_page_from_the_records(tmp_path):
     page = (tmp_path / "site" / "gpu-comparison.html").read_text(encoding="utf-8")
     assert "GPUs compared" in page and "512,000 tokens/s" in page and "41,000 tokens/s" in page
     assert "<table>" in page
+
+
+# --- the device script ----------------------------------------------------------------------
+
+def fake_gpu_python(folder: Path) -> Path:
+    """A "python" whose ``-m course_utils`` sees a faked T4 (the device script's PY)."""
+    harness = folder / "harness.py"
+    harness.write_text(IMPORTS_OF_A_RUN)
+    python = folder / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-m" ] && [ "$2" = "course_utils" ]; then shift 2; '
+        f'exec {sys.executable} {harness} "$@"; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.slow
+def test_the_device_script_stops_with_one_line_without_a_gpu(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-record-device.sh")], capture_output=True, text=True,
+        timeout=300, cwd=ROOT, env={**os.environ, **NO_GPU_ENV, "OUT": str(out),
+                                    "PY": sys.executable},
+    )
+    assert done.returncode == 1
+    assert "error: gpu-record needs a GPU this torch can use" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "missing.txt"]
+    assert (out / "missing.txt").read_text() == "nothing\n"
+
+
+@pytest.mark.slow
+def test_the_device_script_brings_back_the_record_with_a_faked_gpu(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    every_claim_holds = MEASURE_AND_CLAIM.replace("0.9, at_least", "1.2, at_least")
+    stand_in(notebooks, "09_tiny.ipynb", every_claim_holds)
+    python = fake_gpu_python(tmp_path)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": str(python),
+           "GPU_RECORD_NOTEBOOKS": str(notebooks), "GPU_RECORD_ARGS": "--no-tests --budget-s 300"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run(["bash", str(ROOT / ".ci" / "gpu-record-device.sh")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) <= 8 and all(p.is_file() for p in out.iterdir())  # the device's limits
+    (record_name,) = [name for name in names if name.startswith("gpu-record-tesla-t4")]
+    assert {"log.txt", "doctor.txt", "notebooks.tar.gz"} <= set(names)
+    record = load_record(out / record_name)
+    assert record["outcome"] == "passed" and record["notebooks"][0]["claims"][1]["held"]
