@@ -90,6 +90,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workload", choices=workload.CHOICES, help=f"(default: ${workload.ENV_VAR})")
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
 
+    record = command(
+        "gpu-record",
+        "run the course on this GPU and write the GPU record (JSON)",
+        "build/gpu-record",
+        description="Run the doctor's --require-gpu check, the gpu/multigpu tests and every "
+        "notebook at the full workload on the torch and GPU that are here (nothing installed, "
+        "no network), most informative notebooks first, and write the record after each "
+        "step. Exit 1 if anything failed or a GPU claim did not hold.",
+    )
+    record.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    record.add_argument("--budget-s", type=float, default=3600, help="the whole run (3600)")
+    record.add_argument("--notebook-timeout-s", type=float, default=900, help="each notebook (900)")
+    record.add_argument("--tests", type=Path, default=Path("tests"), help="the tests folder")
+    record.add_argument("--no-tests", action="store_true", help="run no tests")
+    record.add_argument("--tests-timeout-s", type=float, default=300, help="the tests (300)")
+    record.add_argument(
+        "--check", action="store_true", help="only check what the run needs (exit 0: ready)"
+    )
+    record.add_argument(
+        "--validate", type=Path, metavar="FILE", help="only check that FILE is a valid record"
+    )
+
     smi = command("smi", "parse or explain nvidia-smi output")
     smi.add_argument("action", choices=("parse", "explain"))
     smi.add_argument("file", help="a file of nvidia-smi output, or - for standard input")
@@ -169,10 +191,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from course_utils.env import doctor, format_doctor  # lazy: imports torch
 
     if args.require_gpu:
-        from course_utils.device import cuda_gpu_count, no_gpu_reason  # lazy: imports torch
+        from course_utils.gpu_record import require_gpu  # lazy: imports torch
 
-        if cuda_gpu_count() == 0:
-            raise RuntimeError(f"the GPU lane needs a GPU this torch can use; {no_gpu_reason()}")
+        require_gpu()
     report = doctor()
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return 0
@@ -224,6 +245,46 @@ def _run_notebooks(args: argparse.Namespace) -> int:
 
     failed = run_course(args.paths, args.out, args.workload, args.cell_timeout)
     return min(1, failed)
+
+
+def _gpu_record(args: argparse.Namespace) -> int:
+    from course_utils import gpu_record  # lazy: keeps the other commands' start fast
+
+    limits = {"--budget-s": args.budget_s, "--notebook-timeout-s": args.notebook_timeout_s}
+    limits["--tests-timeout-s"] = args.tests_timeout_s
+    for name, value in limits.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, not {value:g}")
+    if args.validate:
+        from course_utils.records import load_record, record_label  # lazy: only --validate
+
+        print(f"a valid GPU record: {record_label(load_record(args.validate))}")
+        return 0  # RecordError is a ValueError: one line, exit 2
+    if args.check:
+        gpu_record.check_ready()
+        print(
+            f"gpu-record: ready (every package is here and torch can use a GPU: {sys.executable})"
+        )
+        return 0
+    settings = gpu_record.Settings(
+        out=args.out,
+        notebooks=args.paths,
+        tests=None if args.no_tests else args.tests,
+        budget_s=args.budget_s,
+        notebook_timeout_s=args.notebook_timeout_s,
+        tests_timeout_s=args.tests_timeout_s,
+    )
+    path, record = gpu_record.gpu_record(settings)
+    print(gpu_record.summary(path, record))
+    if record["failures"]:
+        problems = record["failures"]
+        shown = "; ".join(problems[:3]) + (
+            f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        )
+        raise RuntimeError(
+            f"the GPU record's run failed ({shown}); the record keeps every figure: {path}"
+        )
+    return 0
 
 
 def _smi(args: argparse.Namespace) -> int:
@@ -367,6 +428,7 @@ HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
     "run-notebooks": _run_notebooks,
+    "gpu-record": _gpu_record,
     "smi": _smi,
     "ddp-check": _ddp_check,
     "student": _student,

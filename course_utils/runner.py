@@ -8,6 +8,7 @@ go to ``<out>/notebooks/`` with an HTML rendering beside each, and ``<out>/repor
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 from course_utils import workload
 from course_utils.progress import ENV_VAR as PROGRESS_VAR
+from course_utils.records import load_records
 from course_utils.report import (
     NotebookResult,
     measurements_in_notebook,
@@ -48,9 +50,18 @@ def find_notebooks(paths: Sequence[Path]) -> list[Path]:
 
 
 def run_notebook(
-    path: Path, out_dir: Path, *, cell_timeout_s: int, progress: TextIO
+    path: Path,
+    out_dir: Path,
+    *,
+    cell_timeout_s: int,
+    progress: TextIO,
+    deadline: float | None = None,
+    kernel_name: str = "python3",
+    render: bool = True,
 ) -> NotebookResult:
-    """Execute one notebook in its own folder and save the executed copy in ``out_dir``."""
+    """Execute one notebook in its own folder and save the executed copy in ``out_dir``.
+    ``deadline`` (``time.monotonic()``): no cell runs past it (the notebook's time limit);
+    ``kernel_name``: the Jupyter kernel to run it in; ``render``: write an HTML copy."""
     try:
         notebook = nbformat.read(path, as_version=4)
     except Exception as failure:  # not JSON, not a notebook, an unknown format version
@@ -67,10 +78,16 @@ def run_notebook(
             progress.write(f"\r  {path.name}: cell {done}/{code_cells} ")
             progress.flush()
 
+    def cell_timeout(_: Any) -> int:  # what is left of the notebook's time, at most
+        if deadline is None:
+            return cell_timeout_s
+        return max(1, min(cell_timeout_s, math.ceil(deadline - time.monotonic())))
+
     client = NotebookClient(
         notebook,
         timeout=cell_timeout_s,
-        kernel_name="python3",
+        timeout_func=cell_timeout,
+        kernel_name=kernel_name,
         resources={"metadata": {"path": str(path.parent.resolve())}},
         on_cell_executed=on_cell_executed,
     )
@@ -90,7 +107,9 @@ def run_notebook(
     nbformat.write(notebook, out_dir / path.name)
     if live:
         progress.write("\r")
-    rendering = render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent)
+    rendering = None
+    if render:
+        rendering = render_html(notebook, out_dir / f"{path.stem}.html", out_dir.parent)
     measurements, plots = measurements_in_notebook(notebook), plots_in_notebook(notebook)
     status = "failed" if error else "ok"
     return NotebookResult(str(path), status, seconds, error, measurements, plots, rendering)
@@ -99,9 +118,14 @@ def run_notebook(
 def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
     """Write ``notebook`` as a web page (nbconvert's lab template, images embedded);
     return its path relative to ``relative_to``, or None if nbconvert failed."""
-    from nbconvert import HTMLExporter  # lazy: optional (jupyterlab or the classroom extra)
-
-    exporter = HTMLExporter(template_name="lab")
+    try:
+        from nbconvert import HTMLExporter  # lazy: optional (jupyterlab or the classroom extra)
+    except ImportError:  # a bare runner (the GPU record needs no web pages)
+        return None
+    try:
+        exporter = HTMLExporter(template_name="lab")  # no such template: no rendering
+    except Exception:
+        return None
     level = exporter.log.level
     exporter.log.setLevel(logging.ERROR)  # not "alternative text is missing" for every plot
     try:
@@ -145,7 +169,7 @@ def run_course(
             results.append(result)
         environment = doctor()
         environment["workload"] = size
-    report = write_report(results, environment, out_dir)
+    report = write_report(results, environment, out_dir, load_records())
     failed = sum(result.status != "ok" for result in results)
     progress.write(f"Report: {report} ({failed} notebook(s) failed)\n")
     return failed

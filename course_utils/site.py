@@ -1,9 +1,10 @@
 """The course website (``make site``): the executed notebooks, searchable, in a browser.
 
 The README (landing page), the notebooks as ``make course`` executed them, the instructor
-guide and the run report are staged in a temporary folder and built by mkdocs
-(``website/mkdocs.yml``). Nothing is executed; the site loads nothing from another host
-and works from disk or under any sub-path.
+guide, the run report and the GPU comparison (the GPU records shipped in
+``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary
+folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
+nothing from another host and works from disk or under any sub-path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from course_utils.records import Record, load_records
+from course_utils.records.compare import comparison_page
 
 WEBSITE = Path(__file__).resolve().parent.parent / "website"
 # Shipped with every site (website/): styles, the Colab badge, the search shim for file://
@@ -44,10 +48,18 @@ def notebook_title(path: Path) -> str:
     return path.stem
 
 
-def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[NavItem]:
+def stage(
+    root: Path,
+    notebooks: Path,
+    report: Path | None,
+    docs: Path,
+    records: list[Record] | None = None,
+) -> list[NavItem]:
     """Lay out the site's pages under ``docs``; return mkdocs's ``nav`` for them.
+    ``records``: the GPU records to compare (default: those shipped in the package).
 
-    Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook.
+    Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook, and
+    ``RecordError`` (a ``ValueError``) when a GPU record is not valid.
     """
     executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
     if not executed:
@@ -79,22 +91,32 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
             encoding="utf-8",
         )
         nav.append({"Run report": "run-report.md"})
+    records = load_records() if records is None else records
+    (docs / "gpu-comparison.md").write_text(comparison_page(records), encoding="utf-8")
+    nav.append({"GPUs compared": "gpu-comparison.md"})
     for asset in ASSETS:
         (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
     return nav
 
 
-def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
+def build_site(
+    root: Path,
+    notebooks: Path,
+    out: Path,
+    report: Path | None = None,
+    records: list[Record] | None = None,
+) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
-    landing page. ``root`` is the course checkout (README, docs)."""
+    landing page. ``root`` is the course checkout (README, docs); ``records``: the GPU
+    records to compare (default: those shipped in the package)."""
     # lazy: optional (site extra)
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
         docs = Path(staging) / "docs"
-        nav = stage(root, notebooks, report, docs)
+        nav = stage(root, notebooks, report, docs, records)
         site_dir = str(out.resolve())
         build(
             load_config(str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=site_dir, nav=nav)
