@@ -82,7 +82,7 @@ def answers_left(notebook: dict[str, Any]) -> list[str]:
     return found
 
 
-def stage(
+def stage_branch(
     root: Path, out: Path, *, repo: str, ref: str, branch: str, answers: bool = False
 ) -> list[Path]:
     """Write into the empty folder ``out`` the files of the published branch ``branch``
@@ -229,7 +229,7 @@ def publish(
         raise ValueError(f"--branch {branch} would replace the course's source")
     with tempfile.TemporaryDirectory(prefix="course-published-") as scratch:
         files = Path(scratch) / "files"
-        notebooks = stage(root, files, repo=repo, ref=ref, branch=branch, answers=answers)
+        notebooks = stage_branch(root, files, repo=repo, ref=ref, branch=branch, answers=answers)
         kind = "with their answers" if answers else "student versions"
         message = f"The course's notebooks for Colab ({kind}), from {repo}@{ref}"
         commit, pushed, orphan = commit_and_push(
