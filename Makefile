@@ -71,8 +71,12 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 student: env
 	$(PY) -m course_utils student notebooks --out build/student
 
+# JupyterLab as learners get it: jupyter-config/ (first in JUPYTER_CONFIG_PATH) turns off
+# nbgrader's lab extension (its menu, "Validate" button and "Create Assignment" panel),
+# which the lock installs for instructors; `.venv/bin/jupyter lab` shows it.
 lab: env
-	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
 
 # The GPU record (README: "The GPU record"): the doctor's check, the gpu/multigpu tests and
 # every notebook at the full workload, strict GPU claims, record in build/gpu-lane/. Runs on

@@ -85,10 +85,34 @@ def _parser() -> argparse.ArgumentParser:
     badges.add_argument("--branch", help="where badges open notebooks (default: --ref, or main)")
     badges.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
+    publish = command(
+        "publish",
+        "write the learners' branch (colab: student versions) and push it",
+        None,
+        description="Write a branch holding only the notebooks (student versions: no "
+        "solution, no hidden test; with --answers the full notebooks), colab_setup.sh and "
+        "README.md, their setup cells installing the course from --repo at --ref, and push "
+        "it to the remote. The branch never holds a workflow file (GitHub refuses a workflow "
+        "token's push that changes one). .github/workflows/publish.yml runs this.",
+    )
+    publish.add_argument("--repo", required=True, help="the repository, as OWNER/NAME")
+    publish.add_argument("--ref", required=True, help="the commit the setup cells install")
+    publish.add_argument("--branch", default="colab", help="the branch to write (colab)")
+    publish.add_argument(
+        "--answers", action="store_true", help="the full notebooks (a solutions branch)"
+    )
+    publish.add_argument("--remote", default="origin", help="where to push (origin)")
+    publish.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
+
     run = command("run-notebooks", "execute notebooks and write a report", "build")
     run.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
     run.add_argument("--workload", choices=workload.CHOICES, help=f"(default: ${workload.ENV_VAR})")
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
+    run.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep executed copies in --out whose notebook, package and workload are unchanged",
+    )
 
     record = command(
         "gpu-record",
@@ -130,6 +154,11 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("notebooks", nargs="?", type=Path, default=Path("build/notebooks"))
     site.add_argument("--report", type=Path, default=Path("build/report.html"))
     site.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
+    site.add_argument(
+        "--answers",
+        action="store_true",
+        help="keep the exercises' answers (default: student versions, for learners)",
+    )
 
     grade = command("grade", "score a submitted notebook's exercise checks", None)
     grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or more)")
@@ -240,10 +269,33 @@ def _badges(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publish(args: argparse.Namespace) -> int:
+    from course_utils.publish import publish  # lazy: nbgrader (student versions)
+
+    done = publish(
+        args.root,
+        repo=args.repo,
+        ref=args.ref,
+        branch=args.branch,
+        answers=args.answers,
+        remote=args.remote,
+    )
+    kind = "with their answers" if args.answers else "student versions"
+    if not done.pushed:
+        print(f"{args.branch}: unchanged ({done.commit[:12]}), nothing pushed")
+    else:
+        history = "a new history" if done.orphan else "on top of the previous one"
+        print(
+            f"{args.branch}: {done.notebooks} notebook(s) ({kind}) installing from "
+            f"{args.repo}@{args.ref}, pushed to {args.remote} as {done.commit[:12]} ({history})"
+        )
+    return 0
+
+
 def _run_notebooks(args: argparse.Namespace) -> int:
     from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
-    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout)
+    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout, reuse=args.reuse)
     return min(1, failed)
 
 
@@ -419,7 +471,7 @@ def _site(args: argparse.Namespace) -> int:
     mkdocs_log.addHandler(logging.StreamHandler())
     mkdocs_log.setLevel(logging.WARNING)
     started = time.perf_counter()
-    page = build_site(args.root, args.notebooks, args.out, args.report)
+    page = build_site(args.root, args.notebooks, args.out, args.report, answers=args.answers)
     print(f"site built in {time.perf_counter() - started:.1f} s: open {page}")
     return 0
 
@@ -427,6 +479,7 @@ def _site(args: argparse.Namespace) -> int:
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
+    "publish": _publish,
     "run-notebooks": _run_notebooks,
     "gpu-record": _gpu_record,
     "smi": _smi,

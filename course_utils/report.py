@@ -46,11 +46,11 @@ class Measurement:
         return f"{self.name}: {shown}{unit}"
 
 
-def record_measurement(
-    name: str, value: float | int | str, unit: str = "", *, label: str
-) -> Measurement:
+def record_measurement(name: str, value: float | int | str, unit: str = "", *, label: str) -> None:
     """Show a measured number in the notebook and mark it for the course report (outside
-    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`)."""
+    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`).
+    Returns None, so that a cell ending with this call shows the line once (no echo of a
+    ``Measurement(...)``); :func:`measurements_in_notebook` reads them back."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"measurement {name!r} is not a finite number: {value}")
     measurement = Measurement(name, value, unit, label)
@@ -59,7 +59,6 @@ def record_measurement(
         display(bundle, raw=True)
     else:
         print(measurement)
-    return measurement
 
 
 def output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -3,10 +3,15 @@
 Each notebook runs in a fresh kernel on whatever hardware is present; the executed copies
 go to ``<out>/notebooks/`` with an HTML rendering beside each, and ``<out>/report.html``
 (:mod:`course_utils.report`) sums them up. A failing notebook does not stop the others.
+With ``reuse`` (``run-notebooks --reuse``, the website's workflow), a notebook whose
+executed copy ran without error from the same inputs (the notebook's file, every file of
+the package, the workload) is not run again: the copy records their SHA-256.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -138,14 +143,60 @@ def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
     return target.relative_to(relative_to).as_posix()
 
 
+#: Where an executed copy records what it was run from (its notebook metadata).
+RUN_METADATA = "course_run"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def inputs_sha256(path: Path, size: str) -> str:
+    """The SHA-256 of what an executed copy of ``path`` depends on: the notebook's file,
+    every file of the ``course_utils`` package and the workload ``size``."""
+    digest = hashlib.sha256(f"workload={size}\n".encode())
+    digest.update(path.read_bytes())
+    for file in sorted(_PACKAGE.rglob("*")):
+        if file.is_file() and "__pycache__" not in file.parts:
+            digest.update(file.relative_to(_PACKAGE).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def _stamp(executed: Path, key: str, seconds: float) -> None:
+    """Record in the executed copy that it ran without error from inputs ``key``."""
+    data = json.loads(executed.read_text(encoding="utf-8"))
+    data.setdefault("metadata", {})[RUN_METADATA] = {
+        "inputs_sha256": key,
+        "seconds": round(seconds, 1),
+    }
+    executed.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def reusable(path: Path, out_dir: Path, key: str) -> NotebookResult | None:
+    """The result of the executed copy of ``path`` in ``out_dir`` if it ran without error
+    from the inputs ``key`` (and its web page is there), else None."""
+    executed, page = out_dir / path.name, out_dir / f"{path.stem}.html"
+    try:
+        data = json.loads(executed.read_text(encoding="utf-8"))
+        stamp = data["metadata"][RUN_METADATA]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("inputs_sha256") != key or not page.is_file():
+        return None
+    rendering = page.relative_to(out_dir.parent).as_posix()
+    measurements, plots = measurements_in_notebook(data), plots_in_notebook(data)
+    seconds = float(stamp.get("seconds", 0.0))
+    return NotebookResult(str(path), "ok", seconds, None, measurements, plots, rendering)
+
+
 def run_course(
     paths: Sequence[Path],
     out_dir: Path,
     workload_name: str | None = None,
     cell_timeout_s: int = 1800,
     progress: TextIO = sys.stdout,
+    reuse: bool = False,
 ) -> int:
-    """Execute every notebook, write the report, and return how many notebooks failed."""
+    """Execute every notebook, write the report, and return how many notebooks failed.
+    ``reuse``: keep the executed copies whose inputs did not change (see the module doc)."""
     from course_utils.env import doctor  # lazy: imports torch (student imports this module)
 
     notebooks = find_notebooks(paths)
@@ -156,11 +207,22 @@ def run_course(
         size = workload.workload()
         progress.write(f"Running {len(notebooks)} notebook(s), workload '{size}'\n")
         for number, path in enumerate(notebooks, start=1):
+            key = inputs_sha256(path, size) if reuse else ""
+            kept = reusable(path, out_dir / "notebooks", key) if reuse else None
+            if kept is not None:
+                progress.write(
+                    f"[{number}/{len(notebooks)}] {path.name}: reused (its inputs did not "
+                    f"change since it ran without error in {kept.seconds:.1f} s)\n"
+                )
+                results.append(kept)
+                continue
             progress.write(f"[{number}/{len(notebooks)}] {path.name} ...\n")
             progress.flush()
             result = run_notebook(
                 path, out_dir / "notebooks", cell_timeout_s=cell_timeout_s, progress=progress
             )
+            if reuse and result.status == "ok":
+                _stamp(out_dir / "notebooks" / path.name, key, result.seconds)
             tail = f" -- {result.error.splitlines()[-1]}" if result.error else ""
             progress.write(
                 f"[{number}/{len(notebooks)}] {path.name}: {result.status} in "

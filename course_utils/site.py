@@ -4,7 +4,9 @@ The README (landing page), the notebooks as ``make course`` executed them, the i
 guide, the run report and the GPU comparison (the GPU records shipped in
 ``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary
 folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
-nothing from another host and works from disk or under any sub-path.
+nothing from another host and works from disk or under any sub-path. The site is for
+learners: its notebooks are student versions (no solution, no hidden check, no exercise
+output), unless built with ``answers=True`` (``--answers``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from course_utils.colab import README_BADGE_LINE
 from course_utils.records import Record, load_records
 from course_utils.records.compare import comparison_page
 
@@ -54,9 +57,12 @@ def stage(
     report: Path | None,
     docs: Path,
     records: list[Record] | None = None,
+    *,
+    answers: bool = True,
 ) -> list[NavItem]:
     """Lay out the site's pages under ``docs``; return mkdocs's ``nav`` for them.
-    ``records``: the GPU records to compare (default: those shipped in the package).
+    ``records``: the GPU records to compare (default: those shipped in the package);
+    ``answers`` False: the notebooks as student versions.
 
     Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook, and
     ``RecordError`` (a ``ValueError``) when a GPU record is not valid.
@@ -65,11 +71,14 @@ def stage(
     if not executed:
         raise FileNotFoundError(f"no executed notebooks in {notebooks}: run make course first")
     (docs / "notebooks").mkdir(parents=True)
-    shutil.copy2(root / "README.md", docs / "index.md")
+    _write_landing_page(root / "README.md", docs / "index.md")
     nav: list[NavItem] = [{"Home": "index.md"}]
     pages: list[NavItem] = []
     for notebook in executed:
-        shutil.copy2(notebook, docs / "notebooks" / notebook.name)
+        if answers:
+            shutil.copy2(notebook, docs / "notebooks" / notebook.name)
+        else:
+            _write_without_answers(notebook, docs / "notebooks" / notebook.name)
         pages.append({notebook_title(notebook): f"notebooks/{notebook.name}"})
     nav.append({"Notebooks": pages})
     guide = root / "docs" / "instructor-guide.md"
@@ -100,23 +109,53 @@ def stage(
     return nav
 
 
+#: What the README's Colab line says on the site (the README's links to the published
+#: branches are relative to GitHub's pages of the repository, not to the site's).
+SITE_BADGE_LINE = (
+    '*Open in Colab:* every notebook\'s page has its "Open in Colab" badge, which opens the '
+    "notebook from the course's `colab` branch."
+)
+
+
+def _write_landing_page(readme: Path, target: Path) -> None:
+    """The README as the landing page, its unpublished Colab line (line 3) made the site's."""
+    lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+    if len(lines) >= 3 and lines[2].rstrip("\n") == README_BADGE_LINE:
+        lines[2] = SITE_BADGE_LINE + "\n"
+    target.write_text("".join(lines), encoding="utf-8")
+
+
+def _write_without_answers(executed: Path, target: Path) -> None:
+    # lazy: nbgrader (classroom extra)
+    from course_utils.instructor.student import (
+        executed_student_version,
+        read_notebook,
+        write_notebook,
+    )
+
+    write_notebook(executed_student_version(read_notebook(executed)), target)
+
+
 def build_site(
     root: Path,
     notebooks: Path,
     out: Path,
     report: Path | None = None,
     records: list[Record] | None = None,
+    *,
+    answers: bool = True,
 ) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
     landing page. ``root`` is the course checkout (README, docs); ``records``: the GPU
-    records to compare (default: those shipped in the package)."""
+    records to compare (default: those shipped in the package); ``answers`` False: a
+    site for learners (see the module doc)."""
     # lazy: optional (site extra)
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
         docs = Path(staging) / "docs"
-        nav = stage(root, notebooks, report, docs, records)
+        nav = stage(root, notebooks, report, docs, records, answers=answers)
         site_dir = str(out.resolve())
         build(
             load_config(str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=site_dir, nav=nav)
