@@ -69,13 +69,14 @@ class Recipe:
         >>> SLOW.as_run_on("cuda") == SLOW.changed(pin_memory=True).as_run_on("cuda")
         False
         """
-        if torch.device(device).type == "cuda":
+        kind = torch.device(device).type
+        if kind == "cuda":
             return self
         return replace(
             self,
             pin_memory=False,
-            precision="fp32",
-            item_every_step=False,
+            precision="fp32" if self.precision == "auto" else self.precision,
+            item_every_step=self.item_every_step and kind != "cpu",  # MPS: .item() waits
             empty_cache_every_step=False,
         )
 

@@ -232,6 +232,8 @@ def test_gpu_only_knobs_change_nothing_on_a_cpu_and_everything_on_a_gpu():
         assert once.changed(**knobs).as_run_on("cuda:0") != once.as_run_on("cuda:0")
     assert once.changed(batch_size=8).as_run_on("cpu") != once.as_run_on("cpu")
     assert once.changed(whole_batches=True).as_run_on("cpu") != once.as_run_on("cpu")
+    assert once.changed(precision="bf16").as_run_on("cpu") != once.as_run_on("cpu")  # asked
+    assert once.changed(item_every_step=False).as_run_on("mps") != once.as_run_on("mps")
 
 
 def test_the_steps_rate_leaves_out_the_set_up():
