@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
@@ -150,18 +151,15 @@ def children_cpu_s() -> float:
     running (read through psutil). The difference of two readings is what the children
     spent in between, whether they exited in between or not."""
     total = 0.0
-    with contextlib.suppress(ImportError):  # no ``resource`` module on Windows
-        import resource
+    with contextlib.suppress(ImportError):
+        import resource  # lazy: POSIX only (no such module on Windows)
 
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
         total += reaped.ru_utime + reaped.ru_stime
-    with contextlib.suppress(ImportError):
-        import psutil
-
-        for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):  # it exited while we looked
-                times = child.cpu_times()
-                total += times.user + times.system
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # it exited while we looked
+            times = child.cpu_times()
+            total += times.user + times.system
     return total
 
 
