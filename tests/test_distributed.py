@@ -190,15 +190,17 @@ print("[rank 0] finished", flush=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "timeout_s"), [("raise", 60), ("hang", 2)])
+@pytest.mark.parametrize(("mode", "timeout_s"), [("raise", 120), ("hang", 2)])
 def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s, tmp_path):
     """A rank that raises: torchrun stops the others. A rank that hangs: the others' collective
     times out after init_distributed's timeout_s, they exit, torchrun stops the hung one.
 
     Timed from the moment rank 1 fails, not from the launch: starting torchrun and three
     Pythons that import torch took 45-100 s on a busy 2-core machine (and once made a
-    60 s bound on the whole job fail at 60.3 s). The job's own limit, SLOW_START_S, is
-    only a safety net."""
+    60 s bound on the whole job fail at 60.3 s). From the failure the job ended within
+    11-12 s at load 9 on 2 cores; the bounds (60 s) leave room for a busier machine and
+    stay far below what a real hang takes (rank 1 sleeps an hour; SLOW_START_S, the job's
+    own limit, is only a safety net)."""
     script = tmp_path / "failing_rank.py"
     script.write_text(FAILING_RANK)
     launcher = torchrun_train(RunConfig(), 2, "cpu")  # torchrun's part: up to "-m module"
@@ -209,12 +211,13 @@ def test_a_failed_rank_stops_the_job_without_hanging(mode, timeout_s, tmp_path):
     failed_at = re.search(r"rank 1 (fails|hangs) on purpose at ([0-9.]+)", done.stdout)
     assert failed_at and failed_at[1] == ("hangs" if mode == "hang" else "fails"), done.stdout
     stopped_after = ended - float(failed_at[2])
+    print(f"{mode}: the job ended {stopped_after:.1f} s after rank 1 {failed_at[1]}")
     assert "[rank 0] finished" not in done.stdout
     if mode == "raise":  # torchrun saw rank 1 exit and stopped rank 0, long before its timeout
         assert stopped_after < timeout_s / 2, f"stopped {stopped_after:.1f} s after the failure"
     else:  # rank 0's barrier timed out (2 s), not rank 1's hour of sleep
         assert "Timed out" in done.stdout or "timed out" in done.stdout.lower()
-        assert stopped_after < 30, f"stopped {stopped_after:.1f} s after rank 1 hung"
+        assert stopped_after < 60, f"stopped {stopped_after:.1f} s after rank 1 hung"
 
 
 def _sample_sum(dataset: SyntheticImages, index: int) -> float:
