@@ -9,6 +9,7 @@ import ctypes
 import gc
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,33 @@ def error_summary(error: BaseException) -> str:
     'CUDA out of memory. Tried to allocate 2.00 GiB'
     """
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+@contextlib.contextmanager
+def disguised_out_of_memory_as_cuda() -> Iterator[None]:
+    """Re-raise an out-of-memory error that does not look like one as
+    ``torch.cuda.OutOfMemoryError("CUDA out of memory. (...)")``, the original as its cause.
+
+    cuDNN and cuBLAS near the limit raise a plain ``RuntimeError`` ("GET was unable to find
+    an engine...", ``CUDNN_STATUS_ALLOC_FAILED``) that :func:`is_out_of_memory` knows but
+    Lightning's tuner does not (``lightning.pytorch.utilities.memory.is_oom_error`` knows
+    "CUDA ... out of memory", ``CUDNN_STATUS_NOT_SUPPORTED.`` and the CPU allocator's
+    message): it would re-raise it and stop ``scale_batch_size``. Other errors pass as
+    they are.
+
+    >>> with disguised_out_of_memory_as_cuda():  # doctest: +ELLIPSIS
+    ...     raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+    Traceback (most recent call last):
+    ...
+    torch.OutOfMemoryError: CUDA out of memory. (cuDNN error: CUDNN_STATUS_ALLOC_FAILED)
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if isinstance(error, torch.cuda.OutOfMemoryError) or not is_out_of_memory(error):
+            raise
+        message = f"CUDA out of memory. ({error_summary(error)})"
+        raise torch.cuda.OutOfMemoryError(message) from error
 
 
 @dataclass(frozen=True)
