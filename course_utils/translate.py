@@ -17,7 +17,6 @@ Weblate, Lokalize, ``msgfmt --check``) opens them. Code cells are never translat
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from collections.abc import Iterator
