@@ -134,12 +134,12 @@ def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> 
             result.changed += 1
             message.string = before.string
             message.flags = {"fuzzy"} if before.string else set()
-            message.previous_id = before.id if before.string else ()
+            message.previous_id = [str(before.id)] if before.string else []
         fresh[text] = message
     for context, message in by_context.items():
         if context not in seen and message.string:
             result.removed += 1
-            fresh.obsolete[(message.id, context)] = message
+            fresh.obsolete[(str(message.id), context)] = message
     for key, message in old.obsolete.items():
         if message.context not in seen:
             fresh.obsolete[key] = message
