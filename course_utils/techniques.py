@@ -475,6 +475,8 @@ def _call_learner_step(amp_step: Callable[..., Any], *args: Any) -> Any:
     """``amp_step(*args)``; an error PyTorch raises for a known mistake becomes feedback."""
     try:
         return amp_step(*args)
+    except NotImplementedError:  # not answered: the grader says so
+        raise
     except Exception as error:
         for text, mistake in _AMP_STEP_ERRORS.items():
             if text in str(error):
