@@ -37,6 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
+from course_utils.classroom import CheckFailed
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count
 from course_utils.models import build_model
@@ -332,8 +333,6 @@ def check_ddp_weights(
     feedback names what the ranks did differently (watched by :func:`run_as_ranks`): no
     DDP wrapper, a sampler that does not shuffle or has another seed, another batch size,
     another number of steps, or a loss divided by the world size (DDP already averages)."""
-    from course_utils.classroom import CheckFailed
-
     gap = max_parameter_difference(saved, reference_model(config, world_size))
     if gap < TOLERANCE:
         return

@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.classroom import CheckFailed, answer_or_error, check, course_helpers_refused
+from course_utils.flops import count_flops  # the course's own counter: refused in (c)
 
 # ------------------------------------------------------------- (a) causal self-attention
 
@@ -394,8 +395,6 @@ _PEAK_FIELDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "b
 def _call_counting(step_throughput: Callable[..., Any], case: StepCase) -> tuple[Any, int]:
     """The learner's answer for ``case``, and how many ``FlopCounterMode`` blocks it
     entered; the course's own ``count_flops`` is refused inside."""
-    from course_utils import flops  # the course's own counter: refused below
-
     entered = {"count": 0}
     original = FlopCounterMode.__enter__
 
@@ -405,7 +404,7 @@ def _call_counting(step_throughput: Callable[..., Any], case: StepCase) -> tuple
 
     FlopCounterMode.__enter__ = counting  # type: ignore[method-assign]
     try:
-        with course_helpers_refused({"count_flops": flops.count_flops}, "count_flops"):
+        with course_helpers_refused({"count_flops": count_flops}, "count_flops"):
             answer = answer_or_error(
                 step_throughput, case.model, case.x, case.y, case.seconds, case.gpu, case.dtype
             )
