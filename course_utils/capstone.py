@@ -20,6 +20,7 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
+from course_utils.classroom import TensorMove, check, record_tensor_to
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
@@ -182,6 +183,8 @@ class LoopRun:
     item_calls: int  # the loss read on the host: ``.item()``, ``float()``, ``.tolist()``
     empty_cache_calls: int
     monitor: Reading  # read at the end: GPU-Util, or CPU utilization during the run
+    unmoved_labels: int = 0  # batches whose inputs the loop moved with .to, not labels
+    unmoved_inputs: int = 0  # batches whose labels the loop moved with .to, not inputs
     setup_s: float = 0.0  # from the call of the loop to its first batch (e.g. decoding)
     setup_cpu_s: float = 0.0  # this process's CPU time in the set-up
     epoch_samples: int = 0  # the samples in one epoch (the dataset's length)
@@ -330,6 +333,58 @@ def _fixed_batch_loss(
     return float(loss.cpu())
 
 
+class _MoveWatch:
+    """Which tensors of each batch the loop gave to ``.to``/``.cuda`` before asking for the
+    next batch (the moves come from :func:`~course_utils.classroom.record_tensor_to`). On a
+    CPU grader labels left on the CPU train anyway; on a GPU ``cross_entropy`` would fail:
+    a batch whose inputs were moved and labels not (or the reverse) is counted."""
+
+    def __init__(self) -> None:
+        self.moves: list[TensorMove] = []
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None  # held: its ids stay valid
+        self.unmoved = {"inputs": 0, "labels": 0}
+
+    def next_batch(self, batch: Any) -> None:
+        if self.batch is not None:
+            moved = {move.source_id for move in self.moves}
+            inputs, labels = (id(tensor) in moved for tensor in self.batch)
+            self.unmoved["labels"] += inputs and not labels
+            self.unmoved["inputs"] += labels and not inputs
+        self.moves.clear()
+        pair = isinstance(batch, list | tuple) and len(batch) == 2
+        tensors = pair and all(isinstance(part, torch.Tensor) for part in batch)
+        self.batch = (batch[0], batch[1]) if tensors else None
+
+
+def check_loop_habits(run: LoopRun) -> None:
+    """Exercise 08 (b): the habits the fixed loop must drop, each with its own feedback:
+    the loss read on the host every step, ``empty_cache()`` in the loop, and a batch whose
+    labels (or images) were left on the CPU: invisible on a CPU grader, fatal on a GPU."""
+    check(
+        run.item_calls <= 1 + run.steps // 10,
+        f"your loop read the loss on the CPU {run.item_calls} times in {run.steps} steps "
+        "(.item() or float()): each read makes the CPU wait for the GPU; keep the losses as "
+        "tensors, or log every 10th step",
+    )
+    check(
+        run.empty_cache_calls == 0,
+        "you call torch.cuda.empty_cache() in the loop: it gives the cache back and the next "
+        "step allocates it again; drop it",
+    )
+    check(
+        run.unmoved_labels == 0,
+        f"your loop moved the images to the device but left the labels on the CPU in "
+        f"{run.unmoved_labels} of {run.steps} steps: move them too, labels.to(device, "
+        "non_blocking=True); on a GPU, cross_entropy of GPU logits and CPU labels fails",
+    )
+    check(
+        run.unmoved_inputs == 0,
+        f"your loop moved the labels to the device but not the images in "
+        f"{run.unmoved_inputs} of {run.steps} steps: move them with images.to(device, "
+        "non_blocking=True) before the model",
+    )
+
+
 def run_loop(
     loop: Loop,
     data: EncodedImages,
@@ -362,6 +417,8 @@ def run_loop(
     clock = {"start": 0.0, "first_batch": 0.0, "cpu_start": 0.0, "cpu_first_batch": 0.0}
     children = {"start": 0.0, "first_batch": 0.0, "measured": 0.0}
 
+    watch = _MoveWatch()
+
     def timed(loader: Any) -> Iterator[Any]:
         clock["first_batch"] = time.perf_counter()  # the loop's set-up ends here
         clock["cpu_first_batch"] = time.process_time()
@@ -369,6 +426,7 @@ def run_loop(
         steps = max(3, samples // _batch_size(loader))
         epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
         for index, batch in enumerate(profiler.iterate(epochs, max_steps=steps + 1)):
+            watch.next_batch(batch)
             yield batch  # index 0: the warm-up step; the profile starts after it
             if index == 0:
                 children["measured"] = children_cpu_s()
@@ -379,7 +437,8 @@ def run_loop(
     gpu_index = nvml_index_of(device)  # NVML's number for the GPU that trains
     sample(gpu_index)  # starts the CPU-utilization interval
     try:
-        with _spies() as counts:
+        with _spies() as counts, record_tensor_to() as moves:
+            watch.moves = moves
             sync()
             clock["start"] = clock["first_batch"] = time.perf_counter()
             clock["cpu_start"] = clock["cpu_first_batch"] = time.process_time()
@@ -387,6 +446,7 @@ def run_loop(
             losses = loop(data, model, device, timed)
             sync()
             children_end = children_cpu_s()  # workers still running, or already reaped
+            watch.next_batch(None)
     finally:
         torch.set_num_threads(threads)
     profile = profiler.report()
@@ -400,6 +460,8 @@ def run_loop(
         item_calls=counts["item"],
         empty_cache_calls=counts["empty_cache"],
         monitor=sample(gpu_index),
+        unmoved_labels=watch.unmoved["labels"],
+        unmoved_inputs=watch.unmoved["inputs"],
         setup_s=clock["first_batch"] - clock["start"],
         setup_cpu_s=clock["cpu_first_batch"] - clock["cpu_start"],
         epoch_samples=len(data),

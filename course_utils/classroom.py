@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
+import timeit
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
+
+from course_utils.device import to_device  # the course's own: refused by check_copy_to_gpu
 
 
 class CheckFailed(AssertionError):
@@ -201,7 +206,6 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     ...
     course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
     """
-    from course_utils.device import to_device  # the course's own: refused below
 
     images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
     mask, names = torch.ones(4, dtype=torch.bool), ["a.png", "b.png", "c.png", "d.png"]
@@ -398,9 +402,10 @@ def _refused(name: str) -> CheckFailed:
 
 
 def _refusing(*args: Any, **kwargs: Any) -> Any:
-    import sys as _sys  # the code runs with the helper's globals: import what it needs
+    # lazy: this code runs as the refused helper, with that helper's module globals
+    import sys as _sys
 
-    from course_utils.classroom import _refused as refused
+    from course_utils.classroom import _refused as refused  # lazy: as above
 
     raise refused(_sys._getframe().f_code.co_name)
 
@@ -482,10 +487,6 @@ class FakeClock:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[FakeClock]:
-        import time
-        import timeit
-        from unittest import mock
-
         clocks: dict[str, Any] = {"perf_counter": self.read, "monotonic": self.read}
         clocks.update(time=self.read, perf_counter_ns=self.read_ns, monotonic_ns=self.read_ns)
         clocks.update(time_ns=self.read_ns)

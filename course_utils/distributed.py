@@ -31,9 +31,12 @@ import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
+from course_utils.classroom import CheckFailed
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count, to_device
 from course_utils.models import build_model
@@ -347,6 +350,64 @@ def max_parameter_difference(
     return max(gap.abs().max().item() for gap in gaps)
 
 
+def check_ddp_weights(
+    run: RanksRun, saved: dict[str, torch.Tensor], config: RunConfig, world_size: int
+) -> None:
+    """Exercise 06 (c): the weights rank 0 saved must be those of one process trained on
+    the combined batch (:func:`reference_model` of ``config``); when they are not, the
+    feedback names what the ranks did differently (watched by :func:`run_as_ranks`): no
+    DDP wrapper, a sampler that does not shuffle or has another seed, another batch size,
+    another number of steps, or a loss divided by the world size (DDP already averages)."""
+    gap = max_parameter_difference(saved, reference_model(config, world_size))
+    if gap < TOLERANCE:
+        return
+    ranks = range(world_size)
+    steps = config.steps  # in all, over the epochs
+    said = f"your weights differ from one process on the combined batch by {gap:.1e}: "
+    if run.wrapped_in_ddp != list(ranks):
+        raise CheckFailed(
+            said + "wrap the model in DDP(model) in every process: without it "
+            "each process trains its own copy on its shard, and backward never "
+            "averages the gradients across processes"
+        )
+    settings = sorted({s for rank in ranks for s in run.sampler_settings.get(rank, [])})
+    if any(not shuffle for shuffle, _ in settings):
+        raise CheckFailed(
+            said + "your DistributedSampler does not shuffle: "
+            "DistributedSampler(dataset, shuffle=True, seed=0)"
+        )
+    if any(seed != config.seed for _, seed in settings):
+        raise CheckFailed(
+            said + f"your DistributedSampler's seed is {settings[0][1]}: give "
+            f"every process the same seed, {config.seed}, so that they deal "
+            "out one shuffled order"
+        )
+    sizes = sorted({b for rank in ranks for b in run.batch_sizes.get(rank, []) if b})
+    if sizes and sizes != [config.batch_size]:
+        raise CheckFailed(
+            said + f"your DataLoader's batch_size is {sizes[0]}: use the "
+            f"batch_size argument ({config.batch_size} per process)"
+        )
+    taken = sorted({run.optimizer_steps.get(rank, 0) for rank in ranks})
+    if taken != [steps]:
+        raise CheckFailed(
+            said + f"each process should take {steps} optimizer steps (epochs "
+            f"× batches per epoch); yours took {taken[0]}: loop over "
+            "range(epochs), and over the whole loader in each"
+        )
+    divided = RunConfig(**{**asdict(config), "lr": config.lr / world_size})
+    if max_parameter_difference(saved, reference_model(divided, world_size)) < TOLERANCE:
+        raise CheckFailed(
+            said + "you divided the loss by the world size: DDP already "
+            "averages the gradients across processes, so each step was "
+            f"{world_size} times too small"
+        )
+    raise CheckFailed(
+        said + "wrap the model in DDP, give the loader the DistributedSampler, "
+        "and take one optimizer step per batch after zero_grad and backward"
+    )
+
+
 def split_batch_gradient_difference(
     model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, parts: int = 2
 ) -> float:
@@ -464,6 +525,11 @@ class RanksRun:
     set_epoch_calls: dict[int, list[int]]
     made_sampler: list[int] = field(default_factory=list)
     left_group_open: list[int] = field(default_factory=list)
+    wrapped_in_ddp: list[int] = field(default_factory=list)  # ranks that built a DDP model
+    # each rank's DistributedSamplers as (shuffle, seed), DataLoaders' batch sizes, steps
+    sampler_settings: dict[int, list[tuple[bool, int]]] = field(default_factory=dict)
+    batch_sizes: dict[int, list[int | None]] = field(default_factory=dict)
+    optimizer_steps: dict[int, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -484,8 +550,10 @@ def _rank_main(
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # a forked child must not use the parent's OpenMP pool
     seen: dict[str, Any] = {"saved": False, "epochs": [], "error": None, "samplers": 0}
+    seen.update(ddp=0, sampler_settings=[], batch_sizes=[], steps=0)
     save, set_epoch = torch.save, DistributedSampler.set_epoch
-    make_sampler = DistributedSampler.__init__
+    make_sampler, make_ddp = DistributedSampler.__init__, DDP.__init__
+    make_loader = DataLoader.__init__
 
     def spied_save(*save_args: Any, **kwargs: Any) -> Any:
         seen["saved"] = True
@@ -498,7 +566,22 @@ def _rank_main(
     def spied_init(sampler: Any, *init_args: Any, **kwargs: Any) -> None:
         seen["samplers"] += 1
         make_sampler(sampler, *init_args, **kwargs)
+        seen["sampler_settings"].append((bool(sampler.shuffle), int(sampler.seed)))
 
+    def spied_ddp(wrapper: Any, *init_args: Any, **kwargs: Any) -> None:
+        seen["ddp"] += 1
+        make_ddp(wrapper, *init_args, **kwargs)
+
+    def spied_loader(loader: Any, *init_args: Any, **kwargs: Any) -> None:
+        make_loader(loader, *init_args, **kwargs)
+        seen["batch_sizes"].append(loader.batch_size)
+
+    def count_step(*hook_args: Any) -> None:
+        seen["steps"] += 1
+
+    register_optimizer_step_post_hook(count_step)
+    DDP.__init__ = spied_ddp  # type: ignore[method-assign,assignment]
+    DataLoader.__init__ = spied_loader  # type: ignore[method-assign,assignment]
     torch.save = spied_save
     DistributedSampler.set_epoch = spied_set_epoch  # type: ignore[method-assign,assignment]
     DistributedSampler.__init__ = spied_init  # type: ignore[method-assign,assignment]
@@ -560,6 +643,13 @@ def run_as_ranks(
             },
             made_sampler=sorted(rank for rank, report in seen.items() if report["samplers"]),
             left_group_open=sorted(rank for rank, report in seen.items() if report["group_open"]),
+            wrapped_in_ddp=sorted(rank for rank, report in seen.items() if report["ddp"]),
+            sampler_settings={
+                rank: [(bool(a), int(b)) for a, b in report["sampler_settings"]]
+                for rank, report in seen.items()
+            },
+            batch_sizes={rank: report["batch_sizes"] for rank, report in seen.items()},
+            optimizer_steps={rank: report["steps"] for rank, report in seen.items()},
         )
 
 

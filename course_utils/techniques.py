@@ -378,12 +378,81 @@ class AmpStepRun:
     leftover_gradients: bool  # the second call's backward found the first call's gradients
     autocast_in_backward: bool  # backward ran inside torch.autocast
     loss_detached: bool  # the returned loss holds no autograd graph
+    # the float32 update of each usual clipping mistake, by the feedback that names it
+    mistaken_updates: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def update_error(self) -> float:
         """Distance between the two updates, relative to the reference update's size."""
-        reference = self.reference_update.norm().item()
-        return (self.update - self.reference_update).norm().item() / max(reference, 1e-12)
+        return _relative_distance(self.update, self.reference_update)
+
+    def update_feedback(self) -> str:
+        """What the first step's update says about the step: the usual mistake whose
+        float32 update it matches (within 5 %), or how far it is from the right one."""
+        for feedback, update in self.mistaken_updates.items():
+            if _relative_distance(self.update, update) < 0.05:
+                return f"the weights moved as {feedback}"
+        return (
+            f"the weights moved {self.update_error:.0%} away from a float32 step with "
+            "clipping: backward on the scaled loss, then unscale_ the gradients before "
+            "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step "
+            "through the scaler"
+        )
+
+
+def _relative_distance(update: torch.Tensor, reference: torch.Tensor) -> float:
+    return (update - reference).norm().item() / max(reference.norm().item(), 1e-12)
+
+
+#: The usual clipping mistakes of a mixed-precision step: how each clips a float32 step's
+#: gradients (given the scale the learner's scaled gradients had), and the feedback.
+_CLIPPING_MISTAKES: dict[str, Callable[[nn.Module, float, float], None]] = {
+    "a step without clipping: after scaler.unscale_(optimizer), call "
+    "clip_grad_norm_(model.parameters(), max_norm) with the max_norm you were given": (
+        lambda net, max_norm, scale: None
+    ),
+    "if you had clipped the scaled gradients (scale times the true ones) to max_norm, which "
+    "cuts them to max_norm / scale: call scaler.unscale_(optimizer) before clip_grad_norm_": (
+        lambda net, max_norm, scale: _clip_scaled(net, max_norm, scale)
+    ),
+    "a step that clips each gradient's values (clip_grad_value_): clip their norm, "
+    "clip_grad_norm_(model.parameters(), max_norm)": (
+        lambda net, max_norm, scale: nn.utils.clip_grad_value_(net.parameters(), max_norm)
+    ),
+}
+
+
+def _clip_scaled(net: nn.Module, max_norm: float, scale: float) -> None:
+    """Clip ``scale`` times the gradients to ``max_norm``, then divide by ``scale``."""
+    for p in net.parameters():
+        if p.grad is not None:
+            p.grad.mul_(scale)
+    nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+    for p in net.parameters():
+        if p.grad is not None:
+            p.grad.div_(scale)
+
+
+def _clipping(
+    clip: Callable[[nn.Module, float, float], None], max_norm: float, scale: float
+) -> Callable[[nn.Module], None]:
+    return lambda net: clip(net, max_norm, scale)
+
+
+def _fp32_update(
+    start: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    lr: float,
+    clip: Callable[[nn.Module], Any],
+) -> torch.Tensor:
+    """How one float32 SGD step from ``start`` on ``batch``, its gradients clipped by
+    ``clip``, moves the weights (flattened)."""
+    net = copy.deepcopy(start)
+    nn.functional.cross_entropy(net(batch[0]), batch[1]).backward()
+    clip(net)
+    torch.optim.SGD(net.parameters(), lr=lr).step()
+    pairs = zip(net.parameters(), start.parameters(), strict=True)
+    return torch.cat([(p - s).detach().flatten().float().cpu() for p, s in pairs])
 
 
 # PyTorch's own errors for a wrongly ordered step, and the mistake each one means
@@ -406,6 +475,8 @@ def _call_learner_step(amp_step: Callable[..., Any], *args: Any) -> Any:
     """``amp_step(*args)``; an error PyTorch raises for a known mistake becomes feedback."""
     try:
         return amp_step(*args)
+    except NotImplementedError:  # not answered: the grader says so
+        raise
     except Exception as error:
         for text, mistake in _AMP_STEP_ERRORS.items():
             if text in str(error):
@@ -476,4 +547,8 @@ def run_amp_step_against_fp32(
         leftover_gradients=any(leftover[1:]),
         autocast_in_backward=any(in_autocast),
         loss_detached=not (isinstance(loss, torch.Tensor) and loss.requires_grad),
+        mistaken_updates={
+            feedback: _fp32_update(start, batches[0], lr, _clipping(clip, max_norm, init_scale))
+            for feedback, clip in _CLIPPING_MISTAKES.items()
+        },
     )

@@ -100,7 +100,19 @@ def grads_set_to_none_by_hand(model, opt, scaler, x, y, dtype=torch.float16, max
     return loss.detach()
 
 
-RIGHT = [zero_grad_at_the_end, zero_grad_at_the_start, zeros_kept_at_the_end,
+def clip_scaled_to_scaled_norm(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    """04-N8: clip the scaled gradients to max_norm * scale, no unscale_: the same step."""
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+RIGHT = [clip_scaled_to_scaled_norm, zero_grad_at_the_end, zero_grad_at_the_start,
+         zeros_kept_at_the_end,
          model_zero_grad_and_keywords, grads_set_to_none_by_hand]
 
 
@@ -183,6 +195,35 @@ def no_clipping(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
     return loss.detach()
 
 
+def clip_by_value(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_value_(model.parameters(), max_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def clip_to_a_hard_coded_norm(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the argument ignored
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss.detach()
+
+
+def clip_then_half_the_step(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    loss = _forward_loss(model, x, y, dtype) / 2  # a stray factor: no usual mistake matches
+    _clip_and_step(model, opt, scaler, loss, max_norm / 2)
+    opt.zero_grad()
+    return loss.detach() * 2
+
+
 def unscaled_backward(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
     loss = _forward_loss(model, x, y, dtype)
     loss.backward()
@@ -239,8 +280,12 @@ WRONG = [
     (autocast_around_backward, "leave the autocast block before backward"),
     (no_autocast, "inside torch.autocast"),
     (bf16_always, "with dtype"),
-    (clip_before_unscale, "unscale_ the gradients before clip_grad_norm_"),
-    (no_clipping, "away from a float32 step with clipping"),
+    (clip_before_unscale, "if you had clipped the scaled gradients .* call "
+     "scaler.unscale_\\(optimizer\\) before clip_grad_norm_"),
+    (no_clipping, "the weights moved as a step without clipping"),
+    (clip_to_a_hard_coded_norm, "with the max_norm you were given"),
+    (clip_by_value, "clips each gradient's values \\(clip_grad_value_\\)"),
+    (clip_then_half_the_step, "away from a float32 step with clipping"),
     (unscaled_backward, "backward on scaler.scale\\(loss\\)"),
     (optimizer_step_itself, "must be skipped"),
     (optimizer_step_without_unscale, "never optimizer.step\\(\\) itself"),

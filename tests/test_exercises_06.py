@@ -132,23 +132,28 @@ def test_average_gradient_names_the_mistake(nb06, answer, feedback):
 # ----------------------------------------------------------------------------- (c)
 
 
-def _ddp_main(out_dir, epochs=2, batch_size=8, *, sampler=True, set_epoch=True, destroy=True):
+def _ddp_main(out_dir, epochs=2, batch_size=8, *, sampler=True, set_epoch=True, destroy=True,
+              wrap=True, shuffle=True, seed=0, loader_batch=None, loss_divided=False,
+              zero_grad=True):
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(build_model("mlp"))
+    model = DDP(build_model("mlp")) if wrap else build_model("mlp")
     data = SyntheticImages(size=64, seed=0)
-    shard = DistributedSampler(data, shuffle=True, seed=0) if sampler else None
-    loader = DataLoader(data, batch_size=batch_size, sampler=shard)
+    seed = dist.get_rank() if seed == "rank" else seed
+    shard = DistributedSampler(data, shuffle=shuffle, seed=seed) if sampler else None
+    loader = DataLoader(data, batch_size=loader_batch or batch_size, sampler=shard)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(epochs):
         if shard is not None and set_epoch:
             shard.set_epoch(epoch)
         for inputs, targets in loader:
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(inputs), targets).backward()
+            if zero_grad:
+                optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(inputs), targets)
+            (loss / dist.get_world_size() if loss_divided else loss).backward()
             optimizer.step()
     if dist.get_rank() == 0:
-        torch.save(model.module.state_dict(), f"{out_dir}/ddp_model.pt")
+        torch.save((model.module if wrap else model).state_dict(), f"{out_dir}/ddp_model.pt")
     if destroy:
         dist.destroy_process_group()
 
@@ -169,6 +174,30 @@ def left_open_main(out_dir, epochs=2, batch_size=8):
     _ddp_main(out_dir, epochs, batch_size, destroy=False)
 
 
+def unwrapped_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, wrap=False)
+
+
+def unshuffled_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, shuffle=False)
+
+
+def seed_per_rank_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, seed="rank")
+
+
+def hard_coded_batch_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, loader_batch=4)
+
+
+def loss_divided_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, loss_divided=True)
+
+
+def no_zero_grad_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, zero_grad=False)
+
+
 def test_ddp_setup_passes_the_right_answer(nb06, capsys):
     _check(nb06, "06-ddp-setup-check", "ddp_main", right_main)
     assert "all checks passed" in capsys.readouterr().out
@@ -180,6 +209,12 @@ def test_ddp_setup_passes_the_right_answer(nb06, capsys):
         (no_sampler_main, "DistributedSampler"),
         (no_set_epoch_main, "set_epoch"),
         (left_open_main, "destroy_process_group"),
+        (unwrapped_main, "wrap the model in DDP(model) in every process"),
+        (unshuffled_main, "your DistributedSampler does not shuffle"),
+        (seed_per_rank_main, "your DistributedSampler's seed is 0: give every process the same"),
+        (hard_coded_batch_main, "your DataLoader's batch_size is 4"),
+        (loss_divided_main, "you divided the loss by the world size"),
+        (no_zero_grad_main, "take one optimizer step per batch after zero_grad"),
     ],
 )
 def test_ddp_setup_names_the_mistake(nb06, answer, feedback):

@@ -114,7 +114,8 @@ def nb08():
     return namespace
 
 
-def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05):
+def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
+               move_labels=True, move_inputs=True, move_together=False):
     """A fixed loop with one habit put back (or none): how learners write it."""
     PreDecodedImages, DataLoader = nb["PreDecodedImages"], nb["DataLoader"]
     augment, batch = nb["augment_on_device"], nb["BIG_BATCH"]
@@ -124,11 +125,16 @@ def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05):
         loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         losses = []
-        for step, (inputs, targets) in enumerate(timed(loader)):
-            inputs = inputs.to(device, non_blocking=True)
+        for step, pair in enumerate(timed(loader)):
+            if move_together:  # right: one comprehension moves both
+                inputs, targets = (t.to(device, non_blocking=True) for t in pair)
+            else:
+                inputs, targets = pair
+                inputs = inputs.to(device, non_blocking=True) if move_inputs else inputs
+                targets = targets.to(device) if move_labels else targets
             if decode_once:
                 inputs = augment(inputs, data.image_size)
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets.to(device))
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -152,6 +158,11 @@ def test_fast_loop_check_passes_the_solution(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+def test_fast_loop_check_passes_a_batch_moved_in_one_line(nb08, capsys):
+    _check_b(nb08, _fast_loop(nb08, move_together=True))
+    assert "all checks passed" in capsys.readouterr().out
+
+
 def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
     def every_tenth(step, loss):
         if step % 10 == 0:
@@ -169,6 +180,8 @@ def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
     (dict(empty_cache=True), "empty_cache"),
     (dict(decode_once=False), "decodes images while it trains|aim for 1.2x"),
     (dict(lr=0.0), "does not train the model"),
+    (dict(move_labels=False), "left the labels on the CPU"),  # issue 35: trains on a CPU
+    (dict(move_inputs=False), "moved the labels to the device but not the images"),
 ])
 def test_fast_loop_check_names_the_mistake(nb08, habits, feedback):
     with pytest.raises(CheckFailed, match=feedback):

@@ -8,6 +8,7 @@ learner's function defined in the same namespace.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from notebook_cells import grade_cell
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.classroom import CheckFailed
 
@@ -133,12 +136,83 @@ def not_scaled(x, w_qkv, w_out, heads):
     return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, 1.0))
 
 
+def scaled_by_width(x, w_qkv, w_out, heads):  # 1/√dim, the model's width, not head_dim
+    scale = x.shape[-1] ** -0.5
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, scale))
+
+
 def sees_the_next_token(x, w_qkv, w_out, heads):
     return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, diagonal=2))
 
 
 def hides_the_diagonal(x, w_qkv, w_out, heads):
     return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, diagonal=0))
+
+
+def hides_the_diagonal_finite(x, w_qkv, w_out, heads):  # -1e9, not -inf: no NaN, still wrong
+    def attend(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(0), -1e9)
+        return scores.softmax(-1) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def hides_the_past(x, w_qkv, w_out, heads):  # tril where triu was meant
+    def attend(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).tril(-1), float("-inf"))
+        return scores.softmax(-1) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def mask_with_zeros(x, w_qkv, w_out, heads):
+    def attend(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0).softmax(-1) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def mask_after_softmax(x, w_qkv, w_out, heads):
+    def attend(q, k, v):
+        T = q.shape[-2]
+        weights = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)
+        return weights.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def inverted_boolean_mask(x, w_qkv, w_out, heads):  # SDPA's True means "may attend"
+    def attend(q, k, v):
+        hidden = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).triu(1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=hidden)
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def softmax_over_queries(x, w_qkv, w_out, heads):
+    def attend(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(dim=-2) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
+
+
+def keys_not_transposed(x, w_qkv, w_out, heads):  # q @ k: runs only where seq == head_dim
+    def attend(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return scores.softmax(-1) @ v
+
+    return _attention(x, w_qkv, w_out, heads, attend)
 
 
 def wrong_head_split(x, w_qkv, w_out, heads):  # .view(batch, heads, seq, head_dim): mixes tokens
@@ -148,12 +222,48 @@ def wrong_head_split(x, w_qkv, w_out, heads):  # .view(batch, heads, seq, head_d
     return out.transpose(1, 2).reshape(batch, seq, dim) @ w_out.T
 
 
+def split_without_transpose(x, w_qkv, w_out, heads):  # attends across heads, not tokens
+    batch, seq, dim = x.shape
+    q, k, v = (t.view(batch, seq, heads, dim // heads) for t in (x @ w_qkv.T).chunk(3, -1))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, seq, heads, hd)
+    return out.reshape(batch, seq, dim) @ w_out.T
+
+
+def merge_without_transpose(x, w_qkv, w_out, heads):
+    batch, seq, dim = x.shape
+    q, k, v = (_heads(t, heads) for t in (x @ w_qkv.T).chunk(3, dim=-1))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return out.reshape(batch, seq, dim) @ w_out.T
+
+
+def one_head(x, w_qkv, w_out, heads):  # the heads argument ignored
+    return sdpa_attention(x, w_qkv, w_out, 1)
+
+
+def queries_and_keys_swapped(x, w_qkv, w_out, heads):
+    k, q, v = (_heads(t, heads) for t in (x @ w_qkv.T).chunk(3, dim=-1))
+    return _merge(causal_sdpa(q, k, v)) @ w_out.T
+
+
 def no_output_projection(x, w_qkv, w_out, heads):
     return sdpa_attention(x, w_qkv, torch.eye(x.shape[-1]), heads)
 
 
+def projection_not_transposed(x, w_qkv, w_out, heads):
+    return sdpa_attention(x, w_qkv, w_out.T, heads)
+
+
 def returns_a_tuple(x, w_qkv, w_out, heads):
     return sdpa_attention(x, w_qkv, w_out, heads), None
+
+
+def untransposed_qkv_weights(x, w_qkv, w_out, heads):  # x @ w_qkv: the shapes do not fit
+    q, k, v = (_heads(t, heads) for t in (x @ w_qkv).chunk(3, dim=-1))
+    return _merge(causal_sdpa(q, k, v)) @ w_out.T
+
+
+def two_mistakes(x, w_qkv, w_out, heads):  # no mask and no scale: named by what it breaks
+    return _attention(x, w_qkv, w_out, heads, lambda q, k, v: by_hand(q, k, v, 1.0, 10**6))
 
 
 @pytest.mark.parametrize("solution", [sdpa_attention, naive_attention, linear_and_mask_attention])
@@ -164,41 +274,93 @@ def test_causal_attention_check_passes_right_answers(namespace, solution, capsys
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
-        (not_causal, "pass is_causal=True"),
-        (scaled_by_d, "scaled by 1/head_dim"),
-        (scaled_twice, "scaled by 1/head_dim"),
-        (not_scaled, "not scaled"),
-        (sees_the_next_token, "off by one"),
-        (hides_the_diagonal, "attend to itself"),
-        (wrong_head_split, "split heads with .view(batch, seq, heads, head_dim)"),
-        (no_output_projection, "project with w_out"),
+        (not_causal, "there is no causal mask"),
+        (scaled_by_d, "scaled by 1/head_dim, not 1/√head_dim"),
+        (scaled_twice, "let F.scaled_dot_product_attention scale again"),
+        (not_scaled, "the scores were not scaled"),
+        (scaled_by_width, "scaled by 1/√dim, the model's width"),
+        (sees_the_next_token, "the causal mask is off by one"),
+        (hides_the_diagonal, "may attend to nothing, not even itself"),
+        (hides_the_diagonal_finite, "the causal mask hides the diagonal too"),
+        (hides_the_past, "hides the earlier tokens instead of the later ones"),
+        (mask_with_zeros, "the hidden scores were set to 0"),
+        (mask_after_softmax, "the mask was applied after the softmax"),
+        (inverted_boolean_mask, "a boolean attn_mask is True where a token MAY attend"),
+        (softmax_over_queries, "the softmax ran over the wrong dimension"),
+        (keys_not_transposed, "q @ k without transposing k"),
+        (wrong_head_split, "split with .view(batch, heads, seq, head_dim)"),
+        (split_without_transpose, "split without .transpose(1, 2)"),
+        (merge_without_transpose, "merged with .reshape(batch, seq, dim) straight from"),
+        (one_head, "you attended with one head"),
+        (queries_and_keys_swapped, "queries and keys are swapped"),
+        (no_output_projection, "the output projection is missing"),
+        (projection_not_transposed, "projected with @ w_out, not @ w_out.T"),
         (returns_a_tuple, "return one tensor"),
+        (untransposed_qkv_weights, "your function raised RuntimeError"),
+        (two_mistakes, "changing the last token changed earlier outputs"),
     ],
 )
 def test_causal_attention_check_names_the_mistake(namespace, solution, feedback):
     _fails(namespace, "09-causal-attention-check", "causal_self_attention", solution, feedback)
 
 
+def test_every_attention_mistake_is_told_apart_on_the_visible_cases():
+    """Each mistake the check knows differs from the right answer, and from every other
+    mistake, on at least one visible case: no message stands for two mistakes."""
+    from course_utils.transformer_checks import ATTENTION_MISTAKES, attention
+
+    torch.manual_seed(0)
+    cases = [(2, 6, 8, 2), (2, 4, 8, 2)]
+    inputs = [(torch.randn(b, t, c), torch.randn(3 * c, c), torch.randn(c, c), h)
+              for b, t, c, h in cases]
+
+    def outputs(how):
+        found = []
+        for x, w_qkv, w_out, heads in inputs:
+            try:
+                found.append(attention(x, w_qkv, w_out, heads, how))
+            except RuntimeError:
+                found.append(None)
+        return found
+
+    def differ(a, b):
+        return any(p is None or q is None or not torch.allclose(p, q, atol=1e-5, equal_nan=True)
+                   for p, q in zip(a, b, strict=True))
+
+    right = outputs(type(next(iter(ATTENTION_MISTAKES)))())
+    mistakes = {how: outputs(how) for how in ATTENTION_MISTAKES}
+    for how, out in mistakes.items():
+        assert differ(out, right), how
+        for other, other_out in mistakes.items():
+            assert other == how or differ(out, other_out), (how, other)
+
+
 # ----------------------------------------------------------------------------- (b)
 
 
-def _pad(model, padded, *, copy=True, tie=True, rows_init=None):
+def _pad(model, padded, *, copy=True, tie=True, rows_init=None, keep_dtype=True, at_end=False):
     old = model.tok.weight
     vocab, dim = old.shape
-    model.tok = nn.Embedding(padded, dim)
+    model.tok = nn.Embedding(padded, dim, dtype=old.dtype if keep_dtype else None)
     with torch.no_grad():
         if rows_init is not None:
             model.tok.weight[vocab:] = rows_init
-        if copy:
+        if copy and at_end:
+            model.tok.weight[padded - vocab :] = old
+        elif copy:
             model.tok.weight[:vocab] = old
-    model.head = nn.Linear(dim, padded, bias=False)
+    model.head = nn.Linear(dim, padded, bias=False, dtype=old.dtype if keep_dtype else None)
     if tie:
         model.head.weight = model.tok.weight
     return model
 
 
+def _up(model, multiple):
+    return math.ceil(model.tok.num_embeddings / multiple) * multiple
+
+
 def pad_right(model, multiple=64):
-    return _pad(model, math.ceil(model.tok.num_embeddings / multiple) * multiple)
+    return _pad(model, _up(model, multiple))
 
 
 def pad_with_integer_arithmetic(model, multiple=64):  # right: -(-v // m) * m, zero rows
@@ -206,6 +368,17 @@ def pad_with_integer_arithmetic(model, multiple=64):  # right: -(-v // m) * m, z
     padded = -(-vocab // multiple) * multiple
     weight = torch.cat([model.tok.weight.detach(), torch.zeros(padded - vocab, dim)])
     model.tok = nn.Embedding.from_pretrained(weight, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_with_random_rows_and_a_new_model(model, multiple=64):  # right: nanoGPT's random rows
+    old = model.tok.weight.detach()
+    vocab, dim = old.shape
+    padded = vocab + (-vocab) % multiple
+    extra = torch.randn(padded - vocab, dim, dtype=old.dtype) * 0.02
+    model.tok.weight = nn.Parameter(torch.cat([old, extra]))
+    model.tok.num_embeddings = padded
     model.head.weight = model.tok.weight
     return model
 
@@ -218,17 +391,32 @@ def pad_always_one_more(model, multiple=64):  # 64 -> 128
     return _pad(model, (model.tok.num_embeddings // multiple + 1) * multiple)
 
 
+def pad_rounded_down(model, multiple=64):  # fewer rows than tokens: the copy fails
+    return _pad(model, model.tok.num_embeddings // multiple * multiple)
+
+
+def pad_to_the_nearest(model, multiple=64):  # right above .5 of a multiple, wrong below
+    return _pad(model, round(model.tok.num_embeddings / multiple) * multiple)
+
+
 def pad_untied(model, multiple=64):
-    return _pad(model, math.ceil(model.tok.num_embeddings / multiple) * multiple, tie=False)
+    return _pad(model, _up(model, multiple), tie=False)
 
 
 def pad_not_copied(model, multiple=64):  # a fresh embedding: every logit changes
-    return _pad(model, math.ceil(model.tok.num_embeddings / multiple) * multiple, copy=False)
+    return _pad(model, _up(model, multiple), copy=False)
+
+
+def pad_old_rows_at_the_end(model, multiple=64):  # the padding changes real tokens' logits
+    return _pad(model, _up(model, multiple), at_end=True)
+
+
+def pad_in_float32(model, multiple=64):  # nn.Embedding(padded, dim): the default dtype
+    return _pad(model, _up(model, multiple), keep_dtype=False)
 
 
 def pad_with_nan_rows(model, multiple=64):
-    padded = math.ceil(model.tok.num_embeddings / multiple) * multiple
-    return _pad(model, padded, rows_init=float("nan"))
+    return _pad(model, _up(model, multiple), rows_init=float("nan"))
 
 
 def pad_the_width(model, multiple=64):  # pads embedding_dim, not the vocabulary
@@ -243,7 +431,13 @@ def pad_returns_nothing(model, multiple=64):
     pad_right(model, multiple)
 
 
-@pytest.mark.parametrize("solution", [pad_right, pad_with_integer_arithmetic])
+def pad_returns_the_embedding(model, multiple=64):
+    return pad_right(model, multiple).tok
+
+
+@pytest.mark.parametrize(
+    "solution", [pad_right, pad_with_integer_arithmetic, pad_with_random_rows_and_a_new_model]
+)
 def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     _passes(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution, capsys)
 
@@ -251,13 +445,18 @@ def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
-        (pad_by_adding, "round up to the next multiple"),
-        (pad_always_one_more, "keep one that is already"),
-        (pad_untied, "no longer tied"),
-        (pad_not_copied, "copy the old rows"),
+        (pad_by_adding, "you added a multiple to it: round it up to the next multiple"),
+        (pad_always_one_more, "already a multiple keeps its size"),
+        (pad_rounded_down, "fewer rows than the 13 old ones? Round up"),
+        (pad_to_the_nearest, "fewer rows than the 13 old ones? Round up"),
+        (pad_untied, "the head is no longer tied"),
+        (pad_not_copied, "the real tokens' logits changed: copy the old rows"),
+        (pad_old_rows_at_the_end, "the old rows went to the end of the new embedding"),
+        (pad_in_float32, "a float64 model came back with float32 rows"),
         (pad_with_nan_rows, "inf or NaN"),
         (pad_the_width, "not the embedding width"),
         (pad_returns_nothing, "return the model"),
+        (pad_returns_the_embedding, "return the model, a GPT, not Embedding"),
     ],
 )
 def test_pad_vocabulary_check_names_the_mistake(namespace, solution, feedback):
@@ -269,87 +468,181 @@ def test_pad_vocabulary_check_names_the_mistake(namespace, solution, feedback):
 PEAKS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def throughput_right(flops, tokens, seconds, gpu, dtype):
+def _count(model, x, y, *, backward=True, math_kernel=True, steps=1):
+    kernel = sdpa_kernel(SDPBackend.MATH) if math_kernel else contextlib.nullcontext()
+    with kernel, FlopCounterMode(display=False) as counter:
+        for _ in range(steps):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            if backward:
+                loss.backward()
+    return counter.get_total_flops()
+
+
+def _peak(gpu, dtype):
     peak = getattr(gpu, PEAKS[dtype])
     if peak is None:
-        raise ValueError("no peak")
-    return tokens / seconds, flops / seconds / (peak * 1e12)
+        raise ValueError(f"{gpu.name}: no {dtype} peak")
+    return peak * 1e12
 
 
-def throughput_via_package(flops, tokens, seconds, gpu, dtype):  # right, another way
+def step_right(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y)
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
+
+
+def step_by_counts_and_package(model, x, y, seconds, gpu, dtype):  # right, another way
     from course_utils.flops import mfu
 
-    tflops = {torch.float32: gpu.fp32, torch.float16: gpu.fp16, torch.bfloat16: gpu.bf16}[dtype]
-    if not tflops:
-        raise ValueError(f"{gpu.name}: no {dtype} peak")
-    return tokens / seconds, mfu(flops, seconds, tflops * 1e12)
+    with (
+        torch.nn.attention.sdpa_kernel([SDPBackend.MATH]),
+        torch.utils.flop_counter.FlopCounterMode(display=False) as counter,
+    ):
+        logits = model(x)
+        F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).backward()
+    flops = sum(counter.get_flop_counts()["Global"].values())
+    tokens = x.shape[0] * x.shape[1]
+    return flops, tokens / seconds, mfu(flops, seconds, _peak(gpu, dtype))
 
 
-def throughput_percent(flops, tokens, seconds, gpu, dtype):
-    speed, utilization = throughput_right(flops, tokens, seconds, gpu, dtype)
-    return speed, 100 * utilization
+def step_forward_only(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y, backward=False)
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
 
 
-def throughput_tflops(flops, tokens, seconds, gpu, dtype):
-    peak = getattr(gpu, PEAKS[dtype])
-    if peak is None:
-        raise ValueError("no peak")
-    return tokens / seconds, flops / seconds / peak
+def step_default_kernel(model, x, y, seconds, gpu, dtype):  # the CPU flash kernel: no formula
+    flops = _count(model, x, y, math_kernel=False)
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
 
 
-def throughput_fp32_peak(flops, tokens, seconds, gpu, dtype):
-    return tokens / seconds, flops / seconds / (gpu.fp32 * 1e12)
+def step_two_steps(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y, steps=2)
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
 
 
-def throughput_inverted(flops, tokens, seconds, gpu, dtype):
-    return seconds / tokens, throughput_right(flops, tokens, seconds, gpu, dtype)[1]
+def step_per_token(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y) / x.numel()
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
 
 
-def throughput_no_refusal(flops, tokens, seconds, gpu, dtype):
+def step_six_n(model, x, y, seconds, gpu, dtype):  # the rule of thumb, no counter
+    flops = 6 * sum(p.numel() for p in model.parameters()) * x.numel()
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
+
+
+def step_six_n_under_a_counter(model, x, y, seconds, gpu, dtype):  # a counter, unused
+    with FlopCounterMode(display=False):
+        pass
+    return step_six_n(model, x, y, seconds, gpu, dtype)
+
+
+def step_constant(model, x, y, seconds, gpu, dtype):  # one model's count, for every model
+    flops = 1_234_567
+    with FlopCounterMode(display=False):
+        pass
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
+
+
+def step_course_counter(model, x, y, seconds, gpu, dtype):  # the course's own helper
+    from course_utils.flops import count_flops
+
+    flops = count_flops(model, x, training=True)
+    return flops, x.numel() / seconds, flops / seconds / _peak(gpu, dtype)
+
+
+def step_sequences_per_second(model, x, y, seconds, gpu, dtype):  # per batch row, not token
+    flops, _, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, x.shape[0] / seconds, utilization
+
+
+def step_seconds_per_token(model, x, y, seconds, gpu, dtype):
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, 1 / speed, utilization
+
+
+def step_percent(model, x, y, seconds, gpu, dtype):
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, 100 * utilization
+
+
+def step_tflops(model, x, y, seconds, gpu, dtype):
+    flops, speed, _ = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, flops / seconds / (_peak(gpu, dtype) / 1e12)
+
+
+def step_fp32_peak(model, x, y, seconds, gpu, dtype):  # MFU against the wrong peak
+    flops, speed, _ = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, flops / seconds / (gpu.fp32 * 1e12)
+
+
+def step_tf32_peak(model, x, y, seconds, gpu, dtype):  # fp32 runs against TF32's peak
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    if dtype == torch.float32 and gpu.tf32:
+        return flops, speed, flops / seconds / (gpu.tf32 * 1e12)
+    return flops, speed, utilization
+
+
+def step_mfu_per_token(model, x, y, seconds, gpu, dtype):
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, utilization / x.numel()
+
+
+def step_rounded(model, x, y, seconds, gpu, dtype):  # issue 35: MFU rounded
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, round(utilization, 2)
+
+
+def step_no_refusal(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y)
     peak = getattr(gpu, PEAKS[dtype]) or gpu.fp16  # falls back to another peak silently
-    return tokens / seconds, flops / seconds / (peak * 1e12)
+    return flops, x.numel() / seconds, flops / seconds / (peak * 1e12)
 
 
-def throughput_type_error(flops, tokens, seconds, gpu, dtype):
-    peak = getattr(gpu, PEAKS[dtype])
-    return tokens / seconds, flops / seconds / (peak * 1e12)  # None * 1e12: TypeError
+def step_type_error(model, x, y, seconds, gpu, dtype):
+    flops = _count(model, x, y)
+    return flops, x.numel() / seconds, flops / seconds / (getattr(gpu, PEAKS[dtype]) * 1e12)
 
 
-def throughput_rounded(flops, tokens, seconds, gpu, dtype):  # issue 35: MFU rounded to 2 places
-    speed, utilization = throughput_right(flops, tokens, seconds, gpu, dtype)
-    return speed, round(utilization, 2)
+def step_two_numbers(model, x, y, seconds, gpu, dtype):
+    return step_right(model, x, y, seconds, gpu, dtype)[1:]
 
 
-def throughput_one_number(flops, tokens, seconds, gpu, dtype):
-    return throughput_right(flops, tokens, seconds, gpu, dtype)[1]
-
-
-@pytest.mark.parametrize("solution", [throughput_right, throughput_via_package])
-def test_run_throughput_check_passes_right_answers(namespace, solution, capsys):
-    _passes(namespace, "09-run-throughput-check", "run_throughput", solution, capsys)
+@pytest.mark.parametrize("solution", [step_right, step_by_counts_and_package])
+def test_step_throughput_check_passes_right_answers(namespace, solution, capsys):
+    _passes(namespace, "09-step-throughput-check", "step_throughput", solution, capsys)
 
 
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
-        (throughput_percent, "not a percentage"),
-        (throughput_tflops, "multiply them by 1e12"),
-        (throughput_fp32_peak, "divides by the bf16 peak"),
-        (throughput_inverted, "tokens per second"),
-        (throughput_no_refusal, "raise ValueError (yours returned"),
-        (throughput_type_error, "raise ValueError (yours raised TypeError)"),
-        (throughput_one_number, "return two numbers"),
-        (throughput_rounded, "return it unrounded"),
+        (step_forward_only, "you counted the forward pass only"),
+        (step_default_kernel, "PyTorch's CPU flash kernel has no FLOP formula"),
+        (step_two_steps, "you counted two steps"),
+        (step_per_token, "that is the FLOPs per token"),
+        (step_six_n, "count the step's FLOPs with FlopCounterMode"),
+        (step_six_n_under_a_counter, "that is 6·N·tokens, the rule of thumb"),
+        (step_constant, "your step counted 1.235e+06 FLOPs"),
+        (step_course_counter, "called the course's own count_flops()"),
+        (step_sequences_per_second, "that is sequences per second"),
+        (step_seconds_per_token, "that is seconds per token"),
+        (step_percent, "not a percentage"),
+        (step_tflops, "multiply them by 1e12"),
+        (step_fp32_peak, "a bf16 run divides by the bf16 peak (312 TFLOP/s on a A100), not fp32"),
+        (step_tf32_peak, "a fp32 run divides by the fp32 peak (19.5 TFLOP/s on a A100), not tf32"),
+        (step_mfu_per_token, "you divided the FLOPs per token by the step time"),
+        (step_rounded, "you rounded the MFU"),
+        (step_no_refusal, "raise ValueError (yours returned a result)"),
+        (step_type_error, "raise ValueError (yours raised your function raised TypeError"),
+        (step_two_numbers, "return three numbers"),
     ],
 )
-def test_run_throughput_check_names_the_mistake(namespace, solution, feedback):
-    _fails(namespace, "09-run-throughput-check", "run_throughput", solution, feedback)
+def test_step_throughput_check_names_the_mistake(namespace, solution, feedback):
+    _fails(namespace, "09-step-throughput-check", "step_throughput", solution, feedback)
 
 
 def test_the_instructor_solutions_pass_their_checks(namespace, capsys):
     """The solution cells themselves, as the notebook has them."""
     cells = _code_cells()
-    for grade_id in ("09-causal-attention", "09-pad-vocabulary", "09-run-throughput"):
+    for grade_id in ("09-causal-attention", "09-pad-vocabulary", "09-step-throughput"):
         solution = next(
             c for c in cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id
         )

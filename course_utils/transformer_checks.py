@@ -1,0 +1,587 @@
+"""The checks of notebook 09's exercises: causal self-attention, a padded vocabulary, and a
+training step's FLOPs, tokens per second and MFU.
+
+Each check compares the learner's answer with a reference written here, and, when they
+differ, with the reference's usual mistakes (a missing mask, the wrong scale, the softmax
+over the wrong dimension, a head split that mixes tokens...), each computed the same way:
+the feedback names the mistake the answer's numbers match. Everything runs on a CPU in
+well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from course_utils.classroom import CheckFailed, answer_or_error, check, course_helpers_refused
+from course_utils.flops import count_flops  # the course's own counter: refused in (c)
+
+# ------------------------------------------------------------- (a) causal self-attention
+
+
+@dataclass(frozen=True)
+class Attention:
+    """How to compute multi-head causal self-attention: the right way by default; each
+    other value is one usual mistake (see :data:`ATTENTION_MISTAKES`)."""
+
+    # the scale: "head_dim" (1/√head_dim), "head_dim twice" (1/head_dim), "dim", "none"
+    scale: str = "head_dim"
+    mask: str = "causal"  # "causal", "none", "sees next", "hides self", "hides past", "zero",
+    # "after softmax", "inverted" (only the later keys: a boolean attn_mask read backwards)
+    softmax_dim: int = -1
+    split: str = "right"  # "right", "heads first" (a view that mixes tokens), "no transpose"
+    merge: str = "right"  # "right", "no transpose"
+    order: str = "qkv"  # "qkv", "kqv" (queries and keys swapped)
+    keys: str = "transposed"  # "transposed", "not transposed" (q @ k)
+    heads: str = "heads"  # "heads", "one" (the heads argument ignored)
+    projection: str = "w_out.T"  # "w_out.T", "none", "w_out"
+
+
+def attention(
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    w_out: torch.Tensor,
+    heads: int,
+    how: Attention = Attention(),
+) -> torch.Tensor:
+    """Multi-head causal self-attention of ``x`` (batch, seq, dim) written out by hand,
+    as ``how`` says (by default right).
+
+    >>> x, w_qkv, w_out = torch.randn(2, 5, 8), torch.randn(24, 8), torch.randn(8, 8)
+    >>> sdpa = F.scaled_dot_product_attention
+    >>> def heads(t):
+    ...     return t.view(2, 5, 2, 4).transpose(1, 2)
+    >>> q, k, v = (heads(t) for t in (x @ w_qkv.T).split(8, -1))
+    >>> out = sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 5, 8) @ w_out.T
+    >>> torch.allclose(attention(x, w_qkv, w_out, 2), out, atol=1e-5)
+    True
+    """
+    batch, seq, dim = x.shape
+    n = 1 if how.heads == "one" else heads
+    size = dim // n
+    parts = list((x @ w_qkv.T).split(dim, dim=-1))
+    if how.order == "kqv":
+        parts[0], parts[1] = parts[1], parts[0]
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        if how.split == "heads first":
+            return t.reshape(batch, n, seq, size)
+        t = t.reshape(batch, seq, n, size)
+        return t if how.split == "no transpose" else t.transpose(1, 2)
+
+    q, k, v = (split(t) for t in parts)
+    keys = k if how.keys == "not transposed" else k.transpose(-2, -1)
+    scale = {"head_dim": size**-0.5, "head_dim twice": 1 / size, "dim": dim**-0.5, "none": 1.0}
+    scores = q @ keys * scale[how.scale]
+    rows = scores.shape[-2]
+    ones = torch.ones(rows, rows, dtype=torch.bool)
+    above = ones.triu({"sees next": 2, "hides self": 0}.get(how.mask, 1))
+    if how.mask == "hides past":
+        above = ones.tril(-1)
+    if how.mask in ("causal", "sees next", "hides past"):
+        scores = scores.masked_fill(above, -math.inf)
+    elif how.mask == "hides self":  # -inf would give the first row NaN: a large finite fill
+        scores = scores.masked_fill(above, -1e9)
+    elif how.mask == "zero":
+        scores = scores.masked_fill(above, 0.0)
+    elif how.mask == "inverted":
+        scores = scores.masked_fill(~above, -math.inf)
+    weights = scores.softmax(dim=how.softmax_dim)
+    if how.mask == "inverted":  # SDPA gives a row with no key zeros, not NaN
+        weights = weights.nan_to_num(0.0)
+    if how.mask == "after softmax":
+        weights = weights.masked_fill(above, 0.0)
+    out = weights @ v
+    if how.split == "no transpose":
+        out = out.transpose(1, 2)  # back to (batch, heads, seq, head_dim), as a merge expects
+    if how.merge == "no transpose":
+        merged = out.reshape(batch, seq, dim)
+    else:
+        merged = out.transpose(1, 2).reshape(batch, seq, dim)
+    if how.projection == "none":
+        return merged
+    return merged @ (w_out if how.projection == "w_out" else w_out.T)
+
+
+_SPLIT = ".view(batch, seq, heads, head_dim).transpose(1, 2)"
+
+#: Each usual mistake of exercise 09 (a), and the feedback that names it.
+ATTENTION_MISTAKES: dict[Attention, str] = {
+    Attention(mask="none"): "there is no causal mask: each token also attended to the tokens "
+    "after it; pass is_causal=True to F.scaled_dot_product_attention",
+    Attention(mask="sees next"): "the causal mask is off by one: each token also saw the next "
+    "token; hide only the keys after the query (torch.ones(T, T).triu(1), or is_causal=True)",
+    Attention(mask="hides self"): "the causal mask hides the diagonal too: a token must be "
+    "allowed to attend to itself; hide only the keys after it (triu(1), or is_causal=True)",
+    Attention(mask="hides past"): "the mask hides the earlier tokens instead of the later "
+    "ones: a token may attend to itself and the tokens before it; hide the keys after it "
+    "(triu(1), or is_causal=True)",
+    Attention(mask="inverted"): "each token attended only to the tokens after it: in "
+    "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY attend, "
+    "the opposite of masked_fill's (or pass is_causal=True)",
+    Attention(mask="zero"): "the hidden scores were set to 0, and the softmax still gives them "
+    "weight (e^0 = 1): fill them with float('-inf'), or pass is_causal=True",
+    Attention(mask="after softmax"): "the mask was applied after the softmax, so each row of "
+    "weights no longer sums to 1: mask the scores with -inf before the softmax (or pass "
+    "is_causal=True)",
+    Attention(scale="head_dim twice"): "the scores were scaled by 1/head_dim, not "
+    "1/√head_dim: did you divide q by √head_dim and let F.scaled_dot_product_attention scale "
+    "again? It scales for you",
+    Attention(scale="none"): "the scores were not scaled: multiply q @ kᵀ by 1/√head_dim "
+    "(F.scaled_dot_product_attention does it for you)",
+    Attention(scale="dim"): "the scores were scaled by 1/√dim, the model's width: the scale "
+    "is 1/√head_dim, head_dim = dim // heads",
+    Attention(softmax_dim=-2): "the softmax ran over the wrong dimension (the queries): each "
+    "query's weights over the keys must sum to 1, softmax(dim=-1)",
+    Attention(split="heads first"): "the heads were split with .view(batch, heads, seq, "
+    f"head_dim), which mixes tokens into heads: split with {_SPLIT}",
+    Attention(split="no transpose"): "the heads were split without .transpose(1, 2): "
+    "attention ran across the heads instead of across the tokens; split with " + _SPLIT,
+    Attention(merge="no transpose"): "the heads were merged with .reshape(batch, seq, dim) "
+    "straight from (batch, heads, seq, head_dim), which mixes tokens: .transpose(1, 2) "
+    "first, then .reshape(batch, seq, dim)",
+    Attention(heads="one"): "you attended with one head over the whole width: split into "
+    "`heads` heads of dim // heads numbers each",
+    Attention(order="kqv"): "queries and keys are swapped: x @ w_qkv.T holds the queries, "
+    "then the keys, then the values",
+    Attention(keys="not transposed"): "the scores are q @ k without transposing k: they "
+    "are q @ k.transpose(-2, -1) (one score per query and key)",
+    Attention(projection="none"): "the output projection is missing: return the merged "
+    "heads @ w_out.T",
+    Attention(projection="w_out"): "the output was projected with @ w_out, not @ w_out.T: "
+    "a weight is stored (out, in) like nn.Linear's, so project with @ w_out.T (or "
+    "F.linear(merged, w_out))",
+}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5, rtol=1e-4))
+
+
+def attention_mistake(
+    out: torch.Tensor, x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor, heads: int
+) -> str | None:
+    """The feedback for the usual mistake whose output ``out`` is (``None``: none is)."""
+    right = attention(x, w_qkv, w_out, heads)
+    for how, feedback in ATTENTION_MISTAKES.items():
+        try:
+            wrong = attention(x, w_qkv, w_out, heads, how)
+        except RuntimeError:  # a mistake whose shapes do not fit this case
+            continue
+        if not _same(wrong, right) and _same(out.detach().float(), wrong):
+            return feedback
+    return None
+
+
+def check_causal_attention(
+    causal_self_attention: Callable[..., Any], cases: Iterable[tuple[int, int, int, int]]
+) -> None:
+    """Exercise 09 (a): ``causal_self_attention(x, w_qkv, w_out, heads)`` against
+    :func:`attention` on random inputs of each case's (batch, seq, dim, heads); an output
+    that differs is compared with each usual mistake of :data:`ATTENTION_MISTAKES`, and the
+    feedback names the one it matches."""
+    torch.manual_seed(0)
+    for batch, seq, dim, heads in cases:
+        x = torch.randn(batch, seq, dim)
+        w_qkv, w_out = torch.randn(3 * dim, dim) / dim**0.5, torch.randn(dim, dim) / dim**0.5
+        shape = f"x of shape {(batch, seq, dim)} and {heads} heads"
+        out = answer_or_error(causal_self_attention, x.clone(), w_qkv, w_out, heads)
+        check(not isinstance(out, str), f"with {shape}, {out}")
+        check(
+            type(out) is torch.Tensor,
+            f"return one tensor (batch, seq, dim); yours returned {type(out).__name__}",
+        )
+        check(
+            out.shape == x.shape,
+            f"with {shape} your output has shape {tuple(out.shape)}: "
+            "return (batch, seq, dim), the merged heads projected by w_out",
+        )
+        check(
+            not out.isnan().any(),
+            "your output holds NaN: some token may attend to nothing, not even itself (a row "
+            "of scores all -inf has no softmax). Hide only the keys after each query; in "
+            "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
+            "attend, the opposite of masked_fill's",
+        )
+        if _same(out.detach(), attention(x, w_qkv, w_out, heads)):
+            continue
+        mistake = attention_mistake(out, x, w_qkv, w_out, heads)
+        check(mistake is None, f"with {shape}: {mistake}")
+        x[:, -1] += 1  # change the last token only: no earlier output may move
+        later = answer_or_error(causal_self_attention, x, w_qkv, w_out, heads)
+        check(
+            isinstance(later, str) or _same(later[:, :-1].detach(), out[:, :-1].detach()),
+            f"with {shape}, changing the last token changed earlier outputs: your mask lets "
+            "tokens see later ones (is_causal=True hides them)",
+        )
+        raise CheckFailed(
+            f"with {shape} your output differs from causal self-attention, and not in one of "
+            "the usual ways alone (mask, scale, softmax dimension, head split or merge, "
+            "projection): check each step against section 2's CausalSelfAttention"
+        )
+
+
+# ------------------------------------------------------------------ (b) pad a vocabulary
+
+
+def _rows_feedback(vocab: int, multiple: int, rows: int) -> str:
+    """Why ``rows`` is not ``vocab`` rounded up to a multiple of ``multiple``."""
+    expected = -(-vocab // multiple) * multiple
+    said = f"a vocabulary of {vocab}, padded to a multiple of {multiple}, has {expected} rows"
+    if rows == vocab:
+        why = "you kept the old size: make a new nn.Embedding with the padded number of rows"
+    elif rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
+        why = (
+            "a vocabulary that is already a multiple keeps its size (round up, not 'the next one')"
+        )
+    elif rows == vocab + multiple:
+        why = "you added a multiple to it: round it up to the next multiple instead"
+    elif rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
+        why = (
+            "you rounded down (or to the nearest): round up, so that every token keeps a "
+            "row: math.ceil(vocab / multiple) * multiple"
+        )
+    elif rows == multiple:
+        why = "you used the multiple itself: round the vocabulary up to a multiple of it"
+    else:
+        why = "round up to the next multiple: math.ceil(vocab / multiple) * multiple"
+    return f"{said}, not {rows}: {why}"
+
+
+_FEWER_ROWS = (
+    " (did the new embedding get fewer rows than the {vocab} old ones? Round up: "
+    "math.ceil(vocab / multiple) * multiple)"
+)
+
+
+def check_pad_vocabulary(
+    pad_vocabulary: Callable[..., Any],
+    make_model: Callable[[int], Any],
+    cases: Iterable[tuple[int, int]],
+) -> None:
+    """Exercise 09 (b): for each (vocab, multiple), ``pad_vocabulary(model, multiple)``
+    on ``make_model(vocab)`` (a GPT with ``tok`` and a tied ``head``) must give an
+    embedding of the vocabulary rounded up to a multiple, the old rows first, the head tied
+    to it, the model's dtype kept, and the same logits for the real tokens."""
+    for vocab, multiple in cases:
+        for dtype in (torch.float32, torch.float64):
+            torch.manual_seed(0)
+            model = make_model(vocab).to(dtype)
+            kind = type(model)
+            old_width = int(model.tok.weight.shape[1])
+            tokens = torch.randint(0, vocab, (2, 8))
+            before, old = model(tokens).detach(), model.tok.weight.detach().clone()
+            got = answer_or_error(pad_vocabulary, model, multiple)
+            check(
+                not isinstance(got, str),
+                f"vocabulary {vocab}, multiple {multiple}: {got}"
+                + (_FEWER_ROWS.format(vocab=vocab) if str(vocab) in f"{got}" else ""),
+            )
+            check(got is not None, "return the model (the same one, padded)")
+            check(
+                isinstance(got, kind),
+                f"return the model, a {kind.__name__}, not {type(got).__name__}",
+            )
+            _check_padded(got, vocab, multiple, old_width, dtype, tokens, before, old)
+
+
+def _check_padded(
+    model: Any,
+    vocab: int,
+    multiple: int,
+    width: int,
+    dtype: torch.dtype,
+    tokens: torch.Tensor,
+    before: torch.Tensor,
+    old: torch.Tensor,
+) -> None:
+    rows, got_width = model.tok.weight.shape
+    expected = -(-vocab // multiple) * multiple
+    check(
+        got_width == width,
+        f"the embedding is {got_width} wide, it was {width}: pad the "
+        "rows (one per token), not the embedding width",
+    )
+    check(rows == expected, _rows_feedback(vocab, multiple, rows))
+    check(
+        model.head.weight is model.tok.weight,
+        "the head is no longer tied to the embedding: after making the new embedding, "
+        "model.head.weight = model.tok.weight",
+    )
+    check(
+        model.tok.weight.dtype == dtype,
+        f"a {str(dtype)[6:]} model came back with {str(model.tok.weight.dtype)[6:]} rows: make "
+        "the new embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
+        "dtype=old.dtype, device=old.device)",
+    )
+    check(
+        bool(torch.isfinite(model.tok.weight).all()),
+        "the extra rows hold inf or NaN: "
+        "initialize them (zeros, or nn.Embedding's own random rows)",
+    )
+    after = model(tokens).detach()
+    check(
+        after.shape[-1] == expected,
+        f"the logits have {after.shape[-1]} columns, expected "
+        f"{expected}: the head must score every row of the padded embedding",
+    )
+    if torch.allclose(after[..., :vocab], before, atol=1e-5):
+        return
+    check(
+        not torch.equal(model.tok.weight[expected - vocab :].detach(), old) or expected == vocab,
+        "the old rows went to the end of the new embedding: token i must keep row i, so copy "
+        "the old rows into the first rows, new.weight[:vocab] = old.weight",
+    )
+    raise CheckFailed(
+        "the real tokens' logits changed: copy the old rows into the first rows of the new "
+        "embedding (new.weight.data[:vocab] = old.weight), so that each token keeps its row"
+    )
+
+
+# ---------------------------------------------------- (c) FLOPs, tokens/s, MFU of a step
+
+
+def step_flops(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    backward: bool = True,
+    math_kernel: bool = True,
+) -> int:
+    """FLOPs of one training step's forward (and backward) of ``model`` on tokens ``x``
+    and targets ``y``, counted by ``FlopCounterMode``; attention under the math kernel
+    (whose matmuls the counter sees), or the default one. The gradients are cleared after."""
+    kernel = sdpa_kernel(SDPBackend.MATH) if math_kernel else _nothing()
+    with kernel, FlopCounterMode(display=False) as counter:
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        if backward:
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class StepCase:
+    """One case of exercise 09 (c): a model, a batch and a step time on a GPU's peak."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    seconds: float
+    gpu: Any  # a GpuPeakFlops row
+    dtype: torch.dtype
+
+
+_PEAK_FIELDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _call_counting(step_throughput: Callable[..., Any], case: StepCase) -> tuple[Any, int]:
+    """The learner's answer for ``case``, and how many ``FlopCounterMode`` blocks it
+    entered; the course's own ``count_flops`` is refused inside."""
+    entered = {"count": 0}
+    original = FlopCounterMode.__enter__
+
+    def counting(self: FlopCounterMode) -> Any:
+        entered["count"] += 1
+        return original(self)
+
+    FlopCounterMode.__enter__ = counting  # type: ignore[method-assign]
+    try:
+        with course_helpers_refused({"count_flops": count_flops}, "count_flops"):
+            answer = answer_or_error(
+                step_throughput, case.model, case.x, case.y, case.seconds, case.gpu, case.dtype
+            )
+    finally:
+        FlopCounterMode.__enter__ = original  # type: ignore[method-assign]
+    return answer, entered["count"]
+
+
+def _flops_feedback(case: StepCase, flops: float, right: int) -> str | None:
+    """Why ``flops`` is not the step's count ``right`` (``None``: it is)."""
+    if math.isclose(flops, right, rel_tol=1e-9):
+        return None
+    model, x, y = case.model, case.x, case.y
+    tokens = x.numel()
+    n = sum(p.numel() for p in model.parameters())
+    known = [
+        (
+            step_flops(model, x, y, backward=False),
+            "you counted the forward pass only: "
+            "backward costs about twice the forward, so call loss.backward() inside the "
+            "FlopCounterMode block too",
+        ),
+        (
+            step_flops(model, x, y, math_kernel=False),
+            "attention's matmuls are missing: "
+            "PyTorch's CPU flash kernel has no FLOP formula, so count under "
+            "sdpa_kernel(SDPBackend.MATH)",
+        ),
+        (
+            step_flops(model, x, y, backward=False, math_kernel=False),
+            "you counted the forward "
+            "pass only, without attention's matmuls: count forward and backward, under "
+            "sdpa_kernel(SDPBackend.MATH)",
+        ),
+        (
+            right / tokens,
+            "that is the FLOPs per token: return the FLOPs of the whole step "
+            "(every token of the batch)",
+        ),
+        (
+            right / x.shape[0],
+            "that is the FLOPs per sequence: return the FLOPs of the whole "
+            "step (every sequence of the batch)",
+        ),
+        (2 * right, "you counted two steps: count one forward and one backward"),
+        (
+            6 * n * tokens,
+            "that is 6·N·tokens, the rule of thumb, which leaves out attention and "
+            "counts parameters that do no matmul: count the step with FlopCounterMode",
+        ),
+    ]
+    for value, feedback in known:
+        if not math.isclose(value, right, rel_tol=1e-9) and math.isclose(
+            flops, value, rel_tol=1e-6
+        ):
+            return feedback
+    return (
+        f"your step counted {flops:.4g} FLOPs, FlopCounterMode counts {right:.4g} for one "
+        "forward and backward under sdpa_kernel(SDPBackend.MATH)"
+    )
+
+
+def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[StepCase]) -> None:
+    """Exercise 09 (c): ``step_throughput(model, x, y, seconds, gpu, dtype)`` must return
+    ``(flops, tokens_per_second, mfu)``: the step's FLOPs counted with ``FlopCounterMode``
+    (forward and backward, attention under the math kernel), the batch's tokens over
+    ``seconds``, and the FLOP/s over the dense peak of ``dtype`` on ``gpu`` (a fraction,
+    unrounded); ``ValueError`` when the GPU has no such peak. Cases of different models
+    and batches, so that a constant fails."""
+    answers: list[tuple[float, ...]] = []
+    for case in cases:
+        field = _PEAK_FIELDS[case.dtype]
+        peak_tflops = getattr(case.gpu, field)
+        what = f"a {case.gpu.name} in {field}"
+        answer, counters = _call_counting(step_throughput, case)
+        if peak_tflops is None:
+            check(
+                isinstance(answer, str) and "ValueError" in answer,
+                f"{what}: a {case.gpu.name} has no {field} peak (gpu.{field} is None): raise "
+                f"ValueError (yours {'raised' if isinstance(answer, str) else 'returned'} "
+                f"{answer if isinstance(answer, str) else 'a result'})",
+            )
+            continue
+        check(not isinstance(answer, str), f"{what}: {answer}")
+        check(
+            isinstance(answer, tuple) and len(answer) == 3,
+            "return three numbers: (flops, tokens_per_second, mfu)",
+        )
+        flops, speed, utilization = answer
+        check(
+            counters > 0,
+            "count the step's FLOPs with FlopCounterMode around one forward "
+            "and backward (the exercise is the counter, not a formula)",
+        )
+        check(
+            isinstance(flops, int | float) and not isinstance(flops, bool),
+            f"the FLOPs should be a number, got {type(flops).__name__}",
+        )
+        right = step_flops(case.model, case.x, case.y)
+        check((mistake := _flops_feedback(case, flops, right)) is None, f"{mistake}")
+        answers.append((flops, speed, utilization))
+        _check_speed_and_mfu(case, right, speed, utilization, peak_tflops)
+    check(
+        len({a[0] for a in answers}) == len(answers),
+        "your FLOPs did not change with the "
+        "model and the batch: count them for the model and batch you are given",
+    )
+
+
+def _check_speed_and_mfu(
+    case: StepCase, flops: int, speed: Any, utilization: Any, peak_tflops: float
+) -> None:
+    tokens, sequences, seconds = case.x.numel(), case.x.shape[0], case.seconds
+    field = _PEAK_FIELDS[case.dtype]
+    for name, value in (("tokens per second", speed), ("MFU", utilization)):
+        check(
+            isinstance(value, int | float) and not isinstance(value, bool),
+            f"{name} should be a number, got {type(value).__name__}",
+        )
+    check(
+        not math.isclose(speed, sequences / seconds, rel_tol=1e-6),
+        "that is sequences "
+        "per second: count tokens, batch × sequence length (x.numel()), per second",
+    )
+    check(
+        not math.isclose(speed, seconds / tokens, rel_tol=1e-6),
+        "that is seconds per token: return tokens per second, tokens / seconds",
+    )
+    check(
+        math.isclose(speed, tokens / seconds, rel_tol=1e-6),
+        f"{tokens} tokens in "
+        f"{seconds:g} s are {tokens / seconds:.6g} tokens per second, not {speed:.6g}",
+    )
+    right = flops / seconds / (peak_tflops * 1e12)
+    if math.isclose(utilization, right, rel_tol=1e-9):
+        return
+    peaks = {f: getattr(case.gpu, f) for f in ("fp32", "fp16", "bf16", "tf32")}
+    known = {
+        100 * right: "MFU is a fraction (0.2), not a percentage (20)",
+        flops / seconds / peak_tflops: "the peaks are in TFLOP/s: multiply them by 1e12 to "
+        "get FLOP/s",
+        flops / tokens / seconds / (peak_tflops * 1e12): "you divided the FLOPs per token by "
+        "the step time: use the FLOPs of the whole step",
+        round(right, 2): "you rounded the MFU: return it unrounded (round only when you print it)",
+        round(right, 3): "you rounded the MFU: return it unrounded (round only when you print it)",
+    }
+    for other, tflops in peaks.items():
+        if other != field and tflops:
+            known.setdefault(
+                flops / seconds / (tflops * 1e12),
+                f"a {field} run divides by "
+                f"the {field} peak ({peak_tflops:g} TFLOP/s on a "
+                f"{case.gpu.name}), not {other}'s ({tflops:g})",
+            )
+    for value, feedback in known.items():
+        check(not math.isclose(utilization, value, rel_tol=1e-9), feedback)
+    raise CheckFailed(
+        f"{flops:.4g} FLOPs in {seconds:g} s on a {case.gpu.name} in {field} "
+        f"({peak_tflops:g} TFLOP/s) is an MFU of {right:.6g}, not {utilization:.6g}: FLOPs / "
+        "seconds / (peak in TFLOP/s × 1e12)"
+    )
+
+
+def step_case(
+    make_model: Callable[..., nn.Module],
+    sizes: tuple[int, int, int, int, int],
+    *,
+    batch: int,
+    seconds: float,
+    gpu: Any,
+    dtype: torch.dtype,
+) -> StepCase:
+    """A case of exercise 09 (c): ``make_model(*sizes)`` (a GPT: vocabulary, context,
+    width, blocks, heads) seeded, a random batch of ``batch`` full-length sequences and
+    their targets, a step time and a GPU's datasheet row."""
+    vocab, context = sizes[0], sizes[1]
+    torch.manual_seed(0)
+    model = make_model(*sizes)
+    x, y = torch.randint(0, vocab, (2, batch, context))
+    return StepCase(model, x, y, seconds, gpu, dtype)
