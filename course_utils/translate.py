@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babel.messages.catalog import Catalog, Message
-from babel.messages.pofile import read_po, write_po
+from babel.messages.pofile import read_po, unescape, write_po
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = ROOT / "translations"
@@ -75,12 +75,46 @@ def catalog_path(language: str, notebook: Path, root: Path = TRANSLATIONS) -> Pa
 def read_catalog(path: Path, language: str) -> Catalog:
     try:
         with path.open("rb") as file:
-            return read_po(file, locale=language, abort_invalid=True)
+            catalog = read_po(file, locale=language, abort_invalid=True)
     except FileNotFoundError:
         raise
     except Exception as failure:  # Babel raises PoFileError and others on garbled files
         reason = " ".join(str(failure).split())[:200]
         raise TranslationError(f"cannot read catalog {path}: {reason}") from None
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and not line.startswith("#") and not _PO_LINE.match(line):
+            raise TranslationError(
+                f"cannot read catalog {path}: line {number} is not PO: {line[:60]!r}"
+            )
+    previous = _previous_ids(text)
+    for message in catalog:
+        if message.context in previous:
+            message.previous_id = [previous[message.context]]
+    return catalog
+
+
+# A PO file's lines other than comments: a keyword and a quoted string, or a string alone
+# (Babel's reader accepts an unterminated string; msgfmt --check does not).
+_PO_LINE = re.compile(
+    r'^(?:(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+)?"(?:[^"\\]|\\.)*"\s*$'
+)
+
+
+def _previous_ids(text: str) -> dict[str, str]:
+    """``#| msgid`` (the English a fuzzy entry was translated from) by context: Babel
+    writes these but does not read them back."""
+    found: dict[str, str] = {}
+    pieces: list[str] = []
+    for line in text.splitlines():
+        if line.startswith('#| msgid "') or (pieces and line.startswith('#| "')):
+            pieces.append(line[line.index('"') :])
+        elif line.startswith('msgctxt "') and pieces:
+            found[unescape(line[len("msgctxt ") :])] = "".join(unescape(p) for p in pieces)
+            pieces = []
+        elif not line.startswith("#"):
+            pieces = []
+    return found
 
 
 def write_catalog(catalog: Catalog, path: Path) -> None:
