@@ -38,7 +38,7 @@ BAD_INPUT, FAILED, UNMATCHED = 2, 1, 3  # exit statuses (see the module doc)
 EXTRAS = {
     **dict.fromkeys(["nbformat", "nbclient", "ipykernel", "jupyter_client"], "notebooks"),
     **dict.fromkeys(["nbconvert", "nbgrader", "copydetect"], "classroom"),
-    **dict.fromkeys(["mkdocs", "material", "mkdocs_jupyter", "mkdocs_static_i18n"], "site"),
+    **dict.fromkeys(["mkdocs", "material", "mkdocs_jupyter"], "site"),
 }
 
 
