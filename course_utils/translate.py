@@ -118,6 +118,11 @@ def _previous_ids(text: str) -> dict[str, str]:
 
 
 def write_catalog(catalog: Catalog, path: Path) -> None:
+    # Babel flags an entry whose English has a "%" (for example "100% GPU-Util") as
+    # python-format; markdown is not a format string, and with that flag msgfmt --check
+    # refuses a translation that writes "100 %" or "٪100".
+    for message in [*catalog, *catalog.obsolete.values()]:
+        message.flags.discard("python-format")
     buffer = io.BytesIO()
     write_po(buffer, catalog, width=0, sort_output=False, include_previous=True)
     path.parent.mkdir(parents=True, exist_ok=True)

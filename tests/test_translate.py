@@ -120,6 +120,24 @@ def test_update_adds_marks_changed_fuzzy_removed_obsolete_and_does_not_churn(tmp
     assert read_catalog(path, "bn").creation_date == header
 
 
+def test_catalogs_pass_msgfmt_check_with_a_percent_sign_translated(tmp_path):
+    msgfmt = shutil.which("msgfmt")
+    if msgfmt is None:
+        pytest.skip("no msgfmt (gettext) here")
+    nb = _tiny(tmp_path, [("markdown", "a", "At 100% GPU-Util (`%timeit`).")])
+    translate.update_catalog("ar", nb, tmp_path / "translations")
+    path = catalog_path("ar", nb, tmp_path / "translations")
+    catalog = read_catalog(path, "ar")
+    for message in catalog:
+        if message.id:
+            message.string = "عند ٪100 من GPU-Util (`%timeit`)."
+    write_catalog(catalog, path)
+    assert "python-format" not in path.read_text(encoding="utf-8")
+    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_publishing_the_badges_does_not_make_a_catalog_stale(tmp_path, catalogs):
     from course_utils.colab import badge_line
 
