@@ -160,6 +160,19 @@ def _parser() -> argparse.ArgumentParser:
         help="keep the exercises' answers (default: student versions, for learners)",
     )
 
+    translate = command(
+        "translate",
+        "the notebooks in Bengali, Arabic and Nepali: catalogs, coverage, build, check",
+        None,
+        description="Translations (translations/LANG/NOTEBOOK.po, one entry per markdown "
+        "cell): update the catalogs from the English notebooks, report coverage, build the "
+        "translated notebooks, check the translations (exit 1 on a problem).",
+    )
+    translate.add_argument("action", choices=("update", "coverage", "build", "check"))
+    translate.add_argument("--lang", help="bn, ar or ne (default: every language; build: one)")
+    translate.add_argument("--json", **json_option)
+    translate.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
+
     grade = command("grade", "score a submitted notebook's exercise checks", None)
     grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or more)")
     grade.add_argument("--json", **json_option)
@@ -464,6 +477,54 @@ def _grade_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _translate(args: argparse.Namespace) -> int:
+    from course_utils import translate  # lazy: Babel
+
+    if args.lang is not None and args.lang not in translate.LANGUAGES:
+        raise ValueError(f"unknown language {args.lang!r}: one of {', '.join(translate.LANGUAGES)}")
+    languages = [args.lang] if args.lang else list(translate.LANGUAGES)
+    notebooks = sorted((args.root / "notebooks").glob("*.ipynb"))
+    if not notebooks:
+        raise ValueError(f"no notebooks in {args.root / 'notebooks'}: is --root the checkout?")
+    catalogs = args.root / "translations"
+    if args.action == "update":
+        for result in translate.update_catalogs(languages, notebooks, catalogs):
+            if result.added or result.changed or result.removed:
+                print(
+                    f"{result.path.parent.name}/{result.path.name}: {result.added} new, "
+                    f"{result.changed} changed (fuzzy), {result.removed} removed (obsolete)"
+                )
+        print(f"{len(languages) * len(notebooks)} catalog(s) in step with the English")
+        return 0
+    if args.action == "coverage":
+        table = translate.coverage(languages, notebooks, catalogs)
+        if args.json:
+            print(json.dumps({lang: [vars(r) for r in rows] for lang, rows in table.items()}))
+            return 0
+        for language, rows in table.items():
+            whole = translate.total(rows)
+            print(
+                f"{language} ({translate.LANGUAGES[language]}): {whole.translated}/"
+                f"{whole.total} cells translated ({whole.percent:.0f} %)"
+            )
+            for row in rows:
+                fuzzy = f", {row.fuzzy} fuzzy" if row.fuzzy else ""
+                print(f"  {row.notebook}: {row.translated}/{row.total}{fuzzy}")
+        return 0
+    if args.action == "build":
+        if args.lang is None:
+            raise ValueError("translate build needs --lang (bn, ar or ne)")
+        out = args.out or Path("build") / f"notebooks-{args.lang}"
+        written = translate.build(args.lang, notebooks, out, catalogs)
+        print(f"{len(written)} notebook(s) in {translate.LANGUAGES[args.lang]} written to {out}")
+        return 0
+    problems = translate.check(languages, notebooks, catalogs)
+    for line in problems:
+        print(line)
+    print(f"{len(problems)} problem(s) in the {', '.join(languages)} catalogs")
+    return 1 if problems else 0
+
+
 def _site(args: argparse.Namespace) -> int:
     if not (args.root / "README.md").is_file():
         raise ValueError(f"no README.md in {args.root}: is --root the course checkout?")
@@ -489,6 +550,7 @@ HANDLERS = {
     "grade-class": _grade,
     "grade-merge": _grade_merge,
     "site": _site,
+    "translate": _translate,
 }
 
 

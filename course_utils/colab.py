@@ -37,14 +37,25 @@ SETUP_CELL_METADATA: dict[str, Any] = {
 UNPUBLISHED_BADGE_LINE = (
     "*Open in Colab:* open this notebook from the course's `colab` branch, where its "
     '"Open in Colab" badge and setup cell are filled in (the exercises without their '
-    "answers; the `solutions` branch has them)."
+    "answers; the `solutions` branch has them). In Bengali, Arabic and Nepali: "
+    "`notebooks/bn/`, `notebooks/ar/` and `notebooks/ne/` on that branch."
 )
+# The languages the course is translated into (course_utils.translate.LANGUAGES), in the
+# order of the badge line's links.
+TRANSLATIONS = {"bn": "বাংলা", "ar": "العربية", "ne": "नेपाली"}
 README_BADGE_LINE = (
     "*Open in Colab:* [the notebooks, ready for Colab](../../tree/colab/notebooks) (the "
-    "exercises without their answers; [with the answers](../../tree/solutions/notebooks))."
+    "exercises without their answers; [with the answers](../../tree/solutions/notebooks)); "
+    "in [বাংলা](../../tree/colab/notebooks/bn), [العربية](../../tree/colab/notebooks/ar) and "
+    "[नेपाली](../../tree/colab/notebooks/ne)."
 )
 # Badge lines of earlier versions, recognised (and replaced) by the badges command.
 _OLD_BADGE_LINES = (
+    "*Open in Colab:* [the notebooks, ready for Colab](../../tree/colab/notebooks) (the "
+    "exercises without their answers; [with the answers](../../tree/solutions/notebooks)).",
+    "*Open in Colab:* open this notebook from the course's `colab` branch, where its "
+    '"Open in Colab" badge and setup cell are filled in (the exercises without their '
+    "answers; the `solutions` branch has them).",
     "*Open in Colab:* the published copy of the course (the `colab` branch that "
     "`.github/workflows/publish.yml` writes) has a one-click badge here; from any copy on "
     "GitHub, open a notebook in Colab with File → Open notebook → GitHub and its address.",
@@ -112,7 +123,43 @@ def badge_line(repo: str, ref: str, notebook: str, *, readme: bool = False) -> s
     :data:`README_BADGE_LINE`, links to the published branches of the fork it is in)."""
     if not repo:
         return README_BADGE_LINE if readme else UNPUBLISHED_BADGE_LINE
-    return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
+    badge = f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
+    if readme:
+        return badge
+    return badge + "".join(
+        f" · [{name}]({badge_url(repo, ref, translated_path(notebook, code))})"
+        for code, name in TRANSLATIONS.items()
+    )
+
+
+def translated_path(notebook: str, language: str) -> str:
+    """Where the published branch holds ``notebook`` (``notebooks/NAME.ipynb``) in
+    ``language``: ``notebooks/LANG/NAME.ipynb``."""
+    folder, _, name = notebook.rpartition("/")
+    return f"{folder}/{language}/{name}" if folder else f"{language}/{name}"
+
+
+def translated_badge_line(line: str, language: str, name: str) -> str | None:
+    """The badge line of ``name`` in ``language``, from the English notebook's badge line
+    ``line``: its badge opens the translated notebook, with links to the English and the
+    other languages. None when ``line`` has no badge (the course is not published)."""
+    match = _BADGE_URL.search(line)
+    if match is None:
+        return None
+    english = match.group(1)
+    prefix = match.group(0)[: -len(english)]
+    links = [f"[English]({prefix}{english})"] + [
+        f"[{title}]({prefix}{translated_path(english, code)})"
+        for code, title in TRANSLATIONS.items()
+        if code != language
+    ]
+    own = f"{prefix}{translated_path(english, language)}"
+    return f"[![Open In Colab]({BADGE_IMAGE})]({own}) · " + " · ".join(links)
+
+
+def is_badge_line(line: str) -> bool:
+    """A title cell's (or the README's) badge line, in any form ``badges`` wrote."""
+    return _is_badge_line(line)
 
 
 def setup_cell_source(repo: str, ref: str, sha256: str) -> str:

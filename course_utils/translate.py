@@ -17,15 +17,18 @@ Weblate, Lokalize, ``msgfmt --check``) opens them. Code cells are never translat
 
 from __future__ import annotations
 
+import csv
 import io
 import json
+import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from babel.messages.catalog import Catalog, Message
-from babel.messages.pofile import read_po, write_po
+from babel.messages.pofile import read_po, unescape, write_po
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = ROOT / "translations"
@@ -72,15 +75,54 @@ def catalog_path(language: str, notebook: Path, root: Path = TRANSLATIONS) -> Pa
 def read_catalog(path: Path, language: str) -> Catalog:
     try:
         with path.open("rb") as file:
-            return read_po(file, locale=language, abort_invalid=True)
+            catalog = read_po(file, locale=language, abort_invalid=True)
     except FileNotFoundError:
         raise
     except Exception as failure:  # Babel raises PoFileError and others on garbled files
         reason = " ".join(str(failure).split())[:200]
         raise TranslationError(f"cannot read catalog {path}: {reason}") from None
+    text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip() and not line.startswith("#") and not _PO_LINE.match(line):
+            raise TranslationError(
+                f"cannot read catalog {path}: line {number} is not PO: {line[:60]!r}"
+            )
+    previous = _previous_ids(text)
+    for message in catalog:
+        if message.context in previous:
+            message.previous_id = [previous[message.context]]
+    return catalog
+
+
+# A PO file's lines other than comments: a keyword and a quoted string, or a string alone
+# (Babel's reader accepts an unterminated string; msgfmt --check does not).
+_PO_LINE = re.compile(
+    r'^(?:(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+)?"(?:[^"\\]|\\.)*"\s*$'
+)
+
+
+def _previous_ids(text: str) -> dict[str, str]:
+    """``#| msgid`` (the English a fuzzy entry was translated from) by context: Babel
+    writes these but does not read them back."""
+    found: dict[str, str] = {}
+    pieces: list[str] = []
+    for line in text.splitlines():
+        if line.startswith('#| msgid "') or (pieces and line.startswith('#| "')):
+            pieces.append(line[line.index('"') :])
+        elif line.startswith('msgctxt "') and pieces:
+            found[unescape(line[len("msgctxt ") :])] = "".join(unescape(p) for p in pieces)
+            pieces = []
+        elif not line.startswith("#"):
+            pieces = []
+    return found
 
 
 def write_catalog(catalog: Catalog, path: Path) -> None:
+    # Babel flags an entry whose English has a "%" (for example "100% GPU-Util") as
+    # python-format; markdown is not a format string, and with that flag msgfmt --check
+    # refuses a translation that writes "100 %" or "٪100".
+    for message in [*catalog, *catalog.obsolete.values()]:
+        message.flags.discard("python-format")
     buffer = io.BytesIO()
     write_po(buffer, catalog, width=0, sort_output=False, include_previous=True)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +162,7 @@ def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> 
         fresh.last_translator, fresh.language_team = old.last_translator, old.language_team
     result = UpdateResult(path)
     seen = set()
-    for cell_id, text in markdown_cells(read_notebook(notebook)):
+    for cell_id, text in english_entries(read_notebook(notebook)):
         seen.add(cell_id)
         before = by_context.get(cell_id)
         message = Message(text, context=cell_id)
@@ -151,3 +193,343 @@ def update_catalogs(
     languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
 ) -> list[UpdateResult]:
     return [update_catalog(lang, nb, root) for lang in languages for nb in notebooks]
+
+
+# --- The title cell's badge line -------------------------------------------------------
+# Cell 0's third line is written by ``python -m course_utils badges`` (course_utils.colab),
+# not by an author: it changes when the course is published. Catalogs hold it in its
+# committed form (TITLE_BADGE_LINE), so publishing never makes a catalog stale; a built
+# notebook gets its own language's badge line.
+TITLE_BADGE_LINE = (
+    "*Open in Colab:* open this notebook from the course's `colab` branch, where its "
+    '"Open in Colab" badge and setup cell are filled in (the exercises without their '
+    "answers; the `solutions` branch has them)."
+)
+
+
+def _badge_line_index(text: str) -> int | None:
+    from course_utils.colab import is_badge_line  # lazy: colab imports nothing heavy
+
+    lines = text.split("\n")
+    for index in range(min(3, len(lines))):
+        if is_badge_line(lines[index]):
+            return index
+    return None
+
+
+def source_text(cell_index: int, text: str) -> str:
+    """The English text a catalog holds for a markdown cell: its own, except that the
+    title cell's badge line is in its committed form (see TITLE_BADGE_LINE)."""
+    if cell_index != 0:
+        return text
+    at = _badge_line_index(text)
+    if at is None:
+        return text
+    lines = text.split("\n")
+    lines[at] = TITLE_BADGE_LINE
+    return "\n".join(lines)
+
+
+def english_entries(notebook: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(cell id, msgid)`` of each markdown cell, as the catalogs hold them."""
+    index_of = {cell.get("id"): index for index, cell in enumerate(notebook.get("cells", []))}
+    return [(cid, source_text(index_of[cid], text)) for cid, text in markdown_cells(notebook)]
+
+
+# --- Checks ------------------------------------------------------------------------------
+_FENCE = re.compile(r"```.*?```", re.S)
+_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+_LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_URL = re.compile(r"https?://[^\s)>\]]+")
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
+KINDS = ("fenced code", "code spans", "formulas", "link targets", "numbers")
+
+
+def protected_parts(text: str) -> dict[str, Counter[str]]:
+    """What a translation keeps exactly as the English has it, as multisets: fenced code,
+    code spans, formulas (``$…$``), link targets and URLs, numbers (ASCII digits).
+
+    >>> parts = protected_parts("Use `x.to(device)` on 2 GPUs, see [docs](https://a.b/c).")
+    >>> dict(parts["code spans"]), dict(parts["numbers"]), dict(parts["link targets"])
+    ({'x.to(device)': 1}, {'2': 1}, {'https://a.b/c': 1})
+    """
+    fences = _FENCE.findall(text)
+    text = _FENCE.sub(" ", text)
+    codes = [match.group(2) for match in _CODE.finditer(text)]
+    text = _CODE.sub(" ", text)
+    formulas = _MATH.findall(text)
+    text = _MATH.sub(" ", text)
+    links = _LINK.findall(text) + _URL.findall(text)
+    text = _URL.sub(" ", _LINK.sub("] ", text))
+    return {
+        "fenced code": Counter(fences),
+        "code spans": Counter(codes),
+        "formulas": Counter(formulas),
+        "link targets": Counter(links),
+        "numbers": Counter(_NUMBER.findall(text)),
+    }
+
+
+@dataclass(frozen=True)
+class GlossaryTerm:
+    english: str
+    translation: str
+    must_match: re.Pattern[str]
+    note: str = ""
+
+    def applies_to(self, english_text: str) -> bool:
+        plain = _CODE.sub(" ", english_text)
+        pattern = r"(?<![\w-])" + re.escape(self.english) + r"(?![\w-])"
+        return re.search(pattern, plain, re.IGNORECASE) is not None
+
+
+def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm]:
+    """``translations/LANG/glossary.tsv``: english, translation, must_match (a regex), note."""
+    path = root / language / "glossary.tsv"
+    try:
+        rows = list(csv.DictReader(path.open(encoding="utf-8"), delimiter="\t"))
+    except OSError as failure:
+        raise TranslationError(f"cannot read glossary {path}: {failure.strerror}") from None
+    terms = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            english, translation = row["english"].strip(), row["translation"].strip()
+            terms.append(
+                GlossaryTerm(
+                    english, translation, re.compile(row["must_match"]), row.get("note") or ""
+                )
+            )
+        except (KeyError, AttributeError, re.error) as failure:
+            raise TranslationError(f"{path}:{line}: not a glossary row ({failure})") from None
+    return terms
+
+
+def entry_problems(english: str, translation: str, glossary: list[GlossaryTerm]) -> list[str]:
+    """What is wrong with one translated entry (empty: nothing)."""
+    problems = []
+    source, target = protected_parts(english), protected_parts(translation)
+    for kind in KINDS:
+        if source[kind] != target[kind]:
+            missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
+            what = [f"missing {missing}" if missing else "", f"extra {extra}" if extra else ""]
+            problems.append(f"{kind} differ: {' '.join(w for w in what if w)}")
+    for term in glossary:
+        if term.applies_to(english) and not term.must_match.search(translation):
+            problems.append(f"glossary: '{term.english}' should be rendered as {term.translation}")
+    return problems
+
+
+def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
+    """How ``catalog`` differs from the notebook's markdown (empty: in step)."""
+    english = dict(english_entries(notebook))
+    entries = {message.context: message for message in catalog if message.id}
+    problems = []
+    for cell_id, text in english.items():
+        message = entries.get(cell_id)
+        if message is None:
+            problems.append(f"{cell_id}: no entry for this markdown cell")
+        elif message.id != text:
+            problems.append(f"{cell_id}: its English (msgid) is not the notebook's")
+    problems += [f"{cid}: an entry for no markdown cell" for cid in entries if cid not in english]
+    return problems
+
+
+UPDATE_HINT = "run `python -m course_utils translate update`"
+
+
+def check(languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS) -> list[str]:
+    """Every problem of the catalogs of ``languages``, one line each (empty: none)."""
+    lines = []
+    for language in languages:
+        glossary = read_glossary(language, root)
+        for notebook_path in notebooks:
+            path = catalog_path(language, notebook_path, root)
+            name = f"{language}/{path.name}"
+            if not path.is_file():
+                lines.append(f"{name}: no catalog: {UPDATE_HINT}")
+                continue
+            catalog = read_catalog(path, language)
+            stale = stale_problems(catalog, read_notebook(notebook_path))
+            lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
+            for message in catalog:
+                if message.id and message.string and not message.fuzzy:
+                    for problem in entry_problems(str(message.id), str(message.string), glossary):
+                        lines.append(f"{name} {message.context}: {problem}")
+    return lines
+
+
+# --- Coverage -----------------------------------------------------------------------------
+@dataclass
+class Coverage:
+    """Cells translated and not fuzzy, of ``total``, in one catalog."""
+
+    notebook: str
+    translated: int
+    total: int
+    fuzzy: int = 0
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.translated / self.total if self.total else 100.0
+
+
+def coverage(
+    languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
+) -> dict[str, list[Coverage]]:
+    """Per language, per notebook: the markdown cells whose translation is usable."""
+    result: dict[str, list[Coverage]] = {}
+    for language in languages:
+        rows = result.setdefault(language, [])
+        for notebook_path in notebooks:
+            english = english_entries(read_notebook(notebook_path))
+            path = catalog_path(language, notebook_path, root)
+            catalog = read_catalog(path, language) if path.is_file() else None
+            done = fuzzy = 0
+            for cell_id, text in english:
+                message = catalog.get(text, context=cell_id) if catalog is not None else None
+                if message is not None and message.string:
+                    fuzzy += bool(message.fuzzy)
+                    done += not message.fuzzy
+            rows.append(Coverage(notebook_path.stem, done, len(english), fuzzy))
+    return result
+
+
+def total(rows: list[Coverage]) -> Coverage:
+    return Coverage(
+        "all",
+        sum(r.translated for r in rows),
+        sum(r.total for r in rows),
+        sum(r.fuzzy for r in rows),
+    )
+
+
+# --- Building translated notebooks ----------------------------------------------------------
+#: The one-line marker on a cell shown in English, in each language.
+NOT_YET = {
+    "bn": "এখনও বাংলায় অনুবাদ হয়নি: নিচে ইংরেজি",
+    "ar": "لم تُترجم بعد إلى العربية: النص الإنجليزي أدناه",
+    "ne": "अझै नेपालीमा अनुवाद भएको छैन: तल अंग्रेजी",
+}
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+
+
+def fallback_marker(language: str) -> str:
+    return f"> *({NOT_YET[language]})*"
+
+
+def _left_to_right_blocks(text: str) -> str:
+    """Fenced code, display formulas and tables in ``<div dir="ltr">`` (inside a right to
+    left cell), code spans isolated (``<bdi>``): they read left to right."""
+    out: list[str] = []
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        block: list[str] = []
+        if line.lstrip().startswith("```"):
+            block.append(line)
+            index += 1
+            while index < len(lines):
+                block.append(lines[index])
+                index += 1
+                if lines[index - 1].lstrip().startswith("```"):
+                    break
+        elif line.strip().startswith("$$"):
+            block.append(line)
+            index += 1
+            closed = len(line.strip()) > 2 and line.rstrip().endswith("$$")
+            while not closed and index < len(lines):
+                block.append(lines[index])
+                index += 1
+                closed = lines[index - 1].rstrip().endswith("$$")
+        elif _TABLE_ROW.match(line):
+            while index < len(lines) and _TABLE_ROW.match(lines[index]):
+                block.append(lines[index])
+                index += 1
+        else:
+            out.append(_CODE.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", line))
+            index += 1
+            continue
+        out += ['<div dir="ltr">', "", *block, "", "</div>"]
+    return "\n".join(out)
+
+
+def right_to_left(text: str) -> str:
+    """Markdown that renders right to left in JupyterLab, Colab and the site: the cell in
+    ``<div dir="rtl">`` (blank lines around, so its markdown still renders), its code,
+    formulas and tables left to right."""
+    return f'<div dir="rtl">\n\n{_left_to_right_blocks(text)}\n\n</div>'
+
+
+def translated_text(language: str, english: str, message: Message | None) -> str:
+    """A markdown cell in ``language``: the translation, or the English with the marker."""
+    if message is not None and message.string and not message.fuzzy:
+        text = str(message.string)
+        return right_to_left(text) if language in RIGHT_TO_LEFT else text
+    marker = fallback_marker(language)
+    if language in RIGHT_TO_LEFT:
+        marker = f'<div dir="rtl">\n\n{marker}\n\n</div>'
+    return f"{marker}\n\n{english}"
+
+
+def _title_badge(text: str, english: str, language: str, name: str) -> str:
+    """The title cell of a built notebook: once the course is published (the English
+    title cell has a Colab badge), its badge line opens the translated notebook."""
+    from course_utils.colab import translated_badge_line
+
+    at_english = _badge_line_index(english)
+    if at_english is None:
+        return text
+    badge = translated_badge_line(english.split("\n")[at_english], language, name)
+    if badge is None:  # not published: the translator's line says where to find it
+        return text
+    lines = text.split("\n")
+    at = _badge_line_index(text)
+    at = at if at is not None else min(2, len(lines))
+    lines[at : at + 1] = [badge]
+    return "\n".join(lines)
+
+
+def translated_notebook(
+    notebook: dict[str, Any], catalog: Catalog | None, language: str, name: str = ""
+) -> dict[str, Any]:
+    """``notebook`` in ``language``: code cells unchanged, each markdown cell translated
+    (or the English with :func:`fallback_marker`), ``metadata.course_translation``."""
+    if language not in LANGUAGES:
+        raise TranslationError(f"unknown language {language!r}: one of {', '.join(LANGUAGES)}")
+    built = json.loads(json.dumps(notebook))
+    for index, cell in enumerate(built["cells"]):
+        if cell.get("cell_type") != "markdown":
+            continue
+        english = cell_text(cell)
+        key = source_text(index, english)
+        message = catalog.get(key, context=cell.get("id")) if catalog is not None else None
+        text = translated_text(language, english, message)
+        if index == 0 and message is not None and message.string and not message.fuzzy:
+            text = _title_badge(text, english, language, name)
+        cell["source"] = text.splitlines(keepends=True)
+    built["metadata"]["language"] = language
+    built["metadata"]["course_translation"] = {
+        "language": language,
+        "name": LANGUAGES[language],
+        "dir": "rtl" if language in RIGHT_TO_LEFT else "ltr",
+        "english": f"notebooks/{name}" if name else "",
+    }
+    return built
+
+
+def build(language: str, notebooks: list[Path], out: Path, root: Path = TRANSLATIONS) -> list[Path]:
+    """Write ``notebooks`` in ``language`` into ``out`` (same file names); return them."""
+    if language not in LANGUAGES:
+        raise TranslationError(f"unknown language {language!r}: one of {', '.join(LANGUAGES)}")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        catalog_file = catalog_path(language, path, root)
+        catalog = read_catalog(catalog_file, language) if catalog_file.is_file() else None
+        notebook = translated_notebook(read_notebook(path), catalog, language, path.name)
+        target = out / path.name
+        target.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", "utf-8")
+        written.append(target)
+    return written

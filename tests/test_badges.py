@@ -109,6 +109,10 @@ def test_the_committed_form_speaks_to_learners_and_links_the_published_branches(
     assert [urllib.parse.urljoin(base, link) for link in links] == [
         "https://github.com/someone/fork/tree/colab/notebooks",
         "https://github.com/someone/fork/tree/solutions/notebooks",
+        # the translations (issue 36), on the same branch
+        "https://github.com/someone/fork/tree/colab/notebooks/bn",
+        "https://github.com/someone/fork/tree/colab/notebooks/ar",
+        "https://github.com/someone/fork/tree/colab/notebooks/ne",
     ]
 
 
