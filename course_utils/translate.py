@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from babel.messages.catalog import Catalog, Message
-from babel.messages.pofile import read_po, unescape, write_po
+from babel.messages.pofile import normalize, read_po, unescape, write_po
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = ROOT / "translations"
@@ -124,9 +124,23 @@ def write_catalog(catalog: Catalog, path: Path) -> None:
     for message in [*catalog, *catalog.obsolete.values()]:
         message.flags.discard("python-format")
     buffer = io.BytesIO()
-    write_po(buffer, catalog, width=0, sort_output=False, include_previous=True)
+    # Babel prefixes only the first line of a multi-line previous msgid with "#|", which
+    # leaves the rest as bare strings (msgfmt: "end-of-line within string"): written here
+    write_po(buffer, catalog, width=0, sort_output=False, include_previous=False)
+    lines = buffer.getvalue().decode("utf-8").split("\n")
+    previous = {
+        f"msgctxt {normalize(message.context, width=0)}": message.previous_id[0]
+        for message in catalog
+        if message.context and message.previous_id and message.fuzzy
+    }
+    written = []
+    for line in lines:
+        if line in previous:
+            body = normalize(previous[line], width=0).split("\n")
+            written += ["#| msgid " + body[0]] + ["#| " + rest for rest in body[1:]]
+        written.append(line)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(buffer.getvalue())
+    path.write_bytes("\n".join(written).encode("utf-8"))
 
 
 def new_catalog(language: str, notebook: Path) -> Catalog:

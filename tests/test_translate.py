@@ -210,7 +210,7 @@ def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
 # --- build ----------------------------------------------------------------------------------
 def test_build_keeps_code_and_grading_metadata_and_marks_what_is_not_translated(catalogs):
     title = "# ০১ — রানটাইম\n\nঅনুবাদ।"
-    _translate(catalogs, "bn", NB01, lambda m: title if m.context == "nb01-01" else None)
+    _translate(catalogs, "bn", NB01, lambda m: title if m.context == "nb01-01" else "")
     out = catalogs.parent / "built"
     (built_path,) = translate.build("bn", [NB01], out, catalogs)
     english, built = _notebook(NB01), _notebook(built_path)
