@@ -118,10 +118,10 @@ def _parser() -> argparse.ArgumentParser:
         "gpu-record",
         "run the course on this GPU and write the GPU record (JSON)",
         "build/gpu-record",
-        description="Run the doctor's --require-gpu check, the gpu/multigpu tests and every "
-        "notebook at the full workload on the torch and GPU that are here (nothing installed, "
-        "no network), most informative notebooks first, and write the record after each "
-        "step. Exit 1 if anything failed or a GPU claim did not hold.",
+        description="Run the doctor's --require-gpu check, the GPU probes, the gpu/multigpu "
+        "tests and every notebook at the full workload on the torch and GPU that are here "
+        "(nothing installed, no network), most informative notebooks first, and write the "
+        "record after each step. Exit 1 if anything failed or a GPU claim did not hold.",
     )
     record.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
     record.add_argument("--budget-s", type=float, default=3600, help="the whole run (3600)")
@@ -129,6 +129,10 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--tests", type=Path, default=Path("tests"), help="the tests folder")
     record.add_argument("--no-tests", action="store_true", help="run no tests")
     record.add_argument("--tests-timeout-s", type=float, default=300, help="the tests (300)")
+    record.add_argument("--no-probes", action="store_true", help="run no GPU probes")
+    record.add_argument(
+        "--probes-timeout-s", type=float, default=240, help="the GPU probes, all (240)"
+    )
     record.add_argument(
         "--check", action="store_true", help="only check what the run needs (exit 0: ready)"
     )
@@ -317,6 +321,7 @@ def _gpu_record(args: argparse.Namespace) -> int:
 
     limits = {"--budget-s": args.budget_s, "--notebook-timeout-s": args.notebook_timeout_s}
     limits["--tests-timeout-s"] = args.tests_timeout_s
+    limits["--probes-timeout-s"] = args.probes_timeout_s
     for name, value in limits.items():
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number of seconds, not {value:g}")
@@ -338,6 +343,8 @@ def _gpu_record(args: argparse.Namespace) -> int:
         budget_s=args.budget_s,
         notebook_timeout_s=args.notebook_timeout_s,
         tests_timeout_s=args.tests_timeout_s,
+        probes=not args.no_probes,
+        probes_timeout_s=args.probes_timeout_s,
     )
     path, record = gpu_record.gpu_record(settings)
     print(gpu_record.summary(path, record))

@@ -5,7 +5,9 @@ that has torch and a GPU: it installs nothing and needs no network. First it che
 seconds, what it needs and stops with one line when something is missing (the packages
 the course and the notebook runner import, with the ``pip install --no-index`` line that
 adds them from a wheel folder; a GPU this torch can use: the doctor's ``--require-gpu``).
-Then it runs the ``gpu``/``multigpu`` tests (when pytest and the tests are there) and
+Then it runs the GPU probes (:mod:`course_utils.gpu_probes`: short checks of the GPU-only
+mechanisms behind the course's findings, in a child process, about a minute), the
+``gpu``/``multigpu`` tests (when pytest and the tests are there) and
 every notebook at the ``full`` workload, most informative first (:data:`ORDER`), each
 within its time limit and all within the run's budget. The record
 (``DIR/gpu-record-<gpu>-<date>.json``, schema in ``course_utils/records/schema.json``)
@@ -40,6 +42,7 @@ from unittest import mock
 
 import course_utils
 from course_utils.claims import claims_in_notebook
+from course_utils.gpu_probes import probe_step
 from course_utils.records import SCHEMA_ID, Record, notebook_key, validate_record
 
 # The order notebooks run in, most informative per GPU-minute first, so that a short slot
@@ -89,6 +92,8 @@ class Settings:
     budget_s: float = 3600.0
     notebook_timeout_s: float = 900.0
     tests_timeout_s: float = 300.0
+    probes: bool = True
+    probes_timeout_s: float = 240.0
     workload: str = "full"
 
 
@@ -328,11 +333,24 @@ def run_one_notebook(
     }
 
 
+def probes_summary(entries: Sequence[dict[str, Any]]) -> str:
+    """``10 ok, 1 error, 1 timeout`` (statuses in the order first seen)."""
+    counts: dict[str, int] = {}
+    for found in entries:
+        counts[found["status"]] = counts.get(found["status"], 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items()) or "none"
+
+
 def failures(record: Record) -> list[str]:
     """Why a record's run failed, one short phrase each (empty: it passed)."""
     found = []
     if record["pytest"]["status"] in ("failed", "timeout"):
         found.append(f"gpu tests {record['pytest']['status']}: {record['pytest']['summary']}")
+    found += [
+        f"probe {probe['name']} {probe['status']}: {probe['error']}"
+        for probe in record.get("probes", [])
+        if probe["status"] in ("error", "timeout")
+    ]
     for entry in record["notebooks"]:
         if entry["status"] != "ok":
             found.append(f"{entry['notebook']} {entry['status']}")
@@ -387,6 +405,7 @@ def gpu_record(
         },
         "doctor": json.loads(json.dumps(report, default=str)),
         "pytest": {"status": "not run", "summary": "", "seconds": 0.0},
+        "probes": [],
         "notebooks": [],
     }
     path = settings.out / record_file_name(record)
@@ -397,6 +416,13 @@ def gpu_record(
 
     save()
     progress.write(f"GPU record of {found['gpu_count']}x {found['gpu_name']}: {path}\n")
+    if settings.probes:  # at most a quarter of the budget: the notebooks matter most
+        limit = min(settings.probes_timeout_s, max(1.0, (deadline - clock()) / 4))
+        progress.write(f"GPU probes (limit {limit:.0f} s) ...\n")
+        progress.flush()
+        record["probes"] = probe_step(settings.out / "probes.json", limit)
+        progress.write(f"  probes: {probes_summary(record['probes'])}\n")
+        save()
     if settings.tests is not None:
         limit = min(settings.tests_timeout_s, max(1.0, (deadline - clock()) / 3))
         progress.write(f"gpu/multigpu tests (limit {limit:.0f} s) ...\n")

@@ -2,12 +2,14 @@
 
 One table per lesson: a row per recorded figure, a column per GPU record. The figures a
 learner compares first (step time, MFU, largest batch, memory, tokens/s, throughput)
-lead each table; the others follow in the order the notebook recorded them. Then every
-GPU claim's verdict. Built from the records in the package (:func:`load_records`).
+lead each table; the others follow in the order the notebook recorded them. Then the GPU
+probes (:mod:`course_utils.gpu_probes`), a small table each, and every GPU claim's
+verdict. Built from the records in the package (:func:`load_records`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from course_utils.records import Record, format_value, gpu_title, notebook_key, record_label
@@ -51,6 +53,41 @@ def lessons(records: list[Record]) -> dict[str, dict[str, list[Any]]]:
     return dict(sorted(table.items()))
 
 
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A probe's result as ``{"dtypes.float16.default": "...", ...}``; lists as text."""
+    if isinstance(value, dict):
+        found: dict[str, Any] = {}
+        for key, inner in value.items():
+            found |= _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return found
+    if isinstance(value, list):
+        if value and all(isinstance(inner, dict) for inner in value):  # rows: one per GPU
+            found = {}
+            for index, inner in enumerate(value):
+                found |= _flatten(inner, f"{prefix}[{index}]")
+            return found
+        text = json.dumps(value, default=str)
+        return {prefix: text if len(text) <= 60 else text[:57] + "..."}
+    return {prefix: format_value(value)}
+
+
+def probe_tables(records: list[Record]) -> dict[str, dict[str, list[Any]]]:
+    """``{probe: {row: [cell or None per record]}}``: each probe's status and verdict,
+    then its figures (nested ones flattened), probes in the order first recorded."""
+    tables: dict[str, dict[str, list[Any]]] = {}
+    for column, record in enumerate(records):
+        for probe in record.get("probes", []):
+            rows = tables.setdefault(probe["name"], {})
+            cells = {"status": probe["status"], "verdict": probe["verdict"]}
+            if probe["status"] != "ok":
+                cells["verdict"] = probe["error"]
+            cells |= _flatten(probe["result"] or {})
+            for name, value in cells.items():
+                if value is not None:
+                    rows.setdefault(name, [None] * len(records))[column] = value
+    return tables
+
+
 def comparison_page(records: list[Record]) -> str:
     """The page, as Markdown."""
     lines = ["# GPUs compared", ""]
@@ -87,6 +124,21 @@ def comparison_page(records: list[Record]) -> str:
         for name, values in rows.items():
             shown = " | ".join("" if value is None else _cell(value) for value in values)
             lines.append(f"| {_cell(name)} | {shown} |")
+    probes = probe_tables(records)
+    if probes:
+        lines += [
+            "",
+            "## GPU probes",
+            "",
+            "Short checks of the GPU-only mechanisms behind the course's findings "
+            "(`course_utils.gpu_probes`), run before the notebooks; a probe's docstring "
+            "says which finding it checks.",
+        ]
+    for name, rows in probes.items():
+        lines += ["", f"### {name}", "", header, rule]
+        for row, values in rows.items():
+            shown = " | ".join("" if value is None else _cell(value) for value in values)
+            lines.append(f"| {_cell(row)} | {shown} |")
     lines += ["", "## GPU claims", "", "| run | lesson | claim | measured | expected | held |"]
     lines.append("|---|---|---|---|---|---|")
     for number, record in enumerate(records, start=1):
