@@ -525,7 +525,7 @@ def _translate(args: argparse.Namespace) -> int:
         written = translate.build(args.lang, notebooks, out, catalogs)
         print(f"{len(written)} notebook(s) in {translate.LANGUAGES[args.lang]} written to {out}")
         return 0
-    problems = translate.check(languages, notebooks, catalogs)
+    problems = translate.check_catalogs(languages, notebooks, catalogs)
     for line in problems:
         print(line)
     print(f"{len(problems)} problem(s) in the {', '.join(languages)} catalogs")

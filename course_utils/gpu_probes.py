@@ -137,10 +137,12 @@ def machine(device: Any) -> Result:
     """The GPU and the libraries as torch sees them, beside the record's ``machine``
     (from NVML and the doctor, without CUDA: the doctor's finding that it must not start
     CUDA): name, capability, memory, SMs, CUDA, cuDNN, NCCL, Triton."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
 
     props = torch.cuda.get_device_properties(device)
     try:
+        # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
         import triton
 
         triton_version: str | None = triton.__version__
@@ -167,8 +169,10 @@ def nvml_vs_cuda_identity(device: Any) -> Result:
     each CUDA index (PCI order, ``CUDA_VISIBLE_DEVICES``, MIG) is the one torch uses, by
     UUID and memory; the course's GPU count is torch's; the peak-FLOP/s table has a row.
     Verdict: ``agree`` or ``disagree``."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
 
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     from course_utils import flops, nvml
     from course_utils.device import cuda_gpu_count
 
@@ -205,8 +209,11 @@ def sdpa_backends(device: Any) -> Result:
     """Notebook 09 (cells on ``scaled_dot_product_attention``'s kernels, the claim of the
     kernel chosen by default): which SDPA backends run causal attention in fp32, fp16 and
     bf16 on this GPU, and which one PyTorch picks by default (its backward's name)."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import warnings
 
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -236,6 +243,7 @@ def attention_backward_determinism(device: Any) -> Result:
     """Notebook 09 (the fused-vs-foreach AdamW cell compares models at ``rtol=1e-5``
     after attention): two backward passes of the same causal attention give the same
     gradients? Verdict: ``deterministic`` or ``differs`` (with the largest difference)."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
     import torch.nn.functional as F
 
@@ -258,6 +266,7 @@ def adamw_fused_vs_foreach_one_step(device: Any) -> Result:
     """Notebook 09's fused AdamW claim (issue 31): one step of ``AdamW(fused=True)`` and
     of the default (foreach) AdamW from the same model and batch give the same parameters
     within notebook 09's ``rtol=1e-5``. Verdict: ``agree`` or ``differ``."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
 
     torch.manual_seed(0)
@@ -282,6 +291,8 @@ def memory_cap_finder_repeatability(device: Any) -> Result:
     """Notebook 03 (the memory-capped batch finder; ``tests/test_nb03_gpu.py``): under
     ``memory.memory_cap(device, 512)``, ``batch.find_max_batch_size``'s limit fits and the
     limit + 1 runs out of memory, three times over. Verdict: ``repeatable`` or not."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     from course_utils.batch import TrainTrial, find_max_batch_size
     from course_utils.memory import memory_cap
     from course_utils.oom import is_out_of_memory
@@ -316,9 +327,12 @@ def ddp_vs_dp_inputs(device: Any) -> Result:
     preload=True)`` (the batches made and moved before the clock starts, as
     ``data_parallel_report`` does). Figures: the loader's and one GPU step's samples/s.
     Verdict: ``loader-bound`` (preload needed for a fair race) or ``gpu-bound``."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
     from torch.utils.data import DataLoader
 
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     from course_utils.data import SyntheticImages
     from course_utils.models import build_model
     from course_utils.timing import benchmark
@@ -351,8 +365,10 @@ def reduce_overhead_training_step(device: Any) -> Result:
     """Notebook 09 (``torch.compile(mode="reduce-overhead")`` at batch 1, CUDA graphs): a
     small transformer-like MLP's whole training step, eager against compiled, taking
     turns (``timing.time_in_turns``). Verdict: ``faster`` or ``not faster`` (minimums)."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
 
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     from course_utils.timing import time_in_turns
 
     torch.manual_seed(0)
@@ -483,10 +499,12 @@ def run_probes(
 def gpu_device() -> Any:
     """The CUDA device the probes use, or ``None`` when this torch has no usable GPU
     (asked without starting CUDA)."""
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     from course_utils.device import cuda_gpu_count
 
     if cuda_gpu_count() == 0:
         return None
+    # lazy: a probe imports what it probes when it runs (torch, CUDA, its helper)
     import torch
 
     return torch.device("cuda", 0)
@@ -536,7 +554,7 @@ def probe_step(out: Path, limit_s: float) -> list[Result]:
     return entries
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_from_command_line(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.gpu_probes")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of entries")
     parser.add_argument("--budget-s", type=float, default=600.0)
@@ -557,6 +575,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    code = run_from_command_line()
     sys.stdout.flush()
     os._exit(code)  # a probe thread past its limit may still be running: do not wait for it

@@ -149,7 +149,7 @@ def check_ready() -> None:
 # ------------------------------------------------------------------ the machine
 
 
-def machine(report: dict[str, Any]) -> dict[str, Any]:
+def machine_in_report(report: dict[str, Any]) -> dict[str, Any]:
     """The record's ``machine`` from the doctor's report (NVML: CUDA is not started here,
     so the notebooks' memory figures are not the recorder's)."""
     gpus = [
@@ -383,7 +383,7 @@ def gpu_record(
     settings.out.mkdir(parents=True, exist_ok=True)
     report = doctor()
     (settings.out / "doctor.txt").write_text(format_doctor(report) + "\n")
-    found = machine(report)
+    found = machine_in_report(report)
     notebooks = order_notebooks(notebooks, found["gpu_count"])
     record: Record = {
         "schema": SCHEMA_ID,

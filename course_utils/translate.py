@@ -30,6 +30,8 @@ from typing import Any
 from babel.messages.catalog import Catalog, Message
 from babel.messages.pofile import normalize, read_po, unescape, write_po
 
+from course_utils.colab import translated_badge_line
+
 ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = ROOT / "translations"
 NOTEBOOKS = ROOT / "notebooks"
@@ -58,7 +60,7 @@ def cell_text(cell: dict[str, Any]) -> str:
     return "".join(source) if isinstance(source, list) else str(source)
 
 
-def read_notebook(path: Path) -> dict[str, Any]:
+def read_english_notebook(path: Path) -> dict[str, Any]:
     try:
         notebook = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as failure:
@@ -176,7 +178,7 @@ def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> 
         fresh.last_translator, fresh.language_team = old.last_translator, old.language_team
     result = UpdateResult(path)
     seen = set()
-    for cell_id, text in english_entries(read_notebook(notebook)):
+    for cell_id, text in english_entries(read_english_notebook(notebook)):
         seen.add(cell_id)
         before = by_context.get(cell_id)
         message = Message(text, context=cell_id)
@@ -352,7 +354,9 @@ def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
 UPDATE_HINT = "run `python -m course_utils translate update`"
 
 
-def check(languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS) -> list[str]:
+def check_catalogs(
+    languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
+) -> list[str]:
     """Every problem of the catalogs of ``languages``, one line each (empty: none)."""
     lines = []
     for language in languages:
@@ -364,7 +368,7 @@ def check(languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
                 lines.append(f"{name}: no catalog: {UPDATE_HINT}")
                 continue
             catalog = read_catalog(path, language)
-            stale = stale_problems(catalog, read_notebook(notebook_path))
+            stale = stale_problems(catalog, read_english_notebook(notebook_path))
             lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
             for message in catalog:
                 if message.id and message.string and not message.fuzzy:
@@ -396,7 +400,7 @@ def coverage(
     for language in languages:
         rows = result.setdefault(language, [])
         for notebook_path in notebooks:
-            english = english_entries(read_notebook(notebook_path))
+            english = english_entries(read_english_notebook(notebook_path))
             path = catalog_path(language, notebook_path, root)
             catalog = read_catalog(path, language) if path.is_file() else None
             done = fuzzy = 0
@@ -490,8 +494,6 @@ def translated_text(language: str, english: str, message: Message | None) -> str
 def _title_badge(text: str, english: str, language: str, name: str) -> str:
     """The title cell of a built notebook: once the course is published (the English
     title cell has a Colab badge), its badge line opens the translated notebook."""
-    from course_utils.colab import translated_badge_line
-
     at_english = _badge_line_index(english)
     if at_english is None:
         return text
@@ -542,7 +544,7 @@ def build(language: str, notebooks: list[Path], out: Path, root: Path = TRANSLAT
     for path in notebooks:
         catalog_file = catalog_path(language, path, root)
         catalog = read_catalog(catalog_file, language) if catalog_file.is_file() else None
-        notebook = translated_notebook(read_notebook(path), catalog, language, path.name)
+        notebook = translated_notebook(read_english_notebook(path), catalog, language, path.name)
         target = out / path.name
         target.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", "utf-8")
         written.append(target)

@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ON_GPU = re.compile(r"'cuda'|HAS_GPU|cuda\.is_available|capability|tensor_cores|(?<![.\w])busy\b")
-ON_CPU = re.compile(r"== 'cpu'|!= 'cuda'|not HAS_GPU")  # ast.unparse writes strings in single quotes
+# ast.unparse writes strings in single quotes
+ON_CPU = re.compile(r"== 'cpu'|!= 'cuda'|not HAS_GPU")
 ORDERINGS = (ast.Lt, ast.Gt, ast.LtE, ast.GtE)
 
 

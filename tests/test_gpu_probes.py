@@ -59,7 +59,7 @@ def hangs(device):
 def test_without_a_gpu_every_probe_is_skipped_at_once(tmp_path, capsys):
     out = tmp_path / "probes.json"
     start = time.monotonic()
-    assert gpu_probes.main(["--out", str(out)]) == 0
+    assert gpu_probes.run_from_command_line(["--out", str(out)]) == 0
     took = time.monotonic() - start
     entries = json.loads(out.read_text())
     assert [e["name"] for e in entries] == list(gpu_probes.PROBE_NAMES)
@@ -70,7 +70,12 @@ def test_without_a_gpu_every_probe_is_skipped_at_once(tmp_path, capsys):
 
 
 def test_an_unknown_probe_is_bad_input_with_one_line(tmp_path, capsys):
-    assert gpu_probes.main(["--out", str(tmp_path / "p.json"), "--only", "machine,nope"]) == 2
+    assert (
+        gpu_probes.run_from_command_line(
+            ["--out", str(tmp_path / "p.json"), "--only", "machine,nope"]
+        )
+        == 2
+    )
     assert capsys.readouterr().out.startswith("error: unknown probe(s) nope: use ")
 
 
@@ -229,9 +234,9 @@ def test_records_written_before_the_probes_still_validate():
 def test_the_comparison_page_has_a_small_table_per_probe():
     found = load_records(SAMPLES)
     page = comparison_page(found)
-    section = page[page.index("## GPU probes"):page.index("## GPU claims")]
-    table = section[section.index("### memory_cap_finder_repeatability"):]
-    table = table[:table.index("\n### ", 1)]
+    section = page[page.index("## GPU probes") : page.index("## GPU claims")]
+    table = section[section.index("### memory_cap_finder_repeatability") :]
+    table = table[: table.index("\n### ", 1)]
     assert "| verdict | repeatable |  |" in table  # the T4 sample ran no probes
     assert "| limit | 3071 |  |" in table
     assert '| repeat | [[3071, "fits"], [3072, "oom"]] |  |' in table

@@ -262,7 +262,7 @@ def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
 
 # --- the real catalogs ----------------------------------------------------------------------
 def test_the_real_catalogs_are_in_step_and_pass_the_checker():
-    problems = translate.check(list(LANGUAGES), NOTEBOOKS)
+    problems = translate.check_catalogs(list(LANGUAGES), NOTEBOOKS)
     assert problems == [], "\n".join(problems[:20])
 
 
