@@ -334,3 +334,27 @@ def test_the_student_version_of_a_translated_notebook_strips_the_answers(tmp_pat
     student = student_version(nbformat.read(built, as_version=4))
     assert answers_left(student) == []
     assert any("नेपाली" in c.source for c in student.cells if c.cell_type == "markdown")
+
+
+def test_a_multi_line_previous_english_is_kept_and_msgfmt_reads_it(tmp_path):
+    msgfmt = shutil.which("msgfmt")
+    if msgfmt is None:
+        pytest.skip("no msgfmt (gettext) here")
+    root, old = tmp_path / "translations", "### Exercise (c)\n\nWrite `f(x)`:\na \"quoted\" line."
+    nb = _tiny(tmp_path, [("markdown", "a", old)])
+    translate.update_catalog("ne", nb, root)
+    path = catalog_path("ne", nb, root)
+    _translate(root, "ne", nb, lambda m: "### अभ्यास (c)\n\n`f(x)` लेख्नुहोस्।")
+    _tiny(tmp_path, [("markdown", "a", old.replace("(c)", "(d)"))])
+    assert translate.update_catalog("ne", nb, root).changed == 1
+    text = path.read_text(encoding="utf-8")
+    previous = [line for line in text.splitlines() if line.startswith("#|")]
+    assert len(previous) == len(old.split("\n")) + 1  # msgid "" and one line each
+    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    (entry,) = [m for m in read_catalog(path, "ne") if m.id]
+    assert entry.fuzzy and entry.previous_id == [old]
+    translate.update_catalog("ne", nb, root)  # and again: the old English survives intact
+    (entry,) = [m for m in read_catalog(path, "ne") if m.id]
+    assert entry.previous_id == [old]
