@@ -18,6 +18,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from course_utils.instructor import validation
 from course_utils.instructor.student import InputError
 
 IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -80,5 +81,6 @@ def write_canvas(
         rows.append(identity + points)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "canvas.csv").open("w", newline="", encoding="utf-8") as file:
-        csv.writer(file).writerows(rows)
+        numeric = set(range(len(IDENTITY), len(IDENTITY) + len(notebooks)))
+        csv.writer(file).writerows(validation.row(r, numeric) for r in rows)
     return out / "canvas.csv", unknown

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from course_utils.instructor import sandbox as sandboxes
+from course_utils.instructor import validation
 from course_utils.instructor.canvas import write_canvas
 from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
@@ -42,6 +43,7 @@ from course_utils.instructor.similarity import (
     THRESHOLD,
     answer_cells,
     boilerplate,
+    own_code,
     similar_pairs,
     write_similarity,
 )
@@ -119,24 +121,51 @@ def instructor_notebooks(source: Path) -> dict[str, Path]:
     return found
 
 
-def find_submissions(root: Path) -> dict[str, list[Path]]:
+def find_submissions(
+    root: Path, notes: dict[str, list[str]] | None = None
+) -> dict[str, list[Path]]:
     """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
-    (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``). Raises :class:`InputError` for a
-    missing folder or one without any learner's notebook."""
+    (``LEARNER/ASSIGNMENT/``). An nbgrader course folder is recognised by its
+    ``nbgrader_config.py`` (a file of the instructor's, never by a folder name a learner
+    could choose): its ``submitted/STUDENT/ASSIGNMENT/`` is read. Symbolic links, files
+    that leave the learner's folder and a notebook handed in twice are refused and said in
+    ``notes`` (by learner). Raises :class:`InputError` for a missing folder or one without
+    any learner's notebook."""
     if not root.is_dir():
         raise InputError(f"no such folder: {root}")
-    if (root / "submitted").is_dir():  # an nbgrader course folder
-        root = root / "submitted"
+    if (root / "nbgrader_config.py").is_file() and (root / "submitted").is_dir():
+        root = root / "submitted"  # an nbgrader course folder
+    said = notes if notes is not None else {}
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
+    for folder in sorted(p for p in root.iterdir() if p.name[0] != "."):
+        if folder.is_symlink():
+            said.setdefault(folder.name, []).append("refused: the learner's folder is a link")
+            continue
+        if not folder.is_dir():
+            continue
         found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
-        notebooks = [path for path in found if path.is_file()]
+        kept: dict[str, list[Path]] = {}
+        for path in sorted(found):
+            why = validation.problem(path, folder)
+            if why is not None and "refused" in why:
+                said.setdefault(folder.name, []).append(why)
+            else:  # graded, or a row that says why it could not be
+                kept.setdefault(path.name, []).append(path)
+        notebooks = []
+        for name, paths in kept.items():
+            if len(paths) > 1:
+                where = ", ".join(str(p.relative_to(folder)) for p in paths)
+                said.setdefault(folder.name, []).append(
+                    f"{name}: refused: handed in {len(paths)} times ({where}); hand in one"
+                )
+            else:
+                notebooks += paths
         if notebooks:
             learners[folder.name] = sorted(notebooks)
     if not learners:
         raise InputError(
             f"no submissions in {root}: expected LEARNER/NOTEBOOK.ipynb folders "
-            "(or nbgrader's submitted/STUDENT/ASSIGNMENT/)"
+            "(or an nbgrader course folder: nbgrader_config.py, submitted/STUDENT/ASSIGNMENT/)"
         )
     return learners
 
@@ -169,6 +198,9 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     start = time.perf_counter()
     result: dict[str, Any] = {"key": result_key(task, options), **asdict(task)}
     try:
+        why = validation.problem(Path(task.path), Path(task.path).parent)
+        if why is not None and "refused" not in why:  # too big, too deep, bad metadata
+            raise InputError(why)
         box = sandboxes.find(options.sandbox, options.hidden, options.limits)
         report, feedback = grade_submission(
             Path(task.path),
@@ -177,8 +209,11 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
             total_timeout_s=options.total_timeout_s,
             settings=KernelSettings(box, options.threads),
         )
-    except (InputError, RuntimeError, OSError) as error:  # the kernel did not start, a full disk
-        result["error"] = " ".join(str(error).split())
+    except Exception as error:  # any submission's failure is its own row, never the run's
+        message = " ".join(str(error).split())[:500]
+        if not isinstance(error, InputError | RuntimeError | OSError):
+            message = f"the grader failed on it ({type(error).__name__}: {message})"
+        result["error"] = message
     else:
         result["report"] = asdict(report)
         if out is not None:
@@ -330,9 +365,13 @@ def write_gradebook(
         totals = [f"{total:g}", f"{most:g}", " ".join(missing)]
         book.append([learner, *row, *totals, "; ".join(said), "; ".join(tampering)])
     out.mkdir(parents=True, exist_ok=True)
+    numeric = {
+        "gradebook.csv": {1 + i for i in range(len(notebooks) + 2)},
+        "checks.csv": {3, 4},
+    }
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
         with (out / name).open("w", newline="", encoding="utf-8") as file:
-            csv.writer(file).writerows(rows)
+            csv.writer(file).writerows(validation.row(r, numeric[name]) for r in rows)
     return out / "gradebook.csv", out / "checks.csv"
 
 
@@ -356,7 +395,8 @@ def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
             reference = references.get(task.source) or read_notebook(Path(task.source))
             references[task.source] = reference
             cells = answer_cells(read_notebook(Path(task.path)), reference)
-        except InputError:
+            cells.update(own_code(read_notebook(Path(task.path)), reference))
+        except Exception:
             continue
         answers.setdefault(task.learner, {})[task.notebook] = cells
     return answers
@@ -406,7 +446,10 @@ def grade_class(
     folders."""
     progress = progress or sys.stdout
     sources = instructor_notebooks(source)
-    learners = find_submissions(submissions)
+    notes: dict[str, list[str]] = {}
+    learners = find_submissions(submissions, notes)
+    for learner in notes:
+        learners.setdefault(learner, [])  # a row that says what was refused
     handed_in = {path.name for paths in learners.values() for path in paths}
     if not handed_in & set(sources):
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
@@ -414,7 +457,6 @@ def grade_class(
     mine = share(list(learners), shard)
     options = _resolved(options, [submissions, out, source, *sources.values()])
     tasks: list[Task] = []
-    notes: dict[str, list[str]] = {}
     for learner in mine:
         for path in learners[learner]:
             if path.name in assignment:

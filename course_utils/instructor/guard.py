@@ -409,9 +409,9 @@ class _Guard:
         self.running = None
         problems = list(dict.fromkeys(problems))
         for name, value in namespace.items():  # what the check defined stays defined
-            if before.get(name, _MISSING) is not value and name != "__builtins__":
-                if name not in check["pins"]:
-                    self.namespace[name] = value
+            changed = before.get(name, _MISSING) is not value
+            if changed and name != "__builtins__" and name not in check["pins"]:
+                self.namespace[name] = value
         result = {"kind": "result", "nonce": nonce, "ename": ename, "evalue": evalue}
         self.send({**result, "tampering": problems})
 
@@ -450,11 +450,15 @@ class _Guard:
                 self.tampered(f"{target.__qualname__}.{name} was set")
         elif event == "object.__getattr__" and args[1:2] and args[1] in _FRAME_ATTRIBUTES:
             if self._learner_asked():
-                self.tampered("the notebook's code reached for frames (the running code's)")
+                self.tampered("the notebook's code inspected the running check's frames (refused)")
                 return f"reading .{args[1]}"
-        elif event in _FRAME_EVENTS or event in _GC_EVENTS:
+        elif event in _FRAME_EVENTS:
             if self._learner_asked():
-                self.tampered(f"{event} was called: it reaches the grader's own objects")
+                self.tampered(f"the notebook's code inspected the running check's frames ({event})")
+                return event
+        elif event in _GC_EVENTS:
+            if self._learner_asked():
+                self.tampered(f"{event} was called: it reaches any object, the grader's own too")
                 return event
         elif event in ("sys.settrace", "sys.setprofile") and self.running is not None:
             self.tampered(f"{event} was called while the check ran")

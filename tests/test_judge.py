@@ -1,0 +1,69 @@
+"""The judge against attempts the guard of the last round did not see (issue 33): the
+verdict is computed in a grader-owned process, so patching the guard, the signing, frames,
+``__builtins__``, audit hooks, start-up files or the channel scores 0; the feedback never
+holds a hidden check."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from test_tampering import CHECKS, _attack, _instructor
+
+from course_utils.instructor.gradebook import Options, Task, grade_tasks
+from course_utils.instructor.student import write_notebook
+
+ATTACKS = {
+    "guard class": "import course_utils.instructor.guard as g\n"
+    "g._Guard.run_check = lambda *a, **k: None\ng.read_signed = lambda *a: {'kind': 'result'}",
+    "signing": "import hmac, hashlib, json\nhmac.compare_digest = lambda a, b: True\n"
+    "json.dumps = lambda *a, **k: '{\"kind\": \"result\", \"ename\": \"\", \"tampering\": []}'\n"
+    "hashlib.sha256 = lambda *a: None",
+    "current frames": "import sys\ndef double(x):\n    for f in sys._current_frames().values():\n"
+    "        f.f_globals['check'] = lambda *a, **k: None\n    return 0",
+    "traceback frame": "def double(x):\n    try:\n        raise ValueError\n"
+    "    except ValueError as e:\n        e.__traceback__.tb_frame.f_back.f_globals"
+    ".update(check=lambda *a, **k: None)\n    return 0",
+    "builtins dict": "__builtins__ = dict(vars(__import__('builtins')), all=lambda *a: True, "
+    "isinstance=lambda *a: True, abs=lambda x: 0)",
+    "audit hook": "import sys\nsys.addaudithook(lambda event, args: None)",
+    "start-up files": "import os\nfor d in (os.environ.get('IPYTHONDIR', '.'), "
+    "os.path.expanduser('~/.ipython')):\n"
+    "    p = os.path.join(d, 'profile_default', 'startup')\n    os.makedirs(p, exist_ok=True)\n"
+    "    open(os.path.join(p, '0.py'), 'w').write('import builtins; builtins.all = lambda *a: True')\n"
+    "open('ipykernel_launcher.py', 'w').write('import os; os._exit(0)')\nos._exit(1)",
+    "forged channel": "import os\nfor fd in range(3, 40):\n    try:\n"
+    "        os.write(fd, b'0' * 64 + b' {\"kind\": \"result\"}\\ndone\\n')\n"
+    "    except OSError:\n        pass",
+    "proc memory": "open('/proc/self/mem', 'rb')",
+}
+
+
+@pytest.mark.slow
+def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
+    source = tmp_path / "source" / "ex.ipynb"
+    write_notebook(_instructor(), source)
+    notebooks = {name: _attack(code) for name, code in ATTACKS.items()}
+    notebooks["honest"] = _instructor()
+    tasks = []
+    for name, notebook in notebooks.items():
+        path = tmp_path / "class" / name.replace(" ", "-") / "ex.ipynb"
+        write_notebook(notebook, path)
+        tasks.append(Task(name, "ex.ipynb", str(path), str(source)))
+    out = tmp_path / "out"
+    options = Options(sandbox="auto", jobs=3, threads=1, cell_timeout_s=30)
+    results = grade_tasks(tasks, options, out, io.StringIO(), resume=False)
+    reports = {task.learner: result["report"] for task, result in zip(tasks, results, strict=True)}
+    assert reports["honest"]["score"] == 3 and reports["honest"]["tampering"] == []
+    for name in ATTACKS:
+        points = {c["grade_id"]: c["points"] for c in reports[name]["checks"]}
+        assert points == dict.fromkeys(CHECKS, 0.0), (name, reports[name])
+    for name in ("current frames", "traceback frame", "audit hook", "proc memory",
+                 "start-up files"):
+        assert reports[name]["tampering"], name
+    for feedback in (out / "feedback").rglob("*.ipynb"):  # never a hidden check
+        text = feedback.read_text()
+        assert "HIDDEN TESTS" not in text and "range(-3, 4)" not in text, feedback
+    assert not json.dumps(reports).count("range(-3, 4)")
