@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 from test_tampering import CHECKS, _attack, _instructor
@@ -32,7 +31,8 @@ ATTACKS = {
     "start-up files": "import os\nfor d in (os.environ.get('IPYTHONDIR', '.'), "
     "os.path.expanduser('~/.ipython')):\n"
     "    p = os.path.join(d, 'profile_default', 'startup')\n    os.makedirs(p, exist_ok=True)\n"
-    "    open(os.path.join(p, '0.py'), 'w').write('import builtins; builtins.all = lambda *a: True')\n"
+    "    open(os.path.join(p, '0.py'), 'w')"
+    ".write('import builtins; builtins.all = lambda *a: True')\n"
     "open('ipykernel_launcher.py', 'w').write('import os; os._exit(0)')\nos._exit(1)",
     "forged channel": "import os\nfor fd in range(3, 40):\n    try:\n"
     "        os.write(fd, b'0' * 64 + b' {\"kind\": \"result\"}\\ndone\\n')\n"
