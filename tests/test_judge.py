@@ -55,6 +55,8 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
     out = tmp_path / "out"
     options = Options(sandbox="auto", jobs=3, threads=1, cell_timeout_s=30)
     results = grade_tasks(tasks, options, out, io.StringIO(), resume=False)
+    errors = {t.learner: r["error"] for t, r in zip(tasks, results, strict=True) if "error" in r}
+    assert not errors, errors
     reports = {task.learner: result["report"] for task, result in zip(tasks, results, strict=True)}
     assert reports["honest"]["score"] == 3 and reports["honest"]["tampering"] == []
     for name in ATTACKS:
