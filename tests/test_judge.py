@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import time
 
 import pytest
 from test_tampering import CHECKS, _attack, _instructor
@@ -47,6 +49,11 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
     write_notebook(_instructor(), source)
     notebooks = {name: _attack(code) for name, code in ATTACKS.items()}
     notebooks["honest"] = _instructor()
+    for notebook in notebooks.values():  # what a learner has: the checks without hidden tests
+        for cell in notebook.cells:
+            cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n", "",
+                                 cell.source, flags=re.S)  # fmt: skip
+        assert "range(-3, 4)" not in json.dumps(notebook)
     tasks = []
     for name, notebook in notebooks.items():
         path = tmp_path / "class" / name.replace(" ", "-") / "ex.ipynb"
@@ -69,3 +76,52 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
         text = feedback.read_text()
         assert "HIDDEN TESTS" not in text and "range(-3, 4)" not in text, feedback
     assert not json.dumps(reports).count("range(-3, 4)")
+
+
+# -- a busy machine: a start past its limit leaves the submission ungraded, never 0 -----
+
+
+def test_a_judge_that_does_not_start_in_time_leaves_the_submission_ungraded(
+    tmp_path, monkeypatch
+):
+    """The judge's start (before any learner code) has a wall-time limit; past it the
+    submission is not scored (``MachineBusy``: a note that says the machine was busy)."""
+    import sys
+
+    import nbformat
+
+    from course_utils.instructor import grading
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(grading, "_judge_command", lambda *a: sleeper)
+    monkeypatch.setattr(grading, "WARM_UP_S", 0.5)
+    cell = nbformat.v4.new_code_cell("check(True)")
+    cell.metadata["course_guard"] = "t-double-check"
+    start = time.monotonic()
+    with pytest.raises(grading.MachineBusy, match="the machine was too busy"):
+        grading._judge(tmp_path, [cell], [grading.CellOutcome("ok")], {}, grading.KernelSettings(),
+                       5, 60)  # fmt: skip
+    assert time.monotonic() - start < 30  # the sleeper was ended, not waited for
+
+
+def test_a_busy_start_is_a_row_that_says_so_not_a_score(tmp_path, monkeypatch):
+    """Through the class run: the submission gets no score and its row says why."""
+    from course_utils.instructor import grading
+
+    def busy(*args, **kwargs):
+        raise grading._busy("the grading kernel", 600)
+
+    monkeypatch.setattr(grading, "_Kernel", busy)
+    source = tmp_path / "source" / "ex.ipynb"
+    write_notebook(_instructor(), source)
+    path = tmp_path / "class" / "ann" / "ex.ipynb"
+    write_notebook(_instructor(), path)
+    task = Task("ann", "ex.ipynb", str(path), str(source))
+    options = Options(sandbox="none", jobs=1, threads=1)
+    [result] = grade_tasks([task], options, tmp_path / "out", io.StringIO(), resume=False)
+    assert "report" not in result
+    assert result["error"].startswith("not graded: the machine was too busy (load average")
+    assert "grade it again" in result["error"]
+    monkeypatch.undo()  # the machine is free again: the next run grades it (not kept)
+    [again] = grade_tasks([task], options, tmp_path / "out", io.StringIO(), resume=True)
+    assert again["report"]["score"] == 3

@@ -35,6 +35,7 @@ from course_utils.instructor.grading import (
     TOTAL_TIMEOUT_S,
     GradeReport,
     KernelSettings,
+    MachineBusy,
     check_cells,
     grade_submission,
 )
@@ -214,6 +215,8 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
         if not isinstance(error, InputError | RuntimeError | OSError):
             message = f"the grader failed on it ({type(error).__name__}: {message})"
         result["error"] = message
+        if isinstance(error, MachineBusy):  # the machine's fault: graded again next run
+            result["retry"] = True
     else:
         result["report"] = asdict(report)
         if out is not None:
@@ -253,6 +256,8 @@ def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(result, dict) or result.get("key") != result_key(task, options):
+        return None
+    if result.get("retry"):  # not graded because the machine was too busy
         return None
     if "report" in result and not _feedback_path(out, task).is_file():
         return None

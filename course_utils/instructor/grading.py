@@ -19,6 +19,7 @@ import ast
 import builtins
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -47,13 +48,32 @@ from course_utils.instructor.student import InputError, nbgrader_role, read_note
 
 CELL_TIMEOUT_S = 120  # seconds per cell
 TOTAL_TIMEOUT_S = 900  # seconds for the whole run
-#: Seconds a fresh kernel may take to import torch and the checks (not counted per cell).
-WARM_UP_S = 120
+#: Seconds of wall time a fresh kernel or judge may take to start and import torch and the
+#: checks, before any learner code: not counted in any cell's or the run's limit. Generous:
+#: on a busy machine a start can take minutes; a start past it leaves the submission
+#: ungraded, with a note that the machine was too busy (:class:`MachineBusy`), never 0.
+WARM_UP_S = 600
 #: Changes whenever the same submission could score differently (class runs regrade).
 GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
 
 _COURSE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class MachineBusy(RuntimeError):
+    """A kernel or judge did not start in :data:`WARM_UP_S`, before any learner code ran:
+    the grading machine's fault, not the submission's; it is left ungraded and said."""
+
+
+def _busy(what: str, limit_s: float) -> MachineBusy:
+    try:
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} core(s)"
+    except OSError:
+        load = "load unknown"
+    return MachineBusy(
+        f"not graded: the machine was too busy ({load}): {what} did not start within "
+        f"{limit_s:g} s, before any of the submission's code ran; grade it again"
+    )
 
 
 @dataclass
@@ -336,6 +356,7 @@ class _Kernel:
         self._client = NotebookClient(
             self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
+        self._client.startup_timeout = max(1, int(warm_up_s))  # nbclient's default: 60 s
         sandbox = settings.sandbox
         self.control = _control_folder(run, "kernel")
         self._client.km = _kernel_manager(self.control, work, sandbox)
@@ -349,6 +370,8 @@ class _Kernel:
             self._client.start_new_kernel_client()
         except RuntimeError as error:
             self.close()
+            if "Kernel didn't respond" in str(error) or "timed out" in str(error).lower():
+                raise _busy("the grading kernel", warm_up_s) from error
             where = " in its sandbox (--sandbox none tells whether the sandbox is why)"
             raise RuntimeError(
                 f"the grading kernel did not start{where if sandbox else ''}: {error}"
@@ -363,6 +386,9 @@ class _Kernel:
         outcome = self._execute(
             nbformat.v4.new_code_cell(setup + "\nimport torch"), warm_up_s, store_history=False
         )
+        if outcome.status == "timeout":
+            self.close()
+            raise _busy("the grading kernel", warm_up_s)
         if outcome.status != "ok":
             self.close()
             raise RuntimeError(f"the grading kernel did not start ({outcome.status})")
@@ -382,6 +408,9 @@ class _Kernel:
         except (CellTimeoutError, DeadKernelError) as error:
             status = "timeout" if isinstance(error, CellTimeoutError) else "dead"
             return CellOutcome(status, seconds=time.perf_counter() - start)
+        except Exception as error:  # replies the cell's code broke (a patched json.dumps)
+            what = f"{type(error).__name__}: {error}"[:200]
+            return CellOutcome("dead", "BrokenKernel", what, time.perf_counter() - start)
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 seconds = time.perf_counter() - start
@@ -410,7 +439,7 @@ def run_cells(
     cell, notes, and flags (what the submission did to its kernel or the judge). After a
     timeout or a dead kernel, a new kernel replays the cells that had succeeded; cells left
     when the whole run's time is up are ``not-run``."""
-    deadline = time.monotonic() + total_timeout_s
+    deadline = time.monotonic() + total_timeout_s + WARM_UP_S  # set again once warm
     outcomes: list[CellOutcome] = []
     notes: list[str] = []
     flags: list[str] = []
@@ -432,7 +461,7 @@ def run_cells(
             if remaining() < 1:
                 return None
             try:
-                kernel = start(min(WARM_UP_S, remaining()))
+                kernel = start(WARM_UP_S)  # a start does not count in the run's time
             except RuntimeError:
                 return None
             for cell, outcome in zip(done, outcomes, strict=False):
@@ -446,7 +475,8 @@ def run_cells(
                     return None
             return kernel
 
-        kernel: _Kernel | None = start(min(WARM_UP_S, total_timeout_s))
+        kernel: _Kernel | None = start(WARM_UP_S)
+        deadline = time.monotonic() + total_timeout_s  # the learner's code's time
         try:
             for index, cell in enumerate(cells):
                 if kernel is None or remaining() < 1:
@@ -465,18 +495,22 @@ def run_cells(
                     notes.append(f"code cell {index + 1} {what}; {then}")
                     if outcome.status == "dead":
                         flags.append(
-                            f"code cell {index + 1} ended its kernel (os._exit, a signal, a "
-                            "restart or a crash)"
+                            f"code cell {index + 1} ended its kernel or broke its replies "
+                            "(os._exit, a signal, a restart, a crash, a patched json)"
                         )
         finally:
             if kernel is not None:
                 kernel.close()
+        # Every process the kernels left is ended (and their limits read) before the judge
+        # starts: a fork bomb's sleepers must not hold the judge's process limit.
+        hits = cgroups.collect() if settings.sandbox is not None else []
         verdicts, judged_flags, judged_notes = _judge(
-            run, cells, outcomes, guard, settings, cell_timeout_s, deadline
+            run, cells, outcomes, guard, settings, cell_timeout_s, total_timeout_s
         )
     for index, verdict in verdicts.items():
         outcomes[index] = verdict
-    notes += [f"the submission hit a limit: {hit}" for hit in _limits_hit(outcomes, settings)]
+    hits += [hit for hit in _limits_hit(outcomes, settings) if hit not in hits]
+    notes += [f"the submission hit a limit: {hit}" for hit in hits]
     flags += [flag for flag in judged_flags if flag not in flags]
     notes += judged_notes
     if any(outcome.status == "not-run" for outcome in outcomes) and remaining() < 1:
@@ -508,6 +542,14 @@ def _judge_command(control: Path, work: Path, settings: KernelSettings, fd: int)
     return settings.sandbox.command(argv, work, control)
 
 
+def _judge_settings(settings: KernelSettings) -> KernelSettings:
+    """The judge's sandbox: the kernel's, under a user id of its own (as root), so that
+    nothing the kernel left running counts against the judge's process limit."""
+    if settings.sandbox is None:
+        return settings
+    return dataclasses.replace(settings, sandbox=dataclasses.replace(settings.sandbox, role=1))
+
+
 #: ``python -I`` leaves out PYTHONPATH; the course's package is found where this one is.
 _JUDGE_START = (
     f"import sys; sys.path.append({str(_COURSE_ROOT)!r}); "
@@ -522,19 +564,23 @@ def _judge(
     guard: dict[str, Any],
     settings: KernelSettings,
     cell_timeout_s: float,
-    deadline: float,
+    total_timeout_s: float,
 ) -> tuple[dict[int, CellOutcome], list[str], list[str]]:
     """The checks' verdicts, from a fresh judge process: the cell index of each check and
-    its outcome, flags, notes. A check whose signed verdict did not arrive scores 0."""
+    its outcome, flags, notes. A check whose signed verdict did not arrive scores 0. The
+    judge has its own time: ``total_timeout_s`` from when it is armed, and for each cell
+    as long as the cell's run in the kernel was allowed (more for one that was slow there:
+    a busy machine). :class:`MachineBusy` when the judge did not start."""
     checks = {i: cell.metadata[_GUARDED] for i, cell in enumerate(cells)
               if cell.metadata.get(_GUARDED) is not None}  # fmt: skip
     verdicts = {i: CellOutcome("not-run") for i in checks}
-    if not checks or deadline - time.monotonic() < 1:
+    if not checks:
         return verdicts, [], []
     key = secrets.token_bytes(32)
     program: list[dict[str, Any]] = []
     nonces: dict[str, int] = {}
     positions: list[int] = []
+    limits: list[float] = []
     for index, (cell, outcome) in enumerate(zip(cells, outcomes, strict=True)):
         if index in checks:
             nonce = secrets.token_hex(8)
@@ -545,7 +591,9 @@ def _judge(
         else:
             continue
         positions.append(index)
+        limits.append(max(cell_timeout_s, 2 * outcome.seconds + 5))
     spec = {**guard, "key": key.hex(), "cells": program}
+    settings = _judge_settings(settings)
     control = _control_folder(run, "judge")
     work = run / "judge-work"
     work.mkdir(exist_ok=True)
@@ -569,7 +617,7 @@ def _judge(
             process.stdin.write((json.dumps(spec) + "\n").encode())
             process.stdin.close()
         del spec
-        state = _read_judge(read_end, key, process, nonces, cell_timeout_s, deadline)
+        state = _read_judge(read_end, key, nonces, limits, total_timeout_s)
     finally:
         os.close(read_end)
         with contextlib.suppress(OSError):
@@ -587,9 +635,11 @@ def _judge(
         else:
             verdicts[index] = CellOutcome("ok")
     flags += state.flags
+    if not state.armed and state.timed_out:
+        raise _busy("the grader's judge process", WARM_UP_S)
     if not state.armed:
-        notes.append("the grader's judge did not start: no check could be scored")
-    elif not state.done:
+        raise RuntimeError("the grader's judge process ended before it started grading")
+    if not state.done:
         at = positions[state.at] if 0 <= state.at < len(positions) else -1
         why = "ran past its time limit" if state.timed_out else "ended the grader's judge process"
         where = f"code cell {at + 1}" if at >= 0 else "the submission"
@@ -613,18 +663,14 @@ class _JudgeState:
 
 
 def _read_judge(
-    fd: int,
-    key: bytes,
-    process: subprocess.Popen[bytes],
-    nonces: dict[str, int],
-    cell_timeout_s: float,
-    deadline: float,
+    fd: int, key: bytes, nonces: dict[str, int], limits: list[float], total_timeout_s: float
 ) -> _JudgeState:
-    """Read the judge's pipe until it says it is done, it ends, or a cell (or the start)
-    runs past its limit."""
+    """Read the judge's pipe until it says it is done, it ends, or a cell (its limit:
+    ``limits``), the start (:data:`WARM_UP_S`) or the whole run (``total_timeout_s`` from
+    the start) runs past its limit."""
     state = _JudgeState()
     pending = b""
-    limit = time.monotonic() + min(WARM_UP_S, max(1.0, deadline - time.monotonic()))
+    limit = deadline = time.monotonic() + WARM_UP_S
     while not state.done:
         wait = min(limit, deadline) - time.monotonic()
         if wait <= 0:
@@ -640,10 +686,11 @@ def _read_judge(
         *lines, pending = pending.split(b"\n")
         for raw in lines:
             line = raw.decode(errors="replace")
-            if line.startswith("at "):
+            if line.startswith("at ") and state.armed:
                 with contextlib.suppress(ValueError):
                     state.at = int(line[3:])
-                limit = time.monotonic() + cell_timeout_s
+                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
+                limit = time.monotonic() + cell_s
                 continue
             if line == "done":
                 state.done = True
@@ -653,8 +700,9 @@ def _read_judge(
                 what = "the notebook's code wrote forged messages to the grader's channel"
                 if what not in state.flags:
                     state.flags.append(what)
-            elif message.get("kind") == "armed":
+            elif message.get("kind") == "armed" and not state.armed:
                 state.armed = True
+                limit = deadline = time.monotonic() + total_timeout_s
             elif message.get("kind") == "result" and str(message.get("nonce")) in nonces:
                 state.results[str(message["nonce"])] = message
             elif message.get("kind") == "flag" and str(message.get("what")) not in state.flags:

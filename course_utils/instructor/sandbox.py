@@ -51,10 +51,13 @@ class Sandbox:
     bwrap: str
     limits: Limits = Limits()
     hidden: tuple[str, ...] = field(default=())
+    #: 0 for a learner's kernel, 1 for the grader's judge: each has its own user id.
+    role: int = 0
 
     def user_id(self) -> int | None:
-        """The user id the sandboxed process switches to (root only), else None."""
-        return UID_BASE + os.getpid() if os.geteuid() == 0 else None
+        """The user id the sandboxed process switches to (root only), else None: one per
+        grading process and role (PIDs are below 2**22)."""
+        return UID_BASE + self.role * 2**22 + os.getpid() if os.geteuid() == 0 else None
 
     def prepare(self, control: Path, *files: Path) -> None:
         """Give the process's control folder (its start-up folders, connection file and
