@@ -173,11 +173,27 @@ def test_a_checkout_under_tmp_stays_visible_above_the_private_tmp(tmp_path, monk
     it covered them and every sandboxed kernel died before it started."""
     venv = tmp_path / "clone" / ".venv"
     monkeypatch.setattr(sandbox, "_read_only_binds", lambda: [(str(venv), str(venv))])
-    command = sandbox.Sandbox("bwrap").command(["true"], tmp_path / "scratch")
+    monkeypatch.setattr(sandbox.cgroups, "join_command", lambda limits: [])  # no group made
+    control = tmp_path / "control"
+    command = sandbox.Sandbox("bwrap").command(["true"], tmp_path / "scratch", control)
     tmpfs = command.index("/tmp", command.index("--tmpfs"))
     bind = command.index(str(venv))
     assert command[bind - 1] == "--ro-bind" and tmpfs < bind
-    assert command.index("--bind") > tmpfs  # the scratch folder too
+    assert command.index("--bind") > tmpfs  # the control folder too
+    scratch = command.index(str(tmp_path / "scratch"), command.index("--bind"))
+    assert command[scratch - 1] == "--tmpfs" and scratch > tmpfs  # a capped tmpfs of its own
+
+
+def test_groups_left_by_a_grader_that_ended_are_swept(tmp_path, monkeypatch):
+    from course_utils.instructor import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    (tmp_path / "pids").mkdir()
+    gone = tmp_path / "pids" / "course-grade-999999999-abcd"  # no such process
+    alive = tmp_path / "pids" / f"course-grade-{os.getpid()}-abcd"
+    gone.mkdir()
+    alive.mkdir()
+    assert cgroups.sweep() == 1 and not gone.exists() and alive.exists()
 
 
 @pytest.mark.slow

@@ -131,6 +131,18 @@ def collect() -> list[str]:
     return found
 
 
+def sweep() -> int:
+    """Remove the empty groups that grading processes which have ended left behind (a
+    grader killed before :func:`collect`); their processes are not touched. How many."""
+    removed = 0
+    for hierarchy in (ROOT, ROOT / "memory", ROOT / "pids", ROOT / "cpu"):
+        for group in hierarchy.glob("course-grade-*-*") if hierarchy.is_dir() else []:
+            pid = group.name.split("-")[2]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and _remove(group):
+                removed += 1
+    return removed
+
+
 def _remove(group: Path) -> bool:
     try:
         group.rmdir()

@@ -26,8 +26,8 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
+from course_utils.instructor import cgroups, validation
 from course_utils.instructor import sandbox as sandboxes
-from course_utils.instructor import validation
 from course_utils.instructor.canvas import write_canvas
 from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
@@ -385,6 +385,8 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
     jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
     hidden = tuple(str(path) for path in paths)
     mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
+    if mode == "bwrap":
+        cgroups.sweep()  # empty groups an earlier run that was killed left behind
     jobs = options.jobs or default_jobs()
     return replace(
         options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden

@@ -475,7 +475,12 @@ def run_cells(
                     return None
             return kernel
 
-        kernel: _Kernel | None = start(WARM_UP_S)
+        try:
+            kernel: _Kernel | None = start(WARM_UP_S)
+        except BaseException:
+            if settings.sandbox is not None:
+                cgroups.collect()  # the group made for the kernel that did not start
+            raise
         deadline = time.monotonic() + total_timeout_s  # the learner's code's time
         try:
             for index, cell in enumerate(cells):
@@ -504,12 +509,14 @@ def run_cells(
         # Every process the kernels left is ended (and their limits read) before the judge
         # starts: a fork bomb's sleepers must not hold the judge's process limit.
         hits = cgroups.collect() if settings.sandbox is not None else []
-        verdicts, judged_flags, judged_notes = _judge(
-            run, cells, outcomes, guard, settings, cell_timeout_s, total_timeout_s
-        )
+        try:
+            verdicts, judged_flags, judged_notes = _judge(
+                run, cells, outcomes, guard, settings, cell_timeout_s, total_timeout_s
+            )
+        finally:
+            hits += [hit for hit in _limits_hit(outcomes, settings) if hit not in hits]
     for index, verdict in verdicts.items():
         outcomes[index] = verdict
-    hits += [hit for hit in _limits_hit(outcomes, settings) if hit not in hits]
     notes += [f"the submission hit a limit: {hit}" for hit in hits]
     flags += [flag for flag in judged_flags if flag not in flags]
     notes += judged_notes
