@@ -86,9 +86,19 @@ _TRUSTED_CALLERS = frozenset(
 _MISSING = object()
 _MESSAGE_CHARS = 2000  # characters of an error message sent back
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: Where installed code lives: the Python installation, the course package and every site
+#: folder on ``sys.path`` when the guard is imported, before any learner code (an
+#: environment may lend another's site folder through a ``.pth`` file). Read-only in the
+#: sandbox.
+_INSTALLED = (
+    sys.prefix,
+    sys.base_prefix,
+    sys.exec_prefix,
+    *[p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))],
+)
 _LIBRARIES = tuple(
-    {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    | {p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    {os.path.realpath(p) + os.sep for p in _INSTALLED}
+    | {p.rstrip(os.sep) + os.sep for p in _INSTALLED}
     | {_PACKAGE_DIR, os.path.realpath(_PACKAGE_DIR) + os.sep}
 )
 #: Captured when this module is imported, before any learner code (C functions).
