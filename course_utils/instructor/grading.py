@@ -581,7 +581,7 @@ def _judge(
     checks = {i: cell.metadata[_GUARDED] for i, cell in enumerate(cells)
               if cell.metadata.get(_GUARDED) is not None}  # fmt: skip
     verdicts = {i: CellOutcome("not-run") for i in checks}
-    if not checks:
+    if not checks or all(outcomes[index].status == "not-run" for index in checks):
         return verdicts, [], []
     key = secrets.token_bytes(32)
     program: list[dict[str, Any]] = []
@@ -589,6 +589,8 @@ def _judge(
     positions: list[int] = []
     limits: list[float] = []
     for index, (cell, outcome) in enumerate(zip(cells, outcomes, strict=True)):
+        if outcome.status == "not-run":  # the learner's run never got here: nor does the judge
+            break
         if index in checks:
             nonce = secrets.token_hex(8)
             nonces[nonce] = index
