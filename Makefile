@@ -20,7 +20,7 @@ help:
 	@echo "make quick     the inner loop: unit tests and doctests not marked slow, no notebooks"
 	@echo "make colab-check  Colab's versions + colab_setup.sh + every notebook (pip only)"
 	@echo "make lab       JupyterLab on notebooks/"
-	@echo "make gpu-lane  GPU tests and full-size notebooks (on a GPU machine)"
+	@echo "make gpu-lane  the GPU record: GPU tests and full-size notebooks (on a GPU machine)"
 	@echo "make bench     run benchmarks/, figures as JSON in build/bench/"
 	@echo "make lock      regenerate requirements.lock and environment.yml"
 	@echo "make student   student versions of the notebooks (answers removed) in build/student/"
@@ -71,15 +71,23 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 student: env
 	$(PY) -m course_utils student notebooks --out build/student
 
+# JupyterLab as learners get it: jupyter-config/ (first in JUPYTER_CONFIG_PATH) turns off
+# nbgrader's lab extension (its menu, "Validate" button and "Create Assignment" panel),
+# which the lock installs for instructors; `.venv/bin/jupyter lab` shows it.
 lab: env
-	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+	  $(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
 
-# Fails at once, in one line, unless this torch can use a GPU here (a driver older than
-# 580 with the locked CUDA 13 torch: see the README's "The GPU lane").
-gpu-lane: env
+# The GPU record (README: "The GPU record"): the doctor's check, the gpu/multigpu tests and
+# every notebook at the full workload, strict GPU claims, record in build/gpu-lane/. Runs on
+# the torch that is here: .venv if there is one, else python3 (Colab's, Kaggle's, a cluster
+# module's); no lock rebuild, nothing installed. Fails at once, in one line, unless this
+# torch can use a GPU (a driver older than 580 with the locked CUDA 13 torch: see the README).
+# More options: make gpu-lane GPU_RECORD_ARGS="--budget-s 540 --notebook-timeout-s 240"
+gpu-lane: PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
+gpu-lane:
 	$(PY) -m course_utils doctor --require-gpu
-	COURSE_CLAIMS=strict $(PYTEST) -q -rs -m "gpu or multigpu" tests
-	COURSE_CLAIMS=strict COURSE_WORKLOAD=full $(PY) -m course_utils run-notebooks notebooks --out build/gpu-lane
+	$(PY) -m course_utils gpu-record --out build/gpu-lane $(GPU_RECORD_ARGS)
 
 bench: env
 	@mkdir -p build/bench

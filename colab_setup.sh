@@ -11,7 +11,8 @@
 #   2. installs the course package (course-utils) and what Colab lacks (lightning,
 #      nvidia-ml-py if `import pynvml` fails) under that constraint;
 #   3. checks torch is unchanged and `import course_utils` works, and remembers the
-#      source in a stamp file, so a second run (another notebook) returns at once.
+#      source in a stamp file, so a second run in the same runtime (this notebook again, or
+#      after a kernel restart) returns at once; on Colab every notebook has its own runtime.
 #
 # Settings (environment variables):
 #   COURSE_REPO, COURSE_REF  the GitHub repository and ref (best a commit) to install the
@@ -161,7 +162,7 @@ WANT_STAMP="source=$COURSE_SOURCE"
 if [ "$COURSE_FORCE" != 1 ] && [ -f "$STAMP" ] && py ready >/dev/null 2>&1; then
     STATE="$(py state)"
     if [ "$(cat -- "$STAMP")" = "$WANT_STAMP"$'\n'"$STATE" ]; then
-        say "already set up (torch $TORCH_BEFORE, ${STATE##*$'\n'}); COURSE_FORCE=1 reinstalls"
+        say "already set up (torch $TORCH_BEFORE, ${STATE##*$'\n'}); COURSE_FORCE=1 reinstalls (in a notebook: %env COURSE_FORCE=1, then the setup cell again)"
         exit 0
     fi
 fi

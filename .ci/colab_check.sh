@@ -9,9 +9,10 @@
 #   3. every notebook under nbval with the small workload, importing the installed
 #      package (not the checkout).
 #
-# Settings: COLAB_PYTHON (the interpreter; default: Python 3.13 as on Colab when this
-# machine has it, else python3.11), COLAB_VENV (default .venv-colab), NOTEBOOKS (default
-# notebooks/*.ipynb).
+# Settings: COLAB_PYTHON (the interpreter; default: Colab's Python version, from the
+# "# python:" line of .ci/colab-versions.txt, when this machine has it (PATH or pyenv),
+# else python3.11 with a note), COLAB_VENV (default .venv-colab), NOTEBOOKS (default
+# notebooks/*.ipynb). The notebooks run in Colab's IPython and ipykernel (pinned there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -62,9 +63,11 @@ COURSE_SOURCE="$ROOT" PYTHON="$VENV/bin/python" COURSE_FORCE=1 XDG_CACHE_HOME="$
     bash colab_setup.sh
 say "colab_setup.sh took $((SECONDS - setup_started)) s"
 
-# The test runner only (Colab has its own kernel): nothing a notebook may import.
+# The test runner only: nothing a notebook may import, and Colab's IPython and ipykernel
+# kept (the pins as a constraint: pip fails rather than replace them).
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off \
-    pytest nbval ipykernel
+    -c "$PINS" pytest nbval ipykernel
+"$VENV/bin/python" -c 'import IPython, ipykernel, sys; print("colab-check: kernel: Python %d.%d, IPython %s, ipykernel %s" % (*sys.version_info[:2], IPython.__version__, ipykernel.__version__))'
 
 # --- 3. every notebook, small workload, the installed package -------------------------------
 nbval_started=$SECONDS

@@ -98,7 +98,8 @@ def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float |
     before = _idle_and_total()
     start = time.perf_counter()
     options = Options(jobs=jobs)
-    results = grade_class(klass, source, out, options, resume=False, progress=io.StringIO())
+    graded = grade_class(klass, source, out, options, resume=False, progress=io.StringIO())
+    results = graded.results
     seconds = time.perf_counter() - start
     after = _idle_and_total()
     assert all("report" in result for result in results), results

@@ -20,7 +20,13 @@ from torch import nn
 from course_utils import progress
 from course_utils.footprint import peak_memory, saved_tensor_bytes
 from course_utils.models import build_model
-from course_utils.oom import MemoryBudget, error_summary, is_out_of_memory, release_cached_memory
+from course_utils.oom import (
+    MemoryBudget,
+    allocated_cuda_bytes,
+    error_summary,
+    is_out_of_memory,
+    release_after_out_of_memory,
+)
 from course_utils.timing import benchmark
 from course_utils.training import TrainConfig, TrainStep
 from course_utils.units import MIB
@@ -51,9 +57,10 @@ class MaxBatchSize:
 
 def _out_of_memory(fn: Callable[[], Any]) -> str | None:
     """Run ``fn()``: ``None``, or the summary of its out-of-memory error once memory is
-    released (outside ``except``, where the traceback held the failed step's tensors);
-    other errors are raised again."""
-    message = None
+    released (outside ``except``, where the traceback held the failed step's tensors:
+    :func:`~course_utils.oom.release_after_out_of_memory`, no full ``gc.collect()`` unless
+    device memory is still held); other errors are raised again."""
+    message, allocated_before = None, allocated_cuda_bytes()
     try:
         fn()
     except Exception as error:
@@ -61,7 +68,7 @@ def _out_of_memory(fn: Callable[[], Any]) -> str | None:
             raise
         message = error_summary(error)
     if message is not None:
-        release_cached_memory()
+        release_after_out_of_memory(allocated_before)
     return message
 
 
@@ -408,6 +415,7 @@ def batch_size_sweep(
     sizes = [2**k for k in range(13)] if sizes is None else sizes
     for size in progress.track(sizes, "batch-size sweep", unit="size"):
         failed: SweepRow | None = None
+        allocated_before = allocated_cuda_bytes()
         try:
             run = functools.partial(trial, size)
             peak = peak_memory(run, device, warmup=1)
@@ -424,7 +432,7 @@ def batch_size_sweep(
             failed = SweepRow(size, 0.0, 0.0, 0, out_of_memory=True, error=message)
         if failed is not None:  # outside ``except``, where the traceback held its tensors
             rows.append(failed)
-            release_cached_memory()
+            release_after_out_of_memory(allocated_before)
             break
         step_s = timing.median_s
         rows.append(SweepRow(size, step_s, size / step_s, peak.peak_bytes, cpu_step_s=cpu_step_s))

@@ -5,6 +5,7 @@ knobs change nothing)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
@@ -15,8 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psutil
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
@@ -32,7 +34,9 @@ Loop = Callable[[EncodedImages, torch.nn.Module, torch.device, Callable[[Any], A
 @dataclass(frozen=True)
 class Recipe:
     """The knobs of the capstone's loop. ``decode="once"``: decode before training, augment
-    on the device; ``precision="auto"``: fp16 with a scaler on a T4, bf16 from Ampere on."""
+    on the device; ``whole_batches=True`` (with ``decode="once"``): each batch is one
+    indexing of the decoded tensor (a ``BatchSampler``, no per-sample ``__getitem__`` and
+    collate); ``precision="auto"``: fp16 with a scaler on a T4, bf16 from Ampere on."""
 
     decode: str = "per-sample"
     num_workers: int = 0
@@ -41,16 +45,41 @@ class Recipe:
     precision: str = "fp32"
     item_every_step: bool = True
     empty_cache_every_step: bool = True
+    whole_batches: bool = False
 
     def __post_init__(self) -> None:
         if self.decode not in ("per-sample", "once"):
             raise ValueError(f"decode={self.decode!r}: use 'per-sample' or 'once'")
         if self.batch_size < 1 or self.num_workers < 0:
             raise ValueError("batch_size must be at least 1 and num_workers at least 0")
+        if self.whole_batches and self.decode != "once":
+            raise ValueError("whole_batches=True indexes the decoded tensor: use decode='once'")
 
     def changed(self, **knobs: Any) -> Recipe:
         """A copy with some knobs changed: ``SLOW.changed(batch_size=64)``."""
         return replace(self, **knobs)
+
+    def as_run_on(self, device: torch.device | str) -> Recipe:
+        """The recipe as it runs on ``device``: off CUDA the GPU-only knobs do nothing
+        (no pinning, no ``empty_cache``, ``precision="auto"`` is fp32 there, and a
+        ``.item()`` waits for no device), so two recipes that differ only in them do the
+        same work there and need not be measured twice.
+
+        >>> SLOW.as_run_on("cpu") == SLOW.changed(pin_memory=True).as_run_on("cpu")
+        True
+        >>> SLOW.as_run_on("cuda") == SLOW.changed(pin_memory=True).as_run_on("cuda")
+        False
+        """
+        kind = torch.device(device).type
+        if kind == "cuda":
+            return self
+        return replace(
+            self,
+            pin_memory=False,
+            precision="fp32" if self.precision == "auto" else self.precision,
+            item_every_step=self.item_every_step and kind != "cpu",  # MPS: .item() waits
+            empty_cache_every_step=False,
+        )
 
     def loop(
         self,
@@ -63,15 +92,25 @@ class Recipe:
         dataset: Dataset[Any] = (
             PreDecodedImages.from_encoded(data) if self.decode == "once" else data
         )
+        shuffled = torch.Generator().manual_seed(0)
+        batching: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "shuffle": True,
+            "drop_last": True,
+            "generator": shuffled,
+        }
+        if self.whole_batches:  # one index list per batch: dataset[indices] is the batch
+            sampler = RandomSampler(dataset, generator=shuffled)  # type: ignore[arg-type]
+            batching = {
+                "batch_size": None,
+                "sampler": BatchSampler(sampler, self.batch_size, drop_last=True),
+            }
         loader = DataLoader(
             dataset,
-            batch_size=self.batch_size,
-            shuffle=True,
-            drop_last=True,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and device.type == "cuda",
             persistent_workers=self.num_workers > 0,
-            generator=torch.Generator().manual_seed(0),
+            **batching,
         )
         if len(loader) == 0:
             raise ValueError(f"{len(data)} images make no batch of {self.batch_size}")
@@ -80,7 +119,8 @@ class Recipe:
         for inputs, targets in timed(loader):
             if self.decode == "once":
                 inputs = augment_on_device(
-                    inputs.to(device, non_blocking=self.pin_memory), data.image_size
+                    inputs.to(device, non_blocking=self.pin_memory and device.type == "cuda"),
+                    data.image_size,
                 )
             loss = step((inputs, targets))
             if self.item_every_step:
@@ -105,12 +145,34 @@ def largest_phase(profile: LoopProfile) -> str:
     return max(phases, key=lambda name: phases[name])
 
 
+def children_cpu_s() -> float:
+    """CPU time (user + system) of every child process of this one so far: those already
+    waited for (``RUSAGE_CHILDREN``: DataLoader workers that exited) plus those still
+    running (read through psutil). The difference of two readings is what the children
+    spent in between, whether they exited in between or not."""
+    total = 0.0
+    with contextlib.suppress(ImportError):
+        import resource  # lazy: POSIX only (no such module on Windows)
+
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += reaped.ru_utime + reaped.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # it exited while we looked
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 @dataclass
 class LoopRun:
     """What :func:`run_loop` measured for one training loop. ``profile`` covers the steps
     after the warm-up step; ``samples_per_s`` adds the loop's set-up before its first
     batch (``setup_s``: decoding once, say), so that no fix is credited for work done
-    before the clock starts. The warm-up step's one-time costs count for no loop."""
+    before the clock starts. The warm-up step's one-time costs count for no loop.
+
+    CPU time counts every process the loop causes: this one (``setup_cpu_s``,
+    ``profile.cpu_s``) and its children, DataLoader workers included
+    (``setup_children_cpu_s``, ``children_cpu_s``: from the end of the warm-up step)."""
 
     name: str
     profile: LoopProfile
@@ -123,6 +185,8 @@ class LoopRun:
     setup_s: float = 0.0  # from the call of the loop to its first batch (e.g. decoding)
     setup_cpu_s: float = 0.0  # this process's CPU time in the set-up
     epoch_samples: int = 0  # the samples in one epoch (the dataset's length)
+    setup_children_cpu_s: float = 0.0  # child processes' CPU time in the set-up
+    children_cpu_s: float = 0.0  # child processes' CPU time in the measured steps
 
     @property
     def total_s(self) -> float:
@@ -135,10 +199,21 @@ class LoopRun:
         return self.profile.samples / self.total_s if self.total_s > 0 else 0.0
 
     @property
+    def steps_cpu_s(self) -> float:
+        """CPU time of the measured steps, in this process and its children."""
+        return self.profile.cpu_s + self.children_cpu_s
+
+    @property
+    def total_cpu_s(self) -> float:
+        """CPU time of the set-up and the measured steps, children included."""
+        return self.setup_cpu_s + self.setup_children_cpu_s + self.steps_cpu_s
+
+    @property
     def samples_per_cpu_s(self) -> float:
-        """The same per second of this process's CPU time: on a CPU device with
-        ``num_workers=0``, a rate that other processes on a busy machine hardly change."""
-        cpu_s = self.setup_cpu_s + self.profile.cpu_s
+        """The same per second of CPU time of every process the loop ran (its DataLoader
+        workers too): on a CPU device, a rate that other processes on a busy machine hardly
+        change, and that work moved to another process does not flatter."""
+        cpu_s = self.total_cpu_s
         return self.profile.samples / cpu_s if cpu_s > 0 else 0.0
 
     @property
@@ -146,9 +221,17 @@ class LoopRun:
         return self.profile.device.startswith("cpu")
 
     def rate(self) -> float:
-        """The rate to compare loops by: :attr:`samples_per_s` on a GPU,
-        :attr:`samples_per_cpu_s` on a CPU (where other processes would slow the clock)."""
+        """The rate to compare loops by, end to end (the set-up included):
+        :attr:`samples_per_s` on a GPU, :attr:`samples_per_cpu_s` on a CPU (where other
+        processes would slow the clock)."""
         return self.samples_per_cpu_s if self.on_cpu else self.samples_per_s
+
+    def steps_rate(self) -> float:
+        """The rate of the measured steps alone, for two loops whose set-up is the same
+        work (both decode once): samples per second of wall time on a GPU, per CPU-second
+        of every process the loop ran on a CPU."""
+        seconds = self.steps_cpu_s if self.on_cpu else self.profile.wall_s
+        return self.profile.samples / seconds if seconds > 0 else 0.0
 
     @property
     def epochs(self) -> float:
@@ -165,26 +248,28 @@ def break_even_epoch(slow: LoopRun, fast: LoopRun) -> int | None:
     """The first epoch after which ``fast`` has spent less time in all than ``slow``: its
     extra set-up (``setup_s``, e.g. decoding once) against the time it saves per epoch
     (from each run's steps after the warm-up). ``None`` if it saves nothing per epoch. On a
-    CPU both are this process's CPU time, as in :meth:`LoopRun.rate`.
+    CPU both are CPU time of every process the loop ran, as in :meth:`LoopRun.rate`.
 
-    >>> def run(setup_s, samples_per_s):
+    >>> def run(setup_s, samples_per_s, children_s=0.0):
     ...     profile = LoopProfile(num_steps=1, samples=int(samples_per_s), wall_s=1.0, cpu_s=1.0)
     ...     return LoopRun("loop", profile, [], 0.0, 0.0, 0, 0, {}, setup_s=setup_s,
-    ...                    setup_cpu_s=setup_s, epoch_samples=100)
+    ...                    setup_cpu_s=setup_s, epoch_samples=100, children_cpu_s=children_s)
     >>> break_even_epoch(run(0.0, 100), run(1.5, 200))  # 1 s per epoch against 0.5 s
     3
     >>> break_even_epoch(run(0.0, 100), run(0.5, 50)) is None
     True
+    >>> break_even_epoch(run(0.0, 100), run(0.0, 200, children_s=1.5)) is None  # workers' CPU
+    True
     """
 
     def epoch_s(run: LoopRun) -> float:
-        steps_s = run.profile.cpu_s if run.on_cpu else run.profile.wall_s
+        steps_s = run.steps_cpu_s if run.on_cpu else run.profile.wall_s
         return (
             run.epoch_samples * steps_s / run.profile.samples if run.profile.samples else math.inf
         )
 
     def setup_s(run: LoopRun) -> float:
-        return run.setup_cpu_s if run.on_cpu else run.setup_s
+        return run.setup_cpu_s + run.setup_children_cpu_s if run.on_cpu else run.setup_s
 
     saved = epoch_s(slow) - epoch_s(fast)
     if not saved > 0:
@@ -275,13 +360,18 @@ def run_loop(
     sync = synchronizer(device)
     profiler = StepProfiler("cpu", synchronize=device.type == "cpu", sync=sync)
     clock = {"start": 0.0, "first_batch": 0.0, "cpu_start": 0.0, "cpu_first_batch": 0.0}
+    children = {"start": 0.0, "first_batch": 0.0, "measured": 0.0}
 
     def timed(loader: Any) -> Iterator[Any]:
         clock["first_batch"] = time.perf_counter()  # the loop's set-up ends here
         clock["cpu_first_batch"] = time.process_time()
-        steps = max(3, samples // (getattr(loader, "batch_size", None) or 1))
+        children["first_batch"] = children["measured"] = children_cpu_s()
+        steps = max(3, samples // _batch_size(loader))
         epochs = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
-        yield from profiler.iterate(epochs, max_steps=steps + 1)  # + the warm-up
+        for index, batch in enumerate(profiler.iterate(epochs, max_steps=steps + 1)):
+            yield batch  # index 0: the warm-up step; the profile starts after it
+            if index == 0:
+                children["measured"] = children_cpu_s()
 
     threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -293,8 +383,10 @@ def run_loop(
             sync()
             clock["start"] = clock["first_batch"] = time.perf_counter()
             clock["cpu_start"] = clock["cpu_first_batch"] = time.process_time()
+            children["start"] = children["first_batch"] = children["measured"] = children_cpu_s()
             losses = loop(data, model, device, timed)
             sync()
+            children_end = children_cpu_s()  # workers still running, or already reaped
     finally:
         torch.set_num_threads(threads)
     profile = profiler.report()
@@ -311,7 +403,17 @@ def run_loop(
         setup_s=clock["first_batch"] - clock["start"],
         setup_cpu_s=clock["cpu_first_batch"] - clock["cpu_start"],
         epoch_samples=len(data),
+        setup_children_cpu_s=children["first_batch"] - children["start"],
+        children_cpu_s=children_end - children["measured"],
     )
+
+
+def _batch_size(loader: Any) -> int:
+    """A DataLoader's batch size, also when a ``BatchSampler`` makes its batches."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "sampler", None), "batch_size", None)
+    return int(size or 1)
 
 
 def compare_loops(

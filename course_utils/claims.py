@@ -26,6 +26,11 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from IPython import get_ipython
+from IPython.display import display
+
+from course_utils.report import output_data
+
 CLAIM_MIME = "application/vnd.course-utils.claim+json"
 MODE_VAR = "COURSE_CLAIMS"
 MODES = ("report", "strict")
@@ -112,11 +117,7 @@ def gpu_claim(
 
 
 def _show(verdict: ClaimVerdict) -> None:
-    from IPython import get_ipython  # lazy: the package works without a kernel
-
     if get_ipython() is not None:
-        from IPython.display import display
-
         bundle = {"text/plain": verdict.sentence(), CLAIM_MIME: asdict(verdict)}
         display(bundle, raw=True)
     else:
@@ -125,8 +126,6 @@ def _show(verdict: ClaimVerdict) -> None:
 
 def claims_in_notebook(notebook: dict[str, Any]) -> list[ClaimVerdict]:
     """The GPU claims' verdicts recorded in an executed notebook, in order."""
-    from course_utils.report import output_data
-
     found = []
     for data in output_data(notebook):
         with contextlib.suppress(KeyError, TypeError):  # none, or malformed

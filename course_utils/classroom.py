@@ -87,6 +87,7 @@ class TensorMove:
     target: str  # the device (or dtype) asked for, as text
     source_id: int = 0  # id() of the tensor the call was made on
     result_id: int = 0  # id() of the tensor it returned
+    source_dtype: torch.dtype | None = None  # the dtype of the tensor the call was made on
 
 
 @contextlib.contextmanager
@@ -114,7 +115,13 @@ def record_tensor_to(*, pretend_cuda: bool = False) -> Iterator[list[TensorMove]
         result = self.detach().clone() if pretend_cuda and is_cuda_target(target) else move()
         moves.append(
             TensorMove(
-                str(self.device), pinned, bool(asynchronous), str(target), id(self), id(result)
+                str(self.device),
+                pinned,
+                bool(asynchronous),
+                str(target),
+                id(self),
+                id(result),
+                self.dtype,
             )
         )
         return result
@@ -164,6 +171,15 @@ def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
 
 def _copy_failure(error: Exception) -> str:
     """Feedback for a ``to_gpu`` that raised ``error``."""
+    if isinstance(error, RuntimeError) and any(
+        words in str(error) for words in ("pin", "NVIDIA driver", "accelerator")
+    ):
+        return (
+            "to_gpu pinned the tensors itself (.pin_memory()): the DataLoader's "
+            "pin_memory=True has already pinned them, and pinning a pageable tensor in the "
+            "loop costs one more copy of the batch; call .to(device, non_blocking=True) on "
+            "the batch's own tensors"
+        )
     if isinstance(error, AttributeError) and "attribute" in str(error):
         return (
             f"to_gpu called a tensor method on a value that is not a tensor ({error}): go "
@@ -185,18 +201,28 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     ...
     course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
     """
+    from course_utils.device import to_device  # the course's own: refused below
+
     images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
     mask, names = torch.ones(4, dtype=torch.bool), ["a.png", "b.png", "c.png", "d.png"]
+    boxes = [_pretend_pinned(torch.rand(n, 4)) for n in (2, 1, 3, 1)]  # a list: n per image
     inner = {"label": labels, "mask": mask}
-    batch = (images, inner, names)
+    batch = (images, inner, names, boxes)
     where = {
         "the images tensor (batch[0])": images,
         "the labels tensor (batch[1]['label'])": labels,
         "the mask tensor (batch[1]['mask'])": mask,
+        "the boxes of the first image (batch[3][0], in a list)": boxes[0],
+        "the boxes of the last image (batch[3][3], in a list)": boxes[3],
     }
-    with record_tensor_to(pretend_cuda=True) as moves:
+    with (
+        record_tensor_to(pretend_cuda=True) as moves,
+        course_helpers_refused({"to_device": to_device}, "to_device"),
+    ):
         try:
             result = to_gpu(batch, torch.device("cuda"))
+        except CheckFailed:
+            raise
         except Exception as error:  # the learner's code failed: say how, in one line
             raise CheckFailed(_copy_failure(error)) from None
     check(
@@ -205,11 +231,13 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     )
     check(
         isinstance(result, Sequence)
-        and len(result) == 3
+        and len(result) == 4
         and isinstance(result[1], Mapping)
-        and set(result[1]) == {"label", "mask"},
-        "return the batch in its own shape: here a sequence of 3 items whose second item is "
-        "a dict with the same keys ('label', 'mask')",
+        and set(result[1]) == {"label", "mask"}
+        and isinstance(result[3], Sequence)
+        and len(result[3]) == 4,
+        "return the batch in its own shape: here a sequence of 4 items whose second item is "
+        "a dict with the same keys ('label', 'mask') and whose last is a list of 4 tensors",
     )
     check(
         list(result[2]) == names,
@@ -219,13 +247,16 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
         "the images tensor (batch[0])": result[0],
         "the labels tensor (batch[1]['label'])": result[1]["label"],
         "the mask tensor (batch[1]['mask'])": result[1]["mask"],
+        "the boxes of the first image (batch[3][0], in a list)": result[3][0],
+        "the boxes of the last image (batch[3][3], in a list)": result[3][3],
     }
     for name, tensor in where.items():
         copies = [m for m in moves if m.source_id == id(tensor) and is_cuda_target(m.target)]
         rebuilt = "you copied a new tensor made from it (clone, contiguous, torch.tensor...), "
         rebuilt += "which is in pageable memory, so that copy cannot be asynchronous: call "
         rebuilt += ".to(device, non_blocking=True) on the batch's own tensor"
-        left = "copy every tensor of the batch, also those inside the dict, with .to(device)"
+        left = "copy every tensor of the batch, also those inside dicts, lists and tuples, with "
+        left += ".to(device)"
         made = returned[name] is not tensor
         check(copies, f"{name} was not copied: " + (rebuilt if made else left))
         check(
@@ -244,14 +275,15 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
 def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, or, if it raises, a sentence saying what it raised
     (so that a check's feedback can quote it instead of stopping with a traceback). An
-    unanswered exercise's ``NotImplementedError`` propagates: the grader reports "not answered".
+    unanswered exercise's ``NotImplementedError`` propagates: the grader reports "not answered";
+    so does a :class:`CheckFailed` raised by a check's spy inside the learner's call.
 
     >>> answer_or_error(int, "7"), answer_or_error(int, "seven")
     (7, "your function raised ValueError: invalid literal for int() with base 10: 'seven'")
     """
     try:
         return function(*args, **kwargs)
-    except NotImplementedError:
+    except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
         raise
     except Exception as error:  # any mistake of the learner's: report it in words
         return f"your function raised {type(error).__name__}: {error}"
@@ -328,3 +360,246 @@ def record_autocast(
         yield seen
     finally:
         handle.remove()
+
+
+# ------------------------------------------------------------------ behaviour, not shape
+
+
+def exact_tensor(value: Any, what: str) -> torch.Tensor:
+    """``value`` itself if it is a plain ``torch.Tensor`` (an ``nn.Parameter`` too), else
+    :class:`CheckFailed`. A subclass of ``torch.Tensor`` can answer every comparison
+    (``==``, ``torch.allclose``, ``torch.equal``) with True, so checks compare plain ones.
+
+    >>> exact_tensor(torch.ones(1), "the output").tolist()
+    [1.0]
+    >>> class Agreeable(torch.Tensor): ...
+    >>> exact_tensor(torch.ones(1).as_subclass(Agreeable), "the output")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: the output is a Agreeable, a subclass of torch.Tensor: ...
+    """
+    check(
+        isinstance(value, torch.Tensor),
+        f"{what} should be a tensor, but it is {_kind(value)}",
+    )
+    check(
+        type(value) in (torch.Tensor, torch.nn.Parameter),
+        f"{what} is a {type(value).__name__}, a subclass of torch.Tensor: return a plain "
+        "torch.Tensor",
+    )
+    return value
+
+
+def _refused(name: str) -> CheckFailed:
+    return CheckFailed(
+        f"your function called the course's own {name}(), the reference the check compares "
+        "with: the exercise is to write that part yourself, in PyTorch"
+    )
+
+
+def _refusing(*args: Any, **kwargs: Any) -> Any:
+    import sys as _sys  # the code runs with the helper's globals: import what it needs
+
+    from course_utils.classroom import _refused as refused
+
+    raise refused(_sys._getframe().f_code.co_name)
+
+
+@contextlib.contextmanager
+def course_helpers_refused(namespace: dict[str, Any], *names: str) -> Iterator[None]:
+    """Inside the block, calling one of the course's helpers ``names`` (as the notebook's
+    ``namespace`` holds them) raises :class:`CheckFailed` saying that the exercise is to
+    write it: however the learner's code reaches the helper (its name, its module, another
+    name), the helper's code is swapped for a refusal while the block runs.
+
+    >>> from course_utils.device import to_device
+    >>> space = {"to_device": to_device}
+    >>> with course_helpers_refused(space, "to_device"):
+    ...     answer_or_error(lambda: to_device(torch.ones(1), "cpu"))
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: your function called the course's own to_device(), ...
+    >>> to_device(torch.ones(1), "cpu").tolist()
+    [1.0]
+    """
+    swapped: list[tuple[Any, Any]] = []
+    replaced: list[tuple[str, Any]] = []
+    for name in names:
+        helper = namespace.get(name)
+        if helper is None:
+            continue
+        code = getattr(helper, "__code__", None)
+        if code is not None and not code.co_freevars:  # a plain function: swap its code
+            swapped.append((helper, code))
+            helper.__code__ = _refusing.__code__.replace(co_name=name)
+        else:  # a wrapped or built-in callable: replace the notebook's name for it
+            replaced.append((name, helper))
+            namespace[name] = _refusing_as(name)
+    try:
+        yield
+    finally:
+        for helper, code in swapped:
+            helper.__code__ = code
+        for name, helper in replaced:
+            namespace[name] = helper
+
+
+def _refusing_as(name: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise _refused(name)
+
+    return refuse
+
+
+class FakeClock:
+    """A clock that moves only when told (:meth:`advance`). Inside :meth:`installed` the
+    clocks Python code reads (``time.perf_counter``, ``time.monotonic``, ``time.time``, their
+    ``_ns`` forms, ``timeit.default_timer``) read it, and :attr:`reads` counts the reads:
+    a check can give a timer known durations and see whether it read a clock at all.
+
+    >>> import time
+    >>> clock = FakeClock()
+    >>> with clock.installed():
+    ...     began = time.perf_counter(); clock.advance(0.25); took = time.perf_counter() - began
+    >>> took, clock.reads
+    (0.25, 2)
+    """
+
+    def __init__(self, start: float = 1024.0) -> None:
+        self.now = start
+        self.reads = 0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def read(self) -> float:
+        self.reads += 1
+        return self.now
+
+    def read_ns(self) -> int:
+        self.reads += 1
+        return round(self.now * 1e9)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FakeClock]:
+        import time
+        import timeit
+        from unittest import mock
+
+        clocks: dict[str, Any] = {"perf_counter": self.read, "monotonic": self.read}
+        clocks.update(time=self.read, perf_counter_ns=self.read_ns, monotonic_ns=self.read_ns)
+        clocks.update(time_ns=self.read_ns)
+        with (
+            mock.patch.multiple(time, **clocks),
+            mock.patch.object(timeit, "default_timer", self.read),
+        ):
+            yield self
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
+    """Exercise 01 (c) on a fake clock: each ``fn()`` call advances it by a known duration
+    (slow warm-up calls, one slow timed repeat), so that only a timer that reads a clock
+    around each timed call and returns the median of the repeats gets the answer. The
+    course's own timers (``benchmark``) are refused inside the learner's call."""
+    cases = [([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]), ([0.4], [0.003, 0.001, 0.007])]
+    for warm, timed in cases:
+        clock, durations = FakeClock(), iter(warm + timed)
+        calls: list[int] = []
+
+        def fn(
+            clock: FakeClock = clock,
+            durations: Iterator[float] = durations,
+            calls: list[int] = calls,
+        ) -> None:
+            calls.append(1)
+            clock.advance(next(durations, 0.0))
+
+        with clock.installed(), course_helpers_refused(namespace, "benchmark"):
+            took = answer_or_error(time_it, fn, torch.device("cpu"), len(warm), len(timed))
+        check(not isinstance(took, str), f"{took}")
+        check(
+            len(calls) == len(warm) + len(timed),
+            f"call fn warmup + repeats = {len(warm)} + {len(timed)} times; it ran {len(calls)} "
+            "times",
+        )
+        check(
+            clock.reads > 0,
+            "your time_it never read a clock: read time.perf_counter() before and after each "
+            "timed fn() call",
+        )
+        check(
+            isinstance(took, int | float) and not isinstance(took, bool),
+            f"return the median in seconds, as a float; got {_kind(took)}",
+        )
+        want = sorted(timed)[len(timed) // 2]
+        if math.isclose(took, want, rel_tol=1e-6):
+            continue
+        shown = ", ".join(_ms(s) for s in timed)
+        everything = sorted(warm + timed)
+        mistakes = {
+            sum(timed) / len(timed): "the mean of the repeats; return their median",
+            min(timed): "the fastest repeat; return the median of the repeats",
+            max(timed): "the slowest repeat; return the median of the repeats",
+            sum(timed): "their total; return the median of the repeats",
+            everything[len(everything) // 2]: "the slow warm-up calls were timed too: run "
+            "the warm-up calls first, untimed, then time the repeats",
+            sum(everything) / len(everything): "the mean of all calls, the slow warm-up calls "
+            "timed too: run the warm-up calls untimed, then return the median of the repeats",
+            want * 1e3: "the median in milliseconds: return seconds",
+        }
+        for value, mistake in mistakes.items():
+            check(
+                not math.isclose(took, value, rel_tol=1e-6),
+                f"repeats that took {shown} gave {_ms(took)}, {mistake} ({_ms(want)}: one "
+                "slow repeat, a page fault or another process, does not move the median)",
+            )
+        raise CheckFailed(
+            f"repeats that took {shown} gave {_ms(took)}; their median is {_ms(want)}: read "
+            "the clock just before and just after each timed fn() call"
+        )
+
+
+class LooksLikeCuda(torch.Tensor):
+    """A CPU tensor whose ``.device`` says ``cuda:0`` (and ``is_cuda`` True): a CPU grader
+    feeds it to code written for a GPU, to see whether the code follows its input's device.
+    Results computed from it look like CUDA tensors too."""
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return True
+
+
+@contextlib.contextmanager
+def record_autocast_devices() -> Iterator[list[str]]:
+    """The ``device_type`` of every ``torch.autocast`` (``torch.amp.autocast``,
+    ``torch.cuda.amp.autocast``) made inside the block. A CUDA one runs as a CPU autocast
+    of the same dtype, so a CPU grader can watch code written for a GPU with
+    :func:`record_autocast`.
+
+    >>> with record_autocast_devices() as devices:
+    ...     with torch.autocast("cuda", dtype=torch.bfloat16):
+    ...         cpu_state = torch.is_autocast_enabled("cpu")
+    >>> devices, cpu_state
+    (['cuda'], True)
+    """
+    autocast = torch.amp.autocast_mode.autocast
+    original = autocast.__init__
+    devices: list[str] = []
+
+    def spy(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        devices.append(str(device_type))
+        original(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    autocast.__init__ = spy  # type: ignore[method-assign]
+    try:
+        yield devices
+    finally:
+        autocast.__init__ = original  # type: ignore[method-assign]

@@ -7,7 +7,9 @@ The contract of every command:
   one line on stderr starting with ``error:``, exit status 2;
 * a failure while running (a notebook or check failed, a package is missing, the
   machine refused): one line starting with ``error:``, exit status 1;
-* success: exit status 0. No command prints a traceback.
+* success: exit status 0. No command prints a traceback;
+* ``grade-class`` only: exit status 3 when it graded the class but some notebooks handed
+  in were matched to no instructor notebook (listed as ``NOT MATCHED``, not scored).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from course_utils.site import build_site
 from course_utils.units import GIB
 
 PROG = "python -m course_utils"
-BAD_INPUT, FAILED = 2, 1  # exit statuses (see the module doc)
+BAD_INPUT, FAILED, UNMATCHED = 2, 1, 3  # exit statuses (see the module doc)
 
 # Optional packages a command may import, and the extra of course-utils that brings each.
 EXTRAS = {
@@ -83,10 +85,56 @@ def _parser() -> argparse.ArgumentParser:
     badges.add_argument("--branch", help="where badges open notebooks (default: --ref, or main)")
     badges.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
+    publish = command(
+        "publish",
+        "write the learners' branch (colab: student versions) and push it",
+        None,
+        description="Write a branch holding only the notebooks (student versions: no "
+        "solution, no hidden test; with --answers the full notebooks), colab_setup.sh and "
+        "README.md, their setup cells installing the course from --repo at --ref, and push "
+        "it to the remote. The branch never holds a workflow file (GitHub refuses a workflow "
+        "token's push that changes one). .github/workflows/publish.yml runs this.",
+    )
+    publish.add_argument("--repo", required=True, help="the repository, as OWNER/NAME")
+    publish.add_argument("--ref", required=True, help="the commit the setup cells install")
+    publish.add_argument("--branch", default="colab", help="the branch to write (colab)")
+    publish.add_argument(
+        "--answers", action="store_true", help="the full notebooks (a solutions branch)"
+    )
+    publish.add_argument("--remote", default="origin", help="where to push (origin)")
+    publish.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
+
     run = command("run-notebooks", "execute notebooks and write a report", "build")
     run.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
     run.add_argument("--workload", choices=workload.CHOICES, help=f"(default: ${workload.ENV_VAR})")
     run.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell")
+    run.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep executed copies in --out whose notebook, package and workload are unchanged",
+    )
+
+    record = command(
+        "gpu-record",
+        "run the course on this GPU and write the GPU record (JSON)",
+        "build/gpu-record",
+        description="Run the doctor's --require-gpu check, the gpu/multigpu tests and every "
+        "notebook at the full workload on the torch and GPU that are here (nothing installed, "
+        "no network), most informative notebooks first, and write the record after each "
+        "step. Exit 1 if anything failed or a GPU claim did not hold.",
+    )
+    record.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    record.add_argument("--budget-s", type=float, default=3600, help="the whole run (3600)")
+    record.add_argument("--notebook-timeout-s", type=float, default=900, help="each notebook (900)")
+    record.add_argument("--tests", type=Path, default=Path("tests"), help="the tests folder")
+    record.add_argument("--no-tests", action="store_true", help="run no tests")
+    record.add_argument("--tests-timeout-s", type=float, default=300, help="the tests (300)")
+    record.add_argument(
+        "--check", action="store_true", help="only check what the run needs (exit 0: ready)"
+    )
+    record.add_argument(
+        "--validate", type=Path, metavar="FILE", help="only check that FILE is a valid record"
+    )
 
     smi = command("smi", "parse or explain nvidia-smi output")
     smi.add_argument("action", choices=("parse", "explain"))
@@ -106,13 +154,35 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("notebooks", nargs="?", type=Path, default=Path("build/notebooks"))
     site.add_argument("--report", type=Path, default=Path("build/report.html"))
     site.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
+    site.add_argument(
+        "--answers",
+        action="store_true",
+        help="keep the exercises' answers (default: student versions, for learners)",
+    )
 
     grade = command("grade", "score a submitted notebook's exercise checks", None)
     grade.add_argument("submission", type=Path, nargs="+", help="the learner's .ipynb (or more)")
     grade.add_argument("--json", **json_option)
     klass = command("grade-class", "grade a folder of submissions in parallel", "grades")
-    klass.add_argument("submissions", type=Path, help="one folder per learner (or nbgrader's)")
+    klass.add_argument(
+        "submissions",
+        type=Path,
+        help="one folder per learner, nbgrader's course folder, or Canvas's submissions "
+        "download (the zip, or the folder it unpacks to; needs --roster)",
+    )
     klass.add_argument("--regrade", action="store_true", help="regrade unchanged submissions")
+    klass.add_argument(
+        "--student",
+        action="append",
+        default=[],
+        metavar="LEARNER",
+        help="regrade only this learner (repeatable); the others' results are kept",
+    )
+    klass.add_argument(
+        "--submitted-at",
+        type=Path,
+        help="CSV of submission times (learner or ID, submitted_at) for --due",
+    )
     klass.add_argument("--shard", help="grade share K of N of the class (K/N), for grade-merge")
     merge = command("grade-merge", "merge grade-class --shard output folders into one", None)
     merge.add_argument("folders", type=Path, nargs="+", help="the shards' --out folders")
@@ -121,6 +191,20 @@ def _parser() -> argparse.ArgumentParser:
             "--similarity", type=float, default=0.7, help="report answers alike beyond (0.7)"
         )
         parser_.add_argument("--roster", type=Path, help="a Canvas gradebook export (canvas.csv)")
+        parser_.add_argument(
+            "--column",
+            action="append",
+            default=[],
+            metavar="NOTEBOOK=COLUMN",
+            help="the Canvas column (or assignment id) for a notebook's points; repeatable, "
+            "several notebooks may share a column",
+        )
+        parser_.add_argument(
+            "--overrides", type=Path, help="CSV of learner,check,points,comment to apply"
+        )
+        parser_.add_argument("--late-penalty", help="e.g. 10%%/day (or 10%% once) of the points")
+        parser_.add_argument("--late-cap", help="the most a late notebook loses (default 100%%)")
+        parser_.add_argument("--due", help="the deadline, ISO 8601 (for --submitted-at times)")
     for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
@@ -136,10 +220,9 @@ def _doctor(args: argparse.Namespace) -> int:
     from course_utils.env import doctor, format_doctor  # lazy: imports torch
 
     if args.require_gpu:
-        from course_utils.device import cuda_gpu_count, no_gpu_reason  # lazy: imports torch
+        from course_utils.gpu_record import require_gpu  # lazy: imports torch
 
-        if cuda_gpu_count() == 0:
-            raise RuntimeError(f"the GPU lane needs a GPU this torch can use; {no_gpu_reason()}")
+        require_gpu()
     report = doctor()
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return 0
@@ -186,11 +269,74 @@ def _badges(args: argparse.Namespace) -> int:
     return 0
 
 
+def _publish(args: argparse.Namespace) -> int:
+    from course_utils.publish import publish  # lazy: nbgrader (student versions)
+
+    done = publish(
+        args.root,
+        repo=args.repo,
+        ref=args.ref,
+        branch=args.branch,
+        answers=args.answers,
+        remote=args.remote,
+    )
+    kind = "with their answers" if args.answers else "student versions"
+    if not done.pushed:
+        print(f"{args.branch}: unchanged ({done.commit[:12]}), nothing pushed")
+    else:
+        history = "a new history" if done.orphan else "on top of the previous one"
+        print(
+            f"{args.branch}: {done.notebooks} notebook(s) ({kind}) installing from "
+            f"{args.repo}@{args.ref}, pushed to {args.remote} as {done.commit[:12]} ({history})"
+        )
+    return 0
+
+
 def _run_notebooks(args: argparse.Namespace) -> int:
     from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
-    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout)
+    failed = run_course(args.paths, args.out, args.workload, args.cell_timeout, reuse=args.reuse)
     return min(1, failed)
+
+
+def _gpu_record(args: argparse.Namespace) -> int:
+    from course_utils import gpu_record  # lazy: keeps the other commands' start fast
+
+    limits = {"--budget-s": args.budget_s, "--notebook-timeout-s": args.notebook_timeout_s}
+    limits["--tests-timeout-s"] = args.tests_timeout_s
+    for name, value in limits.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, not {value:g}")
+    if args.validate:
+        from course_utils.records import load_record, record_label  # lazy: only --validate
+
+        print(f"a valid GPU record: {record_label(load_record(args.validate))}")
+        return 0  # RecordError is a ValueError: one line, exit 2
+    if args.check:
+        gpu_record.check_ready()
+        print(
+            f"gpu-record: ready (every package is here and torch can use a GPU: {sys.executable})"
+        )
+        return 0
+    settings = gpu_record.Settings(
+        out=args.out,
+        notebooks=args.paths,
+        tests=None if args.no_tests else args.tests,
+        budget_s=args.budget_s,
+        notebook_timeout_s=args.notebook_timeout_s,
+        tests_timeout_s=args.tests_timeout_s,
+    )
+    path, record = gpu_record.gpu_record(settings)
+    print(gpu_record.summary(path, record))
+    if record["failures"]:
+        problems = record["failures"]
+        shown = "; ".join(problems[:3]) + (
+            f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        )
+        raise RuntimeError(
+            f"the GPU record's run failed ({shown}); the record keeps every figure: {path}"
+        )
+    return 0
 
 
 def _smi(args: argparse.Namespace) -> int:
@@ -232,12 +378,25 @@ def _student(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_class_output(args: argparse.Namespace) -> None:
-    """grade-class's and grade-merge's --similarity and --roster (bad: ValueError)."""
+def _class_outputs(args: argparse.Namespace) -> Any:
+    """grade-class's and grade-merge's options for the class's files (bad: ValueError)."""
+    from course_utils.instructor.adjust import late_policy  # lazy: imports nbformat
+    from course_utils.instructor.canvas import parse_columns  # lazy: imports nbformat
+    from course_utils.instructor.gradebook import ClassOutputs  # lazy: imports nbclient
+
     if not 0 < args.similarity <= 1:
         raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")
-    if args.roster is not None and not args.roster.is_file():
-        raise ValueError(f"no such roster file: {args.roster}")
+    for name in ("roster", "overrides", "submitted_at"):
+        path = getattr(args, name, None)
+        if path is not None and not path.is_file():
+            raise ValueError(f"no such {name.replace('_', '-')} file: {path}")
+    return ClassOutputs(
+        threshold=args.similarity,
+        roster=args.roster,
+        columns=parse_columns(args.column),
+        overrides=args.overrides,
+        late=late_policy(args.late_penalty, args.late_cap, args.due),
+    )
 
 
 def _grade(args: argparse.Namespace) -> int:
@@ -251,8 +410,6 @@ def _grade(args: argparse.Namespace) -> int:
     )
     from course_utils.instructor.shards import parse_shard
 
-    if args.command != "grade":
-        _check_class_output(args)
     for name in ("cell_timeout", "timeout", "memory"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -273,10 +430,12 @@ def _grade(args: argparse.Namespace) -> int:
     if args.command == "grade":
         return grade_notebooks(args.submission, source, args.out, options, as_json=args.json)
 
+    outputs = _class_outputs(args)
+
     def warn(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
-    grade_class(
+    graded = grade_class(
         args.submissions,
         source,
         args.out,
@@ -285,22 +444,23 @@ def _grade(args: argparse.Namespace) -> int:
         warn=warn,
         shard=parse_shard(args.shard) if args.shard else (1, 1),
         whole_source=args.source is not None,
-        threshold=args.similarity,
-        roster=args.roster,
+        outputs=outputs,
+        students=args.student,
+        submitted_at=args.submitted_at,
     )
-    return 0
+    return UNMATCHED if graded.unmatched else 0
 
 
 def _grade_merge(args: argparse.Namespace) -> int:
     from course_utils.instructor.gradebook import grade_merge  # lazy: imports nbclient
 
-    _check_class_output(args)
+    outputs = _class_outputs(args)
     if args.out is None:
         raise ValueError("grade-merge needs --out FOLDER, where the merged class goes")
     for folder in args.folders:
         if not folder.is_dir():
             raise ValueError(f"no such folder: {folder}")
-    grade_merge(args.folders, args.out, threshold=args.similarity, roster=args.roster)
+    grade_merge(args.folders, args.out, outputs=outputs)
     return 0
 
 
@@ -311,7 +471,7 @@ def _site(args: argparse.Namespace) -> int:
     mkdocs_log.addHandler(logging.StreamHandler())
     mkdocs_log.setLevel(logging.WARNING)
     started = time.perf_counter()
-    page = build_site(args.root, args.notebooks, args.out, args.report)
+    page = build_site(args.root, args.notebooks, args.out, args.report, answers=args.answers)
     print(f"site built in {time.perf_counter() - started:.1f} s: open {page}")
     return 0
 
@@ -319,7 +479,9 @@ def _site(args: argparse.Namespace) -> int:
 HANDLERS = {
     "doctor": _doctor,
     "badges": _badges,
+    "publish": _publish,
     "run-notebooks": _run_notebooks,
+    "gpu-record": _gpu_record,
     "smi": _smi,
     "ddp-check": _ddp_check,
     "student": _student,
@@ -340,8 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command
     try:
         return HANDLERS[command](args)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:  # Ctrl-C, or SIGTERM while grading
+        why = f" ({error})" if str(error) else ""
+        print(f"error: interrupted{why}: run the same command again to resume", file=sys.stderr)
         return 130
     except ModuleNotFoundError as error:  # an optional package (nbformat, nbgrader...)
         name = (error.name or "").split(".")[0]

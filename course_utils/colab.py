@@ -32,11 +32,22 @@ SETUP_CELL_METADATA: dict[str, Any] = {
     "jupyter": {"source_hidden": True},
     "tags": [SETUP_TAG],
 }
-# The third line of every title cell (and of the README) until a repository is named.
+# The third line of every title cell until a repository is named (the README's says the
+# same with links that GitHub resolves in any fork: README_BADGE_LINE).
 UNPUBLISHED_BADGE_LINE = (
+    "*Open in Colab:* open this notebook from the course's `colab` branch, where its "
+    '"Open in Colab" badge and setup cell are filled in (the exercises without their '
+    "answers; the `solutions` branch has them)."
+)
+README_BADGE_LINE = (
+    "*Open in Colab:* [the notebooks, ready for Colab](../../tree/colab/notebooks) (the "
+    "exercises without their answers; [with the answers](../../tree/solutions/notebooks))."
+)
+# Badge lines of earlier versions, recognised (and replaced) by the badges command.
+_OLD_BADGE_LINES = (
     "*Open in Colab:* the published copy of the course (the `colab` branch that "
     "`.github/workflows/publish.yml` writes) has a one-click badge here; from any copy on "
-    "GitHub, open a notebook in Colab with File → Open notebook → GitHub and its address."
+    "GitHub, open a notebook in Colab with File → Open notebook → GitHub and its address.",
 )
 
 _REPO_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
@@ -47,7 +58,7 @@ _BADGE_URL = re.compile(
 )
 _SETTINGS = re.compile(
     r'^COURSE_REPO = "([^"\n]*)"  # @param .*\nCOURSE_REF = "([^"\n]*)"  # @param .*\n'
-    r'SETUP_SHA256 = "([0-9a-f]*)"',
+    r'(?:#.*\n)*SETUP_SHA256 = "([0-9a-f]*)"',
     re.MULTILINE,
 )
 
@@ -95,11 +106,12 @@ def badge_url(repo: str, ref: str, notebook: str) -> str:
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook}"
 
 
-def badge_line(repo: str, ref: str, notebook: str) -> str:
+def badge_line(repo: str, ref: str, notebook: str, *, readme: bool = False) -> str:
     """The third line of a title cell: the badge that opens ``notebook`` at ``repo``/``ref``
-    in Colab, or without a repository :data:`UNPUBLISHED_BADGE_LINE` (no dead link)."""
+    in Colab, or without a repository :data:`UNPUBLISHED_BADGE_LINE` (the README's:
+    :data:`README_BADGE_LINE`, links to the published branches of the fork it is in)."""
     if not repo:
-        return UNPUBLISHED_BADGE_LINE
+        return README_BADGE_LINE if readme else UNPUBLISHED_BADGE_LINE
     return f"[![Open In Colab]({BADGE_IMAGE})]({badge_url(repo, ref, notebook)})"
 
 
@@ -116,30 +128,50 @@ def setup_cell_source(repo: str, ref: str, sha256: str) -> str:
     return (
         "# @title Course setup: run this cell first (on Colab it installs the course; "
         "elsewhere it does nothing)\n"
-        "# The GitHub repository (OWNER/NAME) and ref to install from; the script that does\n"
-        "# not have the SHA-256 below never runs. `python -m course_utils badges` writes them.\n"
+        "# @markdown Opened from the course's `colab` branch, the fields are filled in: just run "
+        "this cell. Otherwise paste into COURSE_REPO the GitHub repository this notebook comes "
+        "from (`OWNER/NAME`, its GitHub address or this page's Colab address; it must be "
+        "public) and leave COURSE_REF as it is.\n"
         f'COURSE_REPO = "{repo}"  # @param {{type:"string"}}\n'
         f'COURSE_REF = "{ref}"  # @param {{type:"string"}}\n'
+        "# The script at COURSE_REPO/COURSE_REF runs only if its SHA-256 is this one.\n"
         f'SETUP_SHA256 = "{sha256}"\n'
-        "import hashlib, os, re, sys, tempfile, urllib.request\n"
+        "import hashlib, os, re, sys, tempfile, urllib.error, urllib.request\n"
+        "class CourseSetupError(RuntimeError):  # shown as one line, without a traceback\n"
+        "    def _render_traceback_(self):\n"
+        "        return [str(self)]\n"
         'if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:\n'
-        '    COURSE_REPO, COURSE_REF = COURSE_REPO.strip().strip("/"), COURSE_REF.strip() or '
-        '"main"\n'
-        '    if not re.fullmatch(r"[\\w.-]+/[\\w.-]+", COURSE_REPO) or not re.fullmatch('
-        'r"[\\w./-]+", COURSE_REF):\n'
-        '        raise RuntimeError("Colab setup: type the GitHub repository this notebook comes '
-        "from into COURSE_REPO above (OWNER/NAME: what follows colab.research.google.com/"
-        'github/ in the address bar), then run this cell again")\n'
+        '    found = re.fullmatch(r"(?:https?://)?(?:www\\.)?(?:github\\.com/|colab\\.research'
+        "\\.google\\.com/github/)?([\\w.-]+)/([\\w.-]+?)(?:\\.git)?(?:/(?:blob|tree)/([\\w.-]+)"
+        '(?:/[^?#]*)?)?/?(?:[?#].*)?", COURSE_REPO.strip())\n'
+        '    COURSE_REF = COURSE_REF.strip() or (found and found[3]) or "main"\n'
+        '    if not found or not re.fullmatch(r"[\\w./-]+", COURSE_REF):\n'
+        '        raise CourseSetupError("Colab setup: type the GitHub repository this notebook '
+        "comes from into COURSE_REPO above (OWNER/NAME, or paste its GitHub or Colab "
+        'address), then run this cell again")\n'
+        '    COURSE_REPO = f"{found[1]}/{found[2]}"\n'
         '    url = f"https://raw.githubusercontent.com/{COURSE_REPO}/{COURSE_REF}/colab_setup.sh"\n'
-        "    script = urllib.request.urlopen(url, timeout=60).read()\n"
+        "    try:\n"
+        "        script = urllib.request.urlopen(url, timeout=60).read()\n"
+        "    except urllib.error.HTTPError as error:\n"
+        '        raise CourseSetupError(f"Colab setup: no colab_setup.sh at {url} '
+        "(HTTP {error.code}): check "
+        "COURSE_REPO (OWNER/NAME: a wrong name?) and COURSE_REF (a branch, tag or commit of it); "
+        'a private repository also answers 404: the course must be public") from None\n'
+        "    except (urllib.error.URLError, OSError) as error:\n"
+        '        raise CourseSetupError(f"Colab setup: could not download {url} ({error}): '
+        "is the runtime "
+        'connected to the internet? Run this cell again") from None\n'
         "    if hashlib.sha256(script).hexdigest() != SETUP_SHA256:\n"
-        '        raise RuntimeError(f"Colab setup: refused to run {url}: its SHA-256 is not '
-        'SETUP_SHA256 (set COURSE_REF to the commit this notebook comes from)")\n'
+        '        raise CourseSetupError(f"Colab setup: refused to run {url}: its SHA-256 is '
+        "not SETUP_SHA256 "
+        "(COURSE_REF must be the commit this notebook was published for: open the notebook "
+        "from the course's colab branch, whose fields are filled in)\")\n"
         '    with tempfile.NamedTemporaryFile(suffix="_colab_setup.sh", delete=False) as file:\n'
         "        file.write(script)\n"
         "    !COURSE_REPO={COURSE_REPO} COURSE_REF={COURSE_REF} bash {file.name}\n"
         "    if _exit_code != 0:  # noqa: F821 (IPython sets it after each ! command)\n"
-        '        raise RuntimeError("Colab setup failed: read the messages above")'
+        '        raise CourseSetupError("Colab setup failed: read the messages above")'
     )
 
 
@@ -225,7 +257,8 @@ def _setup_cell(old: dict[str, Any], source: str, cell_id: str) -> dict[str, Any
 
 
 def _is_badge_line(line: str) -> bool:
-    return line.rstrip("\n") == UNPUBLISHED_BADGE_LINE or bool(_BADGE_URL.search(line))
+    known = (UNPUBLISHED_BADGE_LINE, README_BADGE_LINE, *_OLD_BADGE_LINES)
+    return line.rstrip("\n") in known or bool(_BADGE_URL.search(line))
 
 
 def _title_lines(path: Path, lines: list[str], badge: str) -> list[str]:
@@ -315,7 +348,7 @@ def retarget_course(
         if len(lines) >= 3 and _is_badge_line(lines[2]):
             first = notebooks[0].resolve().relative_to(root.resolve()).as_posix()
             ending = "\n" if lines[2].endswith("\n") else ""
-            lines[2] = badge_line(repo, badge_ref or "", first) + ending
+            lines[2] = badge_line(repo, badge_ref or "", first, readme=True) + ending
             written[readme] = "".join(lines)
             changes.badges += bool(repo)
     for path, text in written.items():

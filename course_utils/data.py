@@ -173,7 +173,21 @@ class PreDecodedImages(Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, Any]:
+        """One sample ``(image, label)``, or with a list of indices (a ``BatchSampler``
+        with ``DataLoader(batch_size=None)``) a whole batch in one indexing:
+        ``(images, labels)``, no per-sample calls and no collate.
+
+        >>> data = PreDecodedImages(torch.zeros(5, 3, 4, 4, dtype=torch.uint8), [0, 1, 2, 3, 4])
+        >>> images, labels = data[[4, 1]]
+        >>> tuple(images.shape), labels.tolist()
+        ((2, 3, 4, 4), [4, 1])
+        """
+        if isinstance(index, (list, tuple, torch.Tensor)):  # a whole batch
+            images = self.images[torch.as_tensor(index)]
+            if self.augment_per_sample:
+                images = augment_on_device(images, self.image_size)
+            return images, self.labels[torch.as_tensor(index)]
         image = self.images[index]
         if self.augment_per_sample:  # the CPU augments each sample (in the workers)
             image = augment_on_device(image[None], self.image_size)[0]
@@ -193,7 +207,10 @@ def augment_on_device(images: torch.Tensor, image_size: int = 32) -> torch.Tenso
     # drawn by the CPU generator (the same under torch.manual_seed on every device), each
     # uniform between low and 1: the crop's area, its position in x and y, the mirror
     low = torch.tensor([MIN_AREA, -1.0, -1.0, 0.0])
-    draws = (low + (1 - low) * torch.rand(count, 4)).to(device)
+    draws = low + (1 - low) * torch.rand(count, 4)
+    if device.type == "cuda":  # a pageable copy would make the CPU wait for the GPU
+        draws = draws.pin_memory()
+    draws = draws.to(device, non_blocking=True)
     scale = draws[:, 0].sqrt()  # side of the crop, as a fraction of the image
     theta = torch.zeros(count, 2, 3, device=device)
     theta[:, 0, 0] = scale * torch.where(draws[:, 3] < 0.5, -1.0, 1.0)

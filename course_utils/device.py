@@ -296,14 +296,50 @@ class Precision:
         return self.name == PrecisionName.FP16
 
 
+# What a child process read about each CUDA device, per CUDA_VISIBLE_DEVICES and index
+_device_facts: dict[tuple[str | None, int], tuple[str, tuple[int, int]] | None] = {}
+
+
+def _device_facts_in_subprocess(position: int) -> tuple[str, tuple[int, int]] | None:
+    code = f"import torch; p = torch.cuda.get_device_properties({position}); "
+    code += "print(p.major, p.minor, p.name)"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        major, minor, name = done.stdout.strip().splitlines()[-1].split(" ", 2)
+        return (name, (int(major), int(minor))) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def cuda_device_facts(position: int) -> tuple[str, tuple[int, int]] | None:
+    """``(name, compute capability)`` of ``cuda:<position>`` from CUDA, without starting
+    CUDA in this process: once CUDA runs here, from CUDA; before, from a child process
+    (kept per ``CUDA_VISIBLE_DEVICES``). ``None`` when there is no such device. For when
+    NVML does not know the GPU: a plain ``torch.cuda.is_available()`` here would ask the
+    driver for its device count, and a process forked after that (``ddp_notebook``, a
+    DataLoader worker using CUDA) cannot use CUDA, while ``torch.cuda.is_initialized()``
+    still says ``False``."""
+    if torch.cuda.is_initialized():
+        if position >= torch.cuda.device_count():
+            return None
+        return torch.cuda.get_device_name(position), torch.cuda.get_device_capability(position)
+    if position >= cuda_gpu_count():  # NVML, else a child process: fork-safe
+        return None
+    key = (os.environ.get("CUDA_VISIBLE_DEVICES"), position)
+    if key not in _device_facts:
+        _device_facts[key] = _device_facts_in_subprocess(position)
+    return _device_facts[key]
+
+
 def _cuda_capability(device: torch.device) -> tuple[int, int] | None:
     position = 0 if device.index is None else device.index
     gpu = gpu_for_cuda_index(position)
     if gpu is not None and gpu.compute_capability:
         return gpu.compute_capability
-    if torch.cuda.is_available():  # no NVML: ask CUDA (this initializes it)
-        return torch.cuda.get_device_capability(position)
-    return None
+    facts = cuda_device_facts(position)  # NVML does not know it: ask CUDA, fork-safe
+    return facts[1] if facts else None
 
 
 def pick_precision(

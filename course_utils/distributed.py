@@ -22,9 +22,8 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,18 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
 from course_utils.data import SyntheticImages
-from course_utils.device import cuda_gpu_count
+from course_utils.device import cuda_gpu_count, to_device
 from course_utils.models import build_model
-from course_utils.timing import benchmark
 from course_utils.training import TrainConfig, TrainStep, train
 from course_utils.units import MIB
 
 TOLERANCE = 1e-5
 """Largest parameter difference for "DDP equals one process" on CPU (float32 rounding)."""
 DEFAULT_TIMEOUT_S = 120.0
+JOB_TIMEOUT_S = 600.0
+"""The limit on a whole torchrun job, start-up included: a hang, not a slow start. On a
+busy 2-core machine starting torchrun and two workers (each importing torch) took up to
+100 s before the first step; a 2-step ``ddp-check`` took 103 s in all."""
 
 
 # --------------------------------------------------------------------------- process group
@@ -215,6 +217,9 @@ class RunConfig:
     lr: float = 0.05
     seed: int = 0
     warmup_steps: int = 0  # untimed steps first (for throughput)
+    # batches made and moved to the device before the clock starts, as DataParallel's in
+    # data_parallel_report: the timed steps race DDP, not the input pipeline
+    preload: bool = False
     out: str | None = None  # rank 0 writes checkpoint.pt and summary.json here
     timeout_s: float = DEFAULT_TIMEOUT_S
 
@@ -244,11 +249,16 @@ def run_training(
         data, num_replicas=world, rank=rank, shuffle=True, seed=config.seed
     )
     loader = DataLoader(data, batch_size=config.batch_size, sampler=sampler)
-    warm = train(step, loader, max_steps=config.warmup_steps) if config.warmup_steps else None
+    warm_batches: Any = loader
+    batches: Any = loader
+    if config.preload:  # the same batches in the same order, made now, on the device
+        warm_batches = to_device(list(_batch_order(loader, config.warmup_steps)), device)
+        batches = to_device(list(_batch_order(loader, config.steps)), device)
+    warm = train(step, warm_batches, max_steps=config.warmup_steps) if config.warmup_steps else None
     if context is not None:
         dist.barrier()  # start the clock together
     # as many epochs as the steps need (train calls sampler.set_epoch for each)
-    result = train(step, loader, max_steps=config.steps, epochs=config.steps)
+    result = train(step, batches, max_steps=config.steps, epochs=config.steps)
     summary = {
         "world_size": world,
         "device": str(device),
@@ -257,6 +267,21 @@ def run_training(
         "samples_per_s": result.samples_per_s * world,
     }
     return getattr(model, "module", model), summary
+
+
+def _batch_order(loader: DataLoader[Any], steps: int) -> Iterator[Any]:
+    """The first ``steps`` batches :func:`~course_utils.training.train` would draw from
+    ``loader``, epoch after epoch (``sampler.set_epoch`` before each)."""
+    drawn = 0
+    for epoch in range(steps):
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+        for batch in loader:
+            if drawn == steps:
+                return
+            drawn += 1
+            yield batch
 
 
 def train_worker(config: RunConfig, device: str = "auto") -> dict[str, Any]:
@@ -357,7 +382,7 @@ def reference_model(config: RunConfig, world_size: int) -> nn.Module:
     return model
 
 
-def equivalence_check(nproc: int, config: RunConfig, timeout_s: float = 180.0) -> float:
+def equivalence_check(nproc: int, config: RunConfig, timeout_s: float = JOB_TIMEOUT_S) -> float:
     """Train with DDP on ``nproc`` CPU processes (gloo, torchrun), then in this process on
     the combined batch (:func:`reference_model`); return the largest parameter difference.
     They agree: the average of the ranks' mean-loss gradients is the combined batch's.
@@ -372,17 +397,34 @@ def measure_scaling(
     process_counts: Sequence[int],
     config: RunConfig | None = None,
     device: str = "auto",
-    timeout_s: float = 300.0,
+    timeout_s: float = JOB_TIMEOUT_S,
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
     """Global throughput of the same per-process batch for each process count (a torchrun
     job each) and the efficiency ``throughput(N) / (N * throughput(1))``. Each process has
-    one CPU thread (``OMP_NUM_THREADS=1``), or drives one GPU."""
+    one CPU thread (``OMP_NUM_THREADS=1``), or drives one GPU. ``repeats``: the counts run
+    that many times, taking turns (1, 2, 2, 1, ...); each count keeps its fastest run
+    (other work on the machine only slows a run down), and ``runs`` lists them all."""
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
     config = config or RunConfig(model="small_cnn", steps=10, warmup_steps=2, batch_size=32)
-    rows: list[dict[str, Any]] = []
-    for count in progress.track(process_counts, "DDP scaling", unit="run"):
+    order = [
+        count
+        for turn in range(repeats)
+        for count in (process_counts if turn % 2 == 0 else list(process_counts)[::-1])
+    ]
+    best: dict[int, dict[str, Any]] = {}
+    runs: dict[int, list[float]] = {count: [] for count in process_counts}
+    for count in progress.track(order, "DDP scaling", unit="run"):
         summary, _ = _torchrun_job(config, count, device, timeout_s, {"OMP_NUM_THREADS": "1"})
-        keys = ("device", "samples_per_s", "global_batch")  # global: per-process x processes
-        rows.append({"processes": count, **{key: summary[key] for key in keys}})
+        runs[count].append(summary["samples_per_s"])
+        if count not in best or summary["samples_per_s"] > best[count]["samples_per_s"]:
+            best[count] = summary
+    keys = ("device", "samples_per_s", "global_batch")  # global: per-process x processes
+    rows = [
+        {"processes": count, **{key: best[count][key] for key in keys}, "runs": runs[count]}
+        for count in process_counts
+    ]
     base = rows[0]["samples_per_s"] / rows[0]["processes"]
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["processes"] * base)
@@ -560,7 +602,10 @@ def average_on_ranks(average: Callable[[torch.Tensor], Any], folder: str) -> Non
 def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5) -> dict[str, Any]:
     """What ``nn.DataParallel`` does here. With 2+ GPUs: throughput on one GPU and with
     DataParallel, and each GPU's peak memory; else the explanation, and a check that it
-    runs the module unchanged. Initializes CUDA: call it after any fork."""
+    runs the module unchanged. Timed as :func:`run_training` times a DDP run with
+    ``RunConfig(preload=True)``: fp32 SGD, the batch already on the GPU, one untimed step,
+    then ``steps`` steps with one synchronization at the end (:func:`train`), so that the
+    two race the same work. Initializes CUDA: call it after any fork."""
     gpus = cuda_gpu_count()
     wrapped = nn.DataParallel(model if gpus >= 2 else model.cpu())
     report: dict[str, Any] = {"gpus": gpus, "device_ids": list(wrapped.device_ids)}
@@ -587,11 +632,10 @@ def data_parallel_report(model: nn.Module, batch_size: int = 64, steps: int = 5)
         for index in range(gpus):
             torch.cuda.reset_peak_memory_stats(index)
         step = TrainStep(module, "cuda:0", TrainConfig(precision="fp32", optimizer="sgd"))
-        seconds = benchmark(
-            partial(step, (inputs, targets)), device="cuda:0", repeats=steps
-        ).median_s
+        step((inputs, targets))  # warm-up, untimed, as the DDP run's warmup_steps
+        timed = train(step, [(inputs, targets)] * steps)  # one synchronization, at the end
         peaks = [torch.cuda.max_memory_allocated(index) / MIB for index in range(gpus)]
-        rows[name] = {"samples_per_s": batch_size / seconds, "peak_mib_per_gpu": peaks}
+        rows[name] = {"samples_per_s": timed.samples_per_s, "peak_mib_per_gpu": peaks}
     report["measured"] = rows
     report["speedup"] = rows["data_parallel"]["samples_per_s"] / rows["one_gpu"]["samples_per_s"]
     return report
@@ -641,6 +685,15 @@ def split_model(model: nn.Module, devices: Sequence[str | torch.device]) -> Spli
 # --------------------------------------------------------------------------- command line
 
 
+def _flag(text: str) -> bool:
+    """A yes/no option's value: ``True``/``False`` (as ``torchrun_train`` writes), 1/0."""
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    if text.strip().lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, not {text!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchrun --nproc_per_node=N -m course_utils.distributed",
@@ -650,7 +703,9 @@ def _parser() -> argparse.ArgumentParser:
     trainer = commands.add_parser("train", help="train with DDP; rank 0 logs and saves")
     trainer.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     for name, value in asdict(RunConfig()).items():
-        kind = str if name == "out" else type(value)  # out's default is None
+        kind: Any = str if name == "out" else type(value)  # out's default is None
+        if kind is bool:  # "--preload=False" must not read as True
+            kind = _flag
         trainer.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
     return parser
 

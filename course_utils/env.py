@@ -19,6 +19,7 @@ import torch
 from course_utils import nvml
 from course_utils.device import (
     choose_device,
+    cuda_device_facts,
     cuda_gpu_count,
     gpu_problems,
     mps_available,
@@ -211,8 +212,9 @@ def measured_on(device: torch.device | str) -> str:
     if device.type == "cuda":
         position = device.index or 0
         name = getattr(nvml.gpu_for_cuda_index(position), "name", None)
-        if name is None and torch.cuda.is_available():
-            name = torch.cuda.get_device_name(position)
+        if name is None:  # NVML does not know it: ask CUDA without poisoning a later fork
+            facts = cuda_device_facts(position)
+            name = facts[0] if facts else None
         return f"measured on this machine (GPU: {name or 'unknown NVIDIA GPU'})"
     if device.type == "mps":
         return "measured on this machine (Apple GPU, MPS)"

@@ -40,6 +40,7 @@ class FakeGpu:
     memory_used_mib: int
     memory_total_mib: int
     utilization_memory_pct: int | None = None
+    used_bytes_over_mib: int | None = None  # real byte counts are rarely whole MiB
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> SimpleNamespace:
         gpu = self._gpu(handle)
-        total, used = gpu.memory_total_mib * MIB, gpu.memory_used_mib * MIB
+        total = gpu.memory_total_mib * MIB + 2 * (gpu.used_bytes_over_mib or 0)
+        used = gpu.memory_used_mib * MIB + (gpu.used_bytes_over_mib or 0)
         return SimpleNamespace(total=total, used=used, free=total - used)
 
 

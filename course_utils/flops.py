@@ -68,22 +68,53 @@ class GpuPeakFlops:
     fp16: float
     bf16: float | None
     source: str  # the document the figures come from
+    sms: int | None = None  # streaming multiprocessors of the whole GPU (for MIG slices)
+
+    def slice_of(self, sm_count: int) -> GpuPeakFlops:
+        """The peaks of a MIG slice with ``sm_count`` of this GPU's SMs: the same clocks,
+        the slice's share of the SMs (a 1g slice of an A100 has 14 of 108).
+
+        >>> slice = gpu_peak_flops("A100").slice_of(14)
+        >>> round(slice.fp32, 2), slice.name
+        (2.53, 'A100 MIG slice (14 of 108 SMs)')
+        """
+        if self.sms is None or not 0 < sm_count <= self.sms:
+            raise ValueError(f"{self.name}: cannot scale to {sm_count} SMs")
+        share = sm_count / self.sms
+
+        def scaled(tflops: float | None) -> float | None:
+            return None if tflops is None else tflops * share
+
+        return GpuPeakFlops(
+            f"{self.name} MIG slice ({sm_count} of {self.sms} SMs)",
+            self.compute_capability,
+            self.fp32 * share,
+            scaled(self.tf32),
+            self.fp16 * share,
+            scaled(self.bf16),
+            f"{self.source}; scaled by the slice's share of the SMs",
+            sm_count,
+        )
 
 
 GPU_PEAK_FLOPS: tuple[GpuPeakFlops, ...] = (
     GpuPeakFlops("T4", (7, 5), 8.1, None, 65.0, None, _T4),
     GpuPeakFlops("V100", (7, 0), 15.7, None, 125.0, None, _V100),  # SXM2
-    GpuPeakFlops("A100", (8, 0), 19.5, 156.0, 312.0, 312.0, _A100),
+    GpuPeakFlops("A100", (8, 0), 19.5, 156.0, 312.0, 312.0, _A100, 108),
     GpuPeakFlops("A10", (8, 6), 31.2, 62.5, 125.0, 125.0, _A10),
     GpuPeakFlops("L4", (8, 9), 30.3, 60.0, 121.0, 121.0, _L4),
-    GpuPeakFlops("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0, _H100),
-    GpuPeakFlops("H100", (9, 0), 67.0, 495.0, 989.0, 989.0, _H100),  # SXM
-    GpuPeakFlops("H200", (9, 0), 67.0, 495.0, 989.0, 989.0, _H200),  # SXM
+    GpuPeakFlops("H100 PCIe", (9, 0), 51.0, 378.0, 756.0, 756.0, _H100, 114),
+    GpuPeakFlops("H100", (9, 0), 67.0, 495.0, 989.0, 989.0, _H100, 132),  # SXM
+    GpuPeakFlops("H200", (9, 0), 67.0, 495.0, 989.0, 989.0, _H200, 132),  # SXM
 )
 
 
-def gpu_peak_flops(gpu_name: str) -> GpuPeakFlops | None:
+def gpu_peak_flops(gpu_name: str, sm_count: int | None = None) -> GpuPeakFlops | None:
     """The datasheet row for a GPU name as NVML or torch prints it, or ``None``.
+
+    A MIG slice ("NVIDIA A100-SXM4-80GB MIG 1g.10gb") has only a share of the GPU: its
+    row is scaled by ``sm_count`` (the slice's SMs, ``multi_processor_count``), and
+    without it the peak is unknown (``None``), never the whole GPU's.
 
     >>> gpu_peak_flops("Tesla T4").fp16
     65.0
@@ -93,6 +124,8 @@ def gpu_peak_flops(gpu_name: str) -> GpuPeakFlops | None:
     (51.0, None)
     >>> gpu_peak_flops("NVIDIA H100 NVL") is None  # not the SXM part: no datasheet row here
     True
+    >>> gpu_peak_flops("NVIDIA A100-SXM4-80GB MIG 1g.10gb") is None  # a slice: how much?
+    True
     """
     words = gpu_name.upper().replace("-", " ").split()
     if "NVL" in words:  # H100 NVL: other clocks and memory, not in the table
@@ -100,18 +133,24 @@ def gpu_peak_flops(gpu_name: str) -> GpuPeakFlops | None:
     # longest names first, so "H100 PCIe" wins over "H100" and "A100" never matches "A10"
     for peak in sorted(GPU_PEAK_FLOPS, key=lambda p: -len(p.name)):
         if all(part in words for part in peak.name.upper().split()):
-            return peak
+            if "MIG" not in words:
+                return peak
+            if sm_count is None or peak.sms is None or not 0 < sm_count <= peak.sms:
+                return None
+            return peak.slice_of(sm_count)
     return None
 
 
-def datasheet_tflops(gpu_name: str, dtype: torch.dtype, tf32: bool = False) -> float | None:
+def datasheet_tflops(
+    gpu_name: str, dtype: torch.dtype, tf32: bool = False, sm_count: int | None = None
+) -> float | None:
     """Dense datasheet TFLOP/s for matmuls in ``dtype`` (fp32 with ``tf32=True``: TF32
     tensor cores), or ``None`` when the GPU is unknown or lacks that mode.
 
     >>> datasheet_tflops("Tesla T4", torch.float16), datasheet_tflops("Tesla T4", torch.bfloat16)
     (65.0, None)
     """
-    peak = gpu_peak_flops(gpu_name)
+    peak = gpu_peak_flops(gpu_name, sm_count)
     if peak is None:
         return None
     if dtype == torch.float16:
@@ -167,7 +206,9 @@ def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
 ) -> PeakFlops:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
-    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table).
+    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table),
+    once per process, device and dtype (its source says with how many CPU threads), so
+    that every MFU of a run divides by the same figure.
 
     float32 work runs on TF32 tensor cores only on GPUs that have them (compute capability
     8.0 and newer: the rows with a TF32 column) and only where :func:`tf32_allowed`:
@@ -178,25 +219,40 @@ def device_peak_flops(
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        row = gpu_peak_flops(name)
+        sm_count = None
+        if "MIG" in name.upper().split():  # a slice: its own SMs, not the whole GPU's
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        row = gpu_peak_flops(name, sm_count)
         if row is not None:
             tf32 = (
                 dtype == torch.float32
                 and row.tf32 is not None  # Ampere and newer; a T4 or V100 has no TF32
                 and (tf32_allowed() or (convolutions and tf32_allowed(convolutions=True)))
             )
-            tflops = datasheet_tflops(name, dtype, tf32=tf32)
+            tflops = datasheet_tflops(name, dtype, tf32=tf32, sm_count=sm_count)
             if tflops is not None:
                 column = {
                     torch.float16: "fp16 tensor-core",
                     torch.bfloat16: "bf16 tensor-core",
                 }.get(dtype, "TF32 tensor-core" if tf32 else "fp32 (no tensor cores)")
-                return PeakFlops(tflops * 1e12, f"{name}: dense {column} peak, {row.source}")
-    n = 1024
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
-    what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
-    return PeakFlops(2 * n**3 / timing.min_s, f"measured: best of 5 {what}")
+                where = f"{name} ({row.name})" if sm_count is not None else name
+                return PeakFlops(tflops * 1e12, f"{where}: dense {column} peak, {row.source}")
+    key = (str(device), dtype)
+    if key not in _MEASURED_PEAKS:  # measured once: a peak that moves is no denominator
+        n = 1024
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
+        what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
+        count = torch.get_num_threads()
+        threads = f", {count} CPU thread{'s' * (count != 1)}" if device.type == "cpu" else ""
+        source = f"measured once in this process: best of 5 {what}{threads}"
+        _MEASURED_PEAKS[key] = PeakFlops(2 * n**3 / timing.min_s, source)
+    return _MEASURED_PEAKS[key]
+
+
+# measured peaks, by (device, dtype): a CPU's "peak" re-measured in each cell of a busy
+# machine moved by 1.5x between two cells (review 02-N1); the source names the threads
+_MEASURED_PEAKS: dict[tuple[str, torch.dtype], PeakFlops] = {}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from course_utils.batch import MaxBatchSize, Trial
 from course_utils.device import AUTO, Precision, pick_device, pick_precision
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
+from course_utils.oom import disguised_out_of_memory_as_cuda
 from course_utils.timing import synchronizer
 from course_utils.training import TrainConfig, TrainStep, make_optimizer, train
 
@@ -79,9 +80,14 @@ class CourseModule(pl.LightningModule):
 
     def training_step(self, batch: Sequence[Any], batch_idx: int) -> torch.Tensor:
         inputs, targets = batch[0], batch[1]
-        loss = self.loss_fn(self(inputs), targets)
+        with disguised_out_of_memory_as_cuda():  # so that Lightning's tuner sees an OOM
+            loss = self.loss_fn(self(inputs), targets)
         self.log("train_loss", loss, on_step=True, prog_bar=True, batch_size=len(targets))
         return loss
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with disguised_out_of_memory_as_cuda():  # cuDNN's backward can disguise one too
+            super().backward(loss, *args, **kwargs)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return make_optimizer(self.config.optimizer, self.parameters(), self.lr)
@@ -299,11 +305,19 @@ def _kept(runs: Sequence[Sequence[float]]) -> list[float]:
     return [s for run in runs for s in (run[1:] if len(run) >= 3 else run)]
 
 
+BUSY_NOISE = 0.25
+"""Epoch times whose median is this far above their fastest: the machine was busy, and a
+difference of a few milliseconds per step between two ways of training is not readable."""
+
+
 @dataclass
 class Comparison:
     """Plain loop vs Lightning, taking turns: each run's epoch times (one run of each way
-    per round, in :attr:`order`); per-epoch figures leave out a run's first epoch when it
-    has 3 or more (warm-up), totals are medians over the runs, peaks the first run's."""
+    per round, in :attr:`order`). Each way is summed up by its **fastest** epoch over all
+    its runs (a run's first epoch is left out as warm-up when it has 3 or more): other
+    work on the machine only ever adds time, so the fastest epoch is the least disturbed
+    one, and the table, the plot and the ratio all use it. Totals are medians over the
+    runs, peaks the first run's."""
 
     device: str
     precision: str
@@ -319,25 +333,22 @@ class Comparison:
 
     @property
     def plain_s_per_epoch(self) -> float:
-        return statistics.median(_kept(self.plain_runs))
+        """The plain loop's fastest epoch (seconds)."""
+        return min(_kept(self.plain_runs))
 
     @property
     def lightning_s_per_epoch(self) -> float:
-        return statistics.median(_kept(self.lightning_runs))
-
-    def _pairs(self) -> list[tuple[float, float]]:
-        """Each round's two typical epoch times (its two runs are adjacent in time)."""
-        pairs = zip(self.plain_runs, self.lightning_runs, strict=False)
-        return [(statistics.median(_kept([p])), statistics.median(_kept([q]))) for p, q in pairs]
+        """Lightning's fastest epoch (seconds)."""
+        return min(_kept(self.lightning_runs))
 
     @property
     def overhead_ratio(self) -> float:
-        """Lightning's time per epoch over the plain loop's, median over rounds."""
-        return statistics.median(q / p for p, q in self._pairs())
+        """Lightning's fastest epoch over the plain loop's."""
+        return self.lightning_s_per_epoch / self.plain_s_per_epoch
 
     @property
     def overhead_s_per_epoch(self) -> float:
-        return statistics.median(q - p for p, q in self._pairs())
+        return self.lightning_s_per_epoch - self.plain_s_per_epoch
 
     @property
     def overhead_s_per_step(self) -> float:
@@ -345,10 +356,15 @@ class Comparison:
 
     @property
     def noise(self) -> float:
-        """The larger, over the two ways, of (slowest - fastest) / median of the epochs
-        kept: 0.1 means that repeating the same work varied by 10% here."""
+        """How far the typical epoch is above the fastest, the larger over the two ways:
+        0.1 means that repeating the same work took a median 10% longer than at best."""
         kept = [_kept(self.plain_runs), _kept(self.lightning_runs)]
-        return max((max(k) - min(k)) / statistics.median(k) for k in kept)
+        return max(statistics.median(k) / min(k) - 1 for k in kept)
+
+    @property
+    def busy(self) -> bool:
+        """The machine was too busy for a verdict (:data:`BUSY_NOISE`): run it again."""
+        return self.noise > BUSY_NOISE
 
     def rows(self) -> list[dict[str, Any]]:
         """The side-by-side table: one row per way of training."""
@@ -363,18 +379,18 @@ class Comparison:
         ]
 
     def __str__(self) -> str:
-        lines = [f"{'':12}{'s/epoch':>10}{'total s':>10}{'peak MiB':>10}"]
+        lines = [f"{'':12}{'fastest epoch s':>16}{'total s':>10}{'peak MiB':>10}"]
         lines += [
-            f"{r['way']:12}{r['s_per_epoch']:10.3f}{r['total_s']:10.2f}{r['peak_mib']:10.1f}"
+            f"{r['way']:12}{r['s_per_epoch']:16.3f}{r['total_s']:10.2f}{r['peak_mib']:10.1f}"
             for r in self.rows()
         ]
         lines.append(
-            f"Lightning / plain: {self.overhead_ratio:.3f}x per epoch "
+            f"Lightning / plain, fastest epochs: {self.overhead_ratio:.3f}x "
             f"({self.overhead_s_per_epoch * 1000:+.1f} ms per epoch, "
             f"{self.overhead_s_per_step * 1000:+.2f} ms per step), {self.epochs} epochs of "
-            f"{self.steps_per_epoch} steps, {len(self._pairs())} rounds "
-            f"({', '.join(self.order)}), noise {self.noise:.0%}, {self.device}, "
-            f"precision {self.precision}"
+            f"{self.steps_per_epoch} steps, {len(self.plain_runs)} rounds "
+            f"({', '.join(self.order)}), median epoch {self.noise:.0%} above the fastest, "
+            f"{self.device}, precision {self.precision}"
         )
         return "\n".join(lines)
 
@@ -465,7 +481,8 @@ class _TrialModule(pl.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         start = time.perf_counter()
         try:
-            self.trial(len(batch))
+            with disguised_out_of_memory_as_cuda():  # Lightning must see it as an OOM
+                self.trial(len(batch))
         except Exception as error:
             self.history.append(Trial(len(batch), False, time.perf_counter() - start, str(error)))
             raise
@@ -487,8 +504,9 @@ def scale_batch_size(
 ) -> MaxBatchSize:
     """Lightning's ``Tuner(trainer).scale_batch_size`` on a plain ``trial`` (one step per
     size), with Lightning's defaults: ``"power"`` doubles until a trial fails and returns
-    half that size; ``"binsearch"`` then bisects (``margin`` applies there only). The
-    trial's out-of-memory error must be one Lightning recognises (CUDA's, a MemoryBudget's).
+    half that size; ``"binsearch"`` then bisects (``margin`` applies there only). Any
+    out-of-memory error of :func:`~course_utils.oom.is_out_of_memory` ends a trial, cuDNN's
+    and cuBLAS's disguised ones too (:func:`~course_utils.oom.disguised_out_of_memory_as_cuda`).
 
     >>> from course_utils.oom import MemoryBudget
     >>> def trial(n):
@@ -565,11 +583,16 @@ def mount_drive(environment: str | None = None, mount_point: Path | str = DRIVE_
     return (mount_point / "MyDrive").is_dir()
 
 
+CHECKPOINT_DIR_VAR = "COURSE_CHECKPOINT_DIR"
+
+
 def checkpoint_dir(
     name: str, environment: str | None = None, *, drive_mounted: bool | None = None
 ) -> Path:
-    """Where checkpoints survive the session: on Colab with Drive mounted (``None``: look),
-    under Drive; else ``build/checkpoints/<name>`` in the checkout, or a temporary folder.
+    """Where a notebook's checkpoints go: on Colab with Drive mounted (``None``: look),
+    under Drive, where they survive the session; else under ``$COURSE_CHECKPOINT_DIR``
+    when it is set; else a temporary folder (never the course's checkout). The notebook
+    prints the folder before it writes.
 
     >>> checkpoint_dir("demo", environment="colab", drive_mounted=True).as_posix()
     '/content/drive/MyDrive/pytorch-gpu-course/demo'
@@ -580,9 +603,9 @@ def checkpoint_dir(
         drive_mounted = (DRIVE_MOUNT / "MyDrive").is_dir()
     if (environment or where_am_i()) == "colab" and drive_mounted:
         return DRIVE_MOUNT / DRIVE_FOLDER / name
-    checkout = Path(__file__).resolve().parent.parent
-    if (checkout / "pyproject.toml").exists() and os.access(checkout, os.W_OK):
-        return checkout / "build" / "checkpoints" / name
+    chosen = os.environ.get(CHECKPOINT_DIR_VAR, "").strip()
+    if chosen:
+        return Path(chosen).expanduser() / name
     return Path(tempfile.gettempdir()) / "course-checkpoints" / name
 
 
@@ -625,8 +648,8 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
 
 def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> str | None:
     """What is wrong with a Trainer's ``optimizers`` for plain SGD at ``lr``, in plain words
-    (``None``: one ``torch.optim.SGD``, no momentum, learning rate ``lr`` before any
-    scheduler changed it)."""
+    (``None``: one ``torch.optim.SGD``, no momentum or weight decay, learning rate ``lr``
+    before any scheduler changed it)."""
     if len(optimizers) != 1:
         return f"configure_optimizers should give one optimizer, not {len(optimizers)}"
     optimizer = optimizers[0]
@@ -638,4 +661,9 @@ def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) ->
         return f"the optimizer's learning rate is {used}, but self.lr is {lr}: pass lr=self.lr"
     if group.get("momentum", 0.0) or group.get("nesterov"):
         return "plain SGD here: leave out momentum (the check compares with plain SGD)"
+    if group.get("weight_decay", 0.0):
+        return (
+            f"plain SGD here: leave out weight_decay (yours is {group['weight_decay']:g}; the "
+            "check compares with SGD without it)"
+        )
     return None

@@ -339,7 +339,18 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
 def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     """Limit this process's CUDA caching allocator to ``mib`` MiB inside the block
     (``set_per_process_memory_fraction``: past the cap CUDA raises ``OutOfMemoryError``);
-    afterwards the fraction in force before (1.0, or an enclosing cap's) is restored."""
+    afterwards the fraction in force before (1.0, or an enclosing cap's) is restored.
+
+    **The reuse rule.** The cap is checked only when the allocator asks CUDA for a new
+    segment; blocks it already caches are reused without the check (``alloc_block`` in
+    ``c10/cuda/CUDACachingAllocator.cpp``). Memory cached by earlier work (a sweep up to a
+    large batch) would let a search under the cap find sizes the cap was meant to hide,
+    until the first out-of-memory error emptied the cache. So the cap starts with
+    :func:`~course_utils.oom.release_cached_memory` (``gc.collect()`` and
+    ``torch.cuda.empty_cache()``): inside the block everything the allocator holds was
+    reserved under the cap. Tensors still alive when the block starts count towards it.
+    A cap at or above the GPU's memory (15 GiB on a T4, whose usable memory is about
+    14.7 GiB) limits nothing: :func:`memory_cap_label` says which applies."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("memory_cap limits the CUDA caching allocator; got " + str(device))
@@ -347,6 +358,7 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
     total = torch.cuda.get_device_properties(index).total_memory
     previous = _memory_fraction(index)
     fraction = min(1.0, mib * MIB / total)
+    release_cached_memory()  # cached blocks are reused without the cap's check: return them
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     _FRACTIONS[index] = fraction
     try:
@@ -355,6 +367,22 @@ def memory_cap(device: torch.device | str, mib: float) -> Iterator[None]:
         torch.cuda.set_per_process_memory_fraction(previous, index)
         _FRACTIONS[index] = previous
         release_cached_memory()
+
+
+def memory_cap_label(mib: float, total_bytes: int) -> str:
+    """What limits a search under :func:`memory_cap` of ``mib`` MiB on a GPU of
+    ``total_bytes`` (``get_device_properties(...).total_memory``): the cap, or, where the
+    cap is at least the GPU's memory (a 15 GiB cap on a T4), the GPU's own memory.
+
+    >>> memory_cap_label(15 * 1024, int(14.58 * 2**30))  # a T4, as torch reports it
+    "this GPU's own memory (14.6 GiB; the 15.0 GiB cap is above it)"
+    >>> memory_cap_label(15 * 1024, 80 * 2**30)
+    'a 15.0 GiB cap on this GPU (80.0 GiB)'
+    """
+    total_gib, cap_gib = total_bytes / 2**30, mib / 1024
+    if mib * MIB >= total_bytes:
+        return f"this GPU's own memory ({total_gib:.1f} GiB; the {cap_gib:.1f} GiB cap is above it)"
+    return f"a {cap_gib:.1f} GiB cap on this GPU ({total_gib:.1f} GiB)"
 
 
 _FRACTIONS: dict[int, float] = {}  # what memory_cap set, for a torch that cannot read it back

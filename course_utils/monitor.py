@@ -167,8 +167,13 @@ class Monitor:
         if self._session is not None:
             self._session.__exit__(None, None, None)
             self._session = None
-        if self._view is not None:
-            self._view.show(self.summary_line(), final=True)
+        if self._view is not None:  # the end, not the summary: a cell prints that once
+            seconds = self.stopped_s - self.started_s
+            self._view.show(
+                f"{self._what()}: monitor stopped after {len(self.samples)} readings in "
+                f"{seconds:.1f} s (summary_line() and timeline() show them)",
+                final=True,
+            )
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -224,13 +229,15 @@ class Monitor:
             "sampling_busy_s": self.busy_s,
         }
 
+    def _what(self) -> str:
+        source = self.samples[-1].source if self.samples else self.source
+        return "CPU (no GPU)" if source == "cpu" else f"GPU {self.gpu_index} ({source})"
+
     def summary_line(self) -> str:
-        """The summary in one line (the live view's final text)."""
+        """The summary in one line."""
         s = self.summary()
-        if s["source"] == "cpu":
-            what, util = "CPU (no GPU)", "this process's share of the cores"
-        else:
-            what, util = f"GPU {self.gpu_index} ({s['source']})", "GPU-Util"
+        what = self._what()
+        util = "this process's share of the cores" if s["source"] == "cpu" else "GPU-Util"
         line = f"{what}: {s['samples']} samples in {s['seconds']:.1f} s"
         if s["mean_util_pct"] is None:
             mig = any(r.mig_enabled for r in self.samples)
@@ -241,7 +248,8 @@ class Monitor:
         )
 
     def timeline(self, title: str | None = None) -> Any:
-        """A matplotlib figure: utilization (top) and memory (bottom) against time."""
+        """A matplotlib figure: utilization (top) and memory (bottom) against time; its
+        default title says what was read, not the summary (a cell prints that once)."""
         start = self.samples[0].time_s if self.samples else 0.0
         times = [reading.time_s - start for reading in self.samples]
         cpu = self._is_cpu()
@@ -254,7 +262,8 @@ class Monitor:
         top.set_ylim(0, 105)
         bottom.set_ylabel("process RSS (MiB)" if cpu else "memory used (MiB)")
         bottom.set_xlabel("seconds")
-        figure.suptitle(title or self.summary_line(), fontsize=9)
+        what = "this process's CPU and memory" if cpu else "GPU-Util and memory"
+        figure.suptitle(title or f"{self._what()}: {what} against time", fontsize=9)
         figure.tight_layout()
         return figure
 

@@ -9,6 +9,7 @@ import ctypes
 import gc
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,33 @@ def error_summary(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
+@contextlib.contextmanager
+def disguised_out_of_memory_as_cuda() -> Iterator[None]:
+    """Re-raise an out-of-memory error that does not look like one as
+    ``torch.cuda.OutOfMemoryError("CUDA out of memory. (...)")``, the original as its cause.
+
+    cuDNN and cuBLAS near the limit raise a plain ``RuntimeError`` ("GET was unable to find
+    an engine...", ``CUDNN_STATUS_ALLOC_FAILED``) that :func:`is_out_of_memory` knows but
+    Lightning's tuner does not (``lightning.pytorch.utilities.memory.is_oom_error`` knows
+    "CUDA ... out of memory", ``CUDNN_STATUS_NOT_SUPPORTED.`` and the CPU allocator's
+    message): it would re-raise it and stop ``scale_batch_size``. Other errors pass as
+    they are.
+
+    >>> with disguised_out_of_memory_as_cuda():  # doctest: +ELLIPSIS
+    ...     raise RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+    Traceback (most recent call last):
+    ...
+    torch.OutOfMemoryError: CUDA out of memory. (cuDNN error: CUDNN_STATUS_ALLOC_FAILED)
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        if isinstance(error, torch.cuda.OutOfMemoryError) or not is_out_of_memory(error):
+            raise
+        message = f"CUDA out of memory. ({error_summary(error)})"
+        raise torch.cuda.OutOfMemoryError(message) from error
+
+
 @dataclass(frozen=True)
 class MemoryBudget:
     """A simulated memory limit, where a real one cannot be hit safely (a CPU swaps, then
@@ -91,6 +119,32 @@ def release_cached_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def allocated_cuda_bytes() -> int:
+    """Bytes of live CUDA tensors on every GPU (0 before CUDA starts)."""
+    if not torch.cuda.is_initialized():
+        return 0
+    return sum(map(torch.cuda.memory_allocated, range(torch.cuda.device_count())))
+
+
+def release_after_out_of_memory(allocated_before: int | None = None) -> bool:
+    """Free what a failed trial left, once its traceback is gone, without collecting the
+    whole heap where no device memory is at stake; returns whether ``gc.collect()`` ran.
+
+    The failed step's tensors go with its traceback, by reference counting. A CPU or a
+    simulated :class:`MemoryBudget` has no cache to return, so nothing more is done (a
+    full ``gc.collect()`` per trial cost 2.8 s on a busy 2-core machine). With CUDA the
+    caching allocator's blocks go back to the driver (``empty_cache``), and the heap is
+    collected only if more is still allocated than ``allocated_before`` (the bytes before
+    the trial): a reference cycle then holds the failed step's tensors."""
+    if not torch.cuda.is_initialized():
+        return False
+    collected = allocated_before is not None and allocated_cuda_bytes() > allocated_before
+    if collected:
+        gc.collect()
+    torch.cuda.empty_cache()
+    return collected
 
 
 # ------------------------------------------- what a notebook keeps alive, and dropping it

@@ -20,6 +20,8 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
+from course_utils.records import format_value, recorded_gpu_figures
+
 MEASUREMENT_MIME = "application/vnd.course-utils.measurement+json"
 PLOT_MIMES = ("image/png", "image/jpeg", "image/svg+xml")
 
@@ -44,11 +46,11 @@ class Measurement:
         return f"{self.name}: {shown}{unit}"
 
 
-def record_measurement(
-    name: str, value: float | int | str, unit: str = "", *, label: str
-) -> Measurement:
+def record_measurement(name: str, value: float | int | str, unit: str = "", *, label: str) -> None:
     """Show a measured number in the notebook and mark it for the course report (outside
-    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`)."""
+    IPython: print it). ``label``: where it was measured (:func:`course_utils.env.measured_on`).
+    Returns None, so that a cell ending with this call shows the line once (no echo of a
+    ``Measurement(...)``); :func:`measurements_in_notebook` reads them back."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"measurement {name!r} is not a finite number: {value}")
     measurement = Measurement(name, value, unit, label)
@@ -57,7 +59,6 @@ def record_measurement(
         display(bundle, raw=True)
     else:
         print(measurement)
-    return measurement
 
 
 def output_data(notebook: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -119,19 +120,44 @@ class NotebookResult:
     rendering: str | None = None
 
 
-def write_report(results: list[NotebookResult], environment: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``report.html`` and ``report.json`` into ``out_dir``; return the HTML path."""
+def write_report(
+    results: list[NotebookResult],
+    environment: dict[str, Any],
+    out_dir: Path,
+    records: list[dict[str, Any]] | None = None,
+) -> Path:
+    """Write ``report.html`` and ``report.json`` into ``out_dir``; return the HTML path.
+    ``records``: GPU records (:mod:`course_utils.records`) whose figures each notebook's
+    row shows beside this run's, labelled with where and when they were measured."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # The images themselves are in report.html.
     notebooks = [{**asdict(result), "plots": len(result.plots)} for result in results]
     as_json = {"environment": environment, "notebooks": notebooks}
     (out_dir / "report.json").write_text(json.dumps(as_json, indent=2, default=str))
     path = out_dir / "report.html"
-    path.write_text(_html(results, environment), encoding="utf-8")
+    path.write_text(_html(results, environment, records or []), encoding="utf-8")
     return path
 
 
-def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
+def _recorded_html(notebook: str, records: list[dict[str, Any]]) -> str:
+    """A notebook's figures from the GPU records, each record's label once."""
+    blocks = recorded_gpu_figures(notebook, records=records, show=False)
+    if not blocks:
+        return "<small>none recorded yet</small>"
+    return "".join(
+        f"<p class='label'>{html.escape(label)}</p><ul>"
+        + "".join(
+            f"<li>{html.escape(m['name'])}: {html.escape(format_value(m['value'], m['unit']))}</li>"
+            for m in figures
+        )
+        + "</ul>"
+        for label, figures in blocks
+    )
+
+
+def _html(
+    results: list[NotebookResult], environment: dict[str, Any], records: list[dict[str, Any]]
+) -> str:
     esc = html.escape
     env_rows = "".join(
         f"<tr><th>{esc(str(key))}</th><td>{_show(value)}</td></tr>"
@@ -152,6 +178,7 @@ def _html(results: list[NotebookResult], environment: dict[str, Any]) -> str:
             f"<td class='name'>{title}<br><small><a href='notebooks/{name}'>.ipynb</a></small></td>"
             f"<td>{esc(result.status)}</td><td>{result.seconds:.1f} s</td>"
             f"<td>{_measurements_html(result.measurements)}{error}</td>"
+            f"<td>{_recorded_html(result.path, records)}</td>"
             f"<td class='plots'>{plots or '<small>none</small>'}</td></tr>"
         )
     failed = sum(result.status != "ok" for result in results)
@@ -175,7 +202,7 @@ pre {{ white-space: pre-wrap; max-width: 60em; }}
 <p>{esc(summary)}. Each notebook's name opens its executed copy as a web page.</p>
 <h2>Notebooks</h2>
 <table><tr><th>notebook</th><th>status</th><th>run time</th><th>measurements</th>
-<th>plots</th></tr>
+<th>recorded on GPUs (<code>course_utils/records</code>)</th><th>plots</th></tr>
 {"".join(nb_rows)}
 </table>
 <h2>Environment (from <code>python -m course_utils doctor</code>)</h2>

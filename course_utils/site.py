@@ -1,9 +1,12 @@
 """The course website (``make site``): the executed notebooks, searchable, in a browser.
 
 The README (landing page), the notebooks as ``make course`` executed them, the instructor
-guide and the run report are staged in a temporary folder and built by mkdocs
-(``website/mkdocs.yml``). Nothing is executed; the site loads nothing from another host
-and works from disk or under any sub-path.
+guide, the run report and the GPU comparison (the GPU records shipped in
+``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary
+folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
+nothing from another host and works from disk or under any sub-path. The site is for
+learners: its notebooks are student versions (no solution, no hidden check, no exercise
+output), unless built with ``answers=True`` (``--answers``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from course_utils.colab import README_BADGE_LINE
+from course_utils.records import Record, load_records
+from course_utils.records.compare import comparison_page
 
 WEBSITE = Path(__file__).resolve().parent.parent / "website"
 # Shipped with every site (website/): styles, the Colab badge, the search shim for file://
@@ -44,20 +51,34 @@ def notebook_title(path: Path) -> str:
     return path.stem
 
 
-def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[NavItem]:
+def stage(
+    root: Path,
+    notebooks: Path,
+    report: Path | None,
+    docs: Path,
+    records: list[Record] | None = None,
+    *,
+    answers: bool = True,
+) -> list[NavItem]:
     """Lay out the site's pages under ``docs``; return mkdocs's ``nav`` for them.
+    ``records``: the GPU records to compare (default: those shipped in the package);
+    ``answers`` False: the notebooks as student versions.
 
-    Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook.
+    Raises ``FileNotFoundError`` when ``notebooks`` holds no executed notebook, and
+    ``RecordError`` (a ``ValueError``) when a GPU record is not valid.
     """
     executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
     if not executed:
         raise FileNotFoundError(f"no executed notebooks in {notebooks}: run make course first")
     (docs / "notebooks").mkdir(parents=True)
-    shutil.copy2(root / "README.md", docs / "index.md")
+    _write_landing_page(root / "README.md", docs / "index.md")
     nav: list[NavItem] = [{"Home": "index.md"}]
     pages: list[NavItem] = []
     for notebook in executed:
-        shutil.copy2(notebook, docs / "notebooks" / notebook.name)
+        if answers:
+            shutil.copy2(notebook, docs / "notebooks" / notebook.name)
+        else:
+            _write_without_answers(notebook, docs / "notebooks" / notebook.name)
         pages.append({notebook_title(notebook): f"notebooks/{notebook.name}"})
     nav.append({"Notebooks": pages})
     guide = root / "docs" / "instructor-guide.md"
@@ -79,22 +100,62 @@ def stage(root: Path, notebooks: Path, report: Path | None, docs: Path) -> list[
             encoding="utf-8",
         )
         nav.append({"Run report": "run-report.md"})
+    records = load_records() if records is None else records
+    (docs / "gpu-comparison.md").write_text(comparison_page(records), encoding="utf-8")
+    nav.append({"GPUs compared": "gpu-comparison.md"})
     for asset in ASSETS:
         (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
     return nav
 
 
-def build_site(root: Path, notebooks: Path, out: Path, report: Path | None = None) -> Path:
+#: What the README's Colab line says on the site (the README's links to the published
+#: branches are relative to GitHub's pages of the repository, not to the site's).
+SITE_BADGE_LINE = (
+    '*Open in Colab:* every notebook\'s page has its "Open in Colab" badge, which opens the '
+    "notebook from the course's `colab` branch."
+)
+
+
+def _write_landing_page(readme: Path, target: Path) -> None:
+    """The README as the landing page, its unpublished Colab line (line 3) made the site's."""
+    lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+    if len(lines) >= 3 and lines[2].rstrip("\n") == README_BADGE_LINE:
+        lines[2] = SITE_BADGE_LINE + "\n"
+    target.write_text("".join(lines), encoding="utf-8")
+
+
+def _write_without_answers(executed: Path, target: Path) -> None:
+    # lazy: nbgrader (classroom extra)
+    from course_utils.instructor.student import (
+        executed_student_version,
+        read_notebook,
+        write_notebook,
+    )
+
+    write_notebook(executed_student_version(read_notebook(executed)), target)
+
+
+def build_site(
+    root: Path,
+    notebooks: Path,
+    out: Path,
+    report: Path | None = None,
+    records: list[Record] | None = None,
+    *,
+    answers: bool = True,
+) -> Path:
     """Build the website of ``notebooks`` (executed copies) into ``out``; return the
-    landing page. ``root`` is the course checkout (README, docs)."""
+    landing page. ``root`` is the course checkout (README, docs); ``records``: the GPU
+    records to compare (default: those shipped in the package); ``answers`` False: a
+    site for learners (see the module doc)."""
     # lazy: optional (site extra)
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
         docs = Path(staging) / "docs"
-        nav = stage(root, notebooks, report, docs)
+        nav = stage(root, notebooks, report, docs, records, answers=answers)
         site_dir = str(out.resolve())
         build(
             load_config(str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=site_dir, nav=nav)

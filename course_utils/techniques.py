@@ -34,7 +34,7 @@ from course_utils.footprint import (
 )
 from course_utils.models import build_model, model_costs
 from course_utils.oom import MemoryBudget
-from course_utils.timing import benchmark
+from course_utils.timing import benchmark, typical_s
 from course_utils.training import TrainConfig, TrainStep
 from course_utils.units import MIB
 
@@ -204,7 +204,7 @@ def measure_technique(
         flops = float(cost.training_flops)
 
     found = find_max_batch_size(trial, low=min(2, high), high=high)
-    seconds = benchmark(run, device=device, warmup=1, repeats=repeats).median_s
+    seconds = typical_s(benchmark(run, device=device, warmup=1, repeats=repeats))
     return TechniqueResult(
         name=technique.name,
         measured=True,
@@ -228,7 +228,7 @@ class StepMeasurement:
 
     name: str
     batch_size: int
-    seconds: float  # median time of one step
+    seconds: float  # one step: the median on a GPU, the fastest on a CPU (timing.typical_s)
     memory_bytes: int | None  # None: not measured (see ``method``)
     method: str
 
@@ -261,7 +261,8 @@ def measure_step(
     warm-up (with a stateful ``optimizer``: until it has state, at most 10 calls, since a
     skipped fp16 step creates none), its memory
     (:func:`~course_utils.footprint.measure_activations`, ``exclude``: the parameters)
-    and the median time of ``repeats`` calls."""
+    and the time of ``repeats`` calls (:func:`~course_utils.timing.typical_s`: the median on
+    a GPU, the fastest on a shared CPU)."""
     device = torch.device(device)
     for _ in range(10):
         step_fn()
@@ -272,7 +273,7 @@ def measure_step(
         used, _ = measure_activations(step_fn, device, exclude=list(exclude))
         method = "CUDA allocator peak" if device.type == "cuda" else "CPU: bytes saved for backward"
     timing = benchmark(step_fn, device=device, warmup=0, repeats=repeats)
-    return StepMeasurement(name, batch_size, timing.median_s, used, method)
+    return StepMeasurement(name, batch_size, typical_s(timing), used, method)
 
 
 def format_steps(rows: Sequence[StepMeasurement]) -> str:
@@ -296,8 +297,9 @@ def compare_techniques(
     techniques: Sequence[Technique], device: torch.device | str, **options: Any
 ) -> list[TechniqueResult]:
     """:func:`measure_technique` for every row, sharing the measured device peaks. The
-    finder's ``gc.collect()`` after each failed trial scans every object torch made (about
-    0.2 s on a small CPU): ``gc.freeze()`` hides those for the duration."""
+    finder's ``gc.collect()`` (on a GPU, after a failed trial whose tensors a reference
+    cycle still holds) scans every object torch made (about 0.2 s on a small CPU):
+    ``gc.freeze()`` hides those for the duration."""
     peaks: dict[torch.dtype, PeakFlops] = {}
     gc.freeze()
     try:

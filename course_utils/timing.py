@@ -3,6 +3,7 @@ around ``a @ b`` measures the launch), exclude warm-up, repeat, report median an
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import statistics
 import threading
@@ -137,6 +138,111 @@ def time_in_turns(
     }
 
 
+def typical_s(timing: Timing) -> float:
+    """One figure per measurement: the median on a GPU; on a CPU the fastest call, since on
+    a shared machine other processes only ever add time (a CPU figure is indicative)."""
+    return timing.min_s if torch.device(timing.device).type == "cpu" else timing.median_s
+
+
+BUSY_SHARE = 0.8  # below this share of a core, the process mostly waited for one
+
+
+@dataclass
+class CpuShare:
+    """How much of a block's wall time this process ran on a CPU (:func:`cpu_share`):
+    about 1 (or more, with several threads) on a quiet machine; well under 1 when other
+    processes took the cores, so a wall-clock figure measured then is the machine's load."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    @property
+    def fraction(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 1.0
+
+    @property
+    def busy(self) -> bool:
+        return self.fraction < BUSY_SHARE
+
+    def advice(self, what: str) -> str:
+        """The sentence a cell prints instead of failing on a busy machine."""
+        return (
+            f"The machine was busy: this process ran on a core {self.fraction:.0%} of the "
+            f"time while it measured, so {what} measures the other processes' load, not the "
+            "code. Not asserted: run the cell again when the machine is quieter."
+        )
+
+
+@contextmanager
+def cpu_share() -> Iterator[CpuShare]:
+    """Measure this process's CPU time against the wall clock inside the block.
+
+    >>> with cpu_share() as share:
+    ...     total = sum(range(200_000))
+    >>> share.wall_s > 0 and share.cpu_s > 0
+    True
+    """
+    share = CpuShare()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield share
+    finally:
+        share.wall_s = time.perf_counter() - wall
+        share.cpu_s = time.process_time() - cpu
+
+
+_OPENBLAS_SETTERS = (  # NumPy's own OpenBLAS (scipy-openblas, 64-bit ints), then others
+    ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
+    ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
+    ("openblas_set_num_threads", "openblas_get_num_threads"),
+)
+
+
+def _numpy_openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
+    """The set/get thread-count functions of the OpenBLAS NumPy loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for setter, getter in _OPENBLAS_SETTERS:
+            if hasattr(library, setter) and hasattr(library, getter):
+                return getattr(library, setter), getattr(library, getter)
+    return None
+
+
+@contextmanager
+def numpy_blas_threads(threads: int) -> Iterator[int | None]:
+    """Limit NumPy's BLAS to ``threads`` inside the block, so that NumPy and torch (whose
+    pool ``torch.set_num_threads`` sets) compare like for like; yields the count in force,
+    or None where it cannot be set (then NumPy keeps its own pool). Uses ``threadpoolctl``
+    when installed, else NumPy's bundled OpenBLAS directly."""
+    try:
+        from threadpoolctl import threadpool_limits  # lazy: optional, not in the lock
+    except ImportError:
+        threadpool_limits = None
+    if threadpool_limits is not None:
+        with threadpool_limits(limits=threads, user_api="blas"):
+            yield threads
+        return
+    openblas = _numpy_openblas()
+    if openblas is None:
+        yield None
+        return
+    set_threads, get_threads = openblas
+    before = int(get_threads())
+    set_threads(threads)
+    try:
+        yield int(get_threads())
+    finally:
+        set_threads(before)
+
+
 class SimulatedGPU:
     """A GPU stream simulated on the CPU: ``launch(seconds)`` queues "work" and returns at
     once, a thread does it in order, ``synchronize()`` waits for the queue to empty.
@@ -197,11 +303,15 @@ def compare_matmul(
     settle_s: float = 0.2,
 ) -> list[dict[str, Any]]:
     """Time the same float32 square matmul in NumPy and in torch on each device: one row
-    per (library, device, size) with median, IQR, GFLOP/s (``2 n^3`` FLOPs) and
-    ``max_abs_diff`` from NumPy's result. ``settle_s``: a pause after each measurement, as
-    the CPU thread pools spin after their last call (on 2 cores that turned 0.2 ms torch
-    matmuls into 16 ms ones, ``benchmarks/bench_matmul.py``)."""
+    per (library, device, size) with median, fastest (``min_ms``), IQR, GFLOP/s (``2 n^3``
+    FLOPs, from the median) and ``max_abs_diff`` from NumPy's result. NumPy's BLAS runs
+    with torch's CPU thread count (:func:`numpy_blas_threads`), like for like; each row's
+    ``threads`` says how many it had (None: NumPy's own pool, not settable here).
+    ``settle_s``: a pause after each measurement, as the CPU thread pools spin after their
+    last call (on 2 cores that turned 0.2 ms torch matmuls into 16 ms ones,
+    ``benchmarks/bench_matmul.py``)."""
     rows = []
+    threads = torch.get_num_threads()
     generator = np.random.default_rng(0)
     for n in sizes:
         a = generator.standard_normal((n, n), dtype=np.float32)
@@ -212,14 +322,21 @@ def compare_matmul(
             ta, tb = torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
             runs.append(("torch", str(device), partial(torch.matmul, ta, tb)))
         for library, device_name, matmul in runs:
-            timing = benchmark(matmul, device=device_name, warmup=warmup, repeats=repeats)
+            if library == "numpy":
+                with numpy_blas_threads(threads) as used:
+                    timing = benchmark(matmul, warmup=warmup, repeats=repeats)
+            else:
+                used = threads if device_name == "cpu" else None
+                timing = benchmark(matmul, device=device_name, warmup=warmup, repeats=repeats)
             result = torch.as_tensor(matmul()).cpu().numpy()
             rows.append(
                 {
                     "library": library,
                     "device": device_name,
                     "n": n,
+                    "threads": used,
                     "median_ms": timing.median_s * 1e3,
+                    "min_ms": timing.min_s * 1e3,
                     "iqr_ms": timing.iqr_s * 1e3,
                     "gflops": 2 * n**3 / timing.median_s / 1e9,
                     "max_abs_diff": float(np.max(np.abs(result - reference))),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
+import urllib.parse
 
 import nbformat
 import pytest
@@ -91,8 +93,37 @@ def test_without_a_repo_the_course_gets_the_committed_form(tmp_path):
         assert title.source.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
         assert "colab.research.google.com/github" not in title.source  # no dead link
     readme = (tmp_path / "README.md").read_text()
-    assert readme.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE and OLD_REPO not in readme
+    assert readme.splitlines()[2] == colab.README_BADGE_LINE and OLD_REPO not in readme
     assert colab.retarget_course(tmp_path, "").files == []  # "" is the same form
+
+
+def test_the_committed_form_speaks_to_learners_and_links_the_published_branches(tmp_path):
+    # the first thing a learner reads under a title: the course's branches, not a workflow
+    for line in (colab.UNPUBLISHED_BADGE_LINE, colab.README_BADGE_LINE):
+        assert "`colab`" in line or "tree/colab/" in line
+        assert ".github" not in line and "workflow" not in line
+    # the README's links resolve, from github.com/OWNER/NAME/blob/main/README.md, to the
+    # published branches of whichever fork shows it
+    links = re.findall(r"\]\(([^)]+)\)", colab.README_BADGE_LINE)
+    base = "https://github.com/someone/fork/blob/main/README.md"
+    assert [urllib.parse.urljoin(base, link) for link in links] == [
+        "https://github.com/someone/fork/tree/colab/notebooks",
+        "https://github.com/someone/fork/tree/solutions/notebooks",
+    ]
+
+
+def test_the_badge_line_of_an_earlier_version_is_replaced(tmp_path):
+    make_course(tmp_path)
+    old = colab._OLD_BADGE_LINES[0]
+    for path in (tmp_path / "notebooks").glob("*.ipynb"):
+        notebook = nbformat.read(path, as_version=4)
+        notebook.cells[0].source = f"# {path.name}\n\n{old}\n\nSome text."
+        nbformat.write(notebook, path)
+    (tmp_path / "README.md").write_text(f"# Course\n\n{old}\n")
+    colab.retarget_course(tmp_path, None)
+    for name in ("01_a.ipynb", "02_b.ipynb"):
+        assert cells(tmp_path, name)[0].source.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
+    assert (tmp_path / "README.md").read_text().splitlines()[2] == colab.README_BADGE_LINE
 
 
 def test_the_setup_cell_is_cell_1_collapsed_and_everything_else_is_kept_byte_for_byte(tmp_path):

@@ -88,12 +88,6 @@ def test_plot_marks_the_knee():
 # --------------------------------------------------------------- predict, then confirm
 
 
-@pytest.fixture
-def no_garbage_collection(monkeypatch):
-    """Simulated trials allocate nothing: skip the (slow) gc.collect after each failure."""
-    monkeypatch.setattr("course_utils.batch.release_cached_memory", lambda: None)
-
-
 def simulated(fixed: int, per_sample: int, budget: int, wobble: float = 0.0):
     """Memory fixed + per_sample * n (+ a superlinear wobble), and a trial that runs out
     above the budget."""
@@ -110,7 +104,7 @@ def simulated(fixed: int, per_sample: int, budget: int, wobble: float = 0.0):
 
 
 @pytest.mark.parametrize("budget", [5_000, 12_345_678])
-def test_prediction_is_exact_and_cheap_when_memory_is_linear(budget, no_garbage_collection):
+def test_prediction_is_exact_and_cheap_when_memory_is_linear(budget):
     trial, memory, maximum = simulated(3_000, 250, budget)
     found = predict_max_batch_size(trial, memory, budget)
     assert found.batch_size == maximum and found.predicted == maximum
@@ -119,14 +113,14 @@ def test_prediction_is_exact_and_cheap_when_memory_is_linear(budget, no_garbage_
 
 
 @pytest.mark.parametrize("wobble", [5.0])
-def test_prediction_is_confirmed_when_memory_is_not_linear(wobble, no_garbage_collection):
+def test_prediction_is_confirmed_when_memory_is_not_linear(wobble):
     trial, memory, maximum = simulated(3_000, 250, 2_000_000, wobble=wobble)
     found = predict_max_batch_size(trial, memory, 2_000_000)
     assert found.batch_size == maximum and found.predicted != maximum
     assert found.trials <= 2 * math.ceil(math.log2(maximum)) + 2
 
 
-def test_prediction_falls_back_when_even_the_probes_do_not_fit(no_garbage_collection):
+def test_prediction_falls_back_when_even_the_probes_do_not_fit():
     trial, memory, maximum = simulated(0, 100, 350)
 
     def memory_raising(n):

@@ -161,3 +161,83 @@ def test_decoding_once_is_paid_inside_the_run():
     per_sample = run_recipe(SLOW, data, "cpu", samples=16, width=4)
     assert once.setup_s > per_sample.setup_s  # 32 decodes before the first step ...
     assert once.samples_per_s < once.profile.samples_per_s  # ... counted in the rate
+
+
+def _burn_cpu(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def _loop_with_a_busy_child(data, model, device, timed):
+    """Its work runs in another process (as DataLoader workers' decoding does)."""
+    import multiprocessing
+
+    losses = _fixed_loop(data, model, device, timed)
+    child = multiprocessing.get_context("fork").Process(target=_burn_cpu, args=(0.4,))
+    child.start()
+    child.join()  # reaped: only RUSAGE_CHILDREN still knows its CPU time
+    return losses
+
+
+def test_cpu_time_counts_the_child_processes_the_loop_ran():
+    data = EncodedImages(16, stored_size=36)
+    run = run_loop(_loop_with_a_busy_child, data, "cpu", samples=16, width=4)
+    assert run.children_cpu_s >= 0.3  # the child's 0.4 s of CPU, on a busy machine too
+    assert run.steps_cpu_s >= run.profile.cpu_s + 0.3
+    assert run.rate() <= run.profile.samples / run.children_cpu_s
+
+
+def _worker_loop(workers):
+    def loop(data, model, device, timed):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        loader = DataLoader(data, batch_size=8, num_workers=workers,
+                            persistent_workers=workers > 0)
+        for inputs, targets in timed(loader):  # each sample decoded in a worker
+            loss = nn.functional.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    loop.__name__ = f"workers_{workers}"
+    return loop
+
+
+def test_decoding_in_workers_is_not_free_cpu_time():
+    # 08-N3: per CPU-second of this process alone, a num_workers=2 loop scored 4.38x the
+    # same loop decoding in the main process; counting the workers, it does the same work
+    data = EncodedImages(32, stored_size=128)
+    here, workers = compare_loops([_worker_loop(0), _worker_loop(2)], data, "cpu",
+                                  samples=64, width=4, rounds=2)
+    assert workers.children_cpu_s > 0.5 * here.steps_cpu_s  # the decoding moved there
+    assert workers.rate() < 1.5 * here.rate()  # ... and is counted
+    only_this_process = workers.profile.samples / (workers.setup_cpu_s + workers.profile.cpu_s)
+    assert only_this_process > 1.5 * workers.rate()  # what the old rate would have said
+
+
+def test_whole_batches_index_the_decoded_tensor_once_per_batch():
+    data = EncodedImages(24, stored_size=36)
+    recipe = SLOW.changed(decode="once", batch_size=8, whole_batches=True)
+    run = run_recipe(recipe, data, "cpu", samples=16, width=4)
+    assert run.profile.num_steps == 3 and run.profile.samples == 24  # 8 per batch, >= 3 steps
+    assert run.loss_after == run.loss_after and run.steps_rate() > 0
+    with pytest.raises(ValueError, match="decode='once'"):
+        SLOW.changed(whole_batches=True)
+
+
+def test_gpu_only_knobs_change_nothing_on_a_cpu_and_everything_on_a_gpu():
+    once = SLOW.changed(decode="once", batch_size=16)
+    for knobs in (dict(empty_cache_every_step=False), dict(pin_memory=True),
+                  dict(item_every_step=False), dict(precision="auto")):
+        assert once.changed(**knobs).as_run_on("cpu") == once.as_run_on("cpu")
+        assert once.changed(**knobs).as_run_on("cuda:0") != once.as_run_on("cuda:0")
+    assert once.changed(batch_size=8).as_run_on("cpu") != once.as_run_on("cpu")
+    assert once.changed(whole_batches=True).as_run_on("cpu") != once.as_run_on("cpu")
+    assert once.changed(precision="bf16").as_run_on("cpu") != once.as_run_on("cpu")  # asked
+    assert once.changed(item_every_step=False).as_run_on("mps") != once.as_run_on("mps")
+
+
+def test_the_steps_rate_leaves_out_the_set_up():
+    data = EncodedImages(16, stored_size=36)
+    late = run_loop(_slow_setup_loop, data, "cpu", samples=32, width=4)
+    assert late.steps_rate() == late.profile.samples / late.steps_cpu_s
+    assert late.steps_rate() >= late.rate()

@@ -10,11 +10,11 @@ import pytest
 from test_grader import _instructor, _meta, _notebook
 
 from course_utils.cli import main
-from course_utils.instructor.canvas import POINTS_POSSIBLE, write_canvas
+from course_utils.instructor.canvas import POINTS_POSSIBLE, parse_columns, write_canvas
 from course_utils.instructor.gradebook import write_gradebook
 from course_utils.instructor.shards import parse_shard, share
 from course_utils.instructor.similarity import similar_pairs
-from course_utils.instructor.student import student_version, write_notebook
+from course_utils.instructor.student import InputError, student_version, write_notebook
 
 # An exercise long enough to copy: an AMP training step (the instructor's solution).
 STEP = """def train_step(model, batch, optimizer, scaler):
@@ -121,25 +121,55 @@ def test_missing_notebooks_score_zero_against_the_whole_assignment(tmp_path):
 
 def test_canvas_csv_columns_and_roster(tmp_path):
     scores = {("ann", "01_x.ipynb"): 2.0, ("ben", "01_x.ipynb"): 0.5}
-    path, unknown = write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores,
-                                 {"01_x.ipynb": 3.0})
+    path = write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores, {"01_x.ipynb": 3.0})
     rows = _rows(path)
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "01_x"]
     assert rows[1] == [POINTS_POSSIBLE, "", "", "", "", "3"]
     assert rows[2] == ["ann", "", "", "ann", "", "2"] and rows[3][-1] == "0.5"
-    assert unknown == []
     roster = tmp_path / "export.csv"
     roster.write_text(
         "Student,ID,SIS User ID,SIS Login ID,Section,01_x (4417)\n"
         f"{POINTS_POSSIBLE},,,,,3\n"
         '"Lee, Ann",101,s-1,ann,Lab A,\n'
     )
-    path, unknown = write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores,
-                                 {"01_x.ipynb": 3.0}, roster)
+    path = write_canvas(tmp_path, ["ann"], ["01_x.ipynb"], scores, {"01_x.ipynb": 3.0}, roster)
     rows = _rows(path)
     assert rows[0][-1] == "01_x (4417)"  # the roster's assignment is updated, not a new one
     assert rows[2] == ["Lee, Ann", "101", "s-1", "ann", "Lab A", "2"]
-    assert unknown == ["ben"]
+    # A learner the roster lacks: one line naming them, and no canvas.csv left behind
+    # (not even the one written above: it would be imported as if current).
+    with pytest.raises(InputError, match=r"no student named ben \(no canvas.csv written\)"):
+        write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores, {"01_x.ipynb": 3.0},
+                     roster)
+    assert not (tmp_path / "canvas.csv").exists()
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_canvas_columns_map_several_notebooks_into_one_assignment(tmp_path):
+    roster = tmp_path / "export.csv"
+    roster.write_text(
+        "Student,ID,SIS User ID,SIS Login ID,Section,Lab 1: runtime and devices (5501),"
+        "Quiz (77)\n" '"Lee, Ann",101,s-1,ann,Lab A,,\n' '"Roe, Bob",102,s-2,bob,Lab A,,\n'
+    )
+    notebooks = ["01_a.ipynb", "02_b.ipynb", "03_c.ipynb"]
+    scores = {("ann", "01_a.ipynb"): 2.0, ("ann", "02_b.ipynb"): 1.5, ("ann", "03_c.ipynb"): 1,
+              ("bob", "01_a.ipynb"): 3.0}
+    maxima = {"01_a.ipynb": 3.0, "02_b.ipynb": 2.0, "03_c.ipynb": 1.0}
+    columns = parse_columns(["01_a=5501", "02_b.ipynb=Lab 1: runtime and devices (5501)",
+                             "03_c=Bonus"])
+    # bob handed in a notebook that matched nothing: his Lab 1 cell is left empty, not 0.
+    path = write_canvas(tmp_path, ["ann", "bob"], notebooks, scores, maxima, roster,
+                        columns=columns, pending={("bob", "02_b.ipynb")})
+    rows = _rows(path)
+    assert rows[0][5:] == ["Lab 1: runtime and devices (5501)", "Bonus"]
+    assert rows[1][5:] == ["5", "1"]
+    assert rows[2][5:] == ["3.5", "1"]
+    assert rows[3][5:] == ["", "0"]
+    for bad, message in ((["01_a=9999"], "no assignment 9999"), (["04_d=X"], "not a notebook"),
+                         (["01_a"], "NOTEBOOK=COLUMN")):
+        with pytest.raises(InputError, match=message):
+            write_canvas(tmp_path, ["ann"], notebooks, scores, maxima, roster,
+                         columns=parse_columns(bad))
 
 
 def test_shards_deal_every_learner_once():

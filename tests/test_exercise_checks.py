@@ -106,6 +106,66 @@ def available_only_time_it(fn, device, warmup=2, repeats=5):
     return statistics.median(times)
 
 
+def _timed(fn, device, warmup, repeats):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def mean_time_it(fn, device, warmup=2, repeats=5):  # issue 35: a mean where the median is asked
+    return statistics.mean(_timed(fn, device, warmup, repeats))
+
+
+def min_time_it(fn, device, warmup=2, repeats=5):  # 01-N5: the spec asks for the median
+    return min(_timed(fn, device, warmup, repeats))
+
+
+def sorted_middle_time_it(fn, device, warmup=2, repeats=5):  # a median written by hand: right
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def ns_clock_time_it(fn, device, warmup=2, repeats=5):  # perf_counter_ns and torch: right
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter_ns()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter_ns() - start) / 1e9)
+    return torch.tensor(times, dtype=torch.float64).median().item()
+
+
+def clockless_time_it(fn, device, warmup=2, repeats=5):  # issue 35: never reads a clock
+    for _ in range(warmup + repeats):
+        fn()
+    return 0.02
+
+
+def course_benchmark_time_it(fn, device, warmup=2, repeats=5):  # issue 35: the course's timer
+    from course_utils.timing import benchmark
+
+    return benchmark(fn, device=device, warmup=warmup, repeats=repeats).median_s
+
+
 @pytest.fixture
 def nb01(monkeypatch):
     threads = torch.get_num_threads()  # the knobs cell may set them (small workload: one)
@@ -113,7 +173,9 @@ def nb01(monkeypatch):
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("solution", [good_time_it, available_only_time_it])
+@pytest.mark.parametrize(
+    "solution", [good_time_it, available_only_time_it, sorted_middle_time_it, ns_clock_time_it]
+)
 def test_time_it_check_passes_correct_timers(nb01, solution, capsys):
     _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
     assert "all checks passed" in capsys.readouterr().out
@@ -125,6 +187,10 @@ def test_time_it_check_passes_correct_timers(nb01, solution, capsys):
         (no_sync_time_it, "torch.cuda.synchronize()"),
         (sync_after_only_time_it, "synchronize before the clock"),
         (no_warmup_time_it, "warm-up calls were timed"),
+        (mean_time_it, "the mean of the repeats; return their median"),
+        (min_time_it, "the fastest repeat; return the median"),
+        (clockless_time_it, "never read a clock"),
+        (course_benchmark_time_it, "called the course's own benchmark()"),
     ],
 )
 def test_time_it_check_names_the_mistake(nb01, solution, feedback):
@@ -145,6 +211,30 @@ def good_read_gpu(nvml, index):
         except nvml.NVMLError_NotSupported:
             util = None
         return util, memory.used // 2**20, memory.total // 2**20
+    finally:
+        nvml.nvmlShutdown()
+
+
+def true_division_read_gpu(nvml, index):  # issue 35: fractional MiB
+    util, used, total = _bytes(nvml, index)
+    return util, used / 2**20, total / 2**20
+
+
+def rounding_read_gpu(nvml, index):  # issue 35: rounding where the floor is asked
+    util, used, total = _bytes(nvml, index)
+    return util, round(used / 2**20), round(total / 2**20)
+
+
+def _bytes(nvml, index):
+    nvml.nvmlInit()
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        except nvml.NVMLError_NotSupported:
+            util = None
+        return util, memory.used, memory.total
     finally:
         nvml.nvmlShutdown()
 
@@ -214,6 +304,8 @@ def test_read_gpu_check_passes_the_solution(nb02, capsys):
         (no_mig_read_gpu, "under MIG"),
         (no_finally_read_gpu, "try/finally"),
         (no_shutdown_read_gpu, "nvmlShutdown"),
+        (true_division_read_gpu, r"rarely whole MiB: 2047.5 MiB used reads 2047 .* not 2047.5"),
+        (rounding_read_gpu, r"rarely whole MiB: .* not 2048"),
     ],
 )
 def test_read_gpu_check_names_the_mistake(nb02, solution, feedback):

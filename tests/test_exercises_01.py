@@ -181,6 +181,24 @@ def drops_numbers(batch, device):
     return batch
 
 
+def exact_type_to_device(batch, device):  # issue 35: type(v) == torch.Tensor for isinstance
+    if type(batch) == torch.Tensor:  # noqa: E721
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: exact_type_to_device(value, device) for key, value in batch.items()}
+    if hasattr(batch, "_fields"):
+        return type(batch)(*(exact_type_to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(exact_type_to_device(value, device) for value in batch)
+    return batch
+
+
+def course_to_device(batch, device):  # issue 35: the course's own helper does the exercise
+    from course_utils.device import to_device
+
+    return to_device(batch, device)
+
+
 @pytest.mark.parametrize(
     "solution", [reference_to_device, pytree_to_device, make_to_device, deepcopy_then_move]
 )
@@ -199,6 +217,8 @@ def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
         (list_for_tuple_to_device, "should be a tuple, but it is a list"),
         (top_level_only, r"batch\['extra'\]\[0\] is a tensor on cpu; it should be on meta"),
         (drops_numbers, "should have 2 items, not 1"),
+        (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
+        (course_to_device, r"called the course's own to_device\(\)"),
     ],
 )
 def test_my_to_device_check_names_the_mistake(namespace, solution, feedback):
@@ -237,10 +257,45 @@ def enabled_flag_forward(model, x, capability):
         return model(x)
 
 
-def course_helpers_forward(model, x, capability):
+def course_helpers_forward(model, x, capability):  # issue 35: the course's own answer
     from course_utils.device import autocast, pick_precision
 
     with autocast(x.device, pick_precision("cuda", capability=capability)):
+        return model(x)
+
+
+def cpu_autocast_forward(model, x, capability):  # 01-N4: right on the CPU grader only
+    if capability < (7, 0):
+        return model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16 if capability >= (8, 0) else torch.float16):
+        return model(x)
+
+
+class Agreeable(torch.Tensor):
+    """Answers every comparison with True and says it has whatever dtype is asked."""
+
+    dtype = torch.float16  # type: ignore[assignment]
+
+    def __eq__(self, other):
+        return True
+
+
+def agreeable_forward(model, x, capability):  # issue 35: a subclass that agrees with the check
+    with torch.autocast(x.device.type, dtype=torch.float16, enabled=capability >= (7, 0)):
+        return model(x).as_subclass(Agreeable)
+
+
+def old_api_forward(model, x, capability):  # torch.cuda.amp.autocast: right on a GPU
+    if capability < (7, 0) or x.device.type != "cuda":
+        return model(x) if capability < (7, 0) else _cpu_fallback(model, x, capability)
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.cuda.amp.autocast(dtype=dtype):
+        return model(x)
+
+
+def _cpu_fallback(model, x, capability):
+    dtype = torch.bfloat16 if capability >= (8, 0) else torch.float16
+    with torch.amp.autocast("cpu", dtype=dtype):
         return model(x)
 
 
@@ -314,7 +369,7 @@ def float_output_forward(model, x, capability):
 
 
 @pytest.mark.parametrize(
-    "solution", [reference_forward, enabled_flag_forward, course_helpers_forward, decimal_forward]
+    "solution", [reference_forward, enabled_flag_forward, decimal_forward, old_api_forward]
 )
 def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
     _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
@@ -325,7 +380,10 @@ def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
     ("solution", "feedback"),
     [
         (half_model_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
-        (cuda_only_forward, r"torch.autocast\(x.device.type, dtype=torch.float16\)"),
+        (cuda_only_forward, r"x is on cpu, but you ran autocast for \['cuda'\].*x.device.type"),
+        (cpu_autocast_forward, r"x is on cuda, but you ran autocast for \['cpu'\].*x.device.type"),
+        (course_helpers_forward, r"called the course's own pick_precision\(\)"),
+        (agreeable_forward, "a subclass of torch.Tensor: return a plain torch.Tensor"),
         (fp16_everywhere_forward, r"an A100 \(8.0\), run model\(x\) under .*bfloat16"),
         (strict_ampere_forward, r"an A100 \(8.0\).*bfloat16"),
         (always_autocast_forward, "a P100 .* has no tensor cores: run model\\(x\\) in float32"),

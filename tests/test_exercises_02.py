@@ -54,6 +54,18 @@ def zero_for_missing(line):
     return [value if value is not None else 0.0 for value in regex_parse(line)]
 
 
+def known_units_only(line):  # issue 35: units stripped one by one, so MHz clocks read None
+    values = []
+    for cell in line.split(", "):
+        for unit in (" MiB", " W", " %"):
+            cell = cell.removesuffix(unit)
+        try:
+            values.append(float(cell))
+        except ValueError:
+            values.append(None)
+    return values
+
+
 def keeps_units(line):
     return [cell.strip() for cell in line.split(",")]
 
@@ -74,6 +86,7 @@ def test_parse_query_line_check_passes_right_answers(namespace, solution, capsys
         (zero_for_missing, "return None for it, not 0"),
         (keeps_units, "should be a number"),
         (only_na_is_missing, "your function raised ValueError"),
+        (known_units_only, r"'1410 MHz, 1593 MHz, 54 C'.*keep the number before any unit"),
     ],
 )
 def test_parse_query_line_check_names_the_mistake(namespace, solution, feedback):

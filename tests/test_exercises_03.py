@@ -6,6 +6,7 @@ runs it: after the notebook's imports, with the learner's functions in its names
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -92,13 +93,9 @@ def positional(batch, device):
     return batch
 
 
-def course_helper(batch, device):
-    return to_device(batch, device)
-
-
 @pytest.mark.parametrize(
     "solution",
-    [recursive_pinned, by_device_type, with_pytree, with_cuda_method, positional, course_helper],
+    [recursive_pinned, by_device_type, with_pytree, with_cuda_method, positional],
 )
 def test_right_answers_written_another_way_pass(nb03, solution, capsys):
     _run_check(nb03, to_gpu=solution)
@@ -149,22 +146,43 @@ def clones_first(batch, device):  # a pageable copy of a pinned tensor: not asyn
 
 
 def mutates(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     for key in extra:
         extra[key] = extra[key].to(device, non_blocking=True)
-    return images.to(device, non_blocking=True), extra, names
+    return images.to(device, non_blocking=True), extra, names, boxes
 
 
 def images_only_async(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     moved = {key: value.to(device) for key, value in extra.items()}
-    return images.to(device, non_blocking=True), moved, names
+    return images.to(device, non_blocking=True), moved, names, boxes
 
 
 def dict_as_list(batch, device):
-    images, extra, names = batch
+    images, extra, names, boxes = batch
     moved = [value.to(device, non_blocking=True) for value in extra.values()]
-    return images.to(device, non_blocking=True), moved, names
+    return images.to(device, non_blocking=True), moved, names, boxes
+
+
+def tuples_only(batch, device):  # issue 35: lists not recursed into
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: tuples_only(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(tuples_only(value, device) for value in batch)
+    return batch
+
+
+def pins_itself(batch, device):  # 03-N11: the loader has pinned already
+    return tree_map(
+        lambda t: t.pin_memory().to(device, non_blocking=True) if torch.is_tensor(t) else t,
+        batch,
+    )
+
+
+def course_helper(batch, device):  # issue 35: the course's own to_device does the exercise
+    return to_device(batch, device, non_blocking=True)
 
 
 @pytest.mark.parametrize(
@@ -178,6 +196,9 @@ def dict_as_list(batch, device):
         (clones_first, "new tensor made from it"),
         (mutates, "changed the dict"),
         (dict_as_list, "same keys"),
+        (tuples_only, r"boxes of the first image .* in a list.* was not copied: .*lists"),
+        (pins_itself, r"pinned the tensors itself .* pin_memory=True has already pinned"),
+        (course_helper, r"called the course's own to_device\(\)"),
     ],
 )
 def test_usual_mistakes_fail_with_feedback_that_names_them(solution, feedback):
@@ -248,3 +269,32 @@ def test_the_spy_restores_the_methods():
     with pytest.raises(RuntimeError), record_tensor_to(pretend_cuda=True):
         raise RuntimeError("the learner's code failed")
     assert torch.Tensor.to is to and torch.Tensor.cuda is cuda
+
+
+# ------------------------------------------------------------------ (a), issue 35
+
+
+def _run_knee_check(nb03: dict, knee) -> None:
+    rows = [(2, 50.0), (8, 95.0), (32, 100.0)]
+    sweep = SimpleNamespace(  # a measured sweep, its knee from the course's batch_size_sweep
+        fitted=[SimpleNamespace(batch_size=b, samples_per_s=r) for b, r in rows],
+        knee=lambda: SimpleNamespace(batch_size=8),
+    )
+    exec(_grade_cell("03-knee-check"), {**nb03, "knee": knee, "sweep": sweep})
+
+
+def knee_at_least(rows, fraction=0.9):  # right: >= written as a ratio
+    best = max(rate for _, rate in rows)
+    return min(size for size, rate in rows if rate / best >= fraction)
+
+
+def knee_strict(rows, fraction=0.9):  # issue 35: a strict > where "at least" is asked
+    best = max(rate for _, rate in rows)
+    return min(size for size, rate in rows if rate > fraction * best)
+
+
+def test_the_knee_at_exactly_the_fraction(nb03, capsys):
+    _run_knee_check(nb03, knee_at_least)
+    assert "all checks passed" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"exactly half of 1000.*use >=, not >"):
+        _run_knee_check(nb03, knee_strict)

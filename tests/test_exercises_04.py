@@ -8,12 +8,13 @@ same namespace.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell
+from notebook_cells import grade_cell, run_cells
 from torch import nn
 
 from course_utils.classroom import CheckFailed, check, check_close, passed
@@ -253,3 +254,63 @@ def test_usual_mistakes_fail_with_feedback_that_names_them(answer, feedback):
     with pytest.raises(CheckFailed, match=feedback) as failure:
         _run_check(answer)
     assert "<" not in str(failure.value)  # plain words, no repr
+
+
+# ------------------------------------------------------------------ (a) and (b), issue 35
+
+
+@pytest.fixture(scope="module")
+def nb04() -> dict:
+    return run_cells(NB04, ("nb04-03", "nb04-03b"))
+
+
+def adam_four_bytes(model):  # issue 35: 4 bytes per element assumed (every checked model fp32)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return 2 * 4 * sum(p.numel() for p in trainable) + 4 * len(trainable)
+
+
+def adam_element_size(model):  # right, written another way
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return sum(2 * p.nelement() * p.element_size() + 4 for p in trainable)
+
+
+def rounded_batch(budget, static, per_sample):  # issue 35: rounding where the floor is asked
+    return max(0, round((budget - static) / per_sample))
+
+
+def split_floor_batch(budget, static, per_sample):  # issue 35: the floor split in two
+    return max(0, budget // per_sample - static // per_sample)
+
+
+def one_floor_batch(budget, static, per_sample):  # right, written another way
+    return max(0, math.floor((budget - static) / per_sample))
+
+
+def _check_a_b(nb04, grade_id, name, answer):
+    namespace = dict(nb04, **{name: answer})
+    exec(_grade_cell(grade_id), namespace)
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "name", "answer"),
+    [("04-adam-state-check", "adam_state_bytes", adam_element_size),
+     ("04-batch-budget-check", "largest_batch", one_floor_batch)],
+)
+def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
+    _check_a_b(nb04, grade_id, name, answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "name", "answer", "feedback"),
+    [
+        ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
+         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .*element_size\(\) bytes .* not always 4"),
+        ("04-batch-budget-check", "largest_batch", rounded_batch, r"7.5 samples' worth .* 7 fit"),
+        ("04-batch-budget-check", "largest_batch", split_floor_batch,
+         r"flooring each part gives 8"),
+    ],
+)
+def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_a_b(nb04, grade_id, name, answer)

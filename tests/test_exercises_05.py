@@ -71,6 +71,18 @@ class RightLists(Right):
         return [torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.0)], []
 
 
+class StepAndEpoch(Right):  # 05-N1: Lightning's documented idiom
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return loss
+
+
+class WeightDecay(Right):  # 05-N2
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr, weight_decay=1e-4)
+
+
 class IgnoresLr(Right):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -118,7 +130,7 @@ class WrongLoss(Right):
         return loss
 
 
-@pytest.mark.parametrize("answer", [Right, RightDictWithScheduler, RightLists])
+@pytest.mark.parametrize("answer", [Right, RightDictWithScheduler, RightLists, StepAndEpoch])
 def test_right_answers_pass(nb05, answer, capsys):
     _check(nb05, answer)
     assert "all checks passed" in capsys.readouterr().out
@@ -135,9 +147,41 @@ def test_right_answers_pass(nb05, answer, capsys):
         (ReturnsDetached, "loss tensor itself"),
         (NoLog, 'self.log("train_loss"'),
         (WrongLoss, "train_loss"),
+        (WeightDecay, "leave out weight_decay (yours is 0.0001"),
     ],
 )
 def test_wrong_answers_are_told_their_mistake(nb05, answer, feedback):
     with pytest.raises(CheckFailed, match=None) as failure:
         _check(nb05, answer)
     assert feedback in str(failure.value), str(failure.value)
+
+
+# ----------------------------------------------------------------------- (c), issue 35
+
+
+def _resume(every, lost_at):
+    return (lost_at // every) * every if lost_at % every else lost_at - every
+
+
+def _check_c(nb05, wasted) -> None:
+    namespace = dict(nb05, resume_step=_resume, wasted=wasted, saved_at=_resume(5, 7),
+                     steps_per_epoch=5)
+    exec(_grade_cell("05-resume-step-check"), namespace)
+
+
+def test_wasted_steps_written_another_way_pass(nb05, capsys):
+    _check_c(nb05, lambda every, lost_at: lost_at - _resume(every, lost_at))
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("wasted", "feedback"),
+    [
+        (lambda every, lost_at: lost_at % every, "lost at 20, just before the checkpoint"),
+        (lambda every, lost_at: every - lost_at % every, "lost at 23: 3 steps are trained again"),
+    ],
+    ids=["remainder", "every-minus-remainder"],
+)
+def test_wasted_steps_are_checked_at_and_between_checkpoints(nb05, wasted, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_c(nb05, wasted)

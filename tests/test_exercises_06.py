@@ -101,6 +101,11 @@ def sums(gradient):
     return gradient
 
 
+def halves(gradient):  # issue 35: division by 2 instead of the world size
+    dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
+    return gradient / 2
+
+
 def uses_avg(gradient):
     dist.all_reduce(gradient, op=dist.ReduceOp.AVG)
     return gradient
@@ -117,6 +122,7 @@ def test_average_gradient_passes_right_answers(nb06, answer, capsys):
     [
         (keeps_its_own, "dist.all_reduce(gradient)"),
         (sums, "you summed the gradients"),
+        (halves, "you divided by 2, but 4 processes ran"),
     ],
 )
 def test_average_gradient_names_the_mistake(nb06, answer, feedback):

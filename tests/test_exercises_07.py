@@ -101,7 +101,21 @@ def recursive(step, batch_size):
     return recursive(step, batch_size // 2)
 
 
-@pytest.mark.parametrize("answer", [solution, checks_the_message, checks_the_text, recursive])
+def says_out_of_memory_itself(step, batch_size):
+    """Right (issue 35): its own error's message says "out of memory"; its type is not the OOM."""
+    while batch_size >= 1:
+        try:
+            step(batch_size)
+            return batch_size
+        except torch.cuda.OutOfMemoryError:
+            pass
+        batch_size //= 2
+    raise RuntimeError("out of memory even with a batch of 1")
+
+
+@pytest.mark.parametrize(
+    "answer", [solution, checks_the_message, checks_the_text, recursive, says_out_of_memory_itself]
+)
 def test_retry_check_passes_right_answers(nb07, answer, capsys):
     _check(nb07, answer)
     assert "all checks passed" in capsys.readouterr().out
@@ -168,7 +182,19 @@ def raises_the_oom(step, batch_size):
         batch_size //= 2
 
 
+def stops_before_one(step, batch_size):  # issue 35: a halving retry that never tries batch 1
+    while batch_size > 1:
+        try:
+            step(batch_size)
+            return batch_size
+        except torch.cuda.OutOfMemoryError:
+            pass
+        batch_size //= 2
+    raise RuntimeError("no batch size fits")
+
+
 @pytest.mark.parametrize(("answer", "feedback"), [
+    (stops_before_one, "only a batch of 1 fits here"),
     (catches_every_runtime_error, "a shape error is not out of memory, but your code caught it"),
     (reraises_the_last_error, "a shape error is not out of memory, but your code caught it"),
     (catches_everything, "a ZeroDivisionError is not out of memory, but your code caught it"),
@@ -178,3 +204,55 @@ def raises_the_oom(step, batch_size):
 def test_retry_check_names_the_mistake(nb07, answer, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check(nb07, answer)
+
+
+# --------------------------------------------------------------- (b), issue 35
+
+
+def _check_b(nb07, drop_from_history) -> None:
+    namespace = dict(nb07, drop_from_history=drop_from_history)
+    exec(_grade_cell("07-drop-from-history-check"), namespace)
+
+
+def _underscores(namespace):
+    for name in ("_", "__", "___"):
+        if isinstance(namespace.get(name), torch.Tensor):
+            namespace[name] = ""
+
+
+def in_place(namespace):  # right, written another way
+    history = namespace["Out"]
+    for key in [k for k, v in history.items() if isinstance(v, torch.Tensor)]:
+        history.pop(key)
+        namespace.pop(f"_{key}", None)
+    _underscores(namespace)
+
+
+def rebinds_out(namespace):  # issue 35: IPython's _oh still holds the tensors
+    kept = {k: v for k, v in namespace["Out"].items() if not isinstance(v, torch.Tensor)}
+    for key in set(namespace["Out"]) - set(kept):
+        namespace.pop(f"_{key}", None)
+    namespace["Out"] = kept
+    _underscores(namespace)
+
+
+def exact_type(namespace):  # issue 35: type(v) == torch.Tensor where isinstance is meant
+    history = namespace["Out"]
+    for key in [k for k, v in history.items() if type(v) == torch.Tensor]:  # noqa: E721
+        del history[key]
+        namespace.pop(f"_{key}", None)
+    _underscores(namespace)
+
+
+def test_drop_from_history_right_answer_passes(nb07, capsys):
+    _check_b(nb07, in_place)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [(rebinds_out, "one dict named both Out and _oh"), (exact_type, "an nn.Parameter is a tensor")],
+)
+def test_drop_from_history_names_the_mistake(nb07, answer, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_b(nb07, answer)

@@ -23,7 +23,7 @@ from course_utils.classroom import CheckFailed
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
 # the cells a check needs, by how they start: imports, knobs, the model
-SETUP = ("import contextlib", "from course_utils.classroom", "# the model:",
+SETUP = ("import contextlib", "from course_utils.cla", "# the model:",  # claims, classroom
          "class CausalSelfAttention", "class Block", "class GPT")
 
 
@@ -315,6 +315,11 @@ def throughput_type_error(flops, tokens, seconds, gpu, dtype):
     return tokens / seconds, flops / seconds / (peak * 1e12)  # None * 1e12: TypeError
 
 
+def throughput_rounded(flops, tokens, seconds, gpu, dtype):  # issue 35: MFU rounded to 2 places
+    speed, utilization = throughput_right(flops, tokens, seconds, gpu, dtype)
+    return speed, round(utilization, 2)
+
+
 def throughput_one_number(flops, tokens, seconds, gpu, dtype):
     return throughput_right(flops, tokens, seconds, gpu, dtype)[1]
 
@@ -334,6 +339,7 @@ def test_run_throughput_check_passes_right_answers(namespace, solution, capsys):
         (throughput_no_refusal, "raise ValueError (yours returned"),
         (throughput_type_error, "raise ValueError (yours raised TypeError)"),
         (throughput_one_number, "return two numbers"),
+        (throughput_rounded, "return it unrounded"),
     ],
 )
 def test_run_throughput_check_names_the_mistake(namespace, solution, feedback):

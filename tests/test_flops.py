@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from unittest.mock import patch
 
 import pytest
@@ -167,3 +168,29 @@ def test_tf32_allowed_reads_the_old_flags_on_torch_before_2_9(monkeypatch):
     assert tf32_allowed(convolutions=True) is True
     OldFlags.allow_tf32 = False
     assert tf32_allowed(convolutions=True) is False
+
+
+@pytest.mark.parametrize(
+    ("name", "sms", "full_sms", "fp32_tflops"),
+    [("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 14, 108, 19.5),
+     ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 132, 67.0),
+     ("NVIDIA H200 MIG 3g.71gb", 60, 132, 67.0)],
+)
+def test_a_mig_slice_gets_its_share_of_the_peak_not_the_whole_gpus(
+    monkeypatch, fp32_precision, name, sms, full_sms, fp32_tflops
+):
+    # gpu-paths N5: a slice's MFU divided by the whole GPU's peak is ~7x too small
+    fp32_precision("ieee", "ieee")
+    _fake_gpu(monkeypatch, name, (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(multi_processor_count=sms))
+    peak = device_peak_flops("cuda", torch.float32)
+    assert peak.flops_per_s == pytest.approx(fp32_tflops * 1e12 * sms / full_sms)
+    assert f"{sms} of {full_sms} SMs" in peak.source
+    assert gpu_peak_flops(name) is None  # the name alone does not say the share
+    assert gpu_peak_flops(name.split(" MIG")[0]).fp32 == fp32_tflops  # the whole GPU
+
+
+def test_a_mig_slice_with_an_impossible_share_has_no_peak():
+    assert gpu_peak_flops("NVIDIA A100 MIG 1g.5gb", 500) is None  # more SMs than an A100
+    assert gpu_peak_flops("NVIDIA A100 MIG 1g.5gb", 14).name == "A100 MIG slice (14 of 108 SMs)"

@@ -57,7 +57,8 @@ def test_fake_nvml_readings_reach_every_consumer(fake_t4):
     summary = running.summary()
     assert (summary["source"], summary["mean_util_pct"], summary["peak_memory_mib"]) == (
         "nvml", 97, 5000)
-    assert "util 97% | memory 5000/15360 MiB" in lines[0] and "GPU-Util mean 97%" in lines[-1]
+    assert "util 97% | memory 5000/15360 MiB" in lines[0] and "monitor stopped" in lines[-1]
+    assert "GPU-Util mean 97%" in running.summary_line()
 
     # the Lightning callback: metrics for the loggers, and the readings themselves
     from course_utils.lightning import UtilizationLogger
@@ -198,10 +199,11 @@ def test_a_failed_batch_size_is_released_after_the_traceback_is_gone(monkeypatch
         if n >= 4:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    def release():
+    def release(allocated_before=None):
         alive_at_release.append(any(ref() is not None for ref in held))
+        return False
 
-    monkeypatch.setattr(batch, "release_cached_memory", release)
+    monkeypatch.setattr(batch, "release_after_out_of_memory", release)
     sweep = batch.batch_size_sweep(trial, [2, 4, 8], repeats=1, warmup=0)
     assert [row.out_of_memory for row in sweep.rows] == [False, True]
     assert alive_at_release == [False]

@@ -51,8 +51,14 @@ def test_monitor_reads_nvml_and_shows_text_lines(monkeypatch):
     assert all(s.source == "nvml" and s.utilization_gpu_pct == 97 for s in m.samples)
     assert m.samples[0].name == "Tesla T4" and m.samples[0].memory_used_mib == 5000
     assert lines[0].startswith("GPU 0 (nvml): util 97% | memory 5000/15360 MiB")
-    assert lines[-1].startswith("GPU 0 (nvml):") and "GPU-Util mean 97%" in lines[-1]
-    assert "GPU-Util" in m.timeline().axes[0].get_ylabel()
+    # the summary once (a cell prints summary_line()): not again as the live view's last
+    # line or as the plot's title
+    assert m.summary_line().startswith("GPU 0 (nvml):") and "GPU-Util mean 97%" in m.summary_line()
+    assert lines[-1].startswith("GPU 0 (nvml): monitor stopped after")
+    assert "mean" not in lines[-1]
+    figure = m.timeline()
+    assert "GPU-Util" in figure.axes[0].get_ylabel()
+    assert figure._suptitle.get_text() == "GPU 0 (nvml): GPU-Util and memory against time"
 
 
 def test_monitor_falls_back_to_nvidia_smi_without_nvml(monkeypatch, tmp_path):

@@ -57,6 +57,10 @@ def test_notebook_is_committed_clean(path):
             assert cell.get("outputs") == [], f"cell {index} has outputs: clear them"
             assert cell.get("execution_count") is None, f"cell {index} has an execution count"
     assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+    # what the kernel reports on start: kept, so that JupyterLab opens the notebook
+    # unmodified (it changes the metadata, and marks the notebook unsaved, only when it differs)
+    assert notebook["metadata"]["language_info"]["name"] == "python"
+    assert {"version", "mimetype", "codemirror_mode"} <= set(notebook["metadata"]["language_info"])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -79,7 +83,7 @@ def test_notebook_opens_with_the_badge_line_and_the_canonical_setup_cell(path, t
 
 def test_the_committed_readme_has_no_dead_colab_link():
     readme = (ROOT / "README.md").read_text()
-    assert readme.splitlines()[2] == colab.UNPUBLISHED_BADGE_LINE
+    assert readme.splitlines()[2] == colab.README_BADGE_LINE
     assert "https://colab.research.google.com/github/" not in readme  # no link to a notebook
 
 

@@ -25,7 +25,24 @@ def test_record_measurement_prints_outside_ipython(capsys):
     assert capsys.readouterr().out.strip() == (
         "speed-up: 12.35 x [measured on this machine (CPU)]"
     )
-    assert figure.value == 12.3456
+    assert figure is None  # a cell ending with the call echoes nothing more
+
+
+def test_a_cell_ending_with_record_measurement_shows_the_line_once():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shown: list = []
+    try:
+        shell.display_pub.publish = lambda data, **_: shown.append(data)
+        result = shell.run_cell(
+            "from course_utils.report import record_measurement\n"
+            "record_measurement('speed-up', 2.5, 'x', label='CPU')", store_history=True
+        )
+        assert result.success and result.result is None  # no Out[...] echo
+        assert [d["text/plain"] for d in shown] == ["speed-up: 2.5 x [CPU]"]
+    finally:
+        InteractiveShell.clear_instance()
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])

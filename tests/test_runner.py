@@ -68,3 +68,51 @@ def test_find_notebooks_refuses_a_missing_path(tmp_path):
         find_notebooks([tmp_path / "nope.ipynb"])
     with pytest.raises(FileNotFoundError, match="no notebooks found"):
         find_notebooks([tmp_path])
+
+
+def test_reuse_keeps_a_copy_whose_inputs_did_not_change(tmp_path, monkeypatch):
+    """run-notebooks --reuse (the website's workflow): a notebook runs again only when its
+    file, the package or the workload changed, or when its last run failed."""
+    import nbformat as nbf
+
+    from course_utils import runner
+    from course_utils.report import NotebookResult
+
+    source = tmp_path / "notebooks"
+    source.mkdir()
+    notebook = source / "01_a.ipynb"
+    nbf.write(nbf.v4.new_notebook(cells=[nbf.v4.new_code_cell("1 + 1")]), notebook)
+    ran, fail = [], {"now": False}
+
+    def fake_run(path, out_dir, **_):
+        ran.append(path.name)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        nbf.write(nbf.read(path, as_version=4), out_dir / path.name)
+        (out_dir / f"{path.stem}.html").write_text("<html></html>")
+        status = "failed" if fail["now"] else "ok"
+        return NotebookResult(str(path), status, 1.5, "boom" if fail["now"] else None, [], [],
+                              f"notebooks/{path.stem}.html")
+
+    monkeypatch.setattr(runner, "run_notebook", fake_run)
+    monkeypatch.setattr("course_utils.env.doctor", lambda: {})
+    out, quiet = tmp_path / "build", io.StringIO()
+
+    def run(size="small"):
+        return runner.run_course([source], out, size, reuse=True, progress=quiet)
+
+    assert run() == 0 and ran == ["01_a.ipynb"]
+    assert run() == 0 and ran == ["01_a.ipynb"]  # unchanged: reused
+    assert "reused" in quiet.getvalue()
+    assert run("cpu") == 0 and len(ran) == 2  # another workload
+    assert run("cpu") == 0 and len(ran) == 2
+    nbf.write(nbf.v4.new_notebook(cells=[nbf.v4.new_code_cell("2 + 2")]), notebook)
+    assert run("cpu") == 0 and len(ran) == 3  # the notebook changed
+    fail["now"] = True
+    (source / "01_a.ipynb").write_text(notebook.read_text() + " ")
+    assert run("cpu") == 1 and len(ran) == 4
+    fail["now"] = False
+    assert run("cpu") == 0 and len(ran) == 5  # a failed run is never reused
+    monkeypatch.setattr(runner, "_PACKAGE", tmp_path / "other-package")
+    (tmp_path / "other-package").mkdir()
+    (tmp_path / "other-package" / "x.py").write_text("changed = True\n")
+    assert run("cpu") == 0 and len(ran) == 6  # the package changed

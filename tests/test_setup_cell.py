@@ -10,6 +10,7 @@ replaced by a fake ``urlopen``, so no network is needed; the script itself runs 
 from __future__ import annotations
 
 import hashlib
+import urllib.error
 import urllib.request
 
 import pytest
@@ -37,6 +38,8 @@ def served(tmp_path, monkeypatch):
 
     def fake_urlopen(url, timeout=None):
         state["urls"].append(url)
+        if "error" in state:
+            raise state["error"]
         return Response()
 
     monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
@@ -54,6 +57,15 @@ def shell():
 
 def run_setup_cell(shell, repo="teacher/fork", ref="v2", sha256=GOOD_SHA):
     return shell.run_cell(setup_cell_source(repo, ref, sha256), silent=True)
+
+
+def run_typed(shell, repo, ref, sha256=GOOD_SHA):
+    """The committed cell after a learner typed ``repo`` and ``ref`` into the form (Colab
+    rewrites the value on the ``# @param`` line)."""
+    source = setup_cell_source("", "main", sha256)
+    source = source.replace('COURSE_REPO = ""', f"COURSE_REPO = {repo!r}", 1)
+    source = source.replace('COURSE_REF = "main"', f"COURSE_REF = {ref!r}", 1)
+    return shell.run_cell(source, silent=True)
 
 
 def one_line_error(result):
@@ -92,6 +104,7 @@ def test_on_colab_a_tampered_script_is_refused_and_never_runs(
     served["script"] = tampered
     message = one_line_error(run_setup_cell(shell))
     assert message.startswith(f"Colab setup: refused to run {URL}: its SHA-256 is not SETUP_SHA256")
+    assert "colab branch" in message  # where a learner finds a notebook whose fields match
     assert not (tmp_path / "ran.log").exists()
 
 
@@ -109,3 +122,72 @@ def test_on_colab_a_failing_setup_stops_the_notebook(shell, served, monkeypatch)
     served["script"] = "echo 'colab_setup.sh: error: boom' >&2; exit 3\n"
     result = run_setup_cell(shell, sha256=sha(served["script"]))
     assert one_line_error(result) == "Colab setup failed: read the messages above"
+
+
+def test_the_form_explains_itself_above_its_fields():
+    lines = setup_cell_source("", "main", GOOD_SHA).splitlines()
+    help_lines = [i for i, line in enumerate(lines) if line.startswith("# @markdown ")]
+    field = next(i for i, line in enumerate(lines) if line.startswith("COURSE_REPO = "))
+    assert help_lines and help_lines[0] < field  # Colab shows it in the form, above
+    assert "OWNER/NAME" in lines[help_lines[0]] and "public" in lines[help_lines[0]]
+
+
+@pytest.mark.parametrize(
+    ("typed", "ref", "url"),
+    [
+        ("teacher/fork", "v2", URL),
+        ("  teacher/fork/ ", "v2", URL),
+        ("https://github.com/teacher/fork", "v2", URL),
+        ("https://github.com/teacher/fork.git", "v2", URL),
+        ("github.com/teacher/fork/tree/main", "v2", URL),
+        ("https://colab.research.google.com/github/teacher/fork/blob/main/notebooks/"
+         "02_nvidia_smi_and_monitoring.ipynb#scrollTo=abc", "v2", URL),
+        ("teacher/fork/blob/main/notebooks/02_nvidia_smi_and_monitoring.ipynb", "v2", URL),
+        # with COURSE_REF emptied, the ref in the pasted address
+        ("https://github.com/teacher/fork/blob/v3/notebooks/01_x.ipynb", "",
+         URL.replace("v2", "v3")),
+        ("teacher/fork", "", URL.replace("v2", "main")),
+    ],
+)
+def test_on_colab_the_repository_may_be_typed_or_pasted_as_an_address(
+    shell, served, monkeypatch, typed, ref, url
+):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-test")
+    result = run_typed(shell, typed, ref)
+    assert result.success, result.error_in_exec
+    assert served["urls"] == [url]
+
+
+@pytest.mark.parametrize("typed", ["teacher", "https://gitlab.com/teacher/fork", "a b/c", "x/y/z"])
+def test_on_colab_what_is_no_repository_is_refused_in_one_line(shell, served, monkeypatch, typed):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-test")
+    message = one_line_error(run_typed(shell, typed, "main"))
+    assert message.startswith("Colab setup: type the GitHub repository")
+    assert served["urls"] == []
+
+
+def test_on_colab_a_404_says_what_to_check_in_one_line_without_a_traceback(
+    shell, served, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-test")
+    served["error"] = urllib.error.HTTPError(URL, 404, "Not Found", None, None)
+    result = run_typed(shell, "teacher/frok", "v2")
+    message = one_line_error(result)
+    wrong = URL.replace("fork", "frok")
+    assert message.startswith(f"Colab setup: no colab_setup.sh at {wrong} (HTTP 404)")
+    for hint in ("COURSE_REPO", "COURSE_REF", "private", "public"):
+        assert hint in message
+    # what IPython shows (Colab and JupyterLab alike): that one line, no urllib frames
+    assert result.error_in_exec._render_traceback_() == [message]
+    shell.showtraceback((type(result.error_in_exec), result.error_in_exec, None))
+    shown = capsys.readouterr()
+    assert "urllib" not in shown.out + shown.err and message in shown.out + shown.err
+    assert not (tmp_path / "ran.log").exists()
+
+
+def test_on_colab_no_network_says_so_in_one_line(shell, served, monkeypatch):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-test")
+    served["error"] = urllib.error.URLError("Temporary failure in name resolution")
+    message = one_line_error(run_setup_cell(shell))
+    assert message.startswith(f"Colab setup: could not download {URL}")
+    assert "internet" in message

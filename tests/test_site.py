@@ -208,3 +208,38 @@ def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_p
     error = capsys.readouterr().err
     assert status == 2 and error.count("\n") == 1 and "run make course first" in error, error
     assert not (tmp_path / "site").exists()
+
+
+def test_the_learners_site_shows_lessons_as_run_but_no_answer(tmp_path):
+    from course_utils.colab import README_BADGE_LINE
+    from course_utils.site import SITE_BADGE_LINE, stage
+
+    notebook = executed_notebook("01_ex", [])
+    lesson = nbformat.v4.new_code_cell("print('lesson')", execution_count=1, outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="lesson output\n")])
+    answer = nbformat.v4.new_code_cell(
+        "def f():\n    ### BEGIN SOLUTION\n    return 42\n    ### END SOLUTION",
+        execution_count=2, outputs=[nbformat.v4.new_output("stream", name="stdout", text="42\n")])
+    answer.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "f",
+                                   "locked": False, "schema_version": 3}
+    check = nbformat.v4.new_code_cell(
+        "assert f() is not None\n### BEGIN HIDDEN TESTS\nassert f() == 42\n### END HIDDEN TESTS",
+        execution_count=3, outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text="✓ all checks passed\n")])
+    check.metadata["nbgrader"] = {"solution": False, "grade": True, "grade_id": "f-check",
+                                  "points": 1, "locked": True, "schema_version": 3}
+    notebook.cells += [lesson, answer, check]
+    (tmp_path / "executed").mkdir()
+    nbformat.write(notebook, tmp_path / "executed" / "01_ex.ipynb")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "README.md").write_text(f"# Course\n\n{README_BADGE_LINE}\n\nText.\n")
+    for answers in (False, True):
+        docs = tmp_path / f"docs-{answers}"
+        stage(root, tmp_path / "executed", None, docs, answers=answers)
+        text = (docs / "notebooks" / "01_ex.ipynb").read_text()
+        assert "lesson output" in text  # every lesson shows what it printed
+        for leak in ("return 42", "HIDDEN TESTS", "f() == 42", "✓ all checks passed"):
+            assert (leak in text) == answers, leak
+    landing = (tmp_path / "docs-False" / "index.md").read_text().splitlines()
+    assert landing[2] == SITE_BADGE_LINE  # not GitHub-relative links that the site breaks

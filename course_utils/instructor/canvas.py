@@ -1,21 +1,22 @@
 """The gradebook as ``canvas.csv``, in the format Canvas's gradebook import reads.
 
 Columns, as in a gradebook that Canvas exports (Grades → Export): ``Student``, ``ID``,
-``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per notebook of the
-assignment with the learner's points. The second row, ``Points Possible``, gives each
-column's maximum, which Canvas uses for an assignment the import creates. Canvas matches
-rows to students by ``ID``, ``SIS User ID`` or ``SIS Login ID``: without a roster the
-learner's folder name goes into ``SIS Login ID`` (name the folders by login); with
-``--roster`` (a gradebook exported from the course) each learner's row takes the
-student's name, IDs and section from the roster row whose ``SIS Login ID``,
-``SIS User ID``, ``ID`` or ``Student`` equals the folder name, and a notebook whose
-stem begins a roster column ``NAME (ASSIGNMENT_ID)`` updates that assignment.
+``SIS User ID``, ``SIS Login ID``, ``Section``, then one column per Canvas assignment with
+the learner's points (:func:`assignment_columns`: ``--column NOTEBOOK=COLUMN``, several
+notebooks into one assignment, else a roster column ``STEM (ID)``, else the stem). The
+second row, ``Points Possible``, gives each column's maximum, which Canvas uses for an
+assignment the import creates. Canvas matches rows to students by ``ID``, ``SIS User ID``
+or ``SIS Login ID``: without a roster the learner's name goes into ``SIS Login ID``; with
+``--roster`` (a gradebook exported from the course) each row takes the student's name, IDs
+and section from the roster. A cell whose notebook was handed in but not scored is left
+empty (the import keeps what Canvas has), never 0. The file is written whole or not at
+all, and a roster that lacks a learner leaves none (:func:`check_roster`).
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from course_utils.instructor import validation
@@ -50,6 +51,60 @@ def read_roster(path: Path) -> tuple[dict[str, dict[str, str]], list[str]]:
     return students, columns
 
 
+def assignment_columns(
+    notebooks: Sequence[str], roster_columns: Sequence[str], mapping: Mapping[str, str]
+) -> dict[str, str]:
+    """The Canvas column each notebook's points go to. ``mapping`` (``--column``) gives a
+    notebook (file name or stem) a column: a roster column's full name, its assignment id
+    alone (``5501`` for ``Lab 1 (5501)``), or a new name; several notebooks may share one
+    (their points are added). Otherwise a roster column ``STEM (ID)`` if there is one,
+    else the stem. :class:`InputError` for a notebook not in the assignment or an id the
+    roster lacks."""
+    by_stem = {Path(notebook).stem: notebook for notebook in notebooks}
+    chosen: dict[str, str] = {}
+    for name, column in mapping.items():
+        notebook = name if name in notebooks else by_stem.get(name)
+        if notebook is None:
+            raise InputError(f"--column {name}=...: {name} is not a notebook of the assignment")
+        if column.isdigit():
+            found = [c for c in roster_columns if c.endswith(f" ({column})")]
+            if not found:
+                raise InputError(f"--column {name}={column}: the roster has no assignment {column}")
+            column = found[0]
+        chosen[notebook] = column
+    for notebook in notebooks:
+        if notebook not in chosen:
+            stem = Path(notebook).stem
+            existing = [c for c in roster_columns if c.startswith(f"{stem} (") and c.endswith(")")]
+            chosen[notebook] = existing[0] if existing else stem
+    return chosen
+
+
+def parse_columns(specs: Sequence[str]) -> dict[str, str]:
+    """``--column NOTEBOOK=COLUMN`` options as a mapping (:class:`InputError` if malformed)."""
+    mapping: dict[str, str] = {}
+    for spec in specs:
+        notebook, _, column = spec.partition("=")
+        if not notebook.strip() or not column.strip():
+            example = '01_x="Lab 1 (5501)"'
+            raise InputError(f"--column takes NOTEBOOK=COLUMN, such as {example}, not {spec!r}")
+        mapping[notebook.strip()] = column.strip()
+    return mapping
+
+
+def check_roster(out: Path, roster: Path, learners: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The roster's students; :class:`InputError` naming the learners it lacks, after
+    removing a ``canvas.csv`` left in ``out`` by an earlier run (it would be stale)."""
+    students, _ = read_roster(roster)
+    unknown = [learner for learner in learners if learner not in students]
+    if unknown:
+        (out / "canvas.csv").unlink(missing_ok=True)
+        raise InputError(
+            f"the roster {roster} has no student named {', '.join(unknown)} (no canvas.csv written)"
+        )
+    return students
+
+
 def write_canvas(
     out: Path,
     learners: Sequence[str],
@@ -57,30 +112,40 @@ def write_canvas(
     scores: Mapping[tuple[str, str], float],
     maxima: Mapping[str, float],
     roster: Path | None = None,
-) -> tuple[Path, list[str]]:
-    """Write ``out/canvas.csv``; return its path and the learners the roster lacks."""
-    students, columns = read_roster(roster) if roster else ({}, [])
-    headers = []
-    for notebook in notebooks:
-        stem = Path(notebook).stem
-        existing = [c for c in columns if c.startswith(f"{stem} (") and c.endswith(")")]
-        headers.append(existing[0] if existing else stem)
+    *,
+    columns: Mapping[str, str] | None = None,
+    pending: Collection[tuple[str, str]] = (),
+) -> Path:
+    """Write ``out/canvas.csv`` (whole, or not at all) and return its path. A learner's
+    cell is the sum of the points of the notebooks that go to its column; a notebook not
+    handed in counts 0; a cell with a notebook in ``pending`` (handed in but not scored:
+    not matched, or not graded) is left empty, so the import keeps what Canvas has.
+    :class:`InputError`, and no ``canvas.csv``, when the roster lacks a learner."""
+    students = check_roster(out, roster, learners) if roster else {}
+    roster_columns = read_roster(roster)[1] if roster else []
+    chosen = assignment_columns(notebooks, roster_columns, columns or {})
+    headers = list(dict.fromkeys(chosen[notebook] for notebook in notebooks))
+    groups = {header: [nb for nb in notebooks if chosen[nb] == header] for header in headers}
     rows = [IDENTITY + headers, [POINTS_POSSIBLE, "", "", "", ""]]
-    rows[1] += [f"{maxima.get(notebook, 0):g}" for notebook in notebooks]
-    unknown = []
+    rows[1] += [f"{sum(maxima.get(nb, 0) for nb in groups[h]):g}" for h in headers]
     for learner in learners:
         student = students.get(learner)
-        if roster and student is None:
-            unknown.append(learner)
         identity = (
             [student.get(key, "") for key in IDENTITY]
             if student
             else [learner, "", "", learner, ""]
         )
-        points = [f"{scores.get((learner, notebook), 0):g}" for notebook in notebooks]
-        rows.append(identity + points)
+        cells = []
+        for header in headers:
+            group = groups[header]
+            if any((learner, notebook) in pending for notebook in group):
+                cells.append("")
+            else:
+                cells.append(f"{sum(scores.get((learner, nb), 0) for nb in group):g}")
+        rows.append(identity + cells)
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "canvas.csv").open("w", newline="", encoding="utf-8") as file:
-        numeric = set(range(len(IDENTITY), len(IDENTITY) + len(notebooks)))
+    partial = out / "canvas.csv.partial"
+    with partial.open("w", newline="", encoding="utf-8") as file:
+        numeric = set(range(len(IDENTITY), len(IDENTITY) + len(headers)))
         csv.writer(file).writerows(validation.row(r, numeric) for r in rows)
-    return out / "canvas.csv", unknown
+    return partial.replace(out / "canvas.csv")

@@ -1,26 +1,32 @@
 """Grade several submissions, in parallel, into a gradebook (``grade`` and ``grade-class``).
 
-``grade-class`` grades each learner's notebooks (``LEARNER/*.ipynb`` or nbgrader's
-``submitted/STUDENT/ASSIGNMENT/``) against the instructor notebook of the same name, each
-in its own process, into ``gradebook.csv``, ``checks.csv``, ``feedback/`` and ``results/``.
-A result is kept while its key (a SHA-256 of submission, instructor notebook, grader
-version and options) is unchanged. docs/instructor-guide.md has the rest.
+``grade-class`` grades each learner's notebooks (``LEARNER/*.ipynb``, nbgrader's
+``submitted/STUDENT/ASSIGNMENT/`` or Canvas's download, :mod:`~course_utils.instructor.intake`)
+against the instructor notebook it matches, each in its own process, into ``gradebook.csv``,
+``checks.csv``, ``canvas.csv``, ``feedback/`` and ``results/``, with the instructor's
+overrides and late penalties applied (:mod:`~course_utils.instructor.adjust`). A result is
+kept while its key (a SHA-256 of submission, instructor notebook, grader version and the
+options that can change a score) is unchanged. docs/instructor-guide.md has the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -28,7 +34,8 @@ from typing import Any, TextIO
 
 from course_utils.instructor import cgroups, validation
 from course_utils.instructor import sandbox as sandboxes
-from course_utils.instructor.canvas import write_canvas
+from course_utils.instructor.adjust import LatePolicy, adjust, late_text, read_overrides
+from course_utils.instructor.canvas import check_roster, read_roster, write_canvas
 from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
@@ -37,8 +44,10 @@ from course_utils.instructor.grading import (
     KernelSettings,
     MachineBusy,
     check_cells,
+    feedback_summary,
     grade_submission,
 )
+from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -134,35 +143,7 @@ def find_submissions(
     any learner's notebook."""
     if not root.is_dir():
         raise InputError(f"no such folder: {root}")
-    if (root / "nbgrader_config.py").is_file() and (root / "submitted").is_dir():
-        root = root / "submitted"  # an nbgrader course folder
-    said = notes if notes is not None else {}
-    learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.name[0] != "."):
-        if folder.is_symlink():
-            said.setdefault(folder.name, []).append("refused: the learner's folder is a link")
-            continue
-        if not folder.is_dir():
-            continue
-        found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
-        kept: dict[str, list[Path]] = {}
-        for path in sorted(found):
-            why = validation.problem(path, folder)
-            if why is not None and "refused" in why:
-                said.setdefault(folder.name, []).append(why)
-            else:  # graded, or a row that says why it could not be
-                kept.setdefault(path.name, []).append(path)
-        notebooks = []
-        for name, paths in kept.items():
-            if len(paths) > 1:
-                where = ", ".join(str(p.relative_to(folder)) for p in paths)
-                said.setdefault(folder.name, []).append(
-                    f"{name}: refused: handed in {len(paths)} times ({where}); hand in one"
-                )
-            else:
-                notebooks += paths
-        if notebooks:
-            learners[folder.name] = sorted(notebooks)
+    learners = learner_folders(root, notes)
     if not learners:
         raise InputError(
             f"no submissions in {root}: expected LEARNER/NOTEBOOK.ipynb folders "
@@ -172,10 +153,13 @@ def find_submissions(
 
 
 def result_key(task: Task, options: Options) -> str:
-    """What a result depends on: submission, instructor notebook, grader and options."""
+    """What a result depends on: submission, instructor notebook, grader and the options
+    that can change a score (not ``jobs``, ``threads`` or ``hidden``: a run with another
+    ``--jobs``, or a shard on a node with other cores, keeps the results)."""
     digest = hashlib.sha256()
     digest.update(GRADER_VERSION.encode())
-    settings = {k: v for k, v in asdict(options).items() if k != "hidden"}
+    ignored = ("hidden", "jobs", "threads")
+    settings = {k: v for k, v in asdict(options).items() if k not in ignored}
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for path in (task.path, task.source):
         digest.update(b"\0")
@@ -190,8 +174,9 @@ def _result_path(out: Path, task: Task) -> Path:
     return out / "results" / task.learner / f"{Path(task.notebook).stem}.json"
 
 
-def _feedback_path(out: Path, task: Task) -> Path:
-    return out / "feedback" / task.learner / task.notebook
+def _graded_path(out: Path, task: Task) -> Path:
+    """The grader's own feedback notebook (``feedback/`` gets it with the adjustments)."""
+    return out / "results" / task.learner / f"{Path(task.notebook).stem}.ipynb"
 
 
 def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]:
@@ -220,9 +205,9 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     else:
         result["report"] = asdict(report)
         if out is not None:
-            partial = _feedback_path(out, task).with_suffix(".partial")
+            partial = _graded_path(out, task).with_suffix(".partial")
             write_notebook(feedback, partial)
-            partial.replace(_feedback_path(out, task))
+            partial.replace(_graded_path(out, task))
     result["seconds"] = round(time.perf_counter() - start, 2)
     if out is not None:  # written last: a result on disk means the feedback is too
         partial = _result_path(out, task).with_suffix(".partial")
@@ -232,10 +217,39 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     return result
 
 
-def _worker_start() -> None:
+def _worker_start(scratch: str | None = None) -> None:
     """Ctrl-C ends a worker at once, quietly: its kernel dies with it and results are
-    written atomically, so the next run resumes cleanly."""
+    written atomically, so the next run resumes cleanly. Its scratch folders go in the
+    run's ``scratch`` folder, which the main process removes (:func:`_scratch`)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if scratch is not None:
+        tempfile.tempdir = scratch
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's time limit) stopped a run: handled as Ctrl-C."""
+
+
+@contextmanager
+def _scratch() -> Iterator[str]:
+    """A folder for the run's scratch folders (each submission's working folder, the
+    guard's instructions), removed when the run ends, is interrupted (SIGINT) or is
+    terminated (SIGTERM, turned into :class:`Stopped` meanwhile)."""
+    folder = tempfile.mkdtemp(prefix="course-grade-run-")
+    os.chmod(folder, 0o711)  # a sandboxed kernel's user passes through to its own folder
+    previous = None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(f"stopped by signal {signum}")
+
+    with contextlib.suppress(ValueError):  # not the main thread: SIGTERM stays as it was
+        previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield folder
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _context() -> Any:
@@ -259,7 +273,7 @@ def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
         return None
     if result.get("retry"):  # not graded because the machine was too busy
         return None
-    if "report" in result and not _feedback_path(out, task).is_file():
+    if "report" in result and not _graded_path(out, task).is_file():
         return None
     return result
 
@@ -291,36 +305,70 @@ def grade_tasks(
         seconds = result.get("seconds", 0)
         say(f"[{done}/{len(tasks)}] {task.learner}  {task.notebook}  {score}  ({seconds:.1f} s)")
 
-    if jobs <= 1 or len(todo) <= 1:
-        for number in todo:
-            report(number, grade_task(tasks[number], options, out))
-    else:
-        with ProcessPoolExecutor(jobs, mp_context=_context(), initializer=_worker_start) as pool:
-            futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
+    with _scratch() as scratch:
+        if jobs <= 1 or len(todo) <= 1:
+            before, tempfile.tempdir = tempfile.tempdir, scratch  # graded in this process
             try:
-                for future in as_completed(futures):
-                    report(futures[future], future.result())
-            except BrokenProcessPool:
-                raise RuntimeError(
-                    f"a grading process was stopped (interrupted, or killed for memory) after "
-                    f"{done} of {len(tasks)}: run the same command again to resume"
-                ) from None
-            except BaseException:  # Ctrl-C, or an error: stop the workers now
-                workers = list(getattr(pool, "_processes", {}).values())
-                pool.shutdown(wait=False, cancel_futures=True)
-                for worker in workers:
-                    worker.terminate()
-                raise
+                for number in todo:
+                    report(number, grade_task(tasks[number], options, out))
+            finally:
+                tempfile.tempdir = before
+        else:
+            _in_pool(tasks, todo, options, out, scratch, report)
     return [results[number] for number in range(len(tasks))]
+
+
+def _in_pool(
+    tasks: Sequence[Task],
+    todo: Sequence[int],
+    options: Options,
+    out: Path | None,
+    scratch: str,
+    report: Callable[[int, dict[str, Any]], None],
+) -> None:
+    """Grade ``todo`` in ``options.jobs`` worker processes; on Ctrl-C, SIGTERM or an error,
+    stop the workers (and wait for them) before the scratch folder is removed."""
+    pool = ProcessPoolExecutor(
+        options.jobs, mp_context=_context(), initializer=_worker_start, initargs=(scratch,)
+    )
+    futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
+    try:
+        for future in as_completed(futures):
+            report(futures[future], future.result())
+    except BrokenProcessPool:
+        _stop(pool)
+        raise RuntimeError(
+            f"a grading process was stopped (interrupted, or killed for memory) after "
+            f"{sum(f.done() for f in futures)} of {len(futures)} graded in this run: run the "
+            "same command again to resume"
+        ) from None
+    except BaseException:  # Ctrl-C, SIGTERM, or an error: stop the workers now
+        _stop(pool)
+        raise
+    pool.shutdown()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    workers = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(10)
 
 
 def notebook_maxima(sources: dict[str, Path]) -> dict[str, float]:
     """Each instructor notebook's points: the sum over its check cells."""
+    return {name: sum(points.values()) for name, points in check_points(sources).items()}
+
+
+def check_points(sources: Mapping[str, Path]) -> dict[str, dict[str, float]]:
+    """Each instructor notebook's checks: grade_id → points possible."""
     return {
-        name: sum(
-            float(cell.metadata["nbgrader"].get("points", 0) or 0)
-            for cell in check_cells(read_notebook(path)).values()
-        )
+        name: {
+            gid: float(cell.metadata["nbgrader"].get("points", 0) or 0)
+            for gid, cell in check_cells(read_notebook(path)).items()
+        }
         for name, path in sources.items()
     }
 
@@ -332,12 +380,16 @@ def write_gradebook(
     results: Sequence[dict[str, Any]],
     notes: dict[str, list[str]],
     maxima: dict[str, float] | None = None,
+    unmatched: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths. A notebook of the
     assignment that a learner did not hand in scores 0 of its points (``maxima``) and is
-    named in the ``missing`` column."""
+    named in the ``missing`` column, unless the learner handed in a notebook that matched
+    none (``unmatched``): then its cell is empty and the file is named in ``unmatched``.
+    A late penalty (``report["late"]``) gets a ``late-penalty`` row in ``checks.csv``."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
     header = ["learner", *notebooks, "total", "max", "missing", "notes", "tampering"]
+    header += ["unmatched", "late"]
     book: list[list[Any]] = [header]
     checks: list[list[Any]] = [
         ["learner", "notebook", "check", "points", "max_points", "reason", "matched"]
@@ -346,6 +398,8 @@ def write_gradebook(
         row, total, most, said = [], 0.0, 0.0, list(notes.get(learner, []))
         missing: list[str] = []
         tampering: list[str] = []
+        late: list[str] = []
+        lost = list((unmatched or {}).get(learner, []))
         for notebook in notebooks:
             result = by_cell.get((learner, notebook))
             if result is None:
@@ -353,7 +407,7 @@ def write_gradebook(
                 result = {"error": "not submitted"}
             report = result.get("report")
             if report is None:
-                row.append("0")
+                row.append("" if lost and notebook in missing else "0")
                 most += (maxima or {}).get(notebook, 0.0)
                 if notebook not in missing:
                     said.append(f"{notebook}: {result.get('error', '?')}")
@@ -367,17 +421,97 @@ def write_gradebook(
                 points = f"{check['points']:g}", f"{check['max_points']:g}"
                 why = check["reason"], check.get("matched", "")
                 checks.append([learner, notebook, check["grade_id"], *points, *why])
+            if report.get("late"):
+                text = late_text(report["late"])
+                late.append(f"{notebook}: {text}")
+                penalty = f"-{report['late']['penalty']:g}"
+                checks.append([learner, notebook, "late-penalty", penalty, "", text, ""])
+        if lost:
+            missing = []  # one of them may be what the unmatched file is
         totals = [f"{total:g}", f"{most:g}", " ".join(missing)]
-        book.append([learner, *row, *totals, "; ".join(said), "; ".join(tampering)])
+        book.append([learner, *row, *totals, "; ".join(said), "; ".join(tampering),
+                     " ".join(lost), "; ".join(late)])  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     numeric = {
         "gradebook.csv": {1 + i for i in range(len(notebooks) + 2)},
         "checks.csv": {3, 4},
     }
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
-        with (out / name).open("w", newline="", encoding="utf-8") as file:
+        partial = out / f"{name}.partial"
+        with partial.open("w", newline="", encoding="utf-8") as file:
             csv.writer(file).writerows(validation.row(r, numeric[name]) for r in rows)
+        partial.replace(out / name)
     return out / "gradebook.csv", out / "checks.csv"
+
+
+def _html_exporter() -> Any:
+    """nbconvert's HTML exporter (its templates found also from a virtual environment that
+    reuses another's packages)."""
+    import nbconvert  # lazy: slow to import, and only the class's feedback needs it
+    from nbconvert import HTMLExporter  # lazy: as above
+
+    shared = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
+    templates = shared / "nbconvert" / "templates"
+    extra = [str(templates)] if templates.is_dir() else []
+    return HTMLExporter(extra_template_basedirs=extra, extra_template_paths=extra)
+
+
+def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
+    """``feedback/LEARNER/NOTEBOOK.ipynb`` and ``.html``: the grader's feedback notebook
+    with the (adjusted) report's summary and check lines; only what changed is written.
+    Returns how many notebooks were written."""
+    exporter = None
+    written = 0
+    for result in results:
+        report = result.get("report")
+        task = Task(result["learner"], result["notebook"], result["path"], result["source"])
+        graded = _graded_path(out, task)
+        if report is None or not graded.is_file():
+            continue
+        notebook = read_notebook(graded)
+        apply_report(notebook, report)
+        target = out / "feedback" / task.learner / task.notebook
+        text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        html = target.with_suffix(".html")
+        if target.is_file() and html.is_file() and target.read_text(encoding="utf-8") == text:
+            continue
+        exporter = exporter or _html_exporter()
+        page, _ = exporter.from_notebook_node(notebook)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for path, content in ((html, page), (target, text)):  # the notebook last
+            partial = path.with_suffix(".partial")
+            partial.write_text(content, encoding="utf-8")
+            partial.replace(path)
+        written += 1
+    return written
+
+
+def apply_report(notebook: Any, report: Mapping[str, Any]) -> None:
+    """Put a (possibly adjusted) report into a feedback notebook: the summary at the top
+    and each check cell's line (an override's comment, a late penalty)."""
+    lines = {}
+    for check in report["checks"]:
+        points = f"{check['points']:g}/{check['max_points']:g}"
+        result = "passed" if check["passed"] else f"failed: {check['reason']}"
+        lines[check["grade_id"]] = (f"{check['grade_id']}: {points} {result}\n", check["passed"])
+    for cell in notebook.cells[1:]:
+        for output in cell.get("outputs", []):
+            gid = str(output.get("text", "")).split(":", 1)[0]
+            if output.get("output_type") == "stream" and gid in lines:
+                output["text"], passed = lines[gid]
+                output["name"] = "stdout" if passed else "stderr"
+    headline = None
+    if report.get("late"):
+        late = report["late"]
+        headline = (
+            f"**Grade: {report['score']:g}/{report['max_score']:g}** "
+            f"({late_text(late)} of {late['before']:g})"
+        )
+    fields = {k: v for k, v in report.items() if k in GradeReport.__dataclass_fields__}
+    fields = {k: v for k, v in fields.items() if k not in ("score", "max_score")}
+    checks = [{k: v for k, v in c.items() if k != "override"} for c in report["checks"]]
+    summary = feedback_summary(GradeReport.from_dict({**fields, "checks": checks}), headline)
+    notebook.cells[0].source = summary
 
 
 def _resolved(options: Options, paths: Sequence[Path]) -> Options:
@@ -409,26 +543,106 @@ def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
     return answers
 
 
+@dataclass(frozen=True)
+class ClassOutputs:
+    """How a class run's files are written (``grade-class`` and ``grade-merge`` alike):
+    the similarity threshold, the Canvas roster and columns (``--column``), the overrides
+    file and the late policy."""
+
+    threshold: float = THRESHOLD
+    roster: Path | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
+    overrides: Path | None = None
+    late: LatePolicy | None = None
+
+
 def write_class(
     out: Path,
     run: ClassRun,
     results: Sequence[dict[str, Any]],
-    threshold: float = THRESHOLD,
-    roster: Path | None = None,
+    outputs: ClassOutputs = ClassOutputs(),
+    sources: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[Path]:
-    """Write a class run's files into ``out`` (gradebook, checks, canvas, similarity and
-    the run's record); return their paths and say which roster entries were missing."""
-    book, checks = write_gradebook(
-        out, run.learners, run.assignment, results, run.notes, run.maxima
+    """Write a class run's files into ``out`` (gradebook, checks, canvas, similarity,
+    submissions, feedback and the run's record), the overrides and late penalties
+    applied; return their paths. ``sources``: each notebook's checks and points (for the
+    overrides; else read from the results). :class:`InputError`, and no ``canvas.csv``,
+    when the roster lacks a learner."""
+    if outputs.roster is not None:
+        check_roster(out, outputs.roster, run.learners)
+    checks = dict(sources or _checks_of(results))
+    overrides = read_overrides(outputs.overrides, checks, run.learners) if outputs.overrides else []
+    adjusted, unused = adjust(results, overrides, outputs.late, run.handed)
+    notes = {learner: list(said) for learner, said in run.notes.items()}
+    for line in unused:
+        notes.setdefault(line.split("'")[0].removeprefix("override for "), []).append(line)
+    unmatched = run.unmatched
+    book, checks_csv = write_gradebook(
+        out, run.learners, run.assignment, adjusted, notes, run.maxima, unmatched
     )
-    scores = {(r["learner"], r["notebook"]): r["report"]["score"] for r in results if "report" in r}
-    canvas, unknown = write_canvas(out, run.learners, run.assignment, scores, run.maxima, roster)
-    if unknown:
-        raise InputError(f"the roster {roster} has no student named {', '.join(unknown)}")
-    pairs = similar_pairs(run.answers, run.given, threshold)
-    similar = write_similarity(out, pairs, threshold)
+    scores = {
+        (r["learner"], r["notebook"]): r["report"]["score"] for r in adjusted if "report" in r
+    }
+    pending = {
+        (learner, notebook)
+        for learner in run.learners
+        for notebook in run.assignment
+        if (learner, notebook) not in scores
+        and (unmatched.get(learner) or notebook in run.handed.get(learner, {}))
+    }
+    canvas = write_canvas(
+        out, run.learners, run.assignment, scores, run.maxima, outputs.roster,
+        columns=outputs.columns, pending=pending,
+    )  # fmt: skip
+    pairs = similar_pairs(run.answers, run.given, outputs.threshold)
+    similar = write_similarity(out, pairs, outputs.threshold)
+    handed = _write_handed(out, run)
+    write_feedback(out, adjusted)
     run.save(out)
-    return [book, checks, canvas, *similar]
+    return [book, checks_csv, canvas, *similar, handed]
+
+
+def _checks_of(results: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each notebook's checks and points, as the graded reports have them."""
+    checks: dict[str, dict[str, float]] = {}
+    for result in results:
+        for check in result.get("report", {}).get("checks", []):
+            checks.setdefault(result["notebook"], {})[check["grade_id"]] = check["max_points"]
+    return checks
+
+
+def _write_handed(out: Path, run: ClassRun) -> Path:
+    """``submissions.csv``: each file handed in, what it was graded as and how it was
+    recognised, Canvas's late marker and the submission time; the unmatched ones too."""
+    rows = [["learner", "notebook", "file", "how", "late", "submitted_at"]]
+    for learner in run.learners:
+        for notebook, about in sorted(run.handed.get(learner, {}).items()):
+            late = {True: "late", False: "", None: ""}[about.get("late")]
+            rows.append([learner, notebook, about["file"], about["how"] or "same name", late,
+                         about.get("submitted_at") or ""])  # fmt: skip
+        for name in run.unmatched.get(learner, []):
+            rows.append([learner, "", name, "NOT MATCHED: not graded", "", ""])
+    partial = out / "submissions.csv.partial"
+    with partial.open("w", newline="", encoding="utf-8") as file:
+        csv.writer(file).writerows(rows)
+    return partial.replace(out / "submissions.csv")
+
+
+@dataclass
+class ClassGrades:
+    """What ``grade-class`` graded: the results, and the learners with notebooks handed in
+    but matched to no instructor notebook (not scored: their Canvas cells are empty)."""
+
+    results: list[dict[str, Any]]
+    unmatched: dict[str, list[str]]
+
+
+RED, PLAIN = "\033[31m", "\033[0m"
+
+
+def _red(line: str, stream: TextIO) -> str:
+    """A line in red where the stream is a terminal."""
+    return f"{RED}{line}{PLAIN}" if getattr(stream, "isatty", lambda: False)() else line
 
 
 def grade_class(
@@ -442,49 +656,107 @@ def grade_class(
     warn: Callable[[str], None] | None = None,
     shard: tuple[int, int] = (1, 1),
     whole_source: bool = True,
-    threshold: float = THRESHOLD,
-    roster: Path | None = None,
-) -> list[dict[str, Any]]:
-    """Grade every learner's notebooks in ``submissions`` (or shard K/N's share of them,
-    :mod:`course_utils.instructor.shards`) into ``out`` (see the module's documentation); return the
-    results. The assignment is every instructor notebook in ``source``, or with
+    outputs: ClassOutputs = ClassOutputs(),
+    students: Sequence[str] = (),
+    submitted_at: Path | None = None,
+) -> ClassGrades:
+    """Grade every learner's notebooks in ``submissions`` (a folder per learner, nbgrader's
+    layout, or Canvas's download: :mod:`~course_utils.instructor.intake`), or shard K/N's
+    share of them (:mod:`~course_utils.instructor.shards`), into ``out`` (see the module's
+    documentation). The assignment is every instructor notebook in ``source``, or with
     ``whole_source=False`` those that somebody in the class handed in; a notebook of it
-    that a learner lacks scores 0 of its points. Raises :class:`InputError` for bad
-    folders."""
+    that a learner lacks scores 0 of its points. ``students``: grade only these learners
+    again (``--student``; the others' stored results are kept). Raises
+    :class:`InputError` for bad input (before grading anything)."""
     progress = progress or sys.stdout
+    say = functools.partial(print, file=progress, flush=True)
     sources = instructor_notebooks(source)
-    notes: dict[str, list[str]] = {}
-    learners = find_submissions(submissions, notes)
-    for learner in notes:
-        learners.setdefault(learner, [])  # a row that says what was refused
-    handed_in = {path.name for paths in learners.values() for path in paths}
-    if not handed_in & set(sources):
+    roster = read_roster(outputs.roster)[0] if outputs.roster else None
+    times = read_times(submitted_at) if submitted_at else None
+    intake = collect(submissions, list(sources), out / "download", roster, times)
+    handed_in = {nb for notebooks in intake.handed.values() for nb in notebooks}
+    if not handed_in:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
     assignment = [name for name in sources if whole_source or name in handed_in]
-    mine = share(list(learners), shard)
+    everyone = sorted({*intake.handed, *intake.unmatched, *intake.notes})  # refusals too
+    unknown = [name for name in students if name not in everyone]
+    if unknown:
+        raise InputError(f"--student {unknown[0]}: no such learner in {submissions}")
+    mine = share(everyone, shard)
+    if outputs.roster is not None:
+        check_roster(out, outputs.roster, mine)
     options = _resolved(options, [submissions, out, source, *sources.values()])
     tasks: list[Task] = []
+    notes: dict[str, list[str]] = {}
     for learner in mine:
-        for path in learners[learner]:
-            if path.name in assignment:
-                tasks.append(Task(learner, path.name, str(path), str(sources[path.name])))
+        notes[learner] = list(intake.notes.get(learner, []))
+        for notebook, item in sorted(intake.handed.get(learner, {}).items()):
+            if notebook in assignment:
+                tasks.append(Task(learner, notebook, str(item.path), str(sources[notebook])))
             else:
-                skipped = f"{path.name}: skipped (no instructor notebook of that name)"
-                notes.setdefault(learner, []).append(skipped)
+                notes[learner].append(f"{item.original}: not graded ({notebook} is not "
+                                      "in the assignment)")  # fmt: skip
+        if not notes[learner]:
+            del notes[learner]
+    for line in intake.ignored:
+        say(f"note: {line}")
+    unmatched = {  # files that may be a notebook the learner lacks: not scored 0
+        name: intake.unmatched[name]
+        for name in mine
+        if name in intake.unmatched
+        and any(nb not in intake.handed.get(name, {}) for nb in assignment)
+    }
+    for learner, files in unmatched.items():
+        for name in files:
+            say(_red(f"NOT MATCHED: {learner}  {name}: handed in, matched to no instructor "
+                     "notebook: not graded, its Canvas cell left empty", progress))  # fmt: skip
     maxima = notebook_maxima({name: sources[name] for name in assignment})
     given = {name: boilerplate(read_notebook(sources[name])) for name in assignment}
-    results = grade_tasks(tasks, options, out, progress, resume)
+    if students:
+        results = _regrade_some(tasks, set(students), options, out, progress)
+    else:
+        results = grade_tasks(tasks, options, out, progress, resume)
+    handed = {
+        learner: {
+            nb: handed_record(h) for nb, h in intake.handed[learner].items() if nb in assignment
+        }
+        for learner in mine
+        if learner in intake.handed
+    }
     run = ClassRun(
         mine, assignment, maxima, notes, [(t.learner, t.notebook) for t in tasks],
-        _answers(tasks), given, shard,
+        _answers(tasks), given, shard, handed, unmatched,
     )  # fmt: skip
-    written = write_class(out, run, results, threshold, roster)
+    points = check_points({name: sources[name] for name in assignment})
+    written = write_class(out, run, results, outputs, points)
     failed = sum("report" not in result for result in results)
     part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
     names = ", ".join(path.name for path in written)
-    print(f"wrote {names} and feedback/ for {len(mine)} learner(s){part} in {out}", file=progress)
+    say(f"wrote {names} and feedback/ for {len(mine)} learner(s){part} in {out}")
     if failed and warn is not None:
         warn(f"{failed} submission(s) could not be graded: see the notes in {written[0]}")
+    if unmatched and warn is not None:
+        count = sum(len(files) for files in unmatched.values())
+        warn(f"{count} notebook(s) handed in were matched to no instructor notebook and not "
+             f"graded (NOT MATCHED above, {written[-1].name}): rename them, run again")  # fmt: skip
+    return ClassGrades(results, unmatched)
+
+
+def _regrade_some(
+    tasks: Sequence[Task], students: set[str], options: Options, out: Path, progress: TextIO
+) -> list[dict[str, Any]]:
+    """``--student``: grade those learners' notebooks again; keep everyone else's stored
+    results (one not stored, or stale, says so and is left ungraded)."""
+    again = [task for task in tasks if task.learner in students]
+    graded = iter(grade_tasks(again, options, out, progress, resume=False))
+    results = []
+    for task in tasks:
+        if task.learner in students:
+            results.append(next(graded))
+            continue
+        kept = _kept(out, task, options)
+        error = "no result stored for the options of this run: run grade-class without --student"
+        results.append(kept or {**asdict(task), "error": error})
     return results
 
 
@@ -492,13 +764,12 @@ def grade_merge(
     folders: Sequence[Path],
     out: Path,
     *,
-    threshold: float = THRESHOLD,
-    roster: Path | None = None,
+    outputs: ClassOutputs = ClassOutputs(),
     progress: TextIO | None = None,
 ) -> list[Path]:
     """``grade-merge``: the shards' output folders as one, as if graded in one run."""
     run, results = merge(folders, out)
-    written = write_class(out, run, results, threshold, roster)
+    written = write_class(out, run, results, outputs)
     names = ", ".join(path.name for path in written)
     print(
         f"merged {len(folders)} shard(s), {len(run.learners)} learner(s): wrote {names} in {out}",
@@ -517,7 +788,7 @@ def grade_notebooks(
 ) -> int:
     """The ``grade`` command: grade the notebooks against ``source`` (a notebook, or a
     folder of them by name), print each report (a table, or JSON), write the gradebook
-    into ``out`` if given; 1 if a submission could not be graded, else 0."""
+    and feedback into ``out`` if given; 1 if a submission could not be graded, else 0."""
     tasks = []
     for path in paths:
         read_notebook(path)
@@ -532,6 +803,7 @@ def grade_notebooks(
         learners = list(dict.fromkeys(task.learner for task in tasks))
         notebooks = list(dict.fromkeys(task.notebook for task in tasks))
         write_gradebook(out, learners, notebooks, results, {})
+        write_feedback(out, results)
     failure = ("error", "learner", "notebook", "path", "source")
     reports = [result.get("report") or {k: result[k] for k in failure} for result in results]
     if as_json:

@@ -809,6 +809,20 @@ def grade_submission(
     return report, _feedback(learner, cells, origin, checks_at, report)
 
 
+def feedback_summary(report: GradeReport, headline: str | None = None) -> str:
+    """The summary at the top of a feedback notebook: the grade (or ``headline``), a table
+    of the checks, then notes."""
+    summary = [headline or f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
+    summary += ["| check | points | result |", "|---|---|---|"]
+    for check in report.checks:
+        result = check.result.replace("|", "\\|")
+        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
+    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
+    summary += [f"- note: {note}" for note in report.notes]
+    summary += [f"- tampering (reported to your instructor): {what}" for what in report.tampering]
+    return "\n".join(summary).strip()
+
+
 def _feedback(
     learner: Any, cells: list[Any], origin: list[int], checks_at: dict[int, str], report: Any
 ) -> Any:
@@ -835,15 +849,7 @@ def _feedback(
             text = f"{check.grade_id}: {check.points_text} {check.result}"
             name = "stdout" if check.passed else "stderr"
         cell.outputs = [nbformat.v4.new_output("stream", name=name, text=text + "\n")]
-    summary = [f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
-    summary += ["| check | points | result |", "|---|---|---|"]
-    for check in report.checks:
-        result = check.result.replace("|", "\\|")
-        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
-    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
-    summary += [f"- note: {note}" for note in report.notes]
-    summary += [f"- tampering (reported to your instructor): {what}" for what in report.tampering]
-    cell = nbformat.v4.new_markdown_cell("\n".join(summary).strip())
+    cell = nbformat.v4.new_markdown_cell(feedback_summary(report))
     if (notebook.get("nbformat"), notebook.get("nbformat_minor", 0)) < (4, 5):
         cell.pop("id", None)
     notebook.cells.insert(0, cell)

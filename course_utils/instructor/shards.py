@@ -60,6 +60,10 @@ class ClassRun:
     #: given[notebook][grade_id]: the instructor's code for each exercise
     given: dict[str, dict[str, str]] = field(default_factory=dict)
     shard: tuple[int, int] = (1, 1)
+    #: handed[learner][notebook]: the file graded as it (intake.handed_record: name, how, late)
+    handed: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    #: unmatched[learner]: notebooks handed in that matched no instructor notebook
+    unmatched: dict[str, list[str]] = field(default_factory=dict)
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +121,8 @@ def merge(folders: Sequence[Path], out: Path) -> tuple[ClassRun, list[dict[str, 
     for folder, run in zip(folders, runs, strict=True):
         merged.notes.update(run.notes)
         merged.answers.update(run.answers)
+        merged.handed.update(run.handed)
+        merged.unmatched.update(run.unmatched)
         merged.tasks += run.tasks
         results += read_results(folder, run.tasks)
         for part in ("results", "feedback"):

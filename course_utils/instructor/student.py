@@ -104,6 +104,27 @@ def student_version(notebook: Any) -> Any:
     return student
 
 
+def executed_student_version(notebook: Any) -> Any:
+    """An executed notebook without its answers, for the course website: solutions and
+    hidden checks go as in :func:`student_version`, and the exercise and check cells lose
+    their outputs (what the answer printed, "all checks passed"); every other cell keeps
+    what it showed when it ran."""
+    # lazy: optional (classroom extra)
+    from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
+
+    student = copy.deepcopy(notebook)
+    resources: dict[str, Any] = {}
+    try:
+        for preprocessor in (ClearSolutions(), ClearHiddenTests()):
+            student, resources = preprocessor.preprocess(student, resources)
+    except RuntimeError as error:
+        raise ValueError(f"cannot make a student version: {error}") from error
+    for cell in student.cells:
+        if cell.cell_type == "code" and nbgrader_role(cell) is not None:
+            cell.outputs, cell.execution_count = [], None
+    return student
+
+
 def write_notebook(notebook: Any, path: Path) -> None:
     """Write a notebook the way the course stores them (sorted keys, one-space indent)."""
     path.parent.mkdir(parents=True, exist_ok=True)
