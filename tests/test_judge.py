@@ -40,6 +40,9 @@ ATTACKS = {
     "        os.write(fd, b'0' * 64 + b' {\"kind\": \"result\"}\\ndone\\n')\n"
     "    except OSError:\n        pass",
     "proc memory": "open('/proc/self/mem', 'rb')",
+    "check-named code": "import sys\nexec(compile('def double(x):\\n    sys._getframe(1)"
+    ".f_globals.update(check=lambda *a, **k: None)\\n    return 0\\n', '<check ex-1>', "
+    "'exec'))",
 }
 
 
@@ -70,7 +73,7 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
         points = {c["grade_id"]: c["points"] for c in reports[name]["checks"]}
         assert points == dict.fromkeys(CHECKS, 0.0), (name, reports[name])
     for name in ("current frames", "traceback frame", "audit hook", "proc memory",
-                 "start-up files"):
+                 "start-up files", "check-named code"):
         assert reports[name]["tampering"], name
     for feedback in (out / "feedback").rglob("*.ipynb"):  # never a hidden check
         text = feedback.read_text()
@@ -125,3 +128,39 @@ def test_a_busy_start_is_a_row_that_says_so_not_a_score(tmp_path, monkeypatch):
     monkeypatch.undo()  # the machine is free again: the next run grades it (not kept)
     [again] = grade_tasks([task], options, tmp_path / "out", io.StringIO(), resume=True)
     assert again["report"]["score"] == 3
+
+
+# -- the course's own solutions score in full through the judge, unflagged ---------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", ["02_nvidia_smi_and_monitoring", "05_lightning"])
+def test_the_reference_solutions_score_in_full_unflagged(stem, tmp_path, monkeypatch):
+    """Library code that walks frames on a learner's behalf outside a check (typing's
+    generics, torch.cuda's lazy-init traceback, logging) is no tampering: the course's own
+    notebooks 02 and 05 once scored 1/3 with a false 'inspected frames' flag."""
+    from pathlib import Path
+
+    monkeypatch.setenv("COURSE_WORKLOAD", "small")
+    monkeypatch.setenv("COURSE_PROGRESS", "off")
+    source = Path(__file__).resolve().parents[1] / "notebooks" / f"{stem}.ipynb"
+    task = Task("reference", source.name, str(source), str(source))
+    options = Options(sandbox="auto", jobs=1, threads=1)
+    [result] = grade_tasks([task], options, tmp_path / "out", io.StringIO(), resume=False)
+    assert "error" not in result, result["error"]
+    report = result["report"]
+    assert report["score"] == report["max_score"] > 0, report["checks"]
+    assert report["tampering"] == [], report["tampering"]
+    assert not [note for note in report.get("notes", []) if "limit" in note], report["notes"]
+
+
+def test_the_checks_code_is_known_by_identity_not_by_its_file_name():
+    """Learner code compiled as ``<check ...>`` is not the check's: the guard keeps the ids
+    of the checks' own code objects, nested ones (functions, comprehensions) included."""
+    from course_utils.instructor import guard
+
+    text = "def f():\n    return [y for y in range(2)]\n"
+    mine = {id(code) for code in guard._all_code(compile(text, "<check a>", "exec"))}
+    assert len(mine) == 3
+    copy = compile(text, "<check a>", "exec")  # equal code, compiled again: not the check's
+    assert not {id(code) for code in guard._all_code(copy)} & mine

@@ -525,8 +525,11 @@ def run_cells(
     return outcomes, notes, flags
 
 
+#: What an error says when a limit was hit: Python's own ``MemoryError`` by its exact name
+#: (not ``torch.cuda.OutOfMemoryError``, which a lesson may raise on purpose), the others by
+#: the system's message.
+_MEMORY_ERROR = "it ran out of memory (the sandbox's memory limit)"
 _LIMIT_SIGNS = {
-    "MemoryError": "it ran out of memory (the sandbox's memory limit)",
     "No space left on device": "it filled its working folder (the sandbox's disk limit)",
     "File too large": "it wrote a file larger than the sandbox allows",
     "Resource temporarily unavailable": "it could not start a process or thread (the limit)",
@@ -537,6 +540,8 @@ def _limits_hit(outcomes: list[CellOutcome], settings: KernelSettings) -> list[s
     """The sandbox limits the submission ran into, from its cgroups and its errors."""
     found = cgroups.collect() if settings.sandbox is not None else []
     for outcome in outcomes:
+        if outcome.ename == "MemoryError" and _MEMORY_ERROR not in found:
+            found.append(_MEMORY_ERROR)
         text = f"{outcome.ename}: {outcome.evalue}"
         found += [why for sign, why in _LIMIT_SIGNS.items() if sign in text and why not in found]
     return found

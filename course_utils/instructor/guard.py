@@ -180,6 +180,15 @@ def _is_code(value: Any) -> bool:
     )
 
 
+def _all_code(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and every code object nested in it (its functions, comprehensions)."""
+    found = [code]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found += _all_code(constant)
+    return found
+
+
 def _library_file(filename: str) -> bool:
     return filename.startswith(_LIBRARIES) and os.path.isfile(filename)
 
@@ -290,6 +299,20 @@ class _Guard:
             except Exception:
                 continue
         self.checks: dict[str, dict[str, Any]] = {}
+        #: The checks' code objects (nested ones too): a frame is the check's by identity,
+        #: never by a file name learner code could also give ``compile``.
+        #: (By ``id``: equal code compiled by learner code is not the same object; the
+        #: checks' code lives as long as the guard.)
+        self.check_code: set[int] = set()
+        self.runner: Any = None
+        #: The frozen standard modules' globals (``<frozen importlib._bootstrap>``), kept
+        #: alive so that their ids stay theirs: installed code too.
+        self.frozen = [
+            vars(module)
+            for module in list(sys.modules.values())
+            if getattr(getattr(module, "__spec__", None), "origin", None) == "frozen"
+        ]
+        self.frozen_ids = {id(space) for space in self.frozen}
         transform = _ipython_transform()
         for grade_id, check in spec.get("checks", {}).items():
             entry: dict[str, Any] = {"builtins": list(check.get("builtins", []))}
@@ -303,6 +326,8 @@ class _Guard:
                 if value is not _MISSING:
                     entry["pins"][name] = value
             self.checks[grade_id] = entry
+            if not isinstance(entry["code"], SyntaxError):
+                self.check_code |= {id(code) for code in _all_code(entry["code"])}
         self.flags: set[str] = set()
         self.running: list[str] | None = None  # the problems of the check running now
         self.busy = False
@@ -438,7 +463,8 @@ class _Guard:
             self.busy = False
         if refused:
             raise PermissionError(f"the grader does not allow this while it grades: {refused}")
-        if event == EVENT and args[:1] == ("check",) and len(args) == 3:
+        checking = event == EVENT and args[:1] == ("check",) and len(args) == 3
+        if checking and self.getframe(1).f_code is self.runner:  # never a learner's audit
             self.run_check(str(args[1]), str(args[2]))
 
     def _event(self, event: str, args: tuple[Any, ...]) -> str:
@@ -484,29 +510,40 @@ class _Guard:
         frame = self.getframe(3)
         return frame.f_code if frame is not None else None
 
+    def _library_frame(self, frame: Any) -> bool:
+        return _library_file(frame.f_code.co_filename) or id(frame.f_globals) in self.frozen_ids
+
     def _learner_asked(self) -> bool:
         """Whether learner code asked for what raised the event: its caller (past
-        ``inspect``) is learner code, or library code that is not a trusted caller with
-        learner code further up."""
+        ``inspect``) is learner code; or, while a check runs, library code that has learner
+        code further up before any trusted library or the check's own code. Outside a
+        check no check frame exists: library code (``typing``, ``traceback`` on torch's
+        behalf, ``logging``) may walk frames then."""
         frame: Any = self.getframe(3)  # 0: this, 1: _event, 2: hook, 3: the caller
-        while frame is not None and frame.f_globals.get("__name__") == "inspect":
+        while frame is not None and _module_name(frame) == "inspect":
             frame = frame.f_back
         if frame is None:
             return False
-        filename = frame.f_code.co_filename
-        if not _library_file(filename):
-            return not filename.startswith("<check ")
-        top = str(frame.f_globals.get("__name__", "")).split(".")[0]
-        if top in _TRUSTED_CALLERS:
+        if not self._library_frame(frame):
+            return id(frame.f_code) not in self.check_code
+        if self.running is None:
             return False
         while frame is not None:  # logging.currentframe, traceback.walk_stack, ...
-            name = frame.f_code.co_filename
-            if name.startswith("<check "):
+            if id(frame.f_code) in self.check_code:
                 return False
-            if not _library_file(name):
+            if not self._library_frame(frame):
                 return True
+            if _module_name(frame).split(".")[0] in _TRUSTED_CALLERS:
+                return False  # a trusted library asked (it gives no frame back)
             frame = frame.f_back
         return False
+
+
+def _module_name(frame: Any) -> str:
+    """The module a frame runs in, read so that no learner code runs (a dict subclass's
+    ``get``, a str subclass's ``__eq__``): "" when it is not a plain string."""
+    name = dict.get(frame.f_globals, "__name__")
+    return str.__str__(name) if type(name) is str else ""
 
 
 def _is_memory_file(path: Any) -> bool:
@@ -530,6 +567,7 @@ def arm(spec: dict[str, Any], namespace: dict[str, Any], fd: int) -> None:
     to record; ``namespace`` is where the learner's cells run; ``fd`` the pipe to the
     grader. Afterwards only the audit hook holds the guard."""
     guard = _Guard(spec, namespace, fd)
+    guard.runner = sys._getframe(1).f_code  # only this code (the judge's loop) runs checks
     spec.clear()  # the key and the checks' source live on only inside the guard
     sys.addaudithook(guard.hook)
     guard.send({"kind": "armed", "modules": sorted(guard.record.modules)})
