@@ -334,6 +334,10 @@ class _Guard:
         classroom = sys.modules.get("course_utils.classroom")
         spy_maker = getattr(getattr(classroom, "record_tensor_to", None), "__wrapped__", None)
         self.allowed_setters = {getattr(spy_maker, "__code__", None)}
+        #: The course's swap of its own helpers for a refusal inside a check, and back
+        #: (:func:`course_utils.classroom.course_helpers_refused`): a check's, no tampering.
+        swapper = getattr(getattr(classroom, "course_helpers_refused", None), "__wrapped__", None)
+        self.code_swappers = {getattr(swapper, "__code__", None)} - {None}
 
     def _pinned(self, module: str, attribute: str | None) -> Any:
         record = self.record.modules.get(module)
@@ -475,7 +479,12 @@ class _Guard:
                 self.tampered("the grader's guard was patched")
                 return "patching the grader's guard"
             recorded = self.record.functions.get(id(target))
-            if name in _CODE_ATTRIBUTES and recorded is not None and recorded[0] is target:
+            if (
+                name in _CODE_ATTRIBUTES
+                and recorded is not None
+                and recorded[0] is target
+                and self._caller_code() not in self.code_swappers
+            ):
                 self.tampered(f"the {name} of {recorded[1]} was replaced")
                 return f"replacing the {name} of {recorded[1]}"
             if (
