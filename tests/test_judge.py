@@ -134,11 +134,14 @@ def test_a_busy_start_is_a_row_that_says_so_not_a_score(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", ["02_nvidia_smi_and_monitoring", "05_lightning"])
+@pytest.mark.parametrize(
+    "stem", ["01_runtime_and_devices", "02_nvidia_smi_and_monitoring", "05_lightning"]
+)
 def test_the_reference_solutions_score_in_full_unflagged(stem, tmp_path, monkeypatch):
     """Library code that walks frames on a learner's behalf outside a check (typing's
     generics, torch.cuda's lazy-init traceback, logging) is no tampering: the course's own
-    notebooks 02 and 05 once scored 1/3 with a false 'inspected frames' flag."""
+    notebooks 02 and 05 once scored 1/3 with a false "inspected frames" flag; nor is the
+    course's own swap of a helper for a refusal inside a check (01 once scored 0)."""
     from pathlib import Path
 
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
@@ -160,7 +163,8 @@ def test_the_checks_code_is_known_by_identity_not_by_its_file_name():
     from course_utils.instructor import guard
 
     text = "def f():\n    return [y for y in range(2)]\n"
-    mine = {id(code) for code in guard._all_code(compile(text, "<check a>", "exec"))}
+    check = guard._all_code(compile(text, "<check a>", "exec"))  # kept alive, as the guard does
+    mine = {id(code) for code in check}
     assert len(mine) == 3
     copy = compile(text, "<check a>", "exec")  # equal code, compiled again: not the check's
-    assert not {id(code) for code in guard._all_code(copy)} & mine
+    assert copy == check[0] and not {id(code) for code in guard._all_code(copy)} & mine
