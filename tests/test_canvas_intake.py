@@ -300,7 +300,7 @@ def test_the_resume_key_ignores_jobs_and_threads(tmp_path):
 @pytest.mark.parametrize("how", ["SIGTERM to the main process", "SIGINT to the process group"])
 def test_an_interrupted_class_run_leaves_no_scratch_folder(how, tmp_path):
     """A real signal to a real grade-class: the scratch folders (the learner's working
-    folder, the guard's instructions with the hidden checks) are removed."""
+    folder, the kernel's and the judge's grader-owned start-up folders) are removed."""
     import os
     import signal
     import subprocess
@@ -322,7 +322,8 @@ def test_an_interrupted_class_run_leaves_no_scratch_folder(how, tmp_path):
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     deadline = time.monotonic() + 240
-    while not list(scratch.glob("course-grade-run-*/course-grade-*/.guard-*.json")):
+    # A submission's scratch folder holds its kernel's grader-owned start-up folder.
+    while not list(scratch.glob("course-grade-run-*/course-grade-*/kernel-*/kernel.json")):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         time.sleep(0.5)
     if how.startswith("SIGTERM"):

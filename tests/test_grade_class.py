@@ -82,6 +82,7 @@ def test_nbgrader_layout_is_found(tmp_path):
     for student in ("ann", "ben"):
         write_notebook(_instructor(), tmp_path / "submitted" / student / "ps1" / "01_ex.ipynb")
     (tmp_path / "submitted" / "ann" / "ps1" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")  # the instructor's file
     found = find_submissions(tmp_path)
     assert {learner: [p.name for p in paths] for learner, paths in found.items()} == \
         {"ann": ["01_ex.ipynb"], "ben": ["01_ex.ipynb"]}

@@ -173,8 +173,72 @@ def test_a_checkout_under_tmp_stays_visible_above_the_private_tmp(tmp_path, monk
     it covered them and every sandboxed kernel died before it started."""
     venv = tmp_path / "clone" / ".venv"
     monkeypatch.setattr(sandbox, "_read_only_binds", lambda: [(str(venv), str(venv))])
-    command = sandbox.Sandbox("bwrap").command(["true"], tmp_path / "scratch")
+    monkeypatch.setattr(sandbox.cgroups, "join_command", lambda limits: [])  # no group made
+    control = tmp_path / "control"
+    command = sandbox.Sandbox("bwrap").command(["true"], tmp_path / "scratch", control)
     tmpfs = command.index("/tmp", command.index("--tmpfs"))
     bind = command.index(str(venv))
     assert command[bind - 1] == "--ro-bind" and tmpfs < bind
-    assert command.index("--bind") > tmpfs  # the scratch folder too
+    assert command.index("--bind") > tmpfs  # the control folder too
+    scratch = command.index(str(tmp_path / "scratch"), command.index("--bind"))
+    assert command[scratch - 1] == "--tmpfs" and scratch > tmpfs  # a capped tmpfs of its own
+
+
+def test_groups_left_by_a_grader_that_ended_are_swept(tmp_path, monkeypatch):
+    from course_utils.instructor import cgroups
+
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    (tmp_path / "pids").mkdir()
+    gone = tmp_path / "pids" / "course-grade-999999999-abcd"  # no such process
+    alive = tmp_path / "pids" / f"course-grade-{os.getpid()}-abcd"
+    gone.mkdir()
+    alive.mkdir()
+    assert cgroups.sweep() == 1 and not gone.exists() and alive.exists()
+
+
+@pytest.mark.slow
+def test_each_limit_hit_is_noted_and_no_other_grade_changes(tmp_path, bwrap):
+    """A class run where one submission allocates past the memory cap, one fills its
+    working folder, one writes a file past the size limit and one forks past the process
+    limit: each is noted with the limit it hit, each still scores its solved checks (in
+    the kernel and in the judge: the limits stop one cell, not the run), and the honest
+    submission beside them scores in full with no note."""
+    import io
+
+    from course_utils.instructor.gradebook import Options, Task, grade_tasks
+
+    source = tmp_path / "source" / "ex.ipynb"
+    write_notebook(_instructor(), source)
+    attempts = {
+        "memory": "# memory\nhog = bytearray(3 * 1024**3)",
+        "disk": "# disk\nchunk = b'x' * 2**20\nfor n in range(200):\n"
+        "    with open(f'fill-{n}.bin', 'wb') as f:\n        f.write(chunk * 4)",
+        "file-size": "# file size\nwith open('big.bin', 'wb') as f:\n"
+        "    for _ in range(64):\n        f.write(b'x' * 2**20)",
+        "processes": "# fork bomb\nimport os, time\nchildren = 0\nwhile children < 400:\n"
+        "    if os.fork() == 0:\n        time.sleep(300)\n        os._exit(0)\n"
+        "    children += 1",
+        "honest": "# honest\nprint('fine')",
+    }
+    tasks = []
+    for learner, attempt in attempts.items():
+        path = _submit(tmp_path / "class" / learner, _hostile([attempt]))
+        tasks.append(Task(learner, path.name, str(path), str(source)))
+    limits = Limits(memory_bytes=2 * GIB, processes=64, file_bytes=32 * 2**20,
+                    scratch_bytes=128 * 2**20)  # fmt: skip
+    options = Options(sandbox="bwrap", limits=limits, jobs=2, threads=1)
+    out = tmp_path / "out"
+    results = grade_tasks(tasks, options, out, io.StringIO(), resume=False)
+    reports = {t.learner: result.get("report") for t, result in zip(tasks, results, strict=True)}
+    assert all(reports.values()), results
+    for learner, report in reports.items():
+        assert (report["score"], report["max_score"]) == (3, 3), (learner, report)
+    said = {learner: " ".join(r["notes"]) for learner, r in reports.items()}
+    assert "it ran out of memory (the sandbox's memory limit)" in said["memory"], said
+    assert "it filled its working folder (the sandbox's disk limit)" in said["disk"], said
+    assert "it wrote a file larger than the sandbox allows" in said["file-size"], said
+    assert "process" in said["processes"] and "limit" in said["processes"], said
+    assert "limit" not in said["honest"], said
+    for learner in ("memory", "disk", "file-size"):  # one limit each, not the others'
+        assert said[learner].count("the submission hit a limit") == 1, said
+    assert {p.name for p in out.rglob("*") if p.is_file() and p.suffix == ".bin"} == set()

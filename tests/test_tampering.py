@@ -217,7 +217,7 @@ def test_patching_the_check_module_or_its_code_scores_0(tmp_path):
 
 
 @pytest.mark.slow
-def test_changing_how_later_cells_run_scores_0_and_is_flagged(tmp_path):
+def test_changing_how_later_cells_run_scores_0(tmp_path):
     shell = "get_ipython()"
     reports = _grade(tmp_path, {
         "input transformer": _attack(
@@ -242,16 +242,11 @@ def test_changing_how_later_cells_run_scores_0_and_is_flagged(tmp_path):
             "sys.settrace(tracer)\nsys.setprofile(tracer)\nthreading.settrace(tracer)\n"
             "sys.excepthook = lambda *a: None"),
     })
-    _assert_nothing_faked(reports)
+    # The learner's kernel runs no check and the judge runs no cell through IPython: these
+    # change nothing the grader runs (flagging them is not needed to score them 0).
+    _assert_nothing_faked(reports, flagged=False)
     said = {name: " ".join(report["tampering"]) for name, report in reports.items()}
-    # a transformer that drops the grader's own cells leaves no verdict: that is what is said
-    assert "did not run as sent" in said["input transformer"]
-    assert "ast_transformers" in said["ast transformer"] or "did not run" in said["ast transformer"]
-    assert "set_custom_exc" in said["exception handler"]
-    assert "showtraceback" in said["exception handler"]
-    assert "pre_run_cell" in said["event hook"]
     assert "sys.settrace" in said["tracers"] and "threading.settrace" in said["tracers"]
-    # (IPython itself puts sys.excepthook back after each cell: that line changes nothing)
 
 
 # -- 4. patching the library functions a check relies on -------------------------------------

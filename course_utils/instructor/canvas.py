@@ -19,6 +19,7 @@ import csv
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+from course_utils.instructor import validation
 from course_utils.instructor.student import InputError
 
 IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -145,5 +146,6 @@ def write_canvas(
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "canvas.csv.partial"
     with partial.open("w", newline="", encoding="utf-8") as file:
-        csv.writer(file).writerows(rows)
+        numeric = set(range(len(IDENTITY), len(IDENTITY) + len(headers)))
+        csv.writer(file).writerows(validation.row(r, numeric) for r in rows)
     return partial.replace(out / "canvas.csv")

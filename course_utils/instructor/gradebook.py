@@ -32,6 +32,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
+from course_utils.instructor import cgroups, validation
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.adjust import LatePolicy, adjust, late_text, read_overrides
 from course_utils.instructor.canvas import check_roster, read_roster, write_canvas
@@ -41,6 +42,7 @@ from course_utils.instructor.grading import (
     TOTAL_TIMEOUT_S,
     GradeReport,
     KernelSettings,
+    MachineBusy,
     check_cells,
     feedback_summary,
     grade_submission,
@@ -51,6 +53,7 @@ from course_utils.instructor.similarity import (
     THRESHOLD,
     answer_cells,
     boilerplate,
+    own_code,
     similar_pairs,
     write_similarity,
 )
@@ -128,17 +131,23 @@ def instructor_notebooks(source: Path) -> dict[str, Path]:
     return found
 
 
-def find_submissions(root: Path) -> dict[str, list[Path]]:
+def find_submissions(
+    root: Path, notes: dict[str, list[str]] | None = None
+) -> dict[str, list[Path]]:
     """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
-    (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``). Raises :class:`InputError` for a
-    missing folder or one without any learner's notebook."""
+    (``LEARNER/ASSIGNMENT/``). An nbgrader course folder is recognised by its
+    ``nbgrader_config.py`` (a file of the instructor's, never by a folder name a learner
+    could choose): its ``submitted/STUDENT/ASSIGNMENT/`` is read. Symbolic links, files
+    that leave the learner's folder and a notebook handed in twice are refused and said in
+    ``notes`` (by learner). Raises :class:`InputError` for a missing folder or one without
+    any learner's notebook."""
     if not root.is_dir():
         raise InputError(f"no such folder: {root}")
-    learners = learner_folders(root)
+    learners = learner_folders(root, notes)
     if not learners:
         raise InputError(
             f"no submissions in {root}: expected LEARNER/NOTEBOOK.ipynb folders "
-            "(or nbgrader's submitted/STUDENT/ASSIGNMENT/)"
+            "(or an nbgrader course folder: nbgrader_config.py, submitted/STUDENT/ASSIGNMENT/)"
         )
     return learners
 
@@ -175,6 +184,9 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
     start = time.perf_counter()
     result: dict[str, Any] = {"key": result_key(task, options), **asdict(task)}
     try:
+        why = validation.problem(Path(task.path), Path(task.path).parent)
+        if why is not None and "refused" not in why:  # too big, too deep, bad metadata
+            raise InputError(why)
         box = sandboxes.find(options.sandbox, options.hidden, options.limits)
         report, feedback = grade_submission(
             Path(task.path),
@@ -183,8 +195,13 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
             total_timeout_s=options.total_timeout_s,
             settings=KernelSettings(box, options.threads),
         )
-    except (InputError, RuntimeError, OSError) as error:  # the kernel did not start, a full disk
-        result["error"] = " ".join(str(error).split())
+    except Exception as error:  # any submission's failure is its own row, never the run's
+        message = " ".join(str(error).split())[:500]
+        if not isinstance(error, InputError | RuntimeError | OSError):
+            message = f"the grader failed on it ({type(error).__name__}: {message})"
+        result["error"] = message
+        if isinstance(error, MachineBusy):  # the machine's fault: graded again next run
+            result["retry"] = True
     else:
         result["report"] = asdict(report)
         if out is not None:
@@ -253,6 +270,8 @@ def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(result, dict) or result.get("key") != result_key(task, options):
+        return None
+    if result.get("retry"):  # not graded because the machine was too busy
         return None
     if "report" in result and not _graded_path(out, task).is_file():
         return None
@@ -413,10 +432,14 @@ def write_gradebook(
         book.append([learner, *row, *totals, "; ".join(said), "; ".join(tampering),
                      " ".join(lost), "; ".join(late)])  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
+    numeric = {
+        "gradebook.csv": {1 + i for i in range(len(notebooks) + 2)},
+        "checks.csv": {3, 4},
+    }
     for name, rows in (("gradebook.csv", book), ("checks.csv", checks)):
         partial = out / f"{name}.partial"
         with partial.open("w", newline="", encoding="utf-8") as file:
-            csv.writer(file).writerows(rows)
+            csv.writer(file).writerows(validation.row(r, numeric[name]) for r in rows)
         partial.replace(out / name)
     return out / "gradebook.csv", out / "checks.csv"
 
@@ -496,6 +519,8 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
     jobs, each kernel's share of the CPU threads, and the paths its sandbox hides."""
     hidden = tuple(str(path) for path in paths)
     mode = "bwrap" if find_sandbox(options.sandbox, hidden, options.limits) else "none"
+    if mode == "bwrap":
+        cgroups.sweep()  # empty groups an earlier run that was killed left behind
     jobs = options.jobs or default_jobs()
     return replace(
         options, sandbox=mode, jobs=jobs, threads=max(1, cpu_count() // jobs), hidden=hidden
@@ -511,7 +536,8 @@ def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
             reference = references.get(task.source) or read_notebook(Path(task.source))
             references[task.source] = reference
             cells = answer_cells(read_notebook(Path(task.path)), reference)
-        except InputError:
+            cells.update(own_code(read_notebook(Path(task.path)), reference))
+        except Exception:
             continue
         answers.setdefault(task.learner, {})[task.notebook] = cells
     return answers
@@ -652,7 +678,7 @@ def grade_class(
     if not handed_in:
         raise InputError(f"no submitted notebook has an instructor notebook in {source}")
     assignment = [name for name in sources if whole_source or name in handed_in]
-    everyone = sorted({*intake.handed, *intake.unmatched})
+    everyone = sorted({*intake.handed, *intake.unmatched, *intake.notes})  # refusals too
     unknown = [name for name in students if name not in everyone]
     if unknown:
         raise InputError(f"--student {unknown[0]}: no such learner in {submissions}")

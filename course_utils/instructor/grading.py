@@ -19,14 +19,19 @@ import ast
 import builtins
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import re
 import secrets
+import select
+import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+from course_utils.instructor import cgroups
 from course_utils.instructor import guard as guards
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
@@ -42,13 +48,32 @@ from course_utils.instructor.student import InputError, nbgrader_role, read_note
 
 CELL_TIMEOUT_S = 120  # seconds per cell
 TOTAL_TIMEOUT_S = 900  # seconds for the whole run
-#: Seconds a fresh kernel may take to import torch and the checks (not counted per cell).
-WARM_UP_S = 120
+#: Seconds of wall time a fresh kernel or judge may take to start and import torch and the
+#: checks, before any learner code: not counted in any cell's or the run's limit. Generous:
+#: on a busy machine a start can take minutes; a start past it leaves the submission
+#: ungraded, with a note that the machine was too busy (:class:`MachineBusy`), never 0.
+WARM_UP_S = 600
 #: Changes whenever the same submission could score differently (class runs regrade).
 GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
 
 _COURSE_ROOT = Path(__file__).resolve().parents[2]
+
+
+class MachineBusy(RuntimeError):
+    """A kernel or judge did not start in :data:`WARM_UP_S`, before any learner code ran:
+    the grading machine's fault, not the submission's; it is left ungraded and said."""
+
+
+def _busy(what: str, limit_s: float) -> MachineBusy:
+    try:
+        load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} core(s)"
+    except OSError:
+        load = "load unknown"
+    return MachineBusy(
+        f"not graded: the machine was too busy ({load}): {what} did not start within "
+        f"{limit_s:g} s, before any of the submission's code ran; grade it again"
+    )
 
 
 @dataclass
@@ -265,162 +290,114 @@ class KernelSettings:
     threads: int | None = None
 
 
-def _kernel_environment(cwd: Path, settings: KernelSettings) -> dict[str, str]:
+def _kernel_environment(work: Path, control: Path, settings: KernelSettings) -> dict[str, str]:
     """Small sizes, no GPU, the kernel's share of the CPU threads, the course importable;
-    in a sandbox, nothing else (none of the grader's variables)."""
+    every start-up folder (IPython, Jupyter, matplotlib) fresh in ``control``, which the
+    grader made for this process alone; in a sandbox, nothing else of the grader's."""
     env = {"COURSE_WORKLOAD": "small", "CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu"}
     env["MPLBACKEND"] = "Agg"
     if settings.threads:
         env.update(OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads))
+    fresh = {
+        "IPYTHONDIR": control / "ipython",
+        "JUPYTER_CONFIG_DIR": control / "jupyter",
+        "JUPYTER_DATA_DIR": control / "jupyter-data",
+        "JUPYTER_RUNTIME_DIR": control / "jupyter-runtime",
+        "MPLCONFIGDIR": control / "matplotlib",
+    }
+    env.update({name: str(path) for name, path in fresh.items()})
+    env.update(JUPYTER_CONFIG_PATH="", JUPYTER_PATH="", PYTHONNOUSERSITE="1")
+    env.update(JUPYTER_PLATFORM_DIRS="1", PYTHONSTARTUP="", HOME=str(work), TMPDIR=str(work))
     if settings.sandbox is not None:
-        return settings.sandbox.environment(cwd, env)
+        return {**settings.sandbox.environment(work, {}), **env}
     path = [str(_COURSE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(path)}
 
 
-def _kernel_manager(cwd: Path, sandbox: sandboxes.Sandbox | None, files: tuple[Path, ...]) -> Any:
-    """A kernel manager; with a sandbox, one that starts the kernel inside bubblewrap and
-    talks to it through Unix sockets in the scratch folder (the kernel has no network);
-    ``files``: what else the kernel must open (the guard's instructions and pipe)."""
+def _kernel_manager(control: Path, work: Path, sandbox: sandboxes.Sandbox | None) -> Any:
+    """A kernel manager whose connection file and sockets are in ``control`` (fresh for
+    this kernel, the grader's); with a sandbox, one that starts the kernel inside
+    bubblewrap and talks to it through Unix sockets there (the kernel has no network)."""
     if sandbox is None:
-        return AsyncKernelManager(kernel_name="python3")
+        return AsyncKernelManager(
+            kernel_name="python3", connection_file=str(control / "kernel.json")
+        )
 
     class SandboxedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
             command: list[str] = super().format_kernel_cmd(extra_arguments)
             assert sandbox is not None
-            sandbox.prepare(cwd, Path(self.connection_file), *files)
-            return sandbox.command(command, cwd)
+            sandbox.prepare(control, Path(self.connection_file))
+            return sandbox.command(command, work, control)
 
     return SandboxedKernelManager(
         kernel_name="python3",
         transport="ipc",
-        ip=str(cwd / f".kernel{time.monotonic_ns() % 10**6}"),
-        connection_file=str(cwd / ".kernel.json"),
+        ip=str(control / "kernel"),
+        connection_file=str(control / "kernel.json"),
     )
 
 
-class _Channel:
-    """The read end of the pipe the kernel's guard writes its signed messages to."""
-
-    def __init__(self, folder: Path, guard: dict[str, Any]) -> None:
-        self.key = secrets.token_bytes(32)
-        name = f".guard-{secrets.token_hex(8)}"
-        self.pipe, self.instructions = folder / f"{name}.pipe", folder / f"{name}.json"
-        os.mkfifo(self.pipe, 0o600)
-        self.fd = os.open(self.pipe, os.O_RDONLY | os.O_NONBLOCK)
-        spec = {**guard, "key": self.key.hex(), "channel": str(self.pipe)}
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        with os.fdopen(os.open(self.instructions, flags, 0o600), "w", encoding="utf-8") as file:
-            json.dump(spec, file)  # hidden checks and the key: readable by the kernel only
-        self._pending = b""
-        self.armed = self.closed = False
-        self.results: dict[str, dict[str, Any]] = {}
-        self.flags: list[str] = []
-
-    def read(self) -> None:
-        """Take in what the guard wrote since the last read."""
-        while True:
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not data:
-                self.closed = self.armed  # no writer left: the kernel died, or its code
-                break
-            self._pending += data
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
-            message = guards.read_signed(self.key, line.decode(errors="replace"))
-            if message is None:
-                self._flag("the notebook's code wrote forged messages to the grader's channel")
-            elif message.get("kind") == "armed":
-                self.armed = True
-            elif message.get("kind") == "result":
-                self.results[str(message.get("nonce"))] = message
-            elif message.get("kind") == "flag":
-                self._flag(str(message.get("what")))
-
-    def _flag(self, what: str) -> None:
-        if what not in self.flags:
-            self.flags.append(what)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        for path in (self.pipe, self.instructions):
-            path.unlink(missing_ok=True)
+def _control_folder(run: Path, kind: str) -> Path:
+    """A fresh folder the grader owns, for one kernel or judge process's start-up."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=run))
+    for name in ("ipython", "jupyter", "jupyter-data", "jupyter-runtime", "matplotlib"):
+        (folder / name).mkdir()
+    return folder
 
 
 class _Kernel:
-    """One kernel running cells for the grader, its guard armed; replaced when it hangs or
-    dies."""
+    """The learner's kernel: it runs the learner's cells for the feedback notebook's outputs
+    (never a check, never the grader's key); replaced when it hangs or dies."""
 
-    def __init__(
-        self, cwd: str, warm_up_s: float, settings: KernelSettings, guard: dict[str, Any]
-    ) -> None:
+    def __init__(self, run: Path, work: Path, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
         options: Any = dict(allow_errors=True, shutdown_kernel="immediate", record_timing=False)
         self._client = NotebookClient(
             self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
+        self._client.startup_timeout = max(1, int(warm_up_s))  # nbclient's default: 60 s
         sandbox = settings.sandbox
-        self.channel = _Channel(Path(cwd), guard)
-        files = (self.channel.pipe, self.channel.instructions)
-        self._client.km = _kernel_manager(Path(cwd), sandbox, files)
-        env = _kernel_environment(Path(cwd), settings)
+        self.control = _control_folder(run, "kernel")
+        self._client.km = _kernel_manager(self.control, work, sandbox)
+        env = _kernel_environment(work, self.control, settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        self._client.start_new_kernel(env=env, cwd=cwd, **quiet)
+        # It starts in the grader's folder (nothing of the learner's on sys.path or read as
+        # configuration), then moves to the learner's working folder.
+        self._client.start_new_kernel(env=env, cwd=str(self.control), **quiet)
         try:
             self._client.start_new_kernel_client()
         except RuntimeError as error:
             self.close()
+            if "Kernel didn't respond" in str(error) or "timed out" in str(error).lower():
+                raise _busy("the grading kernel", warm_up_s) from error
             where = " in its sandbox (--sandbox none tells whether the sandbox is why)"
             raise RuntimeError(
                 f"the grading kernel did not start{where if sandbox else ''}: {error}"
             ) from error
-        # Import torch and the checks, and arm the guard, before the first timed cell: a
-        # cell's time limit is for the learner's code, not for the kernel's start-up.
-        arm = (
-            "import course_utils.classroom, course_utils.instructor.guard\n"
-            f"course_utils.instructor.guard.arm({str(self.channel.instructions)!r})"
+        setup = (
+            f"import os as _os, sys as _sys\n_os.chdir({str(work)!r})\n"
+            f"_sys.path[:] = [_p for _p in _sys.path if _p not in ('', {str(self.control)!r})]"
+            "\n_sys.path.append('')\ndel _os, _sys"
         )
-        outcome = self._execute(nbformat.v4.new_code_cell(arm), warm_up_s, store_history=False)
-        self.channel.read()
-        if not self.channel.armed:
+        # Import torch before the first timed cell: a cell's time limit is for the
+        # learner's code, not for the kernel's start-up.
+        outcome = self._execute(
+            nbformat.v4.new_code_cell(setup + "\nimport torch"), warm_up_s, store_history=False
+        )
+        if outcome.status == "timeout":
             self.close()
-            why = f"{outcome.ename}: {outcome.evalue}" if outcome.ename else outcome.status
-            raise RuntimeError(f"the grader's guard did not start in the kernel ({why})")
+            raise _busy("the grading kernel", warm_up_s)
+        if outcome.status != "ok":
+            self.close()
+            raise RuntimeError(f"the grading kernel did not start ({outcome.status})")
 
     def run(self, cell: Any, timeout_s: float) -> CellOutcome:
-        """Run a cell; a check cell (marked by :func:`_assemble`) runs through the guard."""
-        gid = cell.metadata.get(_GUARDED)
-        if gid is None:
-            outcome = self._execute(cell, timeout_s)
-            self._read(outcome)
-            return outcome
-        nonce = secrets.token_hex(8)
-        trigger = f"__import__('sys').audit({guards.EVENT!r}, 'check', {gid!r}, {nonce!r})"
-        outcome = self._execute(nbformat.v4.new_code_cell(trigger), timeout_s)
-        self._read(outcome)
-        if outcome.status in ("timeout", "dead"):
-            return outcome
-        result = self.channel.results.pop(nonce, None)
-        if result is None:
-            what = "the check did not run as sent: the notebook's code changed how cells run"
-            return replace(outcome, status="error", ename="GuardMissing", tampering=[what])
-        if result.get("tampering"):
-            problems = [str(problem) for problem in result["tampering"]]
-            return replace(outcome, status="error", ename="Tampering", tampering=problems)
-        if result.get("ename"):
-            return replace(outcome, status="error", ename=result["ename"], evalue=result["evalue"])
-        return replace(outcome, status="ok", ename="", evalue="")
-
-    def _read(self, outcome: CellOutcome) -> None:
-        self.channel.read()
-        if self.channel.closed and outcome.status == "ok":  # the kernel lives on
-            self.channel._flag("the notebook's code closed the grader's channel to its guard")
+        """Run a cell; a check cell (marked by :func:`_assemble`) is the judge's, not run."""
+        if cell.metadata.get(_GUARDED) is not None:
+            return CellOutcome("ok")
+        return self._execute(cell, timeout_s)
 
     def _execute(self, cell: Any, timeout_s: float, store_history: bool = True) -> CellOutcome:
         self._client.timeout = max(1, int(timeout_s))
@@ -431,15 +408,20 @@ class _Kernel:
         except (CellTimeoutError, DeadKernelError) as error:
             status = "timeout" if isinstance(error, CellTimeoutError) else "dead"
             return CellOutcome(status, seconds=time.perf_counter() - start)
+        except Exception as error:  # replies the cell's code broke (a patched json.dumps)
+            what = f"{type(error).__name__}: {error}"[:200]
+            return CellOutcome("dead", "BrokenKernel", what, time.perf_counter() - start)
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                return CellOutcome("error", output.get("ename", ""), output.get("evalue", ""))
+                seconds = time.perf_counter() - start
+                return CellOutcome("error", output.get("ename", ""), output.get("evalue", ""),
+                                   seconds)  # fmt: skip
         return CellOutcome("ok", seconds=time.perf_counter() - start)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the kernel may already be gone
             self._client._cleanup_kernel()
-        self.channel.close()
+        shutil.rmtree(self.control, ignore_errors=True)
 
 
 def run_cells(
@@ -450,47 +432,56 @@ def run_cells(
     settings: KernelSettings = KernelSettings(),
     guard: dict[str, Any] | None = None,
 ) -> tuple[list[CellOutcome], list[str], list[str]]:
-    """Run the cells in order in a fresh kernel in a scratch folder; one outcome per cell,
-    notes, and the tampering the kernel's guard saw outside the checks (``guard``: what
-    :func:`guard_spec` says; check cells are marked by :func:`_assemble`). After a timeout
-    or a dead kernel, a new kernel replays the cells that had succeeded; cells left when the
-    whole run's time is up are ``not-run``."""
-    deadline = time.monotonic() + total_timeout_s
+    """Run the cells in order: the learner's in their kernel (for the feedback's outputs),
+    then, in the judge (:mod:`course_utils.instructor.judge`), the learner's cells that did
+    not hang or kill the kernel and, at their places, the checks (``guard``: what
+    :func:`guard_spec` says; check cells are marked by :func:`_assemble`). One outcome per
+    cell, notes, and flags (what the submission did to its kernel or the judge). After a
+    timeout or a dead kernel, a new kernel replays the cells that had succeeded; cells left
+    when the whole run's time is up are ``not-run``."""
+    deadline = time.monotonic() + total_timeout_s + WARM_UP_S  # set again once warm
     outcomes: list[CellOutcome] = []
     notes: list[str] = []
     flags: list[str] = []
     guard = guard or {}
 
-    def start(warm_up_s: float) -> _Kernel:
-        return _Kernel(cwd, warm_up_s, settings, guard)
-
-    def close(kernel: _Kernel) -> None:
-        kernel.close()
-        flags.extend(flag for flag in kernel.channel.flags if flag not in flags)
-
     def remaining() -> float:
         return deadline - time.monotonic()
 
-    def restore(done: list[Any]) -> _Kernel | None:
-        """A fresh kernel in the state the cells that succeeded left, or None."""
-        if remaining() < 1:
-            return None
-        try:
-            kernel = start(min(WARM_UP_S, remaining()))
-        except RuntimeError:
-            return None
-        for cell, outcome in zip(done, outcomes, strict=False):
-            # A replayed cell gets more than its first run took: a fresh kernel is slower.
-            limit = min(max(cell_timeout_s, 2 * outcome.seconds + 5), remaining())
-            if outcome.status == "ok" and (
-                limit < 1 or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead")
-            ):
-                close(kernel)
-                return None
-        return kernel
+    with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as folder:
+        run = Path(folder)
+        work = run / "work"  # the learner's working folder (in a sandbox: a capped tmpfs)
+        work.mkdir()
 
-    with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as cwd:
-        kernel: _Kernel | None = start(min(WARM_UP_S, total_timeout_s))
+        def start(warm_up_s: float) -> _Kernel:
+            return _Kernel(run, work, warm_up_s, settings)
+
+        def restore(done: list[Any]) -> _Kernel | None:
+            """A fresh kernel in the state the cells that succeeded left, or None."""
+            if remaining() < 1:
+                return None
+            try:
+                kernel = start(WARM_UP_S)  # a start does not count in the run's time
+            except RuntimeError:
+                return None
+            for cell, outcome in zip(done, outcomes, strict=False):
+                # A replayed cell gets more than its first run took: a fresh kernel is slower.
+                limit = min(max(cell_timeout_s, 2 * outcome.seconds + 5), remaining())
+                if outcome.status == "ok" and (
+                    limit < 1
+                    or kernel.run(copy.deepcopy(cell), limit).status in ("timeout", "dead")
+                ):
+                    kernel.close()
+                    return None
+            return kernel
+
+        try:
+            kernel: _Kernel | None = start(WARM_UP_S)
+        except BaseException:
+            if settings.sandbox is not None:
+                cgroups.collect()  # the group made for the kernel that did not start
+            raise
+        deadline = time.monotonic() + total_timeout_s  # the learner's code's time
         try:
             for index, cell in enumerate(cells):
                 if kernel is None or remaining() < 1:
@@ -499,7 +490,7 @@ def run_cells(
                 outcome = kernel.run(cell, min(cell_timeout_s, remaining()))
                 outcomes.append(outcome)
                 if outcome.status in ("timeout", "dead"):
-                    close(kernel)
+                    kernel.close()
                     kernel = None  # closed: not closed again if restoring fails
                     kernel = restore(cells[:index])
                     what = "timed out" if outcome.status == "timeout" else "killed the kernel"
@@ -507,12 +498,230 @@ def run_cells(
                     if kernel is None:
                         then = "the kernel could not be restored: later cells did not run"
                     notes.append(f"code cell {index + 1} {what}; {then}")
+                    if outcome.status == "dead":
+                        flags.append(
+                            f"code cell {index + 1} ended its kernel or broke its replies "
+                            "(os._exit, a signal, a restart, a crash, a patched json)"
+                        )
         finally:
             if kernel is not None:
-                close(kernel)
+                kernel.close()
+        # Every process the kernels left is ended (and their limits read) before the judge
+        # starts: a fork bomb's sleepers must not hold the judge's process limit.
+        hits = cgroups.collect() if settings.sandbox is not None else []
+        try:
+            verdicts, judged_flags, judged_notes = _judge(
+                run, cells, outcomes, guard, settings, cell_timeout_s, total_timeout_s
+            )
+        finally:
+            hits += [hit for hit in _limits_hit(outcomes, settings) if hit not in hits]
+    for index, verdict in verdicts.items():
+        outcomes[index] = verdict
+    notes += [f"the submission hit a limit: {hit}" for hit in hits]
+    flags += [flag for flag in judged_flags if flag not in flags]
+    notes += judged_notes
     if any(outcome.status == "not-run" for outcome in outcomes) and remaining() < 1:
         notes.append(f"the whole run's time limit ({total_timeout_s:g} s) was reached")
     return outcomes, notes, flags
+
+
+#: What an error says when a limit was hit: Python's own ``MemoryError`` by its exact name
+#: (not ``torch.cuda.OutOfMemoryError``, which a lesson may raise on purpose), the others by
+#: the system's message.
+_MEMORY_ERROR = "it ran out of memory (the sandbox's memory limit)"
+_LIMIT_SIGNS = {
+    "No space left on device": "it filled its working folder (the sandbox's disk limit)",
+    "File too large": "it wrote a file larger than the sandbox allows",
+    "Resource temporarily unavailable": "it could not start a process or thread (the limit)",
+}
+
+
+def _limits_hit(outcomes: list[CellOutcome], settings: KernelSettings) -> list[str]:
+    """The sandbox limits the submission ran into, from its cgroups and its errors."""
+    found = cgroups.collect() if settings.sandbox is not None else []
+    for outcome in outcomes:
+        if outcome.ename == "MemoryError" and _MEMORY_ERROR not in found:
+            found.append(_MEMORY_ERROR)
+        text = f"{outcome.ename}: {outcome.evalue}"
+        found += [why for sign, why in _LIMIT_SIGNS.items() if sign in text and why not in found]
+    return found
+
+
+def _judge_command(control: Path, work: Path, settings: KernelSettings, fd: int) -> list[str]:
+    argv = [sys.executable, "-I", "-c", _JUDGE_START, "--fd", str(fd)]
+    if settings.sandbox is None:
+        return argv
+    return settings.sandbox.command(argv, work, control)
+
+
+def _judge_settings(settings: KernelSettings) -> KernelSettings:
+    """The judge's sandbox: the kernel's, under a user id of its own (as root), so that
+    nothing the kernel left running counts against the judge's process limit."""
+    if settings.sandbox is None:
+        return settings
+    return dataclasses.replace(settings, sandbox=dataclasses.replace(settings.sandbox, role=1))
+
+
+#: ``python -I`` leaves out PYTHONPATH; the course's package is found where this one is.
+_JUDGE_START = (
+    f"import sys; sys.path.append({str(_COURSE_ROOT)!r}); "
+    "from course_utils.instructor import judge; judge.main(sys.argv[1:])"
+)
+
+
+def _judge(
+    run: Path,
+    cells: list[Any],
+    outcomes: list[CellOutcome],
+    guard: dict[str, Any],
+    settings: KernelSettings,
+    cell_timeout_s: float,
+    total_timeout_s: float,
+) -> tuple[dict[int, CellOutcome], list[str], list[str]]:
+    """The checks' verdicts, from a fresh judge process: the cell index of each check and
+    its outcome, flags, notes. A check whose signed verdict did not arrive scores 0. The
+    judge has its own time: ``total_timeout_s`` from when it is armed, and for each cell
+    as long as the cell's run in the kernel was allowed (more for one that was slow there:
+    a busy machine). :class:`MachineBusy` when the judge did not start."""
+    checks = {i: cell.metadata[_GUARDED] for i, cell in enumerate(cells)
+              if cell.metadata.get(_GUARDED) is not None}  # fmt: skip
+    verdicts = {i: CellOutcome("not-run") for i in checks}
+    if not checks or all(outcomes[index].status == "not-run" for index in checks):
+        return verdicts, [], []
+    key = secrets.token_bytes(32)
+    program: list[dict[str, Any]] = []
+    nonces: dict[str, int] = {}
+    positions: list[int] = []
+    limits: list[float] = []
+    for index, (cell, outcome) in enumerate(zip(cells, outcomes, strict=True)):
+        if outcome.status == "not-run":  # the learner's run never got here: nor does the judge
+            break
+        if index in checks:
+            nonce = secrets.token_hex(8)
+            nonces[nonce] = index
+            program.append({"kind": "check", "grade_id": checks[index], "nonce": nonce})
+        elif outcome.status in ("ok", "error"):  # never a cell that hung or killed its kernel
+            program.append({"kind": "code", "source": cell.source})
+        else:
+            continue
+        positions.append(index)
+        limits.append(max(cell_timeout_s, 2 * outcome.seconds + 5))
+    spec = {**guard, "key": key.hex(), "cells": program}
+    settings = _judge_settings(settings)
+    control = _control_folder(run, "judge")
+    work = run / "judge-work"
+    work.mkdir(exist_ok=True)
+    env = _kernel_environment(work, control, settings)
+    read_end, write_end = os.pipe()
+    if settings.sandbox is not None:
+        settings.sandbox.prepare(control)
+    flags: list[str] = []
+    notes: list[str] = []
+    try:
+        process = subprocess.Popen(
+            _judge_command(control, work, settings, write_end),
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=str(control), env=env, pass_fds=(write_end,), start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    try:
+        assert process.stdin is not None
+        with contextlib.suppress(OSError):
+            process.stdin.write((json.dumps(spec) + "\n").encode())
+            process.stdin.close()
+        del spec
+        state = _read_judge(read_end, key, nonces, limits, total_timeout_s)
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        shutil.rmtree(control, ignore_errors=True)
+    for nonce, message in state.results.items():
+        index = nonces[nonce]
+        if message.get("tampering"):
+            problems = [str(problem) for problem in message["tampering"]]
+            verdicts[index] = CellOutcome("error", "Tampering", tampering=problems)
+        elif message.get("ename"):
+            ename, evalue = str(message["ename"]), str(message.get("evalue", ""))
+            verdicts[index] = CellOutcome("error", ename, evalue)
+        else:
+            verdicts[index] = CellOutcome("ok")
+    flags += state.flags
+    if not state.armed and state.timed_out:
+        raise _busy("the grader's judge process", WARM_UP_S)
+    if not state.armed:
+        raise RuntimeError("the grader's judge process ended before it started grading")
+    if not state.done:
+        at = positions[state.at] if 0 <= state.at < len(positions) else -1
+        why = "ran past its time limit" if state.timed_out else "ended the grader's judge process"
+        where = f"code cell {at + 1}" if at >= 0 else "the submission"
+        notes.append(f"in the grader's run, {where} {why}: the checks after it score 0")
+        if not state.timed_out:
+            flags.append(f"{where} ended the grader's judge process (it did not in the kernel)")
+        for index in checks:
+            if verdicts[index].status == "not-run" and at >= 0 and index >= at:
+                verdicts[index] = CellOutcome("timeout" if state.timed_out else "dead")
+    return verdicts, flags, notes
+
+
+@dataclass
+class _JudgeState:
+    armed: bool = False
+    done: bool = False
+    timed_out: bool = False
+    at: int = -1
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+
+def _read_judge(
+    fd: int, key: bytes, nonces: dict[str, int], limits: list[float], total_timeout_s: float
+) -> _JudgeState:
+    """Read the judge's pipe until it says it is done, it ends, or a cell (its limit:
+    ``limits``), the start (:data:`WARM_UP_S`) or the whole run (``total_timeout_s`` from
+    the start) runs past its limit."""
+    state = _JudgeState()
+    pending = b""
+    limit = deadline = time.monotonic() + WARM_UP_S
+    while not state.done:
+        wait = min(limit, deadline) - time.monotonic()
+        if wait <= 0:
+            state.timed_out = True
+            break
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
+            continue
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break  # the judge ended
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if line.startswith("at ") and state.armed:
+                with contextlib.suppress(ValueError):
+                    state.at = int(line[3:])
+                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
+                limit = time.monotonic() + cell_s
+                continue
+            if line == "done":
+                state.done = True
+                continue
+            message = guards.read_signed(key, line)
+            if message is None:
+                what = "the notebook's code wrote forged messages to the grader's channel"
+                if what not in state.flags:
+                    state.flags.append(what)
+            elif message.get("kind") == "armed" and not state.armed:
+                state.armed = True
+                limit = deadline = time.monotonic() + total_timeout_s
+            elif message.get("kind") == "result" and str(message.get("nonce")) in nonces:
+                state.results[str(message["nonce"])] = message
+            elif message.get("kind") == "flag" and str(message.get("what")) not in state.flags:
+                state.flags.append(str(message.get("what")))
+    return state
 
 
 def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:

@@ -1,26 +1,34 @@
-"""The grader's guard inside a grading kernel: each check runs where the learner's code
-cannot change its verdict, and what was tampered with is reported (docs/instructor-guide.md,
-"Threat model").
+"""The guard of the grader's judge process (:mod:`course_utils.instructor.judge`): each
+check runs where the learner's code cannot change its verdict, and what was tampered with
+is reported (docs/instructor-guide.md, "Threat model").
 
-:func:`arm` is the kernel's first cell, before any learner code runs. It reads (and
-deletes) the grader's instructions file, records what the checks depend on (the course's
+The judge is a fresh Python process the grader starts for each submission; it is not the
+learner's Jupyter kernel, and no IPython machinery runs cells in it. :func:`arm` runs there
+before any learner code: it imports what the checks use, records it (the course's
 modules, ``builtins``, ``math``, ``torch`` and the notebook's imports: every attribute, the
-code of every function, the attributes of their classes and of ``torch.Tensor``), and
-installs an audit hook (:func:`sys.addaudithook`: it cannot be removed). A check then runs
-when a cell raises the audit event ``course.guard`` (``"check"``, grade id, nonce): the hook
-itself runs the instructor's check code, compiled at arming, in a copy of the notebook's
-namespace: no IPython input or AST transformer, exception handler or event hook sees it,
-and a trace or profile function left on is cleared first. Before and after, it compares
-everything recorded with what is there now, and checks that the names the check reads
-still refer to what the instructor's imports bound; while the check runs, it watches for
-functions' code being replaced, trace functions set, the check's frames inspected and raw
-memory access (``ctypes``). Its verdict goes to the grader over a pipe, signed with a key
-only the hook holds: a check counts only when the grader sees that signed verdict, so
-learner code that stops, skips or kills the check scores it 0.
+code of every function, the attributes of their classes and of ``torch.Tensor``), binds
+each name a check reads to what the instructor's imports bound, compiles the checks (their
+source is then dropped) and installs an audit hook (:func:`sys.addaudithook`: no Python
+code can remove it). The guard module is then taken out of ``sys.modules``: only the hook
+holds the guard.
+
+A check runs when the judge raises the audit event ``course.guard`` (``"check"``, grade
+id, nonce). The hook runs the compiled check in a namespace the grader builds: the
+learner's names, then the instructor's bindings over them (a learner's ``check = ...``
+or ``__builtins__ = {...}`` does not reach it) and Python's real built-ins. Before and after,
+it compares everything recorded with what is there now. The hook refuses (raises
+``PermissionError``) what would let learner code reach the guard or the running check:
+frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``/``gi_frame``), ``gc``'s
+object walks, ``ctypes``, ``/proc/*/mem``, another audit hook, and replacing the code of a
+recorded function or an attribute of the guard's class. Its verdict goes to the grader
+over a pipe, signed with HMAC-SHA256 by C functions captured at arming (``_hashlib``,
+``_json``), under a key only the hook holds.
 """
 
 from __future__ import annotations
 
+import _hashlib  # C: a learner cannot patch what these compute
+import _json
 import builtins
 import hashlib
 import hmac
@@ -33,7 +41,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-#: The audit event a grading cell raises to run a check.
+#: The audit event the judge raises to run a check.
 EVENT = "course.guard"
 #: Modules every check relies on, recorded whatever the notebook imports.
 CORE_MODULES = (
@@ -50,27 +58,52 @@ CORE_MODULES = (
     "course_utils",
     "course_utils.classroom",
 )
-_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-_CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+_CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__globals__"})
 _GC_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
-_CTYPES_EVENTS = frozenset({"ctypes.cdata", "ctypes.PyObj_FromPtr", "ctypes.string_at"})
+_FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions"})
 _WATCHED_EVENTS = frozenset(
     {
         EVENT,
         "object.__setattr__",
+        "object.__delattr__",
         "object.__getattr__",
         "sys.settrace",
         "sys.setprofile",
-        "sys._getframe",
         "sys.addaudithook",
+        "open",
+        *_FRAME_EVENTS,
         *_GC_EVENTS,
-        *_CTYPES_EVENTS,
     }
 )
-#: Attributes the kernel itself rebinds while it runs a cell (ipykernel's input()).
-_VOLATILE = frozenset({"builtins.input", "builtins._"})
+#: Library code that may walk frames or objects on a learner's behalf for its own use:
+#: it gives no frame back (``inspect``, ``logging`` and ``traceback`` do: not listed).
+_TRUSTED_CALLERS = frozenset(
+    {"collections", "typing", "enum", "dataclasses", "warnings", "functools", "abc",
+     "importlib", "torch", "lightning", "pytorch_lightning", "lightning_fabric",
+     "torchmetrics", "numpy", "IPython", "course_utils", "copy", "pickle", "threading"}
+)  # fmt: skip
 _MISSING = object()
 _MESSAGE_CHARS = 2000  # characters of an error message sent back
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: Where installed code lives: the Python installation, the course package and every site
+#: folder on ``sys.path`` when the guard is imported, before any learner code (an
+#: environment may lend another's site folder through a ``.pth`` file). Read-only in the
+#: sandbox.
+_INSTALLED = (
+    sys.prefix,
+    sys.base_prefix,
+    sys.exec_prefix,
+    *[p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))],
+)
+_LIBRARIES = tuple(
+    {os.path.realpath(p) + os.sep for p in _INSTALLED}
+    | {p.rstrip(os.sep) + os.sep for p in _INSTALLED}
+    | {_PACKAGE_DIR, os.path.realpath(_PACKAGE_DIR) + os.sep}
+)
+#: Captured when this module is imported, before any learner code (C functions).
+_DIGEST = _hashlib.hmac_digest
+_QUOTE = _json.encode_basestring_ascii
 
 
 def sign(key: bytes, payload: str) -> str:
@@ -79,7 +112,7 @@ def sign(key: bytes, payload: str) -> str:
     >>> sign(b"k", "{}")[:8], sign(b"k", "{}")[64:]
     ('add853b1', ' {}')
     """
-    return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest() + " " + payload
+    return _DIGEST(key, payload.encode(), "sha256").hex() + " " + payload
 
 
 def read_signed(key: bytes, line: str) -> dict[str, Any] | None:
@@ -93,6 +126,25 @@ def read_signed(key: bytes, line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return message if isinstance(message, dict) else None
+
+
+def encode(message: dict[str, Any]) -> str:
+    """JSON for a message of strings, numbers and lists of strings, written with C
+    functions only (a learner's ``json.dumps = ...`` changes nothing).
+
+    >>> encode({"kind": "flag", "what": ["a", 'b"']})
+    '{"kind":"flag","what":["a","b\\\\""]}'
+    """
+    parts = []
+    for name, value in message.items():
+        if type(value) is list:
+            text = "[" + ",".join([_QUOTE(str(item)) for item in value]) + "]"
+        elif type(value) is int:
+            text = str(value)
+        else:
+            text = _QUOTE(str(value))
+        parts.append(_QUOTE(name) + ":" + text)
+    return "{" + ",".join(parts) + "}"
 
 
 def _function_state(function: Any) -> tuple[Any, ...]:
@@ -119,10 +171,6 @@ def _function_state(function: Any) -> tuple[Any, ...]:
 #: (importing lightning wraps ``torch.compile``): a replacement defined in an installed
 #: package's file is accepted there.
 _STRICT = ("course_utils", "builtins", "math")
-_LIBRARIES = tuple(
-    {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    | {p + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-)
 
 
 def _is_code(value: Any) -> bool:
@@ -132,11 +180,23 @@ def _is_code(value: Any) -> bool:
     )
 
 
+def _all_code(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and every code object nested in it (its functions, comprehensions)."""
+    found = [code]
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found += _all_code(constant)
+    return found
+
+
+def _library_file(filename: str) -> bool:
+    return filename.startswith(_LIBRARIES) and os.path.isfile(filename)
+
+
 def _from_library(value: Any) -> bool:
     """Whether ``value`` is a Python function defined in an installed package's file."""
     code = getattr(getattr(value, "__func__", value), "__code__", None)
-    filename = str(getattr(code, "co_filename", ""))
-    return filename.startswith(_LIBRARIES) and os.path.isfile(filename)
+    return _library_file(str(getattr(code, "co_filename", "")))
 
 
 def _describe(module: str, name: str) -> str:
@@ -186,7 +246,7 @@ class _Record:
             now, strict = vars(module), name.split(".")[0] in _STRICT
             for attribute, value in attributes.items():
                 new = now.get(attribute, _MISSING)
-                if new is value or f"{name}.{attribute}" in _VOLATILE:
+                if new is value:
                     continue
                 if strict or not _from_library(new):
                     found.append(f"{_describe(name, attribute)} was replaced or deleted")
@@ -218,53 +278,84 @@ class _Record:
 class _Guard:
     """The state behind the audit hook (only the hook holds a reference to it)."""
 
-    def __init__(self, spec: dict[str, Any], shell: Any) -> None:
+    def __init__(self, spec: dict[str, Any], namespace: dict[str, Any], fd: int) -> None:
         self.key = bytes.fromhex(spec["key"])
-        self.fd = os.open(spec["channel"], os.O_WRONLY)
+        self.fd = fd
         self.write: Callable[[int, bytes], int] = os.write
-        self.shell = shell
-        self.user_ns: dict[str, Any] = shell.user_ns
-        self.at_arm = dict(self.user_ns)
+        self.digest, self.quote = _DIGEST, _QUOTE
+        self.namespace = namespace
         self.settrace, self.setprofile = sys.settrace, sys.setprofile
         self.gettrace, self.getprofile = sys.gettrace, sys.getprofile
         self.getframe = sys._getframe
         self.threading_vars = vars(threading)
+        self.builtins_module = builtins
         self.builtins = dict(vars(builtins))
         self.record = _Record()
-        self.lazy: list[str] = []
         for name in [*CORE_MODULES, *spec.get("modules", [])]:
-            top = name.split(".")[0]
-            if top == "sys":  # its hooks are checked one by one; the rest is the kernel's state
+            if name.split(".")[0] == "sys":  # its hooks are checked one by one
                 continue
-            if name in sys.modules or top in sys.stdlib_module_names or top == "course_utils":
-                try:
-                    self.record.add_module(name, importlib.import_module(name))
-                except Exception:
-                    continue
-            else:
-                self.lazy.append(name)  # recorded at the first check after the notebook imports it
+            try:  # imported now, before any learner code, and recorded
+                self.record.add_module(name, importlib.import_module(name))
+            except Exception:
+                continue
         self.checks: dict[str, dict[str, Any]] = {}
+        #: The checks' code objects (nested ones too): a frame is the check's by identity,
+        #: never by a file name learner code could also give ``compile``.
+        #: (By ``id``: equal code compiled by learner code is not the same object; the
+        #: checks' code lives as long as the guard.)
+        self.check_code: set[int] = set()
+        self.runner: Any = None
+        #: The frozen standard modules' globals (``<frozen importlib._bootstrap>``), kept
+        #: alive so that their ids stay theirs: installed code too.
+        self.frozen = [
+            vars(module)
+            for module in list(sys.modules.values())
+            if getattr(getattr(module, "__spec__", None), "origin", None) == "frozen"
+        ]
+        self.frozen_ids = {id(space) for space in self.frozen}
         transform = _ipython_transform()
         for grade_id, check in spec.get("checks", {}).items():
-            entry = dict(check)
+            entry: dict[str, Any] = {"builtins": list(check.get("builtins", []))}
             try:
                 entry["code"] = compile(transform(check["source"]), f"<check {grade_id}>", "exec")
             except SyntaxError as error:
-                entry["code"] = error
+                entry["code"] = SyntaxError(str(error))
+            entry["pins"] = {}
+            for name, (module, attribute) in check.get("pinned", {}).items():
+                value = self._pinned(module, attribute)
+                if value is not _MISSING:
+                    entry["pins"][name] = value
             self.checks[grade_id] = entry
-        self.pins: dict[str, Any] = {}
-        self.shell_state = self._shell_state()
+            if not isinstance(entry["code"], SyntaxError):
+                self.check_code |= {id(code) for code in _all_code(entry["code"])}
         self.flags: set[str] = set()
         self.running: list[str] | None = None  # the problems of the check running now
-        self.check_frame: Any = None
         self.busy = False
         classroom = sys.modules.get("course_utils.classroom")
         spy_maker = getattr(getattr(classroom, "record_tensor_to", None), "__wrapped__", None)
         self.allowed_setters = {getattr(spy_maker, "__code__", None)}
+        #: The course's swap of its own helpers for a refusal inside a check, and back
+        #: (:func:`course_utils.classroom.course_helpers_refused`): a check's, no tampering.
+        swapper = getattr(getattr(classroom, "course_helpers_refused", None), "__wrapped__", None)
+        self.code_swappers = {getattr(swapper, "__code__", None)} - {None}
+
+    def _pinned(self, module: str, attribute: str | None) -> Any:
+        record = self.record.modules.get(module)
+        if record is None:
+            return _MISSING
+        if attribute is None:
+            return record[0]
+        value = record[1].get(attribute, _MISSING)
+        if value is _MISSING:
+            value = vars(record[0]).get(attribute, _MISSING)  # data, not code
+        if value is _MISSING and f"{module}.{attribute}" in self.record.modules:
+            value = self.record.modules[f"{module}.{attribute}"][0]
+        return value
 
     # -- reporting --------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
-        line = sign(self.key, json.dumps(message)) + "\n"
+        payload = encode(message)
+        line = self.digest(self.key, payload.encode(), "sha256").hex() + " " + payload + "\n"
         data = line.encode()
         while data:
             written = self.write(self.fd, data)
@@ -284,89 +375,26 @@ class _Guard:
             return
         self.flag(what)
 
-    # -- what the learner may have changed ---------------------------------------------
-    def _shell_state(self) -> dict[str, Any]:
-        shell = self.shell
-        kernel = getattr(shell, "kernel", None)
-        classes = [k for owner in (shell, kernel) for k in type(owner).__mro__ if k is not object]
-        return {
-            "input_transformers_cleanup": list(getattr(shell, "input_transformers_cleanup", [])),
-            "input_transformers_post": list(getattr(shell, "input_transformers_post", [])),
-            "ast_transformers": list(getattr(shell, "ast_transformers", [])),
-            "events": {k: list(v) for k, v in getattr(shell.events, "callbacks", {}).items()},
-            "custom_exceptions": getattr(shell, "custom_exceptions", ()),
-            "classes": {id(k): (k, dict(vars(k))) for k in classes},
-            "instance": {id(o): (o, set(vars(o))) for o in (shell, kernel) if o is not None},
-        }
-
-    def _notebook_changes(self) -> list[str]:
-        """Changes to how cells run. Checks run outside IPython, so these cannot change a
-        score: they are reported, not scored."""
+    def _rebound(self, check: dict[str, Any]) -> list[str]:
+        """Names the check reads that the learner's code rebound (the check does not see
+        those bindings: it gets the instructor's)."""
         found: list[str] = []
-        before, shell = self.shell_state, self.shell
-        for name in ("input_transformers_cleanup", "input_transformers_post", "ast_transformers"):
-            now = list(getattr(shell, name, []))
-            if [id(t) for t in now] != [id(t) for t in before[name]]:
-                found.append(f"IPython's {name} were changed (they rewrite later cells)")
-        events = {k: list(v) for k, v in getattr(shell.events, "callbacks", {}).items()}
-        for event, callbacks in events.items():
-            added = [
-                c for c in callbacks if all(c is not old for old in before["events"].get(event, []))
-            ]
-            if any(_defined_in_notebook(c, self.user_ns) for c in added):
-                found.append(f"a function was registered for IPython's {event} event")
-        if getattr(shell, "custom_exceptions", ()) != before["custom_exceptions"]:
-            found.append("a custom exception handler was set (set_custom_exc)")
-        for klass, attributes in before["classes"].values():
-            if any(vars(klass).get(k, _MISSING) is not v for k, v in attributes.items()):
-                found.append(f"a method of IPython's {klass.__name__} was replaced")
-        for owner, names in before["instance"].values():
-            for name in set(vars(owner)) - names:
-                if callable(vars(owner)[name]) and hasattr(type(owner), name):
-                    found.append(f"IPython's {type(owner).__name__}.{name} was replaced")
-        if _defined_in_notebook(self._excepthook(), self.user_ns):
-            found.append("sys.excepthook was replaced")
-        return found
-
-    def _excepthook(self) -> Any:
-        """The notebook's sys.excepthook: IPython swaps in its own while it runs a cell and
-        keeps the notebook's as ``sys_excepthook``."""
-        return getattr(self.shell, "sys_excepthook", sys.excepthook)
-
-    def _names(self, check: dict[str, Any]) -> list[str]:
-        """Names the check reads that no longer refer to what the instructor bound."""
-        found: list[str] = []
-        for name, (module, attribute) in check.get("pinned", {}).items():
-            expected = self._pin(name, module, attribute)
-            value = self.user_ns.get(name, _MISSING)
-            if expected is not _MISSING and value is not _MISSING and value is not expected:
-                what = module if attribute is None else f"{module}.{attribute}"
-                found.append(f"the name {name} no longer refers to {what}")
-        for name in check.get("builtins", []):
-            value = self.user_ns.get(name, _MISSING)
-            original = self.at_arm.get(name, self.builtins.get(name, _MISSING))
-            if value is not _MISSING and value is not original:
+        for name, value in check["pins"].items():
+            mine = self.namespace.get(name, _MISSING)
+            if mine is not _MISSING and mine is not value:
+                what = getattr(value, "__name__", name)
+                module = getattr(value, "__module__", None)
+                if isinstance(value, types.ModuleType):
+                    found.append(f"the name {name} no longer refers to {what}")
+                else:
+                    found.append(f"the name {name} no longer refers to {module}.{what}")
+        for name in check["builtins"]:
+            mine = self.namespace.get(name, _MISSING)
+            if mine is not _MISSING and mine is not self.builtins.get(name, _MISSING):
                 found.append(f"the name {name} no longer refers to Python's built-in {name}")
+        if self.namespace.get("__builtins__", builtins) not in (builtins, vars(builtins)):
+            found.append("the notebook's __builtins__ were replaced")
         return found
-
-    def _pin(self, name: str, module: str, attribute: str | None) -> Any:
-        if name not in self.pins:
-            self._record_lazy()
-            record = self.record.modules.get(module)
-            if record is None:
-                return _MISSING  # not recorded before learner code: nothing to compare with
-            if attribute is None:
-                self.pins[name] = record[0]
-            else:
-                self.pins[name] = record[1].get(attribute, _MISSING)
-                if self.pins[name] is _MISSING and f"{module}.{attribute}" in self.record.modules:
-                    self.pins[name] = self.record.modules[f"{module}.{attribute}"][0]
-        return self.pins[name]
-
-    def _record_lazy(self) -> None:
-        for name in [n for n in self.lazy if n in sys.modules]:
-            self.lazy.remove(name)
-            self.record.add_module(name, sys.modules[name])
 
     def _traces(self) -> list[str]:
         found = []
@@ -391,47 +419,40 @@ class _Guard:
         check = self.checks.get(grade_id)
         if check is None or self.running is not None:
             return
-        for change in self._notebook_changes():
-            self.tampered(change)
+        for what in self._rebound(check):
+            self.flag(what)
         problems: list[str] = []
         for trace in self._traces():
-            self.tampered(trace)
-        problems += self._names(check) + self.record.changes()
+            self.flag(trace)
+        problems += self.record.changes()
         self.running = problems
-        before = dict(self.user_ns)
-        namespace = dict(before)
+        before = dict(self.namespace)
+        namespace = {k: v for k, v in before.items() if k not in check["builtins"]}
+        namespace.update(check["pins"])
+        namespace["__builtins__"] = self.builtins_module
         ename = evalue = ""
         try:
             code = check["code"]
             if isinstance(code, SyntaxError):
                 raise code
-            self.check_frame = code
             exec(code, namespace)
         except BaseException as error:
-            ename = type(error).__name__
+            ename = type(error).__name__ if isinstance(error, Exception) else "Stopped"
             try:
                 evalue = str(error)[:_MESSAGE_CHARS]
             except BaseException:
                 evalue = "(its message could not be read)"
-        finally:
-            self.check_frame = None
-        problems += self._names(check) + self.record.changes()
+        problems += self.record.changes()
         for trace in self._traces():
             problems.append(trace.replace("was left on", "was set during the check"))
         self.running = None
         problems = list(dict.fromkeys(problems))
         for name, value in namespace.items():  # what the check defined stays defined
-            if before.get(name, _MISSING) is not value and name != "__builtins__":
-                self.user_ns[name] = value
-        self.send(
-            {
-                "kind": "result",
-                "nonce": nonce,
-                "ename": ename,
-                "evalue": evalue,
-                "tampering": problems,
-            }
-        )
+            changed = before.get(name, _MISSING) is not value
+            if changed and name != "__builtins__" and name not in check["pins"]:
+                self.namespace[name] = value
+        result = {"kind": "result", "nonce": nonce, "ename": ename, "evalue": evalue}
+        self.send({**result, "tampering": problems})
 
     # -- the audit hook -----------------------------------------------------------------
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
@@ -439,84 +460,128 @@ class _Guard:
             return
         self.busy = True
         try:
-            self._event(event, args)
+            refused = self._event(event, args)
         except Exception:
-            pass
+            refused = ""
         finally:
             self.busy = False
-        if event == EVENT and args[:1] == ("check",) and len(args) == 3:
+        if refused:
+            raise PermissionError(f"the grader does not allow this while it grades: {refused}")
+        checking = event == EVENT and args[:1] == ("check",) and len(args) == 3
+        if checking and self.getframe(1).f_code is self.runner:  # never a learner's audit
             self.run_check(str(args[1]), str(args[2]))
 
-    def _event(self, event: str, args: tuple[Any, ...]) -> None:
-        if event == "object.__setattr__" and len(args) >= 2:
+    def _event(self, event: str, args: tuple[Any, ...]) -> str:
+        """What the event does that is refused ("" when it is allowed); reports it."""
+        if event in ("object.__setattr__", "object.__delattr__") and len(args) >= 2:
             target, name = args[0], args[1]
+            if target is _Guard or target is _Record:
+                self.tampered("the grader's guard was patched")
+                return "patching the grader's guard"
             recorded = self.record.functions.get(id(target))
-            if name in _CODE_ATTRIBUTES and recorded is not None and recorded[0] is target:
+            if (
+                name in _CODE_ATTRIBUTES
+                and recorded is not None
+                and recorded[0] is target
+                and self._caller_code() not in self.code_swappers
+            ):
                 self.tampered(f"the {name} of {recorded[1]} was replaced")
-            elif (
+                return f"replacing the {name} of {recorded[1]}"
+            if (
                 isinstance(target, type)
                 and id(target) in self.record.classes
                 and self._caller_code() not in self.allowed_setters
             ):
                 self.tampered(f"{target.__qualname__}.{name} was set")
+        elif event == "object.__getattr__" and args[1:2] and args[1] in _FRAME_ATTRIBUTES:
+            if self._learner_asked():
+                self.tampered("the notebook's code inspected the running check's frames (refused)")
+                return f"reading .{args[1]}"
+        elif event in _FRAME_EVENTS:
+            if self._learner_asked():
+                self.tampered(f"the notebook's code inspected the running check's frames ({event})")
+                return event
+        elif event in _GC_EVENTS:
+            if self._learner_asked():
+                self.tampered(f"{event} was called: it reaches any object, the grader's own too")
+                return event
         elif event in ("sys.settrace", "sys.setprofile") and self.running is not None:
             self.tampered(f"{event} was called while the check ran")
-        elif event in _GC_EVENTS and self._from_notebook():
-            self.tampered(f"{event} was called: it reaches any object, the grader's own included")
-        elif event in _CTYPES_EVENTS and self._from_notebook():
-            self.flag(f"{event}: the notebook's code read or wrote raw memory (ctypes)")
         elif event == "sys.addaudithook":
             self.tampered("an audit hook was added (sys.addaudithook)")
-        elif (
-            self.running is not None
-            and (
-                event == "sys._getframe"
-                or (event == "object.__getattr__" and args[1:2] and args[1] in _FRAME_ATTRIBUTES)
-            )
-            and self._from_notebook()
-        ):
-            self.tampered("the notebook's code inspected the running check's frames")
+            return "adding an audit hook"
+        elif event == "open" and args and _is_memory_file(args[0]):
+            self.tampered("the notebook's code opened a process's memory")
+            return "opening a process's memory"
+        return ""
 
     def _caller_code(self) -> Any:
         frame = self.getframe(3)
         return frame.f_code if frame is not None else None
 
-    def _from_notebook(self) -> bool:
-        """Whether the code that raised the event (past ``inspect``'s helpers) is the
-        notebook's: a function defined in a cell, or a cell itself."""
+    def _library_frame(self, frame: Any) -> bool:
+        return _library_file(frame.f_code.co_filename) or id(frame.f_globals) in self.frozen_ids
+
+    def _learner_asked(self) -> bool:
+        """Whether learner code asked for what raised the event: its caller (past
+        ``inspect``) is learner code; or, while a check runs, library code that has learner
+        code further up before any trusted library or the check's own code. Outside a
+        check no check frame exists: library code (``typing``, ``traceback`` on torch's
+        behalf, ``logging``) may walk frames then."""
         frame: Any = self.getframe(3)  # 0: this, 1: _event, 2: hook, 3: the caller
-        while frame is not None and frame.f_globals.get("__name__") == "inspect":
+        while frame is not None and _module_name(frame) == "inspect":
             frame = frame.f_back
-        return frame is not None and frame.f_globals is self.user_ns
+        if frame is None:
+            return False
+        if not self._library_frame(frame):
+            return id(frame.f_code) not in self.check_code
+        if self.running is None:
+            return False
+        while frame is not None:  # logging.currentframe, traceback.walk_stack, ...
+            if id(frame.f_code) in self.check_code:
+                return False
+            if not self._library_frame(frame):
+                return True
+            if _module_name(frame).split(".")[0] in _TRUSTED_CALLERS:
+                return False  # a trusted library asked (it gives no frame back)
+            frame = frame.f_back
+        return False
 
 
-def _defined_in_notebook(function: Any, user_ns: dict[str, Any]) -> bool:
-    target = getattr(function, "__func__", function)
-    return getattr(target, "__globals__", None) is user_ns or not getattr(
-        getattr(target, "__code__", None), "co_filename", "<"
-    ).startswith(("/", "<frozen"))
+def _module_name(frame: Any) -> str:
+    """The module a frame runs in, read so that no learner code runs (a dict subclass's
+    ``get``, a str subclass's ``__eq__``): "" when it is not a plain string."""
+    name = dict.get(frame.f_globals, "__name__")
+    return str.__str__(name) if type(name) is str else ""
+
+
+def _is_memory_file(path: Any) -> bool:
+    text = os.fsdecode(path) if isinstance(path, str | bytes) else ""
+    return text.startswith("/proc/") and text.rstrip("/").endswith(("/mem", "/pagemap"))
 
 
 def _ipython_transform() -> Callable[[str], str]:
-    """A fresh IPython cell transformer (magics to calls), not the shell's own lists."""
+    """A fresh IPython cell transformer (magics to calls), not a shell's own lists."""
     try:
-        # lazy: IPython exists only in a kernel; the doctests of this module run without it
+        # lazy: the doctests of this module run without IPython
         from IPython.core.inputtransformer2 import TransformerManager
     except ImportError:
         return lambda source: source
     return TransformerManager().transform_cell
 
 
-def arm(path: str) -> None:
-    """Arm the guard from the grader's instructions file at ``path`` (deleted here):
-    ``key`` (hex), ``channel`` (the pipe), ``checks`` (grade id: ``source``, ``pinned``
-    names, ``builtins`` names) and ``modules`` to record. The grading kernel's first cell."""
-    with open(path, encoding="utf-8") as file:
-        spec = json.load(file)
-    os.unlink(path)
-    # lazy: a grading kernel always has IPython; importing this module need not
-    from IPython import get_ipython
-
-    guard = _Guard(spec, get_ipython())
+def arm(spec: dict[str, Any], namespace: dict[str, Any], fd: int) -> None:
+    """Arm the guard in the judge, before any learner code: ``spec`` has ``key`` (hex),
+    ``checks`` (grade id: ``source``, ``pinned`` names, ``builtins`` names) and ``modules``
+    to record; ``namespace`` is where the learner's cells run; ``fd`` the pipe to the
+    grader. Afterwards only the audit hook holds the guard."""
+    guard = _Guard(spec, namespace, fd)
+    guard.runner = sys._getframe(1).f_code  # only this code (the judge's loop) runs checks
+    spec.clear()  # the key and the checks' source live on only inside the guard
     sys.addaudithook(guard.hook)
     guard.send({"kind": "armed", "modules": sorted(guard.record.modules)})
+    package = sys.modules.get("course_utils.instructor")
+    for name in ("guard", "judge"):
+        sys.modules.pop(f"course_utils.instructor.{name}", None)
+        if package is not None:
+            vars(package).pop(name, None)

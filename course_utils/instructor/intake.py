@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from course_utils.instructor import validation
 from course_utils.instructor.student import InputError
 
 #: Canvas's name for a file of a submission (an attachment): ``name[_late]_USER_FILE_NAME``.
@@ -240,15 +241,41 @@ def parse_time(text: str, where: str) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def learner_folders(root: Path) -> dict[str, list[Path]]:
+def learner_folders(root: Path, notes: dict[str, list[str]] | None = None) -> dict[str, list[Path]]:
     """Each learner's notebooks: ``root/LEARNER/*.ipynb``, also one folder deeper
-    (nbgrader's ``submitted/STUDENT/ASSIGNMENT/``, found from the course folder too)."""
-    if (root / "submitted").is_dir():  # an nbgrader course folder
-        root = root / "submitted"
+    (``LEARNER/ASSIGNMENT/``). An nbgrader course folder is recognised by its
+    ``nbgrader_config.py`` (a file of the instructor's, never by a folder name a learner
+    could choose): its ``submitted/STUDENT/ASSIGNMENT/`` is read. Symbolic links, files
+    that leave the learner's folder, files too big or too deeply nested to read, and a
+    notebook handed in twice under one name are refused and said in ``notes`` (by
+    learner); a file that is merely broken stays (its row says why)."""
+    if (root / "nbgrader_config.py").is_file() and (root / "submitted").is_dir():
+        root = root / "submitted"  # an nbgrader course folder
+    said = notes if notes is not None else {}
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name[0] != "."):
+    for folder in sorted(p for p in root.iterdir() if p.name[0] != "."):
+        if folder.is_symlink():
+            said.setdefault(folder.name, []).append("refused: the learner's folder is a link")
+            continue
+        if not folder.is_dir():
+            continue
         found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
-        notebooks = [path for path in found if path.is_file()]
+        kept: dict[str, list[Path]] = {}
+        for path in sorted(found):
+            why = validation.problem(path, folder)
+            if why is not None and "refused" in why:
+                said.setdefault(folder.name, []).append(why)
+            else:  # graded, or a row that says why it could not be
+                kept.setdefault(path.name, []).append(path)
+        notebooks = []
+        for name, paths in kept.items():
+            if len(paths) > 1:
+                where = ", ".join(str(p.relative_to(folder)) for p in paths)
+                said.setdefault(folder.name, []).append(
+                    f"{name}: refused: handed in {len(paths)} times ({where}); hand in one"
+                )
+            else:
+                notebooks += paths
         if notebooks:
             learners[folder.name] = sorted(notebooks)
     return learners
@@ -323,7 +350,7 @@ def collect(
             )
         files.update(_canvas_files(folder, students, intake))  # type: ignore[arg-type]
     else:
-        for learner, paths in learner_folders(folder).items():
+        for learner, paths in learner_folders(folder, intake.notes).items():
             files[learner] = [(path, path.name, None) for path in paths]
     for learner in sorted(files):
         candidates: dict[str, list[tuple[str, Handed]]] = {}

@@ -38,7 +38,9 @@ class Match:
 
 def grade_id(cell: Any) -> str | None:
     """A cell's nbgrader ``grade_id``, or None."""
-    value = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    meta = cell.get("metadata", {})
+    meta = meta.get("nbgrader", {}) if isinstance(meta, dict) else {}
+    value = meta.get("grade_id") if isinstance(meta, dict) else None
     return str(value) if value else None
 
 

@@ -21,6 +21,9 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+if __name__ != "__main__":  # the launcher, run as a script in the sandbox, needs none of it
+    from course_utils.instructor import cgroups
+
 UID_BASE = 2_000_000_000
 #: The course package (course_utils/), bound read-only into the sandbox.
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -31,10 +34,13 @@ class Limits:
     """What one sandboxed process may use. (Numbers, not ``units``: the launcher runs this
     file as a script inside the sandbox, where only the standard library is importable.)"""
 
-    memory_bytes: int = 4 * 2**30  # RLIMIT_DATA: heap and private writable mappings
-    processes: int = 512  # RLIMIT_NPROC: processes and threads
+    memory_bytes: int = 4 * 2**30  # RLIMIT_DATA per process; the sandbox's total (cgroup)
+    processes: int = 512  # RLIMIT_NPROC: processes and threads (and the cgroup's pids.max)
     file_bytes: int = 2**30  # RLIMIT_FSIZE: the largest file it may write
     tmpfs_bytes: int = 256 * 2**20  # the size of the private /tmp and /dev/shm, each
+    scratch_bytes: int = 2**30  # the size of the working folder (a tmpfs): all it may write
+    cpu_seconds: int = 3600  # RLIMIT_CPU: CPU time of one process
+    cpus: float = 1.0  # the sandbox's share of the CPU (cgroup), in cores
 
 
 @dataclass(frozen=True)
@@ -45,17 +51,21 @@ class Sandbox:
     bwrap: str
     limits: Limits = Limits()
     hidden: tuple[str, ...] = field(default=())
+    #: 0 for a learner's kernel, 1 for the grader's judge: each has its own user id.
+    role: int = 0
 
     def user_id(self) -> int | None:
-        """The user id the sandboxed process switches to (root only), else None."""
-        return UID_BASE + os.getpid() if os.geteuid() == 0 else None
+        """The user id the sandboxed process switches to (root only), else None: one per
+        grading process and role (PIDs are below 2**22)."""
+        return UID_BASE + self.role * 2**22 + os.getpid() if os.geteuid() == 0 else None
 
-    def prepare(self, scratch: Path, *files: Path) -> None:
-        """Give the scratch folder (and files the kernel must read) to the kernel's user."""
+    def prepare(self, control: Path, *files: Path) -> None:
+        """Give the process's control folder (its start-up folders, connection file and
+        sockets) and files it must read to the sandbox's user."""
         uid = self.user_id()
-        os.chmod(scratch, 0o700)
+        os.chmod(control, 0o700)
         if uid is not None:
-            for path in (scratch, *files):
+            for path in (control, *control.rglob("*"), *files):
                 os.chown(path, uid, uid)
 
     def environment(self, scratch: Path, course: dict[str, str]) -> dict[str, str]:
@@ -75,8 +85,11 @@ class Sandbox:
             **course,
         }
 
-    def command(self, argv: list[str], scratch: Path) -> list[str]:
-        """``argv`` wrapped: bubblewrap, then the limits and the user switch, then argv."""
+    def command(self, argv: list[str], scratch: Path, control: Path | None = None) -> list[str]:
+        """``argv`` wrapped: a cgroup of its own when one can be made, bubblewrap, then the
+        limits and the user switch, then argv. ``scratch`` (the working folder) is a fresh
+        tmpfs of ``scratch_bytes`` inside; ``control``, the grader's folder for this process
+        (connection file, sockets), is the one folder shared with the grader."""
         binds, uid, size = _read_only_binds(), self.user_id(), str(self.limits.tmpfs_bytes)
         options = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         options += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
@@ -95,17 +108,22 @@ class Sandbox:
         options += ["--proc", "/proc", "--dev", "/dev"]
         for tmp in ("/tmp", "/dev/shm"):
             options += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
-        options += _parent_dirs([destination for _, destination in binds] + [str(scratch)])
+        shared = [str(control)] if control is not None else []
+        options += _parent_dirs([d for _, d in binds] + [str(scratch), *shared])
         for source, destination in binds:
             options += ["--ro-bind", source, destination]
-        options += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
         options += _hide(self.hidden, binds)
+        for folder in shared:
+            options += ["--bind", folder, folder]
+        scratch_size = str(self.limits.scratch_bytes)
+        options += ["--perms", "0777", "--size", scratch_size, "--tmpfs", str(scratch)]
+        options += ["--chdir", str(control or scratch)]
         processes = self.limits.processes
         if uid is None:  # RLIMIT_NPROC counts every process of this user
             processes += _tasks_of(os.getuid())
         limits = json.dumps({**asdict(self.limits), "processes": processes, "uid": uid})
         launcher = [sys.executable, "-I", str(Path(__file__).resolve()), limits]
-        return [self.bwrap, *options, *launcher, "--", *argv]
+        return [*cgroups.join_command(self.limits), self.bwrap, *options, *launcher, "--", *argv]
 
 
 def _read_only_binds() -> list[tuple[str, str]]:
@@ -114,7 +132,9 @@ def _read_only_binds() -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
     python = (sys.base_prefix, sys.base_exec_prefix, sys.prefix, os.path.realpath(sys.executable))
-    for path in (*python, user_site, str(_PACKAGE_DIR)):
+    # site folders another environment lends this one (a .pth file pointing there)
+    lent = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    for path in (*python, user_site, *lent, str(_PACKAGE_DIR)):
         real = os.path.realpath(path)
         if path and os.path.exists(real) and not real.startswith(("/usr/", "/etc/")):
             seen_as = dict.fromkeys([(real, real), (real, os.path.abspath(path))])
@@ -224,7 +244,13 @@ def _launch(argv: list[str]) -> None:
     settings = json.loads(argv[0])
     command = argv[argv.index("--") + 1 :]
     settings["core"] = 0
-    for name in ("DATA memory_bytes", "NPROC processes", "FSIZE file_bytes", "CORE core"):
+    for name in (
+        "DATA memory_bytes",
+        "NPROC processes",
+        "FSIZE file_bytes",
+        "CORE core",
+        "CPU cpu_seconds",
+    ):
         limit, key = name.split()
         value = int(settings[key])
         resource.setrlimit(getattr(resource, f"RLIMIT_{limit}"), (value, value))

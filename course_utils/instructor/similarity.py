@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from course_utils.instructor import validation
+
 #: copydetect's defaults: k-grams of 25 normalized characters, every k-gram of a 30
 #: character stretch of shared code is found (window 30 - 25 + 1).
 NOISE = 25
@@ -64,6 +66,42 @@ def answer_cells(submission: Any, reference: Any) -> dict[str, str]:
     }
 
 
+_STARTER = "\n# -- the student version's starter code --\n"
+#: The pseudo-exercise under which all of a learner's own code in a notebook is compared.
+OWN_CODE = "(all own code)"
+#: learner_b of a row whose answer is the instructor's published solution.
+SOLUTION = "(published solution)"
+
+
+def own_code(submission: Any, reference: Any) -> dict[str, str]:
+    """All the learner's own code in a notebook, helper cells included, as one text under
+    :data:`OWN_CODE`: every code cell but the instructor's own (same source) and checks."""
+    from course_utils.instructor.student import nbgrader_role  # lazy: nbgrader
+
+    given = {cell.source.strip() for cell in reference.cells if cell.cell_type == "code"}
+    mine = [
+        cell.source
+        for cell in submission.cells
+        if cell.cell_type == "code"
+        and cell.source.strip() not in given
+        and nbgrader_role(cell) != "check"
+    ]
+    return {OWN_CODE: "\n".join(mine)} if "".join(mine).strip() else {}
+
+
+def _tokens(code: str) -> tuple[str, ...] | None:
+    """The code's tokens without comments, layout or the solution markers; None if it
+    does not tokenize."""
+    import tokenize  # lazy: only for this comparison
+
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    try:
+        found = tokenize.generate_tokens(io.StringIO(code).readline)
+        return tuple(t.string for t in found if t.type not in skip and t.string)
+    except (tokenize.TokenError, SyntaxError):
+        return None
+
+
 def boilerplate(reference: Any) -> dict[str, str]:
     """What the instructor gave for each exercise: the solution and its starter code."""
     from course_utils.instructor.student import nbgrader_role, student_version  # lazy: nbgrader
@@ -73,7 +111,7 @@ def boilerplate(reference: Any) -> dict[str, str]:
     for mine, theirs in zip(reference.cells, starter.cells, strict=True):
         gid = mine.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if gid and nbgrader_role(mine) == "solution":
-            given[str(gid)] = mine.source + "\n" + theirs.source
+            given[str(gid)] = mine.source + _STARTER + theirs.source
     return given
 
 
@@ -119,6 +157,11 @@ def similar_pairs(
     pairs: list[SimilarPair] = []
     for notebook, gid in exercises:
         mine = given.get(notebook, {}).get(gid, "")
+        solution = _tokens(_solution_part(mine)) if mine else None
+        for learner in sorted(answers):
+            code = answers[learner].get(notebook, {}).get(gid, "")
+            if solution and code.strip() and _tokens(code) == solution:
+                pairs.append(SimilarPair(notebook, gid, learner, SOLUTION, 1.0, 1.0, code))
         hashes = np.unique(np.array(list(_fingerprint(mine, window=1).hashes))) if mine else None
         prints = {
             learner: _fingerprint(code, hashes)
@@ -131,7 +174,18 @@ def similar_pairs(
                 continue
             lines = _shared_lines(prints[a].raw_code, slices_a)
             pairs.append(SimilarPair(notebook, gid, a, b, float(share_a), float(share_b), lines))
-    return sorted(pairs, key=lambda p: (-p.similarity, p.notebook, p.exercise, p.learner_a))
+    return sorted(
+        pairs, key=lambda p: (-p.similarity, p.notebook, p.exercise, p.learner_a, p.learner_b)
+    )
+
+
+def _solution_part(given: str) -> str:
+    """The instructor's solution cell out of :func:`boilerplate`'s text (solution, then
+    the starter code), without the solution markers."""
+    solution = given.split(_STARTER)[0]
+    lines = [line for line in solution.split("\n") if "### BEGIN SOLUTION" not in line
+             and "### END SOLUTION" not in line]  # fmt: skip
+    return "\n".join(lines)
 
 
 def write_similarity(out: Path, pairs: list[SimilarPair], threshold: float) -> tuple[Path, Path]:
@@ -144,8 +198,8 @@ def write_similarity(out: Path, pairs: list[SimilarPair], threshold: float) -> t
         writer.writerow(header)
         for p in pairs:
             shares = (f"{p.similarity:.2f}", f"{p.share_a:.2f}", f"{p.share_b:.2f}")
-            writer.writerow([p.notebook, p.exercise, p.learner_a, p.learner_b, *shares,
-                             p.shared_lines])  # fmt: skip
+            writer.writerow(validation.row([p.notebook, p.exercise, p.learner_a, p.learner_b,
+                                            *shares, p.shared_lines], {4, 5, 6}))  # fmt: skip
     rows = "".join(
         f"<tr><td>{html.escape(p.notebook)}</td><td>{html.escape(p.exercise)}</td>"
         f"<td>{html.escape(p.learner_a)}</td><td>{html.escape(p.learner_b)}</td>"

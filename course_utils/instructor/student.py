@@ -35,6 +35,8 @@ def read_notebook(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text)
+    except RecursionError:
+        raise InputError(f"{path} is not a notebook: its JSON is nested too deep") from None
     except FileNotFoundError:
         raise InputError(f"no such file: {path}") from None
     except IsADirectoryError:
@@ -66,12 +68,18 @@ def read_notebook(path: Path) -> Any:
             raise InputError(f"{path} is not a notebook: cell {number} is not a cell")
         if not isinstance(cell.get("source"), str):
             raise InputError(f"{path} is not a notebook: cell {number} has no source")
+        metadata = cell.get("metadata", {})
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("nbgrader", {}), dict):
+            raise InputError(f"{path} is not a notebook: cell {number}'s metadata is not an object")
     return notebook
 
 
 def nbgrader_role(cell: Any) -> str | None:
     """``"solution"``, ``"check"`` or ``None`` for a cell, from its nbgrader metadata."""
-    meta = cell.get("metadata", {}).get("nbgrader", {})
+    meta = cell.get("metadata", {})
+    meta = meta.get("nbgrader", {}) if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict):
+        return None
     return "solution" if meta.get("solution") else "check" if meta.get("grade") else None
 
 
