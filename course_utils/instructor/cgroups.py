@@ -113,7 +113,7 @@ def _hits(groups: list[Path], limits: Any) -> list[str]:
     return found
 
 
-def collect() -> list[str]:
+def collect_hits() -> list[str]:
     """The limits hit in the groups made since the last call; their processes are ended
     and the groups removed."""
     found: list[str] = []

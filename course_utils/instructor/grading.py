@@ -479,7 +479,7 @@ def run_cells(
             kernel: _Kernel | None = start(WARM_UP_S)
         except BaseException:
             if settings.sandbox is not None:
-                cgroups.collect()  # the group made for the kernel that did not start
+                cgroups.collect_hits()  # the group made for the kernel that did not start
             raise
         deadline = time.monotonic() + total_timeout_s  # the learner's code's time
         try:
@@ -508,7 +508,7 @@ def run_cells(
                 kernel.close()
         # Every process the kernels left is ended (and their limits read) before the judge
         # starts: a fork bomb's sleepers must not hold the judge's process limit.
-        hits = cgroups.collect() if settings.sandbox is not None else []
+        hits = cgroups.collect_hits() if settings.sandbox is not None else []
         try:
             verdicts, judged_flags, judged_notes = _judge(
                 run, cells, outcomes, guard, settings, cell_timeout_s, total_timeout_s
@@ -538,7 +538,7 @@ _LIMIT_SIGNS = {
 
 def _limits_hit(outcomes: list[CellOutcome], settings: KernelSettings) -> list[str]:
     """The sandbox limits the submission ran into, from its cgroups and its errors."""
-    found = cgroups.collect() if settings.sandbox is not None else []
+    found = cgroups.collect_hits() if settings.sandbox is not None else []
     for outcome in outcomes:
         if outcome.ename == "MemoryError" and _MEMORY_ERROR not in found:
             found.append(_MEMORY_ERROR)
@@ -565,7 +565,7 @@ def _judge_settings(settings: KernelSettings) -> KernelSettings:
 #: ``python -I`` leaves out PYTHONPATH; the course's package is found where this one is.
 _JUDGE_START = (
     f"import sys; sys.path.append({str(_COURSE_ROOT)!r}); "
-    "from course_utils.instructor import judge; judge.main(sys.argv[1:])"
+    "from course_utils.instructor import judge; judge.run_judge(sys.argv[1:])"
 )
 
 

@@ -128,11 +128,11 @@ def read_signed(key: bytes, line: str) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
-def encode(message: dict[str, Any]) -> str:
+def encode_verdict(message: dict[str, Any]) -> str:
     """JSON for a message of strings, numbers and lists of strings, written with C
     functions only (a learner's ``json.dumps = ...`` changes nothing).
 
-    >>> encode({"kind": "flag", "what": ["a", 'b"']})
+    >>> encode_verdict({"kind": "flag", "what": ["a", 'b"']})
     '{"kind":"flag","what":["a","b\\\\""]}'
     """
     parts = []
@@ -354,7 +354,7 @@ class _Guard:
 
     # -- reporting --------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
-        payload = encode(message)
+        payload = encode_verdict(message)
         line = self.digest(self.key, payload.encode(), "sha256").hex() + " " + payload + "\n"
         data = line.encode()
         while data:

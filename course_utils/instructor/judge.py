@@ -29,17 +29,19 @@ def _shell() -> Any:
     """A bare IPython shell for magics (``!cmd``, ``%%writefile``) in the learner's cells:
     it loads no profile, start-up file or extension and runs no cell itself."""
     try:
+        # lazy: IPython is optional, and loads only when the judge runs
         from IPython.core.interactiveshell import InteractiveShell
     except ImportError:
         return None
     return InteractiveShell.instance(colors="nocolor", autocall=0)
 
 
-def main(argv: list[str]) -> None:
+def run_judge(argv: list[str]) -> None:
     fd = int(argv[argv.index("--fd") + 1])
     spec = json.loads(sys.stdin.readline())
     sys.stdin.close()
     cells: list[dict[str, Any]] = spec.pop("cells")
+    # lazy: imported after the spec is read, so the guard records them as they are
     import course_utils.classroom  # noqa: F401  (recorded by the guard)
     from course_utils.instructor import guard
 
@@ -65,4 +67,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_judge(sys.argv[1:])
