@@ -260,6 +260,6 @@ def build_site(
             for language, nav in navs.items()
         }
         for language, nav in navs.items():
-            target = out / sites[language]["folder"]
+            target = out / ("" if language == "en" else language)
             _build(Path(staging) / language, target, nav, language, sites)
     return out / "index.html"
