@@ -7,11 +7,21 @@ folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the si
 nothing from another host and works from disk or under any sub-path. The site is for
 learners: its notebooks are student versions (no solution, no hidden check, no exercise
 output), unless built with ``answers=True`` (``--answers``).
+
+The course in each of its other languages (:data:`course_utils.translate.LANGUAGES`) is a
+site of its own in ``LANG/`` beside the English one (``bn/``, ``ar/``, ``ne/``): the same
+executed notebooks, their markdown translated (:func:`course_utils.translate.translated_notebook`:
+outputs kept), in Material's interface in that language (English for Nepali, which
+Material lacks; the pages still say ``lang="ne"``), Arabic right to left. Every page's
+language switcher (Material's ``extra.alternate``) opens the same page in each language
+where it has one, else that language's home page. (One mkdocs build per language:
+mkdocs-static-i18n renders notebooks as raw JSON, ultrabug/mkdocs-static-i18n#198.)
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -106,7 +116,22 @@ def stage(
     for asset in ASSETS:
         (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
+    _unlink_missing(docs / "index.md")
     return nav
+
+
+_LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:|#|\.\./)([^)\s#]+)(#[^)\s]*)?\)")
+
+
+def _unlink_missing(page: Path) -> None:
+    """The page's links to files of the checkout that the site does not have
+    (``translations/README.md``) as their text: the site breaks no link."""
+    docs = page.parent
+
+    def keep(match: re.Match[str]) -> str:
+        return match.group(0) if (docs / match.group(2)).exists() else match.group(1)
+
+    page.write_text(_LOCAL_LINK.sub(keep, page.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 #: What the README's Colab line says on the site (the README's links to the published
@@ -136,6 +161,74 @@ def _write_without_answers(executed: Path, target: Path) -> None:
     write_notebook(executed_student_version(read_notebook(executed)), target)
 
 
+#: Material has no interface strings for these languages: its English, ``lang`` kept.
+INTERFACE_LANGUAGE = {"ne": "en"}
+
+
+def stage_language(
+    root: Path, notebooks: Path, docs: Path, language: str, *, answers: bool = True
+) -> list[NavItem]:
+    """Lay out the pages of the site in ``language`` under ``docs``: each executed notebook
+    in ``notebooks`` with its markdown translated (outputs kept; student versions unless
+    ``answers``) and a home page listing them; return mkdocs's ``nav``."""
+    from course_utils import translate  # lazy: Babel
+
+    executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
+    if not executed:
+        raise FileNotFoundError(f"no executed notebooks in {notebooks}: run make course first")
+    (docs / "notebooks").mkdir(parents=True)
+    pages: list[NavItem] = []
+    for notebook in executed:
+        catalog_file = translate.catalog_path(language, notebook, root / "translations")
+        catalog = translate.read_catalog(catalog_file, language) if catalog_file.is_file() else None
+        english = translate.read_english_notebook(notebook)
+        built = translate.translated_notebook(english, catalog, language, notebook.name)
+        target = docs / "notebooks" / notebook.name
+        target.write_text(json.dumps(built, indent=1, ensure_ascii=False) + "\n", "utf-8")
+        if not answers:
+            _write_without_answers(target, target)
+        pages.append({notebook_title(target): f"notebooks/{notebook.name}"})
+    name = translate.LANGUAGES[language]
+    listing = "\n".join(f"- [{title}]({link})" for page in pages for title, link in page.items())
+    home = f"# {name}\n\n{listing}\n"
+    if language in translate.RIGHT_TO_LEFT:
+        home = translate.right_to_left(home)
+    (docs / "index.md").write_text(home, encoding="utf-8")
+    for asset in ASSETS:
+        (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
+    return [{name: "index.md"}, {"Notebooks": pages}]
+
+
+def _pages(nav: list[NavItem]) -> list[str]:
+    """The source paths of a nav's pages (``notebooks/01_x.ipynb``, ``index.md``)."""
+    found: list[str] = []
+    for item in nav:
+        for value in item.values():
+            found += _pages(value) if isinstance(value, list) else [str(value)]
+    return found
+
+
+def _build(docs: Path, out: Path, nav: list[NavItem], language: str, sites: dict[str, Any]) -> None:
+    from mkdocs.commands.build import build  # lazy: optional (site extra)
+    from mkdocs.config import load_config
+
+    from course_utils.translate import RIGHT_TO_LEFT
+
+    config = load_config(
+        str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=str(out.resolve()), nav=nav
+    )
+    config.theme["language"] = INTERFACE_LANGUAGE.get(language, language)
+    config.theme["direction"] = "rtl" if language in RIGHT_TO_LEFT else "ltr"
+    # the switcher's links, per page (website/hooks.py: on_page_context)
+    config.extra["course_language"] = language
+    config.extra["course_sites"] = sites
+    build(config)
+    # mkdocs's 404 page links from the server's root ("/assets/..."): broken opened from
+    # disk or under a sub-path, so the site has none (a server shows its own).
+    (out / "404.html").unlink(missing_ok=True)
+
+
 def build_site(
     root: Path,
     notebooks: Path,
@@ -149,18 +242,24 @@ def build_site(
     landing page. ``root`` is the course checkout (README, docs); ``records``: the GPU
     records to compare (default: those shipped in the package); ``answers`` False: a
     site for learners (see the module doc)."""
-    # lazy: optional (site extra)
-    from mkdocs.commands.build import build
-    from mkdocs.config import load_config
+    from course_utils.translate import LANGUAGES  # lazy: Babel
 
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
-        docs = Path(staging) / "docs"
-        nav = stage(root, notebooks, report, docs, records, answers=answers)
-        site_dir = str(out.resolve())
-        build(
-            load_config(str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=site_dir, nav=nav)
-        )
-    # mkdocs's 404 page links from the server's root ("/assets/..."): broken opened from
-    # disk or under a sub-path, so the site has none (a server shows its own).
-    (out / "404.html").unlink(missing_ok=True)
+        english = stage(root, notebooks, report, Path(staging) / "en", records, answers=answers)
+        navs = {"en": english}
+        for language in LANGUAGES:
+            docs = Path(staging) / language
+            navs[language] = stage_language(root, notebooks, docs, language, answers=answers)
+        # each site: its folder under out, its name in the switcher, its pages
+        sites = {
+            language: {
+                "folder": "" if language == "en" else f"{language}/",
+                "name": LANGUAGES.get(language, "English"),
+                "pages": _pages(nav),
+            }
+            for language, nav in navs.items()
+        }
+        for language, nav in navs.items():
+            target = out / ("" if language == "en" else language)
+            _build(Path(staging) / language, target, nav, language, sites)
     return out / "index.html"

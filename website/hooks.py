@@ -10,6 +10,12 @@
 - A notebook page's table of contents keeps the inline code of its headings: mkdocs-jupyter's
   drops it ("2.1 Mixed precision: and" for "... `torch.autocast` and `GradScaler`", with
   an anchor that matches no heading); each entry takes the id and text of its heading.
+- The language switcher (Material's ``extra.alternate``) opens the same page in each of
+  the course's languages (one site each: English at the top, ``bn/``, ``ar/``, ``ne/``;
+  ``course_utils.site.build_site`` passes them in ``extra.course_sites``), or that
+  language's home page where the page is English only; every link relative.
+- A page in a language whose interface is Material's English (Nepali) still says its
+  content's language: ``<html lang="ne">``.
 """
 
 from __future__ import annotations
@@ -81,6 +87,37 @@ WIDGETS_FROM_CDN = re.compile(
 )
 
 
+# Material's `url` filter would make a link into another language's site (above this
+# one) relative to this site's root: the switcher's links go through it with this prefix
+# (an absolute URL, kept as is), taken off again in on_post_page.
+ALTERNATE = "https://course-alternate.invalid/"
+
+
+def _html_path(source):
+    return posixpath.splitext(source)[0] + ".html"
+
+
+def on_page_context(context, page, config, nav):
+    sites = config.extra.get("course_sites")
+    if not sites:
+        return context
+    here = posixpath.dirname(sites[config.extra["course_language"]]["folder"] + page.url)
+    alternate = []
+    for language, site in sites.items():
+        source = page.file.src_uri if page.file.src_uri in site["pages"] else "index.md"
+        target = site["folder"] + _html_path(source)
+        link = posixpath.relpath(target, here or ".")
+        alternate.append({"name": site["name"], "link": ALTERNATE + link, "lang": language})
+    config.extra["alternate"] = alternate
+    return context
+
+
 def on_post_page(output, page, config):
     output = WIDGETS_FROM_CDN.sub("", MERMAID_FROM_CDN.sub("", output))
+    output = output.replace(ALTERNATE, "")
+    language = config.extra.get("course_language")
+    if language and config.theme["language"] != language:
+        output = output.replace(
+            f'<html lang="{config.theme["language"]}"', f'<html lang="{language}"', 1
+        )
     return output.replace(BADGE_IMAGE, get_relative_url(LOCAL_BADGE, page.url))
