@@ -338,6 +338,42 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     return None
 
 
+@dataclass
+class AutocastState:
+    """What :func:`autocast_cleared` saw: autocast on before the call (left by an
+    earlier run in this kernel) and on after it (left on by the function itself)."""
+
+    on_before: bool = False
+    on_after: bool = False
+
+
+@contextlib.contextmanager
+def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
+    """Judge only what the code in the block does to autocast: turn off autocast an
+    earlier run left on (saying so: restart the kernel), note in ``on_after`` whether the
+    block left it on, and turn it off again on the way out, so a later answer starts clean.
+
+    >>> torch.autocast("cpu").__enter__()  # an earlier answer that never exited
+    >>> with autocast_cleared() as state:  # doctest: +ELLIPSIS
+    ...     inside = torch.is_autocast_enabled("cpu")
+    a previous run left autocast on: restart the kernel ...
+    >>> inside, state.on_before, state.on_after, torch.is_autocast_enabled("cpu")
+    (False, True, False, False)
+    """
+    state = AutocastState(on_before=torch.is_autocast_enabled(device_type))
+    if state.on_before:
+        print(
+            "a previous run left autocast on: restart the kernel (Kernel > Restart) and run "
+            "the notebook again; this check turned it off to judge your function alone"
+        )
+        torch.set_autocast_enabled(device_type, False)
+    try:
+        yield state
+    finally:
+        state.on_after = torch.is_autocast_enabled(device_type)
+        torch.set_autocast_enabled(device_type, False)
+
+
 @contextlib.contextmanager
 def record_autocast(
     module: torch.nn.Module, device_type: str = "cpu"
