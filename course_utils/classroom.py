@@ -353,7 +353,7 @@ def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
     earlier run left on (saying so: restart the kernel), note in ``on_after`` whether the
     block left it on, and turn it off again on the way out, so a later answer starts clean.
 
-    >>> torch.autocast("cpu").__enter__()  # an earlier answer that never exited
+    >>> _ = torch.autocast("cpu").__enter__()  # an earlier answer that never exited
     >>> with autocast_cleared() as state:  # doctest: +ELLIPSIS
     ...     inside = torch.is_autocast_enabled("cpu")
     a previous run left autocast on: restart the kernel ...
