@@ -274,6 +274,12 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
             "the device, it does not move the tensor in place",
         )
+    check(
+        type(result) is tuple and type(result[3]) is list,
+        f"keep each container's type: the batch is a tuple and its boxes a list, but you "
+        f"returned a {type(result).__name__} holding a {type(result[3]).__name__}: build "
+        "each one with type(batch)(...)",
+    )
 
 
 def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
