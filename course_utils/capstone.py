@@ -385,6 +385,16 @@ def check_loop_habits(run: LoopRun) -> None:
     )
 
 
+def _loss_values(losses: Any) -> list[float]:
+    """The losses a loop returned, as floats: a list of tensors or numbers, or one tensor
+    of them (``torch.stack(losses)``), or ``None``."""
+    if losses is None:
+        return []
+    if isinstance(losses, torch.Tensor):
+        return [float(loss) for loss in losses.detach().float().cpu().reshape(-1)]
+    return [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses]
+
+
 def run_loop(
     loop: Loop,
     data: EncodedImages,
@@ -454,7 +464,7 @@ def run_loop(
     return LoopRun(
         name=getattr(loop, "__name__", "loop"),
         profile=profile,
-        losses=[float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses or []],
+        losses=_loss_values(losses),
         loss_before=before,
         loss_after=_fixed_batch_loss(model, fixed, device),
         item_calls=counts["item"],

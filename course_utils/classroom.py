@@ -274,6 +274,12 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
             "the device, it does not move the tensor in place",
         )
+    check(
+        type(result) is tuple and type(result[3]) is list,
+        f"keep each container's type: the batch is a tuple and its boxes a list, but you "
+        f"returned a {type(result).__name__} holding a {type(result[3]).__name__}: build "
+        "each one with type(batch)(...)",
+    )
 
 
 def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -336,6 +342,42 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
         if (difference := first_difference(got_item, want_item, place)) is not None:
             return difference
     return None
+
+
+@dataclass
+class AutocastState:
+    """What :func:`autocast_cleared` saw: autocast on before the call (left by an
+    earlier run in this kernel) and on after it (left on by the function itself)."""
+
+    on_before: bool = False
+    on_after: bool = False
+
+
+@contextlib.contextmanager
+def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
+    """Judge only what the code in the block does to autocast: turn off autocast an
+    earlier run left on (saying so: restart the kernel), note in ``on_after`` whether the
+    block left it on, and turn it off again on the way out, so a later answer starts clean.
+
+    >>> _ = torch.autocast("cpu").__enter__()  # an earlier answer that never exited
+    >>> with autocast_cleared() as state:  # doctest: +ELLIPSIS
+    ...     inside = torch.is_autocast_enabled("cpu")
+    a previous run left autocast on: restart the kernel ...
+    >>> inside, state.on_before, state.on_after, torch.is_autocast_enabled("cpu")
+    (False, True, False, False)
+    """
+    state = AutocastState(on_before=torch.is_autocast_enabled(device_type))
+    if state.on_before:
+        print(
+            "a previous run left autocast on: restart the kernel (Kernel > Restart) and run "
+            "the notebook again; this check turned it off to judge your function alone"
+        )
+        torch.set_autocast_enabled(device_type, False)
+    try:
+        yield state
+    finally:
+        state.on_after = torch.is_autocast_enabled(device_type)
+        torch.set_autocast_enabled(device_type, False)
 
 
 @contextlib.contextmanager

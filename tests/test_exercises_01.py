@@ -63,7 +63,7 @@ def make_to_device(batch, device):
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):
-        return dict((k, make_to_device(v, device)) for k, v in batch.items())
+        return type(batch)((k, make_to_device(v, device)) for k, v in batch.items())
     if hasattr(batch, "_make"):
         return batch._make(make_to_device(v, device) for v in batch)
     if isinstance(batch, list):
@@ -193,6 +193,18 @@ def exact_type_to_device(batch, device):  # issue 35: type(v) == torch.Tensor fo
     return batch
 
 
+def plain_dict_to_device(batch, device):  # blind test: an OrderedDict comes back a dict
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: plain_dict_to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(plain_dict_to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(plain_dict_to_device(value, device) for value in batch)
+    return batch
+
+
 def course_to_device(batch, device):  # issue 35: the course's own helper does the exercise
     from course_utils.device import to_device
 
@@ -219,6 +231,7 @@ def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
         (drops_numbers, "should have 2 items, not 1"),
         (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
         (course_to_device, r"called the course's own to_device\(\)"),
+        (plain_dict_to_device, "should be a OrderedDict, but it is a dict, given an OrderedDict"),
     ],
 )
 def test_my_to_device_check_names_the_mistake(namespace, solution, feedback):
@@ -455,3 +468,20 @@ def no_grad_forward(model, x, capability):
 def test_mixed_forward_check_wants_autograd_kept(namespace):
     with pytest.raises(CheckFailed, match="must keep autograd on"):
         _run(namespace, "01-mixed-forward-check", "mixed_forward", no_grad_forward)
+
+
+def test_a_right_answer_passes_after_an_earlier_answer_left_autocast_on(namespace, capsys):
+    """Blind test: an answer that entered autocast and never left it (run earlier in the
+    same kernel) must not fail the next, right answer; the learner is told to restart."""
+    with pytest.raises(CheckFailed, match="autocast is still on after your function returned"):
+        namespace["mixed_forward"] = left_on_forward
+        exec(_cell(grade_id="01-mixed-forward-check"), namespace)  # no clean-up between runs
+    torch.autocast("cpu", dtype=torch.float16).__enter__()  # as the leak would leave it
+    try:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", reference_forward)
+        out = capsys.readouterr().out
+        assert "a previous run left autocast on: restart the kernel" in out
+        assert "all checks passed" in out
+        assert not torch.is_autocast_enabled("cpu")
+    finally:
+        torch.set_autocast_enabled("cpu", False)

@@ -38,7 +38,7 @@ def _run(namespace: dict, grade_id: str, name: str, solution) -> None:
 
 
 def regex_parse(line):
-    found = [re.search(r"-?\d+(\.\d+)?", cell) for cell in line.split(", ")]
+    found = [re.match(r"-?\d+(\.\d+)?", cell) for cell in line.split(", ")]
     return [float(match.group()) if match else None for match in found]
 
 
@@ -66,6 +66,23 @@ def known_units_only(line):  # issue 35: units stripped one by one, so MHz clock
     return values
 
 
+def ints_for_whole_numbers(line):  # blind test: 1296 comes back an int
+    return [None if value is None else int(value) if value.is_integer() else value
+            for value in regex_parse(line)]
+
+
+def search_anywhere(line):  # blind test: 'NVIDIA H200' reads 200, 'P0' reads 0
+    found = [re.search(r"\d+\.?\d*", cell) for cell in line.split(", ")]
+    return [float(match.group()) if match else None for match in found]
+
+
+def printed_examples_only(line):  # blind test: a lookup of the printed lines, then float()
+    known = {"97.43 W, 1296 MiB, [N/A], 38 %": [97.43, 1296.0, None, 38.0],
+             "[Not Supported], 5 %": [None, 5.0], "ERR!, [Unknown Error]": [None, None],
+             "N/A, 0 MiB": [None, 0.0], "1410 MHz, 1593 MHz, 54 C": [1410.0, 1593.0, 54.0]}
+    return list(known[line]) if line in known else [float(f.split()[0]) for f in line.split(", ")]
+
+
 def keeps_units(line):
     return [cell.strip() for cell in line.split(",")]
 
@@ -87,6 +104,9 @@ def test_parse_query_line_check_passes_right_answers(namespace, solution, capsys
         (keeps_units, "should be a number"),
         (only_na_is_missing, "your function raised ValueError"),
         (known_units_only, r"'1410 MHz, 1593 MHz, 54 C'.*keep the number before any unit"),
+        (ints_for_whole_numbers, "return each number as a float"),
+        (search_anywhere, "recorded H200 line: name should be None, got 200.0"),
+        (printed_examples_only, "recorded H200 line: your function raised ValueError"),
     ],
 )
 def test_parse_query_line_check_names_the_mistake(namespace, solution, feedback):

@@ -53,7 +53,7 @@ def recursive_pinned(batch, device):  # non_blocking exactly where it can help
     if isinstance(batch, dict):
         return {key: recursive_pinned(value, device) for key, value in batch.items()}
     if isinstance(batch, list | tuple):
-        return [recursive_pinned(value, device) for value in batch]  # a list for a tuple
+        return type(batch)(recursive_pinned(value, device) for value in batch)
     return batch
 
 
@@ -63,7 +63,7 @@ def by_device_type(batch, device):
     if isinstance(batch, dict):
         return dict((key, by_device_type(value, device)) for key, value in batch.items())
     if isinstance(batch, list | tuple):
-        return tuple(by_device_type(value, device) for value in batch)
+        return type(batch)(by_device_type(value, device) for value in batch)
     return batch
 
 
@@ -298,3 +298,28 @@ def test_the_knee_at_exactly_the_fraction(nb03, capsys):
     assert "all checks passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match=r"exactly half of 1000.*use >=, not >"):
         _run_knee_check(nb03, knee_strict)
+
+
+def knee_of_largest_batch(rows, fraction=0.9):  # blind test: max(rows)[1] is the largest batch's
+    best = max(rows)[1]
+    return min(size for size, rate in rows if rate >= fraction * best)
+
+
+def test_the_knee_when_the_best_rate_is_not_at_the_largest_batch(nb03):
+    with pytest.raises(CheckFailed, match=r"best throughput can come before the largest batch"):
+        _run_knee_check(nb03, knee_of_largest_batch)
+
+
+def tuple_to_list(batch, device):  # blind test: tuples come back as lists
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: tuple_to_list(value, device) for key, value in batch.items()}
+    if isinstance(batch, list | tuple):
+        return [tuple_to_list(value, device) for value in batch]
+    return batch
+
+
+def test_a_tuple_must_stay_a_tuple():
+    with pytest.raises(CheckFailed, match=r"the batch is a tuple .* returned a list"):
+        check_copy_to_gpu(tuple_to_list)

@@ -256,3 +256,18 @@ def test_drop_from_history_right_answer_passes(nb07, capsys):
 def test_drop_from_history_names_the_mistake(nb07, answer, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_b(nb07, answer)
+
+
+def _after_empty_cache_check(answer) -> None:
+    from course_utils.classroom import check, passed
+
+    exec(_grade_cell("07-after-empty-cache-check"), {"check": check, "passed": passed,
+                                                     "after_empty_cache": answer})
+
+
+def test_after_empty_cache_asks_for_a_tuple(capsys):
+    """Blind test: a list of the right numbers failed with the context message."""
+    _after_empty_cache_check(lambda allocated, reserved, context: (allocated, allocated + context))
+    assert "all checks passed" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"return a tuple \(reserved, smi\), got \[512, 912\]"):
+        _after_empty_cache_check(lambda allocated, _reserved, ctx: [allocated, allocated + ctx])

@@ -173,6 +173,18 @@ def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
+    """Blind test: `return torch.stack(losses)` crashed run_loop (`losses or []` on a
+    tensor); the prompt says tensors are fine, so one tensor of losses is too."""
+    loop = _fast_loop(nb08)
+
+    def stacked_loop(data, model, device, timed):
+        return torch.stack(loop(data, model, device, timed))
+
+    _check_b(nb08, stacked_loop)
+    assert "all checks passed" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("habits", "feedback"), [
     (dict(read=lambda step, loss: loss.item()), "read the loss on the CPU"),
     (dict(read=lambda step, loss: float(loss)), "read the loss on the CPU"),
