@@ -25,6 +25,50 @@ class CheckFailed(AssertionError):
     """An exercise check failed; the message is the feedback for the learner."""
 
 
+class PartialCredit(CheckFailed):
+    """A check whose exercise has separable parts, some of them right: the course's grader
+    scores ``earned`` (0 to 1) of the check's points; nbgrader scores it 0, like any failure."""
+
+    def __init__(self, feedback: str, earned: float) -> None:
+        super().__init__(feedback)
+        self.earned = earned
+
+
+def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
+    """Run each part of an exercise (``name: check``; a check raises :class:`CheckFailed`
+    when that part is wrong); each part is worth the same share of the points.
+
+    All right: return. None right: :class:`CheckFailed`. Some right: :class:`PartialCredit`
+    for the share that was right, its feedback naming each wrong part (the course's grader
+    scores that share only when the check cell itself calls this function).
+
+    >>> def right() -> None: pass
+    >>> def wrong() -> None: check(False, "pin the batches")
+    >>> check_parts({"to_gpu": right, "gpu_loader": right})
+    >>> check_parts({"to_gpu": right, "gpu_loader": wrong})
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.PartialCredit: 1 of 2 parts right; gpu_loader: pin the batches
+    """
+    if not parts:
+        raise ValueError("check_parts needs at least one part")
+    wrong = []
+    for name, part in parts.items():
+        try:
+            part()
+        except CheckFailed as failure:
+            wrong.append(f"{name}: {failure}")
+        except Exception as error:  # the learner's code raised: that part is wrong
+            wrong.append(f"{name}: your code raised {type(error).__name__}: {error}")
+    if not wrong:
+        return
+    right = len(parts) - len(wrong)
+    feedback = f"{right} of {len(parts)} parts right; " + "; ".join(wrong)
+    if right == 0:
+        raise CheckFailed(feedback)
+    raise PartialCredit(feedback, right / len(parts))
+
+
 def check(condition: Any, feedback: str) -> None:
     """Raise :class:`CheckFailed` with ``feedback`` unless ``condition`` is true.
 

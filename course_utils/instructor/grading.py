@@ -87,6 +87,9 @@ class CellOutcome:
     seconds: float = 0.0
     #: For a check: what its guard found tampered with (the check then scores 0).
     tampering: list[str] = field(default_factory=list)
+    #: For a failed check with separable parts: the share of its points earned
+    #: (:func:`course_utils.classroom.check_parts`).
+    earned: float = 0.0
 
 
 @dataclass
@@ -645,7 +648,9 @@ def _judge(
             verdicts[index] = CellOutcome("error", "Tampering", tampering=problems)
         elif message.get("ename"):
             ename, evalue = str(message["ename"]), str(message.get("evalue", ""))
-            verdicts[index] = CellOutcome("error", ename, evalue)
+            earned = message.get("earned", 0.0)
+            share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
+            verdicts[index] = CellOutcome("error", ename, evalue, earned=share)
         else:
             verdicts[index] = CellOutcome("ok")
     flags += state.flags
@@ -732,6 +737,7 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
         "not-run": "not run: the time limit was reached or the kernel could not be restored",
     }.get(outcome.status) or {
         "CheckFailed": outcome.evalue,
+        "PartialCredit": outcome.evalue,
         "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
         "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
         "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
@@ -792,9 +798,13 @@ def grade_submission(
         elif outcomes[position[gid]].status == "ok":
             results.append(CheckResult(gid, most, most, True, "", how))
         else:
-            reason = _reason(outcomes[position[gid]], cell_timeout_s)
+            outcome = outcomes[position[gid]]
+            reason = _reason(outcome, cell_timeout_s)
             reason += _solution_failure(cells, outcomes, position[gid])
-            results.append(CheckResult(gid, 0.0, most, False, reason, how))
+            points = round(most * outcome.earned, 2)
+            if points:
+                reason = f"partial credit, {outcome.earned:.0%} of the points: {reason}"
+            results.append(CheckResult(gid, points, most, False, reason, how))
     matched = [
         f"{match.grade_id}: cell {match.index + 1}, {match.how}"
         for match in sorted(matches.values(), key=lambda m: m.index)

@@ -139,8 +139,8 @@ def encode_verdict(message: dict[str, Any]) -> str:
     for name, value in message.items():
         if type(value) is list:
             text = "[" + ",".join([_QUOTE(str(item)) for item in value]) + "]"
-        elif type(value) is int:
-            text = str(value)
+        elif type(value) is int or type(value) is float:  # a share of the points
+            text = repr(value)
         else:
             text = _QUOTE(str(value))
         parts.append(_QUOTE(name) + ":" + text)
@@ -338,6 +338,10 @@ class _Guard:
         #: (:func:`course_utils.classroom.course_helpers_refused`): a check's, no tampering.
         swapper = getattr(getattr(classroom, "course_helpers_refused", None), "__wrapped__", None)
         self.code_swappers = {getattr(swapper, "__code__", None)} - {None}
+        #: Partial credit counts only when the check cell itself called ``check_parts``
+        #: (recorded now, before any learner code): never from learner code's own raise.
+        self.partial_class = getattr(classroom, "PartialCredit", None)
+        self.partial_code = getattr(getattr(classroom, "check_parts", None), "__code__", None)
 
     def _pinned(self, module: str, attribute: str | None) -> Any:
         record = self.record.modules.get(module)
@@ -431,6 +435,7 @@ class _Guard:
         namespace.update(check["pins"])
         namespace["__builtins__"] = self.builtins_module
         ename = evalue = ""
+        earned = 0.0
         try:
             code = check["code"]
             if isinstance(code, SyntaxError):
@@ -442,6 +447,7 @@ class _Guard:
                 evalue = str(error)[:_MESSAGE_CHARS]
             except BaseException:
                 evalue = "(its message could not be read)"
+            earned = self._partial_credit(error)
         problems += self.record.changes()
         for trace in self._traces():
             problems.append(trace.replace("was left on", "was set during the check"))
@@ -451,8 +457,35 @@ class _Guard:
             changed = before.get(name, _MISSING) is not value
             if changed and name != "__builtins__" and name not in check["pins"]:
                 self.namespace[name] = value
-        result = {"kind": "result", "nonce": nonce, "ename": ename, "evalue": evalue}
+        result: dict[str, Any] = {"kind": "result", "nonce": nonce, "ename": ename}
+        result["evalue"] = evalue
+        if earned:
+            result["earned"] = earned
         self.send({**result, "tampering": problems})
+
+    def _partial_credit(self, error: BaseException) -> float:
+        """The share of the points a check's :class:`PartialCredit` earns: its exact
+        recorded class, raised by the recorded ``check_parts`` that the check's own code
+        called; anything else (a learner's function raising it) earns nothing."""
+        if self.partial_class is None or type(error) is not self.partial_class:
+            return 0.0
+        self.busy = True  # the guard's own walk of the traceback
+        try:
+            frames, tb = [], error.__traceback__
+            while tb is not None:
+                frames.append(tb.tb_frame.f_code)
+                tb = tb.tb_next
+            genuine = (
+                len(frames) >= 2
+                and frames[-1] is self.partial_code
+                and id(frames[-2]) in self.check_code
+            )
+            earned = vars(error).get("earned") if genuine else None
+        finally:
+            self.busy = False
+        if type(earned) is not float or not 0.0 < earned < 1.0:
+            return 0.0
+        return earned
 
     # -- the audit hook -----------------------------------------------------------------
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
