@@ -690,3 +690,157 @@ def record_autocast_devices() -> Iterator[list[str]]:
         yield devices
     finally:
         autocast.__init__ = original  # type: ignore[method-assign]
+
+
+def check_gpu_loader(gpu_loader: Callable[..., Any]) -> None:
+    """Check a learner's ``gpu_loader(dataset, batch_size, workers=)``: pinned, shuffled
+    batches, and with workers, persistent ones that prefetch 4 batches each (notebook 03).
+
+    >>> from torch.utils.data import DataLoader
+    >>> check_gpu_loader(lambda data, size, workers: DataLoader(data, size))
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: without pin_memory=True the batches stay in pageable \
+memory, where .to(device, non_blocking=True) is an ordinary blocking copy
+    """
+    import warnings
+
+    from torch.utils.data import RandomSampler, TensorDataset
+
+    dataset = TensorDataset(torch.randn(12, 3), torch.arange(12))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # on a CPU PyTorch warns that pinning needs a GPU
+        loader = gpu_loader(dataset, 4, workers=2)
+        try:
+            plain = gpu_loader(dataset, 4, workers=0)
+            batch = next(iter(plain))
+        except ValueError as error:
+            raise CheckFailed(f"gpu_loader(..., workers=0) failed: {error}") from None
+    check(
+        loader.pin_memory and plain.pin_memory,
+        "without pin_memory=True the batches stay in pageable memory, where "
+        ".to(device, non_blocking=True) is an ordinary blocking copy",
+    )
+    wanted_settings = {
+        "batch_size": 4,
+        "num_workers": 2,
+        "persistent_workers": True,
+        "prefetch_factor": 4,
+    }
+    for setting, wanted in wanted_settings.items():
+        check(
+            getattr(loader, setting, None) == wanted,
+            f"gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
+        )
+    check(
+        isinstance(loader.sampler, RandomSampler) and isinstance(plain.sampler, RandomSampler),
+        "the loader should shuffle (shuffle=True)",
+    )
+    check(
+        not torch.cuda.is_available() or all(t.is_pinned() for t in batch),
+        "on this GPU machine the batches should arrive pinned",
+    )
+
+
+def check_moves_batch(
+    my_to_device: Callable[[Any, Any], Any],
+    batch: Any,
+    what: str = "a nested batch",
+    *,
+    namespace: dict[str, Any],
+) -> None:
+    """Check a learner's ``my_to_device(batch, device)`` against the course's
+    :func:`~course_utils.device.to_device` on ``batch`` (moved to the ``meta`` device), with
+    the course's function refused in ``namespace``; ``what`` names the batch in feedback.
+
+    >>> check_moves_batch(to_device, [torch.ones(1)], namespace={})
+    >>> check_moves_batch(lambda batch, device: batch, [torch.ones(1)], namespace={})
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: in what your function returned, batch[0] is a tensor \
+on cpu; it should be on meta, given a nested batch
+    """
+    before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
+    with course_helpers_refused(namespace, "to_device"):  # yours must not call it
+        out = answer_or_error(my_to_device, batch, "meta")
+    check(not isinstance(out, str), f"{out}, given {what}")
+    difference = first_difference(out, want)
+    check(difference is None, f"in what your function returned, {difference}, given {what}")
+    difference = first_difference(batch, before)
+    check(
+        difference is None,
+        f"your function changed the batch it was given (afterwards, {difference}): "
+        "build new containers and leave the old ones as they were",
+    )
+
+
+GPU_NAMES = {(6, 0): "a P100 (6.0)", (7, 5): "a T4 (7.5)", (8, 0): "an A100 (8.0)"}
+
+
+def check_mixed_forward(
+    mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
+    capability: tuple[int, int],
+    *,
+    namespace: dict[str, Any],
+    on_gpu: bool = False,
+) -> None:
+    """Run a learner's ``mixed_forward(model, x, capability)`` (notebook 01), watching
+    autocast inside it: model(x) under the autocast that :func:`pick_precision` picks for a
+    GPU of that compute capability, or in float32 without it; the course's precision helpers
+    refused in ``namespace``. ``on_gpu``: x is a CPU tensor whose ``.device`` says cuda.
+
+    >>> def fp32_forward(model, x, capability):
+    ...     return model(x)
+    >>> check_mixed_forward(fp32_forward, (6, 0), namespace={})
+    >>> check_mixed_forward(fp32_forward, (8, 0), namespace={})
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: for an A100 (8.0), run model(x) under \
+torch.autocast(x.device.type, dtype=torch.bfloat16)
+    """
+    from torch import nn
+
+    from course_utils.device import pick_precision
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    x = x.as_subclass(LooksLikeCuda) if on_gpu else x
+    want = pick_precision("cuda", capability=capability)  # the course's answer
+    refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
+    with (
+        autocast_cleared() as autocast,
+        record_autocast(model) as seen,
+        record_autocast_devices() as devices,
+        refused,
+    ):
+        out = answer_or_error(mixed_forward, model, x, capability)
+    gpu = GPU_NAMES.get(capability, f"compute capability {capability}")
+    name = str(want.dtype)[6:]
+    check(not isinstance(out, str), f"{out}")
+    out = out if on_gpu else exact_tensor(out, "the output of model(x)")
+    check(out.shape == (8, 4), "give back the output of model(x), of shape (8, 4)")
+    check(
+        all(device == x.device.type for device in devices),
+        f"x is on {x.device.type}, but you ran autocast for {devices}: write "
+        "torch.autocast(x.device.type, ...), which follows x",
+    )
+    check(
+        out.requires_grad,
+        "a training step's forward pass must keep autograd on: no torch.no_grad() or .detach()",
+    )
+    check(
+        seen[-1:] == [want.dtype if want.autocast else None],
+        f"for {gpu}, run model(x) under torch.autocast(x.device.type, dtype=torch.{name})"
+        if want.autocast
+        else f"{gpu} has no tensor cores: run model(x) in float32, without autocast",
+    )
+    check(
+        all(p.dtype == torch.float32 for p in model.parameters()) and out.dtype == want.dtype,
+        f"autocast casts inside each operation (the output for {gpu} is {name}): do not "
+        "convert the model, x or the output yourself",
+    )
+    check(
+        not autocast.on_after,
+        "autocast is still on after your function returned: use it as a context manager, "
+        "`with torch.autocast(...):`",
+    )
