@@ -844,3 +844,113 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         "autocast is still on after your function returned: use it as a context manager, "
         "`with torch.autocast(...):`",
     )
+
+
+def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
+    """Check a learner's ``parse_query_line`` (notebook 02) on lines with other units,
+    unavailable values, ``nounits`` output and a line recorded on an H200 with text fields.
+
+    >>> check_parses_other_lines(lambda line: [float(v) for v in line.split(", ")])
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: for '[Not Supported], 5 %' expected [None, 5.0], \
+got your function raised ValueError: could not convert string to float: '[Not Supported]': keep \
+the number before any unit (MHz, C, MiB, W, %), None only where there is no number
+    """
+    from course_utils.smi import sample_output
+
+    cases = {
+        "[Not Supported], 5 %": [None, 5.0],
+        "ERR!, [Unknown Error]": [None, None],
+        "N/A, 0 MiB": [None, 0.0],
+        "1410 MHz, 1593 MHz, 54 C": [1410.0, 1593.0, 54.0],
+    }
+    for line, expected in cases.items():
+        got = answer_or_error(parse_query_line, line)
+        check(
+            type(got) is list and got == expected,
+            f"for {line!r} expected {expected}, got {got}: keep the number before any unit "
+            "(MHz, C, MiB, W, %), None only where there is no number",
+        )
+    check(
+        answer_or_error(parse_query_line, "1024, 35") == [1024.0, 35.0],
+        "values printed with nounits have no unit",
+    )
+    header, line = sample_output("h200_query_gpu_csv_load")[1].strip().splitlines()
+    got = answer_or_error(parse_query_line, line)  # a line recorded on an H200
+    check(isinstance(got, list), f"recorded H200 line: {got}")
+    recorded = dict(zip(header.split(", "), got))
+    expected_fields: list[tuple[str, float | None]] = [
+        ("memory.used [MiB]", 1011),
+        ("power.draw [W]", 692.82),
+        ("utilization.gpu [%]", 99),
+        ("temperature.gpu", 54),
+        ("name", None),
+        ("pstate", None),
+    ]
+    for field, value in expected_fields:
+        check(
+            recorded.get(field) == value,
+            f"recorded H200 line: {field} should be {value}, got {recorded.get(field)!r} "
+            "(a value is a number only where it starts with one)",
+        )
+
+
+def check_read_gpu_edge_cases(read_gpu: Callable[[Any, int], Any]) -> None:
+    """Check a learner's ``read_gpu(nvml, index)`` (notebook 02) on a MIG instance, whose
+    utilization call raises ``NVMLError_NotSupported``, and on byte counts that are not whole
+    MiB (``bytes // 2**20``, an int).
+
+    >>> check_read_gpu_edge_cases(lambda nvml, index: (None, 512, 19968))
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB: 2047.5 MiB \
+used reads 2047 (bytes // 2**20, an int), not 512
+    """
+    from course_utils.fake_nvml import FakeGpu, FakeNvml
+
+    mig = FakeNvml([FakeGpu(utilization_gpu_pct=None, memory_used_mib=512, memory_total_mib=19968)])
+    try:
+        got = read_gpu(mig, 0)  # a MIG instance (constructed): utilization is not supported
+    except FakeNvml.NVMLError as error:
+        got = f"{type(error).__name__} raised"
+    check(
+        got == (None, 512, 19968),
+        "under MIG the utilization call raises nvml.NVMLError_NotSupported: return None for "
+        f"it, and still read the memory ({got})",
+    )
+    odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
+    got = read_gpu(odd, 0)  # byte counts that are not whole MiB: used 2047.5, total 15363 MiB
+    check(
+        got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
+        "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads 2047 "
+        f"(bytes // 2**20, an int), not {got[1]!r}",
+    )
+
+
+def check_retry_halving_down_to_one(
+    retry_halving: Callable[[Callable[[int], Any], int], Any],
+    limited: Callable[[float, list[Any], list[int]], Callable[[int], Any]],
+) -> None:
+    """Check a learner's ``retry_halving(step, batch_size)`` (notebook 07) at the bottom:
+    it tries a batch of 1 too, and when even that does not fit it raises its own
+    ``RuntimeError``, not the OOM error. ``limited(limit, attempts, leaks)`` builds a step
+    that fits ``limit`` samples (the notebook's simulated step)."""
+    try:
+        got = retry_halving(limited(1.5, [], []), 24)  # only a batch of 1 fits
+    except RuntimeError:
+        got = "a RuntimeError"
+    check(
+        got == 1,
+        "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and try that too "
+        f"(your function gave {got})",
+    )
+    try:
+        retry_halving(limited(0.5, [], []), 8)
+    except RuntimeError as error:  # its words may say "out of memory": its type must not be OOM
+        check(
+            not isinstance(error, torch.cuda.OutOfMemoryError),
+            "raise your own RuntimeError, not the OOM error",
+        )
+    else:
+        raise CheckFailed("when not even a batch of 1 fits, raise RuntimeError")
