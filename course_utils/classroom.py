@@ -879,7 +879,7 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
     header, line = sample_output("h200_query_gpu_csv_load")[1].strip().splitlines()
     got = answer_or_error(parse_query_line, line)  # a line recorded on an H200
     check(isinstance(got, list), f"recorded H200 line: {got}")
-    recorded = dict(zip(header.split(", "), got))
+    recorded = dict(zip(header.split(", "), got, strict=False))
     expected_fields: list[tuple[str, float | None]] = [
         ("memory.used [MiB]", 1011),
         ("power.draw [W]", 692.82),
@@ -954,3 +954,23 @@ def check_retry_halving_down_to_one(
         )
     else:
         raise CheckFailed("when not even a batch of 1 fits, raise RuntimeError")
+
+
+def check_same_parameters(
+    mine: torch.nn.Module,
+    theirs: torch.nn.Module,
+    when: str,
+    *,
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+) -> None:
+    """Check that each parameter of ``mine`` is close to the same parameter of ``theirs``
+    (the reference model), naming the first one that is not and ``when`` it was compared.
+
+    >>> check_same_parameters(torch.nn.Linear(2, 1), torch.nn.Linear(2, 1), "at the start")
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: your model's weight at the start ...
+    """
+    for (name, mine_p), theirs_p in zip(mine.named_parameters(), theirs.parameters(), strict=False):
+        check_close(mine_p, theirs_p, f"your model's {name} {when}", rtol=rtol, atol=atol)
