@@ -19,6 +19,7 @@ from unittest import mock
 import torch
 
 from course_utils.device import to_device  # the course's own: refused by check_copy_to_gpu
+from course_utils.footprint import optimizer_state_bytes
 
 
 class CheckFailed(AssertionError):
@@ -974,3 +975,30 @@ def check_same_parameters(
     """
     for (name, mine_p), theirs_p in zip(mine.named_parameters(), theirs.parameters(), strict=False):
         check_close(mine_p, theirs_p, f"your model's {name} {when}", rtol=rtol, atol=atol)
+
+
+def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module], int]) -> None:
+    """Exercise 04 (a): Adam's averages take the parameters' dtype, so a bf16 and a float64
+    ``nn.Linear(10, 5)`` must give what a real Adam keeps after one step (not 4 bytes per
+    element).
+
+    >>> def right(model):
+    ...     state = sum(2 * p.numel() * p.element_size() for p in model.parameters())
+    ...     return state + 4 * len(list(model.parameters()))
+    >>> check_adam_state_follows_dtype(right)
+    >>> check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8)
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
+    """
+    for dtype in (torch.bfloat16, torch.float64):
+        layer = torch.nn.Linear(10, 5).to(dtype)
+        real = torch.optim.Adam(layer.parameters())
+        layer(torch.randn(2, 10, dtype=dtype)).sum().backward()
+        real.step()
+        want, got = optimizer_state_bytes(real), answer_or_error(adam_state_bytes, layer)
+        check(
+            got == want,
+            f"a {str(dtype)[6:]} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
+            f"{got}: its averages take p.element_size() bytes per element, not always 4",
+        )
