@@ -10,6 +10,10 @@ default ``colab``, holding only what a learner needs:
   "Open in Colab" badges open that branch and their setup cells install the course from
   the commit being published (:mod:`course_utils.colab`); notebooks 02 onwards ask
   Colab for a GPU runtime (01 teaches the menu);
+* ``notebooks/{bn,ar,ne}/``: the same notebooks in each language of ``translations/``
+  (:mod:`course_utils.translate`'s build, from the retargeted English notebooks, so each
+  one's badge opens its own path on the branch and links the English and the other
+  languages), student versions or full like the English ones;
 * ``colab_setup.sh`` (the setup cells download it from the commit, but learners read it
   here too), ``README.md`` and the licence, if any.
 
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from course_utils.colab import retarget_course
+from course_utils.translate import LANGUAGES, build
 
 #: Files of the checkout's top level that a published branch carries (when present).
 TOP_FILES = ("README.md", "colab_setup.sh", "LICENSE", "LICENSE.md", "LICENSE.txt")
@@ -87,7 +92,8 @@ def stage_branch(
 ) -> list[Path]:
     """Write into the empty folder ``out`` the files of the published branch ``branch``
     (see the module doc), with setup cells pointed at ``repo``/``ref``; return the
-    notebooks. ``PublishError`` if a student version still holds an answer marker."""
+    notebooks (the English ones, then each language's). ``PublishError`` if a student
+    version still holds an answer marker."""
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
@@ -98,8 +104,13 @@ def stage_branch(
     for path in notebooks:
         shutil.copy2(path, out / "notebooks" / path.name)
     retarget_course(out, repo, ref, badge_ref=branch)
-    written = sorted((out / "notebooks").glob("*.ipynb"))
+    english = sorted((out / "notebooks").glob("*.ipynb"))
+    written = list(english)
+    for language in LANGUAGES:  # from the retargeted full notebooks: they carry the badges
+        folder = out / "notebooks" / language
+        written += sorted(build(language, english, folder, root / "translations"))
     for path in written:
+        shown = path.relative_to(out / "notebooks").as_posix()
         if answers:
             notebook = json.loads(path.read_text(encoding="utf-8"))
         else:
@@ -109,7 +120,7 @@ def stage_branch(
             notebook = student_version(read_notebook(path))
             left = answers_left(notebook)
             if left:
-                raise PublishError(f"{path.name}: the student version kept {', '.join(left)}")
+                raise PublishError(f"{shown}: the student version kept {', '.join(left)}")
         if asks_for_gpu(path.name):
             notebook["metadata"].update(json.loads(json.dumps(COLAB_GPU_METADATA)))
         text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"

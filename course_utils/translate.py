@@ -502,7 +502,7 @@ def _title_badge(text: str, english: str, language: str, name: str) -> str:
         return text
     lines = text.split("\n")
     at = _badge_line_index(text)
-    at = at if at is not None else min(2, len(lines))
+    at = at if at is not None else min(at_english, len(lines))  # the translator's line
     lines[at : at + 1] = [badge]
     return "\n".join(lines)
 
@@ -521,9 +521,12 @@ def translated_notebook(
         english = cell_text(cell)
         key = source_text(index, english)
         message = catalog.get(key, context=cell.get("id")) if catalog is not None else None
-        text = translated_text(language, english, message)
         if index == 0 and message is not None and message.string and not message.fuzzy:
-            text = _title_badge(text, english, language, name)
+            # the badge goes in before the right to left wrapping shifts the lines
+            title = _title_badge(str(message.string), english, language, name)
+            text = right_to_left(title) if language in RIGHT_TO_LEFT else title
+        else:
+            text = translated_text(language, english, message)
         cell["source"] = text.splitlines(keepends=True)
     built["metadata"]["language"] = language
     built["metadata"]["course_translation"] = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from course_utils import colab, publish
+from course_utils import colab, publish, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "publish.yml"
@@ -185,9 +185,14 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
         markers["hidden"] += text.count("BEGIN HIDDEN TESTS")
         assert "".join(cells[1]["source"]) == colab.setup_cell_source(REPOSITORY, sha, sha256)
         url = colab.badge_url(REPOSITORY, name, f"notebooks/{path.name}")
-        assert "".join(cells[0]["source"]).splitlines()[2] == (
-            f"[![Open In Colab]({colab.BADGE_IMAGE})]({url})"
-        )
+        badge, *languages = "".join(cells[0]["source"]).splitlines()[2].split(" · ")
+        assert badge == f"[![Open In Colab]({colab.BADGE_IMAGE})]({url})"
+        # a link per language, each to a notebook this branch holds
+        prefix = colab.badge_url(REPOSITORY, name, "")
+        link = re.compile(rf"\[[^]]+\]\({re.escape(prefix)}(\S+)\)")
+        targets = [link.fullmatch(text) for text in languages]
+        assert len(targets) == len(colab.TRANSLATIONS) and all(targets), languages
+        assert all((branch / t.group(1)).is_file() for t in targets if t), languages
         gpu = notebook["metadata"].get("accelerator") == "GPU"
         assert gpu == (not path.name.startswith("01_")), path.name
         if gpu:
@@ -200,8 +205,42 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
         assert markers["solution"] >= len(notebooks) and markers["hidden"] >= 2
     else:
         assert markers == {"solution": 0, "hidden": 0}
+    check_translations(branch, name, sha, sha256, notebooks, answers=answers)
     readme = (branch / "README.md").read_text().splitlines()
     assert readme[2].startswith("[![Open In Colab]") and f"`{name}` branch" in readme[4]
+
+
+def check_translations(branch: Path, name: str, sha: str, sha256: str, english: list[Path], *,
+                       answers: bool) -> None:
+    """notebooks/{bn,ar,ne}/: every notebook in each language, translated, with the English
+    code cells, its badge opening its own path on the branch, and (on colab) no answer."""
+    assert sorted(p.name for p in (branch / "notebooks").iterdir() if p.is_dir()) == sorted(
+        colab.TRANSLATIONS)
+    for language in colab.TRANSLATIONS:
+        paths = sorted((branch / "notebooks" / language).glob("*.ipynb"))
+        assert [p.name for p in paths] == [p.name for p in english], language
+        for path, original in zip(paths, english, strict=True):
+            shown = f"notebooks/{language}/{path.name}"
+            notebook, source = json.loads(path.read_text()), json.loads(original.read_text())
+            text = path.read_text()
+            assert notebook["metadata"]["course_translation"]["language"] == language
+            assert translate.NOT_YET[language] not in text, f"{shown}: a cell left in English"
+            code = [c["source"] for c in notebook["cells"] if c["cell_type"] == "code"]
+            assert code == [c["source"] for c in source["cells"] if c["cell_type"] == "code"]
+            setup = "".join(notebook["cells"][1]["source"])
+            assert setup == colab.setup_cell_source(REPOSITORY, sha, sha256)
+            assert notebook["metadata"].get("accelerator") == source["metadata"].get("accelerator")
+            title = "".join(notebook["cells"][0]["source"])
+            assert title.count("colab-badge.svg") == 1, shown
+            own = colab.badge_url(REPOSITORY, name, shown)
+            assert f"[![Open In Colab]({colab.BADGE_IMAGE})]({own})" in title, shown
+            english_url = colab.badge_url(REPOSITORY, name, f"notebooks/{path.name}")
+            assert f"[English]({english_url})" in title, shown
+            if answers:
+                assert "BEGIN SOLUTION" in text, shown
+            else:
+                assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text, shown
+                assert not publish.answers_left(notebook), shown
 
 
 @pytest.mark.slow

@@ -341,13 +341,61 @@ def evaluate(command, expression: str):
     return command("Runtime.evaluate", expression=expression, returnByValue=True)["result"]["value"]
 
 
-def fonts_of(command, selector: str) -> list[str]:
-    """The font families Chromium drew the text of the first ``selector`` with."""
+def fonts_of(command, selector: str) -> dict[str, int]:
+    """The font families Chromium drew the text of the first ``selector`` with, and how
+    many glyphs each drew."""
     root = command("DOM.getDocument", depth=-1)["root"]["nodeId"]
     node = command("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
     assert node, f"nothing matches {selector}"
     fonts = command("CSS.getPlatformFontsForNode", nodeId=node)["fonts"]
-    return [font["familyName"] for font in fonts if font["glyphCount"] > 0]
+    drawn: dict[str, int] = {}
+    for font in fonts:
+        if font["glyphCount"] > 0:
+            drawn[font["familyName"]] = drawn.get(font["familyName"], 0) + font["glyphCount"]
+    return drawn
+
+
+def letters_of(text: str, script: str) -> str:
+    """The characters of ``text`` in ``script`` (Unicode's name: Bengali, Arabic, ...)."""
+    import unicodedata
+
+    return "".join(c for c in text if unicodedata.name(c, "").startswith(script.upper() + " "))
+
+
+def covering_fonts(letters: str) -> set[str]:
+    """The font families fontconfig knows with a glyph for each of ``letters``."""
+    points = " ".join(f"{ord(c):x}" for c in sorted(set(letters)))
+    listed = subprocess.run(["fc-list", f":charset={points}", "family"], capture_output=True,
+                            text=True, timeout=60).stdout
+    return {name.strip() for line in listed.splitlines() for name in line.split(",")}
+
+
+def glyph_problems(drawn: dict[str, int], text: str, script: str, covering: set[str]) -> str:
+    """Why ``text`` (drawn with the fonts ``drawn``) shows boxes for its ``script``
+    letters, or "" when a font that has them drew them: fonts without them (``covering``
+    says which have them) may draw the spaces and punctuation, no more glyphs than that."""
+    letters = letters_of(text, script)
+    assert letters, f"no {script} letter in {text!r}"
+    own = {family: glyphs for family, glyphs in drawn.items() if family in covering}
+    others = sum(glyphs for family, glyphs in drawn.items() if family not in covering)
+    if not own:
+        return f"{script} drawn with {drawn}, none of which has its letters (boxes)"
+    if others > len(text) - len(letters):
+        return (f"{script}: {others} glyph(s) from fonts without its letters ({drawn}) for "
+                f"{len(text) - len(letters)} other character(s): some letters are boxes")
+    return ""
+
+
+def test_glyph_problems_sees_boxes():
+    # what Chromium reports where no font has the letters: a Latin font drew them all
+    text = "এখনও বাংলায়: নিচে"
+    covering = {"Noto Sans Bengali", "Noto Serif Bengali"}
+    assert glyph_problems({"Liberation Serif": 16}, text, "Bengali", covering)
+    assert glyph_problems({"Noto Sans Bengali": 3, "Liberation Serif": 13}, text, "Bengali",
+                          covering)
+    assert not glyph_problems({"Noto Sans Bengali": 13, "Liberation Serif": 3}, text,
+                              "Bengali", covering)
+    assert letters_of("নিচে: x", "Bengali") == "নিচে"
 
 
 @pytest.mark.slow
@@ -373,10 +421,10 @@ def test_a_browser_draws_arabic_right_to_left_with_code_left_to_right_and_real_g
             marker = ".jupyter-wrapper blockquote em"
             text = evaluate(command, f"document.querySelector('{marker}').textContent")
             assert NOT_YET[language] in text, text
-            # TODO(issue 36): CSS.getPlatformFontsForNode reports DejaVu/Liberation for this
-            # node although a screenshot shows the Bengali glyphs: the font check is not
-            # asserted yet (fonts_of, SAMPLES' scripts)
-            del script
+            covering = covering_fonts(letters_of(text, script))
+            assert covering, f"no installed font has the {script} letters of {text!r}"
+            problem = glyph_problems(fonts_of(command, marker), text, script, covering)
+            assert not problem, f"{language}: {problem}"
             if language == "ar":
                 assert evaluate(command, "getComputedStyle(document.body).direction") == "rtl"
                 content = "getComputedStyle(document.querySelector('.md-content')).direction"

@@ -260,6 +260,29 @@ def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
     assert f"[English]({english}{NB01.name})" in title[2]
 
 
+def test_a_published_arabic_title_cell_keeps_its_title_and_gets_its_badge(catalogs):
+    # the right to left wrapping adds lines above the title: the badge must still replace
+    # the translator's badge line, not the title
+    from course_utils.colab import badge_line
+
+    notebook = _notebook(NB01)
+    lines = "".join(notebook["cells"][0]["source"]).split("\n")
+    lines[2] = badge_line("someone/course", "colab", "notebooks/" + NB01.name)
+    notebook["cells"][0]["source"] = "\n".join(lines)
+    catalog = _translate(
+        catalogs, "ar", NB01,
+        lambda m: m.id.replace("Runtime", "وقت التشغيل") if m.context == "nb01-01" else None,
+    )
+    built = translate.translated_notebook(notebook, catalog, "ar", NB01.name)
+    title = "".join(built["cells"][0]["source"]).split("\n")
+    assert title[0] == '<div dir="rtl">' and title[-1] == "</div>"
+    assert title[2].startswith("# ") and "وقت التشغيل" in title[2]
+    badges = [line for line in title if "colab-badge.svg" in line]
+    assert len(badges) == 1 and f"blob/colab/notebooks/ar/{NB01.name})" in badges[0]
+    assert title.index(badges[0]) == 4
+    assert not any(line.startswith("*Open in Colab:*") for line in title)
+
+
 # --- the real catalogs ----------------------------------------------------------------------
 def test_the_real_catalogs_are_in_step_and_pass_the_checker():
     problems = translate.check_catalogs(list(LANGUAGES), NOTEBOOKS)
