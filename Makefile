@@ -52,7 +52,7 @@ lint: env
 	$(PY) -m mypy course_utils
 
 test: env lint
-	$(TEST_ENV) $(PYTEST) -q -rs --nbval-lax --doctest-modules \
+	$(TEST_ENV) $(PYTEST) -q -rs --durations=25 --nbval-lax --doctest-modules \
 	  --ignore=course_utils/__main__.py course_utils tests notebooks
 
 # The inner loop while changing the package: no notebooks, no test marked slow, no lint.
