@@ -11,15 +11,20 @@ import contextlib
 import math
 import time
 import timeit
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
 import torch
+from torch import nn
+from torch.utils.data import RandomSampler, TensorDataset
 
-from course_utils.device import to_device  # the course's own: refused by check_copy_to_gpu
+from course_utils.device import pick_precision, to_device  # the course's own: refused
+from course_utils.fake_nvml import FakeGpu, FakeNvml
 from course_utils.footprint import optimizer_state_bytes
+from course_utils.smi import sample_output
 
 
 class CheckFailed(AssertionError):
@@ -704,9 +709,6 @@ def check_gpu_loader(gpu_loader: Callable[..., Any]) -> None:
     course_utils.classroom.CheckFailed: without pin_memory=True the batches stay in pageable \
 memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     """
-    import warnings
-
-    from torch.utils.data import RandomSampler, TensorDataset
 
     dataset = TensorDataset(torch.randn(12, 3), torch.arange(12))
     with warnings.catch_warnings():
@@ -799,9 +801,6 @@ def check_mixed_forward(
     course_utils.classroom.CheckFailed: for an A100 (8.0), run model(x) under \
 torch.autocast(x.device.type, dtype=torch.bfloat16)
     """
-    from torch import nn
-
-    from course_utils.device import pick_precision
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16)
@@ -858,7 +857,6 @@ def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
 got your function raised ValueError: could not convert string to float: '[Not Supported]': keep \
 the number before any unit (MHz, C, MiB, W, %), None only where there is no number
     """
-    from course_utils.smi import sample_output
 
     cases = {
         "[Not Supported], 5 %": [None, 5.0],
@@ -908,7 +906,6 @@ def check_read_gpu_edge_cases(read_gpu: Callable[[Any, int], Any]) -> None:
     course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB: 2047.5 MiB \
 used reads 2047 (bytes // 2**20, an int), not 512
     """
-    from course_utils.fake_nvml import FakeGpu, FakeNvml
 
     mig = FakeNvml([FakeGpu(utilization_gpu_pct=None, memory_used_mib=512, memory_total_mib=19968)])
     try:

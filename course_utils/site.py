@@ -213,7 +213,7 @@ def _build(docs: Path, out: Path, nav: list[NavItem], language: str, sites: dict
     from mkdocs.commands.build import build  # lazy: optional (site extra)
     from mkdocs.config import load_config
 
-    from course_utils.translate import RIGHT_TO_LEFT
+    from course_utils.translate import RIGHT_TO_LEFT  # lazy: Babel, only when a site is built
 
     config = load_config(
         str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=str(out.resolve()), nav=nav
