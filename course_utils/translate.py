@@ -276,8 +276,10 @@ def protected_parts(text: str) -> dict[str, Counter[str]]:
     text = _CODE.sub(" ", text)
     formulas = _MATH.findall(text)
     text = _MATH.sub(" ", text)
-    links = _LINK.findall(text) + _URL.findall(text)
-    text = _URL.sub(" ", _LINK.sub("] ", text))
+    links = _LINK.findall(text)  # a link's target once, then the bare URLs left
+    text = _LINK.sub("] ", text)
+    links += _URL.findall(text)
+    text = _URL.sub(" ", text)
     return {
         "fenced code": Counter(fences),
         "code spans": Counter(codes),

@@ -237,19 +237,31 @@ def _scratch() -> Iterator[str]:
     terminated (SIGTERM, turned into :class:`Stopped` meanwhile)."""
     folder = tempfile.mkdtemp(prefix="course-grade-run-")
     os.chmod(folder, 0o711)  # a sandboxed kernel's user passes through to its own folder
-    previous = None
+    previous = previous_int = None
+    SIGNALLED.clear()
 
     def stop(signum: int, frame: Any) -> None:
         raise Stopped(f"stopped by signal {signum}")
 
+    def interrupt(signum: int, frame: Any) -> None:
+        SIGNALLED.append(signum)  # Ctrl-C to the process group also ends the workers
+        raise KeyboardInterrupt
+
     with contextlib.suppress(ValueError):  # not the main thread: SIGTERM stays as it was
         previous = signal.signal(signal.SIGTERM, stop)
+        previous_int = signal.signal(signal.SIGINT, interrupt)
     try:
         yield folder
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+#: Signals the main process received during a run: a worker pool broken by the same
+#: Ctrl-C (sent to the whole process group) is an interruption, not a lost worker.
+SIGNALLED: list[int] = []
 
 
 def _context() -> Any:
@@ -337,6 +349,9 @@ def _in_pool(
             report(futures[future], future.result())
     except BrokenProcessPool:
         _stop(pool)
+        time.sleep(0.5)  # a Ctrl-C to the process group may reach this process last
+        if SIGNALLED:
+            raise KeyboardInterrupt from None
         raise RuntimeError(
             f"a grading process was stopped (interrupted, or killed for memory) after "
             f"{sum(f.done() for f in futures)} of {len(futures)} graded in this run: run the "
