@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
-from course_utils.device import AUTO, Precision, pick_device, pick_precision
+from course_utils.classroom import CheckFailed, answer_or_error, course_helpers_refused
+from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.oom import disguised_out_of_memory_as_cuda
@@ -625,12 +626,38 @@ def saved_step(path: Path | str) -> int:
 # ------------------------------------------------------------ exercise 05 (a) feedback
 
 
+_AUTOMATIC = (
+    "with automatic optimization (the default) the Trainer runs backward, "
+    "optimizer.step() and zero_grad() itself on the loss training_step returns: compute the "
+    "loss, log it and return it"
+)
+
+
 def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> str | None:
     """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
-    (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``)."""
+    (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``). A
+    training_step that runs backward itself, or asks for the Trainer's optimizers, is told
+    that the Trainer does that part."""
+    backwards: list[int] = []
+    original = torch.autograd.backward
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        backwards.append(1)
+        return original(*args, **kwargs)
+
     with warnings.catch_warnings():  # self.log outside a Trainer only warns
         warnings.simplefilter("ignore")
-        out = module.training_step(batch, 0)
+        torch.autograd.backward = watched  # Tensor.backward's too
+        try:
+            out = module.training_step(batch, 0)
+        except RuntimeError as error:
+            if "not attached to a `Trainer`" in str(error) and "optimizers" in _called_from(error):
+                return f"your training_step calls self.optimizers(): {_AUTOMATIC}"
+            raise
+        finally:
+            torch.autograd.backward = original
+    if backwards:
+        return f"your training_step calls backward() itself: {_AUTOMATIC}"
     if out is None:
         return (
             "your training_step returns nothing: end it with `return loss` (the Trainer "
@@ -644,6 +671,138 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
             f"can use); yours returned {kind} (loss.item() or .detach() cut it off from backward)"
         )
     return None
+
+
+def _called_from(error: BaseException) -> list[str]:
+    """The names of the functions ``error``'s traceback passed through."""
+    names, frame = [], error.__traceback__
+    while frame is not None:
+        names.append(frame.tb_frame.f_code.co_name)
+        frame = frame.tb_next
+    return names
+
+
+def logged_loss_mistake(
+    metrics: Mapping[str, torch.Tensor], losses: Sequence[float], name: str = "train_loss"
+) -> str | None:
+    """What is wrong with the loss a module logged as ``name`` over steps whose batch losses
+    were ``losses`` (the plain loop's), in plain words (``None``: right). Each step's value
+    (``on_step=True``, the default in training_step, then ``name`` or ``name_step``) must be
+    the last batch's loss; the epoch's mean alone (``on_step=False, on_epoch=True``) is fine
+    too when it is the mean of the batches' losses."""
+    step = metrics.get(f"{name}_step", metrics.get(name))
+    epoch = metrics.get(f"{name}_epoch")
+    if step is None:
+        return f'log the loss: self.log("{name}", loss)'
+    value, last, mean = float(step), losses[-1], sum(losses) / len(losses)
+    said = f"the logged {name} is {value:.6g}, but the batch's cross-entropy is {last:.6g}"
+    log = ": log the batch's cross-entropy, the loss training_step returns"
+    if f"{name}_step" in metrics or epoch is not None:  # on_step=True (on_epoch too, or not)
+        return None if math.isclose(value, last, rel_tol=1e-4) else said + log
+    if math.isclose(value, last, rel_tol=1e-4) or math.isclose(value, mean, rel_tol=1e-4):
+        return None  # each step's value, or (on_step=False, on_epoch=True) their mean
+    return said + f" (the mean of the {len(losses)} steps' losses: {mean:.6g})" + log
+
+
+def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> None:
+    """Exercise 05 (b): ``precision_flag(capability)`` against the course's rule
+    (:func:`lightning_precision` of :func:`~course_utils.device.pick_precision`) on GPUs
+    from Pascal to Blackwell, with the course's precision helpers refused while the
+    learner's function runs (the exercise is to write the rule)."""
+    capabilities = [(7, 5), (8, 0), (6, 0), (7, 0), (8, 6), (9, 0), (10, 0), (3, 7), (12, 0)]
+    wants = {c: lightning_precision(pick_precision("cuda", capability=c)) for c in capabilities}
+    named = {"a T4 (7.5)": (7, 5), "an A100 (8.0)": (8, 0)}
+    why = {"16-mixed": "fp16 tensor cores and only emulated bf16", "bf16-mixed": "native bf16"}
+    helpers = {
+        "lightning_precision": lightning_precision,
+        "pick_precision": pick_precision,
+        "precision_support": precision_support,
+    }
+    with course_helpers_refused(helpers, *helpers):
+        got = {c: answer_or_error(precision_flag, c) for c in capabilities}
+    for gpu, capability in named.items():
+        want = wants[capability]
+        if got[capability] != want:
+            raise CheckFailed(f'{gpu} has {why[want]}: use "{want}", not {got[capability]!r}')
+    for capability, want in wants.items():
+        if got[capability] != want:
+            raise CheckFailed(
+                f"compute capability {capability}: expected {want!r}, got {got[capability]!r}"
+            )
+
+
+def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
+    """Why ``got`` is not the step a run saving every ``every`` steps, lost right after step
+    ``lost_at`` (before saving it), resumes from (``None``: it is)."""
+    want = (lost_at - 1) // every * every
+    if got == want and isinstance(got, int | float) and not isinstance(got, bool):
+        return None
+    said = f"resume_step({every}, {lost_at}) gave {got!r}: "
+    if isinstance(got, str) and got.startswith("your function raised"):
+        return f"resume_step({every}, {lost_at}): {got}"
+    if not isinstance(got, int | float) or isinstance(got, bool):
+        return said + "return a step number (an int)"
+    if got == lost_at:
+        return said + (
+            f"step {lost_at} would have been saved at the end of step {lost_at}, but the "
+            f"disconnect came first: training resumes from step {want}"
+        )
+    if got > lost_at:
+        return said + "a run resumes from a checkpoint saved before the disconnect, not after"
+    if got < 0:
+        return said + f"nothing was saved before step {lost_at}: start again from 0"
+    if got % every:
+        return said + (
+            f"checkpoints are saved only at multiples of {every} ({every}, {2 * every}, "
+            f"{3 * every}...): {got} is not one"
+        )
+    if want == 0:
+        return said + f"nothing was saved before step {lost_at}: start again from 0"
+    return said + (
+        f"the checkpoint of step {want} was saved before the disconnect: resume from the newest one"
+    )
+
+
+def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
+    """Why ``got`` is not the number of steps trained again (``None``: it is)."""
+    start = (lost_at - 1) // every * every
+    want = lost_at - start
+    if got == want and not isinstance(got, bool):
+        return None
+    if isinstance(got, str) and got.startswith("your function raised"):
+        return f"wasted({every}, {lost_at}): {got}"
+    if lost_at % every == 0:
+        return (
+            f"lost at {lost_at}, just before the checkpoint of step {lost_at} was written: "
+            f"training resumes from {start}, so {want} steps are trained again, not {got!r}"
+        )
+    saved = f"saved at {start}" if start else "nothing saved yet"
+    return (
+        f"{saved}, lost at {lost_at}: {want} steps are trained again, not {got!r} (the steps "
+        "since the last checkpoint, lost_at - resume_step)"
+    )
+
+
+def check_resume_step(
+    resume_step: Callable[[int, int], Any],
+    wasted: Callable[[int, int], Any],
+    cases: Iterable[tuple[int, int]],
+) -> None:
+    """Exercise 05 (c): ``resume_step(every, lost_at)`` is the newest multiple of ``every``
+    below ``lost_at`` (the checkpoint of step ``lost_at`` was never written), and
+    ``wasted`` the steps since it, on each ``(every, lost_at)`` of ``cases`` and then on
+    every ``lost_at`` from 1 to 4 checkpoints on, for intervals of 1 to 7 and 50 steps:
+    an answer that hard-codes the cases it was shown fails. The feedback names the
+    mistake (the lost step counted as saved, not a multiple, an older checkpoint...)."""
+    grid = [(every, lost) for every in (*range(1, 8), 50) for lost in range(1, 4 * every + 2)]
+    for every, lost_at in [*cases, *grid]:
+        feedback = _resume_feedback(every, lost_at, answer_or_error(resume_step, every, lost_at))
+        if feedback:
+            raise CheckFailed(feedback)
+    for every, lost_at in [*cases, *grid]:
+        feedback = _wasted_feedback(every, lost_at, answer_or_error(wasted, every, lost_at))
+        if feedback:
+            raise CheckFailed(feedback)
 
 
 def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> str | None:

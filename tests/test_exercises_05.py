@@ -7,6 +7,8 @@ learner's ``MyModule`` defined in the same namespace.
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,6 +18,8 @@ from notebook_cells import grade_cell, run_cells
 from torch import nn
 
 from course_utils.classroom import CheckFailed
+from course_utils.device import pick_precision
+from course_utils.lightning import lightning_precision
 
 NB05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_lightning.ipynb"
 
@@ -177,11 +181,179 @@ def test_wasted_steps_written_another_way_pass(nb05, capsys):
 @pytest.mark.parametrize(
     ("wasted", "feedback"),
     [
-        (lambda every, lost_at: lost_at % every, "lost at 20, just before the checkpoint"),
-        (lambda every, lost_at: every - lost_at % every, "lost at 23: 3 steps are trained again"),
+        (lambda every, lost_at: lost_at % every, "lost at 8, just before the checkpoint"),
+        (lambda every, lost_at: every - lost_at % every, "lost at 3: 3 steps are trained again"),
     ],
     ids=["remainder", "every-minus-remainder"],
 )
 def test_wasted_steps_are_checked_at_and_between_checkpoints(nb05, wasted, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_c(nb05, wasted)
+
+
+# ------------------------------------------------------- issue 35 leftovers: (a), (b), (c)
+
+
+class EpochOnly(Right):  # Lightning's on_epoch logging alone: the epoch's mean is logged
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+class ManualBackward(Right):  # Lightning runs backward itself: a second one fails
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        loss.backward()
+        self.log("train_loss", loss)
+        return loss
+
+
+class ManualStep(Right):  # the whole step by hand, as in a plain loop
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        loss = self.loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        self.log("train_loss", loss)
+        return loss
+
+
+class LogsDoubled(Right):  # logs another number than the loss it returns
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", 2 * loss, on_step=False, on_epoch=True)
+        return loss
+
+
+def test_epoch_only_logging_passes(nb05, capsys):
+    _check(nb05, EpochOnly)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (ManualBackward, "calls backward() itself: with automatic optimization"),
+        (ManualStep, "calls self.optimizers(): with automatic optimization"),
+        (LogsDoubled, "the mean of the 3 steps' losses"),
+    ],
+)
+def test_lightning_mistakes_are_named(nb05, answer, feedback):
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb05, answer)
+    assert feedback in str(failure.value), str(failure.value)
+
+
+def _check_b(nb05, precision_flag) -> None:
+    exec(_grade_cell("05-precision-flag-check"), dict(nb05, precision_flag=precision_flag))
+
+
+def flag_by_tuples(capability):  # the reference's way
+    if capability >= (8, 0):
+        return "bf16-mixed"
+    return "16-mixed" if capability >= (7, 0) else "32-true"
+
+
+def flag_by_major(capability):  # right, written another way
+    major, _ = capability
+    return {True: "bf16-mixed"}.get(major >= 8) or ("16-mixed" if major >= 7 else "32-true")
+
+
+@pytest.mark.parametrize("answer", [flag_by_tuples, flag_by_major])
+def test_precision_flags_written_other_ways_pass(nb05, answer, capsys):
+    _check_b(nb05, answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def flag_by_course_helpers(capability):  # the blind trial's: the course's own rule
+    return lightning_precision(pick_precision("cuda", capability=capability))
+
+
+def flag_by_module_attribute(capability):  # the same, reached through the module
+    import course_utils.device
+    import course_utils.lightning
+
+    chosen = course_utils.device.pick_precision("cuda", capability=capability)
+    return course_utils.lightning.LIGHTNING_PRECISION[chosen.name]
+
+
+def flag_by_support(capability):  # the course's precision_support table
+    from course_utils.device import precision_support
+
+    support = precision_support(capability)
+    if support.bf16 == "native":
+        return "bf16-mixed"
+    return "16-mixed" if support.fp16_tensor_cores else "32-true"
+
+
+@pytest.mark.parametrize("answer", [flag_by_course_helpers, flag_by_module_attribute,
+                                    flag_by_support])
+def test_precision_flag_from_the_course_helpers_fails(nb05, answer):
+    with pytest.raises(CheckFailed, match="called the course's own"):
+        _check_b(nb05, answer)
+    # the helpers work again after the check
+    assert lightning_precision(pick_precision("cuda", capability=(8, 0))) == "bf16-mixed"
+
+
+def _resume_loop(every, lost_at):  # right, written another way: walk the checkpoints
+    saved = 0
+    while saved + every < lost_at:
+        saved += every
+    return saved
+
+
+def _resume_ceil(every, lost_at):  # right: the last multiple strictly below lost_at
+    return math.ceil(lost_at / every) * every - every
+
+
+def _check_resume(nb05, resume_step, wasted=None) -> None:
+    wasted = wasted or (lambda every, lost_at: lost_at - resume_step(every, lost_at))
+    namespace = dict(nb05, resume_step=resume_step, wasted=wasted, saved_at=4, steps_per_epoch=4)
+    exec(_grade_cell("05-resume-step-check"), namespace)
+
+
+@pytest.mark.parametrize("answer", [_resume, _resume_loop, _resume_ceil])
+def test_resume_steps_written_other_ways_pass(nb05, answer, capsys):
+    _check_resume(nb05, answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def _hard_coded(every, lost_at):  # the blind trial's: the visible cases, then a guess
+    return {(4, 6): 4, (4, 3): 0, (4, 8): 4, (10, 25): 20, (10, 23): 20, (10, 20): 10}.get(
+        (every, lost_at), 0 if lost_at <= every else every)
+
+
+def _hard_coded_wasted(every, lost_at):
+    return {(10, 25): 5, (10, 23): 3, (10, 20): 10}.get((every, lost_at), 1)
+
+
+@pytest.mark.parametrize(
+    ("resume_step", "wasted", "feedback"),
+    [
+        (_hard_coded, None, r"resume_step\(7, 30\) gave 7: the checkpoint of step 28 was saved"),
+        (_resume, _hard_coded_wasted, "saved at 4, lost at 6: 2 steps are trained again, not 1"),
+        (lambda every, lost_at: lost_at // every * every + 1, None, "not one"),
+        (lambda every, lost_at: lost_at - every, None, "multiples of 4"),
+        (lambda every, lost_at: max(0, lost_at // every * every - every), None,
+         r"resume_step\(4, 6\) gave 0: the checkpoint of step 4"),
+        (lambda every, lost_at: lost_at // every * every, None, "but the disconnect came first"),
+    ],
+    ids=["hard-coded", "hard-coded-wasted", "after-checkpoint", "minus-every", "one-too-old",
+         "lost-step-saved"],
+)
+def test_resume_step_mistakes_are_named(nb05, resume_step, wasted, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_resume(nb05, resume_step, wasted)
+
+
+def test_hard_coded_resume_steps_fail_without_the_hidden_cases(nb05):
+    """The student version has no hidden cases: the intervals the check walks catch it."""
+    source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n", "",
+                    _grade_cell("05-resume-step-check"), flags=re.DOTALL)
+    assert "(7, 30)" not in source
+    namespace = dict(nb05, resume_step=_hard_coded, saved_at=4, steps_per_epoch=4,
+                     wasted=lambda every, lost_at: lost_at - _hard_coded(every, lost_at))
+    with pytest.raises(CheckFailed, match=r"resume_step\(1, 3\) gave 1: the checkpoint of step 2"):
+        exec(source, namespace)
