@@ -8,6 +8,7 @@ learner what is wrong; nbgrader and the course's grader score such a cell 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 import timeit
@@ -539,6 +540,32 @@ def course_helpers_refused(namespace: dict[str, Any], *names: str) -> Iterator[N
             helper.__code__ = code
         for name, helper in replaced:
             namespace[name] = helper
+
+
+def without_course_helpers(
+    function: Callable[..., Any], *helpers: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``function`` (a learner's), calling which refuses the course's ``helpers`` while it
+    runs (:func:`course_helpers_refused`): a check cell calls the learner's function through
+    it and still uses the helpers itself, for the expected values.
+
+    >>> from course_utils.footprint import optimizer_state_bytes
+    >>> def counted(optimizer):
+    ...     return optimizer_state_bytes(optimizer)
+    >>> yours = without_course_helpers(counted, optimizer_state_bytes)
+    >>> yours(torch.optim.SGD([torch.ones(1, requires_grad=True)]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: your function called the course's own ...
+    """
+    table = {helper.__name__: helper for helper in helpers}
+
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with course_helpers_refused(table, *table):
+            return function(*args, **kwargs)
+
+    return guarded
 
 
 def _refusing_as(name: str) -> Callable[..., Any]:

@@ -8,6 +8,7 @@ same namespace.
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from notebook_cells import grade_cell, run_cells
 from torch import nn
 
 from course_utils.classroom import CheckFailed, check, check_close, passed
+from course_utils.footprint import optimizer_state_bytes
 from course_utils.techniques import run_amp_step_against_fp32
 
 NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_memory_efficient_models.ipynb"
@@ -359,3 +361,56 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
 def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_a_b(nb04, grade_id, name, answer)
+
+
+# ------------------------------------------------------- issue 35 leftovers: (a)
+
+
+def adam_by_course_counter(model):  # the blind trial's: a real Adam, the course's counter
+    clone = copy.deepcopy(model)
+    trainable = [p for p in clone.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trainable)
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    return optimizer_state_bytes(optimizer)
+
+
+def adam_by_course_formula(model):  # the course's own expected value, through its module
+    import course_utils.footprint
+
+    return course_utils.footprint.expected_optimizer_state_bytes(model, "adam")
+
+
+def adam_one_counter(model):  # one step counter for the whole model
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return 2 * sum(p.numel() * p.element_size() for p in trainable) + 4
+
+
+def adam_real_optimizer_counted_by_hand(model):  # right: a real Adam, counted by hand
+    clone = copy.deepcopy(model)
+    trainable = [p for p in clone.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trainable)
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values())
+
+
+@pytest.mark.parametrize("answer", [adam_by_course_counter, adam_by_course_formula])
+def test_adam_state_from_the_course_helpers_fails(nb04, answer):
+    with pytest.raises(CheckFailed, match="called the course's own"):
+        _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", answer)
+    assert adam_by_course_counter(nn.Linear(10, 5)) == 448  # the helpers work again after
+
+
+def test_one_step_counter_for_the_model_is_named(nb04):
+    with pytest.raises(CheckFailed, match=r"for each parameter tensor .*not one per model"):
+        _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_one_counter)
+
+
+def test_adam_state_counted_on_a_real_optimizer_by_hand_passes(nb04, capsys):
+    _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes",
+               adam_real_optimizer_counted_by_hand)
+    assert "all checks passed" in capsys.readouterr().out
