@@ -575,6 +575,34 @@ def _refusing_as(name: str) -> Callable[..., Any]:
     return refuse
 
 
+@contextlib.contextmanager
+def uninitialised_memory_filled() -> Iterator[None]:
+    """Inside the block, memory PyTorch hands out uninitialised (``torch.empty``,
+    ``new_empty``, ``empty_like``) is filled with NaN (integers: their largest value), so a
+    check sees values the learner's code never set, whatever was in memory before. It turns
+    on ``torch.use_deterministic_algorithms`` (warnings only) for the block.
+
+    >>> with uninitialised_memory_filled():
+    ...     rows = torch.empty(2)
+    >>> rows.isnan().all().item(), torch.are_deterministic_algorithms_enabled()
+    (True, False)
+    """
+    import torch.utils.deterministic as deterministic  # lazy: a flag read at import
+
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "has no deterministic implementation": only warns
+            yield
+    finally:
+        deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 class FakeClock:
     """A clock that moves only when told (:meth:`advance`). Inside :meth:`installed` the
     clocks Python code reads (``time.perf_counter``, ``time.monotonic``, ``time.time``, their

@@ -21,7 +21,13 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_utils.classroom import CheckFailed, answer_or_error, check, course_helpers_refused
+from course_utils.classroom import (
+    CheckFailed,
+    answer_or_error,
+    check,
+    course_helpers_refused,
+    uninitialised_memory_filled,
+)
 from course_utils.flops import count_flops  # the course's own counter: refused in (c)
 
 # ------------------------------------------------------------- (a) causal self-attention
@@ -39,7 +45,7 @@ class Attention:
     softmax_dim: int = -1
     split: str = "right"  # "right", "heads first" (a view that mixes tokens), "no transpose"
     merge: str = "right"  # "right", "no transpose"
-    order: str = "qkv"  # "qkv", "kqv" (queries and keys swapped)
+    order: str = "qkv"  # the order x @ w_qkv.T is read in: "qkv", or another, e.g. "kqv"
     keys: str = "transposed"  # "transposed", "not transposed" (q @ k)
     heads: str = "heads"  # "heads", "one" (the heads argument ignored)
     projection: str = "w_out.T"  # "w_out.T", "none", "w_out"
@@ -67,9 +73,8 @@ def attention(
     batch, seq, dim = x.shape
     n = 1 if how.heads == "one" else heads
     size = dim // n
-    parts = list((x @ w_qkv.T).split(dim, dim=-1))
-    if how.order == "kqv":
-        parts[0], parts[1] = parts[1], parts[0]
+    chunks = dict(zip(how.order, (x @ w_qkv.T).split(dim, dim=-1), strict=True))
+    parts = [chunks[name] for name in "qkv"]  # read as how.order says
 
     def split(t: torch.Tensor) -> torch.Tensor:
         if how.split == "heads first":
@@ -112,6 +117,19 @@ def attention(
 
 
 _SPLIT = ".view(batch, seq, heads, head_dim).transpose(1, 2)"
+_PARTS = {"q": "queries", "k": "keys", "v": "values"}
+
+
+def _order_feedback(order: str) -> str:
+    """Feedback for reading x @ w_qkv.T's three parts in ``order`` (not "qkv")."""
+    moved = [_PARTS[right] for name, right in zip(order, "qkv", strict=True) if name != right]
+    what = f"{moved[0]} and {moved[1]} are swapped" if len(moved) == 2 else "q, k, v are mixed up"
+    return (
+        f"{what}: x @ w_qkv.T holds the queries, then the keys, then the values "
+        f"(q, k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as "
+        f"{', '.join(_PARTS[name] for name in order)}"
+    )
+
 
 #: Each usual mistake of exercise 09 (a), and the feedback that names it.
 ATTENTION_MISTAKES: dict[Attention, str] = {
@@ -150,8 +168,10 @@ ATTENTION_MISTAKES: dict[Attention, str] = {
     "first, then .reshape(batch, seq, dim)",
     Attention(heads="one"): "you attended with one head over the whole width: split into "
     "`heads` heads of dim // heads numbers each",
-    Attention(order="kqv"): "queries and keys are swapped: x @ w_qkv.T holds the queries, "
-    "then the keys, then the values",
+    **{
+        Attention(order=order): _order_feedback(order)
+        for order in ("kqv", "qvk", "vkq", "kvq", "vqk")
+    },
     Attention(keys="not transposed"): "the scores are q @ k without transposing k: they "
     "are q @ k.transpose(-2, -1) (one score per query and key)",
     Attention(projection="none"): "the output projection is missing: return the merged "
@@ -269,17 +289,20 @@ def check_pad_vocabulary(
 ) -> None:
     """Exercise 09 (b): for each (vocab, multiple), ``pad_vocabulary(model, multiple)``
     on ``make_model(vocab)`` (a GPT with ``tok`` and a tied ``head``) must give an
-    embedding of the vocabulary rounded up to a multiple, the old rows first, the head tied
-    to it, the model's dtype kept, and the same logits for the real tokens."""
-    for vocab, multiple in cases:
-        for dtype in (torch.float32, torch.float64):
+    embedding of the vocabulary rounded up to a multiple, the old rows first and unchanged,
+    the new rows given values (memory left uninitialised, ``torch.empty``, reads NaN here),
+    the head tied to it, the model's dtype kept, and the same logits for the real tokens."""
+    cases = list(cases)
+    for dtype in (torch.float32, torch.float64):  # every case in float32 first
+        for vocab, multiple in cases:
             torch.manual_seed(0)
             model = make_model(vocab).to(dtype)
             kind = type(model)
             old_width = int(model.tok.weight.shape[1])
             tokens = torch.randint(0, vocab, (2, 8))
             before, old = model(tokens).detach(), model.tok.weight.detach().clone()
-            got = answer_or_error(pad_vocabulary, model, multiple)
+            with uninitialised_memory_filled():  # torch.empty's rows: NaN, not what was there
+                got = answer_or_error(pad_vocabulary, model, multiple)
             check(
                 not isinstance(got, str),
                 f"vocabulary {vocab}, multiple {multiple}: {got}"
@@ -322,10 +345,12 @@ def _check_padded(
         "the new embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
         "dtype=old.dtype, device=old.device)",
     )
+    weight = model.tok.weight.detach()
     check(
-        bool(torch.isfinite(model.tok.weight).all()),
-        "the extra rows hold inf or NaN: "
-        "initialize them (zeros, or nn.Embedding's own random rows)",
+        bool(torch.isfinite(weight[vocab:]).all()),
+        "the extra rows hold NaN or inf, or were never given values: torch.empty (new_empty, "
+        "empty_like) leaves whatever was in memory; initialize them (zeros, or "
+        "nn.Embedding's own random rows) before copying the old rows in",
     )
     after = model(tokens).detach()
     check(
@@ -333,12 +358,17 @@ def _check_padded(
         f"the logits have {after.shape[-1]} columns, expected "
         f"{expected}: the head must score every row of the padded embedding",
     )
-    if torch.allclose(after[..., :vocab], before, atol=1e-5):
+    if torch.equal(weight[:vocab], old) and torch.allclose(after[..., :vocab], before, atol=1e-5):
         return
     check(
-        not torch.equal(model.tok.weight[expected - vocab :].detach(), old) or expected == vocab,
+        not torch.equal(weight[expected - vocab :], old) or expected == vocab,
         "the old rows went to the end of the new embedding: token i must keep row i, so copy "
         "the old rows into the first rows, new.weight[:vocab] = old.weight",
+    )
+    check(
+        not torch.allclose(weight[:vocab], old, atol=1e-3, rtol=1e-3),
+        "the old rows changed slightly: copy them exactly (new.weight.data[:vocab] = "
+        "old.weight), with no arithmetic on them and in the old dtype",
     )
     raise CheckFailed(
         "the real tokens' logits changed: copy the old rows into the first rows of the new "

@@ -245,6 +245,16 @@ def queries_and_keys_swapped(x, w_qkv, w_out, heads):
     return _merge(causal_sdpa(q, k, v)) @ w_out.T
 
 
+def _read_as(order):  # x @ w_qkv.T's parts read in another order than q, k, v
+    def attention(x, w_qkv, w_out, heads):
+        parts = dict(zip(order, (x @ w_qkv.T).chunk(3, dim=-1), strict=True))
+        q, k, v = (_heads(parts[name], heads) for name in "qkv")
+        return _merge(causal_sdpa(q, k, v)) @ w_out.T
+
+    attention.__name__ = f"read_as_{order}"
+    return attention
+
+
 def no_output_projection(x, w_qkv, w_out, heads):
     return sdpa_attention(x, w_qkv, torch.eye(x.shape[-1]), heads)
 
@@ -293,6 +303,9 @@ def test_causal_attention_check_passes_right_answers(namespace, solution, capsys
         (merge_without_transpose, "merged with .reshape(batch, seq, dim) straight from"),
         (one_head, "you attended with one head"),
         (queries_and_keys_swapped, "queries and keys are swapped"),
+        (_read_as("qvk"), "keys and values are swapped"),
+        (_read_as("vkq"), "queries and values are swapped"),
+        (_read_as("kvq"), "you read them as keys, values, queries"),
         (no_output_projection, "the output projection is missing"),
         (projection_not_transposed, "projected with @ w_out, not @ w_out.T"),
         (returns_a_tuple, "return one tensor"),
@@ -419,6 +432,42 @@ def pad_with_nan_rows(model, multiple=64):
     return _pad(model, _up(model, multiple), rows_init=float("nan"))
 
 
+def pad_with_empty_rows(model, multiple=64):  # the blind trial's: torch.empty, dtype kept
+    old = model.tok.weight.detach()
+    vocab, dim = old.shape
+    new = torch.empty(_up(model, multiple), dim, dtype=old.dtype)
+    new[:vocab] = old
+    model.tok = nn.Embedding.from_pretrained(new, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_with_new_empty_rows(model, multiple=64):  # the same through Tensor.new_empty
+    old = model.tok.weight.detach()
+    extra = old.new_empty(_up(model, multiple) - old.shape[0], old.shape[1])
+    model.tok.weight = nn.Parameter(torch.cat([old, extra]))
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_with_empty_rows_zeroed(model, multiple=64):  # right: torch.empty, then zero_()
+    old = model.tok.weight.detach()
+    new = torch.empty(_up(model, multiple), old.shape[1], dtype=old.dtype).zero_()
+    new[: old.shape[0]] = old
+    model.tok = nn.Embedding.from_pretrained(new, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_through_bfloat16(model, multiple=64):  # the old rows rounded on the way
+    old = model.tok.weight.detach()
+    new = torch.zeros(_up(model, multiple), old.shape[1], dtype=old.dtype)
+    new[: old.shape[0]] = old.bfloat16().to(old.dtype)
+    model.tok = nn.Embedding.from_pretrained(new, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
 def pad_the_width(model, multiple=64):  # pads embedding_dim, not the vocabulary
     old = model.tok.weight
     vocab, dim = old.shape
@@ -436,7 +485,9 @@ def pad_returns_the_embedding(model, multiple=64):
 
 
 @pytest.mark.parametrize(
-    "solution", [pad_right, pad_with_integer_arithmetic, pad_with_random_rows_and_a_new_model]
+    "solution",
+    [pad_right, pad_with_integer_arithmetic, pad_with_random_rows_and_a_new_model,
+     pad_with_empty_rows_zeroed],
 )
 def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     _passes(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution, capsys)
@@ -453,7 +504,10 @@ def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
         (pad_not_copied, "the real tokens' logits changed: copy the old rows"),
         (pad_old_rows_at_the_end, "the old rows went to the end of the new embedding"),
         (pad_in_float32, "a float64 model came back with float32 rows"),
-        (pad_with_nan_rows, "inf or NaN"),
+        (pad_with_nan_rows, "NaN or inf"),
+        (pad_with_empty_rows, "never given values: torch.empty"),
+        (pad_with_new_empty_rows, "never given values: torch.empty"),
+        (pad_through_bfloat16, "the old rows changed slightly: copy them exactly"),
         (pad_the_width, "not the embedding width"),
         (pad_returns_nothing, "return the model"),
         (pad_returns_the_embedding, "return the model, a GPT, not Embedding"),
