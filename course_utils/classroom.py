@@ -13,6 +13,7 @@ import math
 import time
 import timeit
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -1007,6 +1008,78 @@ def check_retry_halving_down_to_one(
         )
     else:
         raise CheckFailed("when not even a batch of 1 fits, raise RuntimeError")
+
+
+def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) -> None:
+    """Exercise 07 (b): on a fake notebook namespace (IPython's ``Out``, also named ``_oh``,
+    its ``_N`` twins, ``_``, ``__``, ``___``) ``drop_from_history`` must free every tensor
+    held there (an ``nn.Parameter`` too) and leave every other entry as it was, ``_``,
+    ``__``, ``___`` set to ``""`` where they held a tensor (not deleted). Two arrangements;
+    the feedback names what was left or removed."""
+    for tensor_at in (("_", "___"), ("__",)):
+        first, second = torch.ones(1000), torch.zeros(1000)
+        third = torch.nn.Parameter(torch.ones(9))
+        watch = {"Out[4]": weakref.ref(first), "Out[7]": weakref.ref(second)}
+        watch["Out[9], an nn.Parameter"] = weakref.ref(third)
+        out: dict[int, Any] = {4: first, 5: "a string", 7: second, 9: third}
+        fake: dict[str, Any] = {"Out": out, "_oh": out, "_5": "a string"}
+        fake.update(_4=first, _7=second, _9=third)
+        held = {"_": second, "__": third, "___": first}
+        fake.update({n: held[n] if n in tensor_at else f"text {n}" for n in ("_", "__", "___")})
+        del first, second, third, held
+        raised = answer_or_error(drop_from_history, fake)
+        check(
+            not (isinstance(raised, str) and raised.startswith("your function raised")),
+            f"{raised}"
+            + (
+                ": you deleted from the dict while looping over it; loop over a copy, "
+                "list(history.items())"
+                if "changed size during iteration" in f"{raised}"
+                else ""
+            ),
+        )
+        check(
+            fake.get("Out") is out and fake.get("_oh") is out,
+            "IPython keeps the output history in one dict named both Out and _oh: delete the "
+            "tensor entries from it, do not replace it",
+        )
+        check(
+            9 not in out or 4 in out,
+            "an nn.Parameter is a tensor too (a subclass): test isinstance(value, torch.Tensor), "
+            "not type(value) == torch.Tensor",
+        )
+        left = [f"Out[{key}]" for key in (4, 7, 9) if key in out]
+        check(not left, f"{', '.join(left)} still hold tensors: delete them from Out")
+        twins = [name for name in ("_4", "_7", "_9") if name in fake]
+        check(
+            not twins,
+            f"{', '.join(twins)} still hold the tensors of Out: each Out[N] has a twin "
+            "variable _N; delete it too (namespace.pop(f'_{N}', None))",
+        )
+        check(
+            out.get(5) == "a string" and fake.get("_5") == "a string",
+            "Out[5] and _5 held a string: keep history entries that hold no tensor",
+        )
+        for name in ("_", "__", "___"):
+            if name in tensor_at:
+                check(
+                    name in fake,
+                    f'{name} held a tensor: set it to "", do not delete it (IPython sets _, '
+                    "__ and ___ after each output; a deleted one is a NameError until then)",
+                )
+                check(fake[name] == "", f'{name} held a tensor: set it to ""')
+            else:
+                check(
+                    fake.get(name) == f"text {name}",
+                    f'{name} held a string: leave it as it is (set it to "" only when it '
+                    "holds a tensor)",
+                )
+        alive = [place for place, ref in watch.items() if ref() is not None]
+        check(
+            not alive,
+            f"the tensor of {alive[0] if alive else ''} is still referenced somewhere: keep no "
+            "reference to the tensors you remove",
+        )
 
 
 def check_same_parameters(

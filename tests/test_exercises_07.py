@@ -258,6 +258,88 @@ def test_drop_from_history_names_the_mistake(nb07, answer, feedback):
         _check_b(nb07, answer)
 
 
+# ------------------------------------------------------- issue 35 leftovers: (b)
+
+
+def _tensor_keys(history):
+    return [key for key, value in history.items() if isinstance(value, torch.Tensor)]
+
+
+def deletes_underscores(namespace):  # the blind trial's: del _ instead of _ = ""
+    history = namespace["Out"]
+    for key in _tensor_keys(history):
+        del history[key]
+        namespace.pop(f"_{key}", None)
+    for name in ("_", "__", "___"):
+        if isinstance(namespace.get(name), torch.Tensor):
+            del namespace[name]
+
+
+def deletes_every_underscore(namespace):  # deletes _, __, ___ whatever they hold
+    history = namespace["Out"]
+    for key in _tensor_keys(history):
+        del history[key]
+        namespace.pop(f"_{key}", None)
+    for name in ("_", "__", "___"):
+        namespace.pop(name, None)
+
+
+def leaves_twins(namespace):  # the blind trial's: Out cleaned, the _N twins left
+    history = namespace["Out"]
+    for key in _tensor_keys(history):
+        del history[key]
+    _underscores(namespace)
+
+
+def deletes_while_looping(namespace):
+    history = namespace["Out"]
+    for key, value in history.items():
+        if isinstance(value, torch.Tensor):
+            del history[key]
+            namespace.pop(f"_{key}", None)
+    _underscores(namespace)
+
+
+def scans_every_name(namespace):  # right, written another way: every _N name that is a tensor
+    history = namespace["Out"]
+    for key in _tensor_keys(history):
+        history.pop(key)
+    for name in [n for n, v in namespace.items() if n.startswith("_") and n[1:].isdigit()]:
+        if isinstance(namespace[name], torch.Tensor):
+            del namespace[name]
+    _underscores(namespace)
+
+
+def test_drop_from_history_written_another_way_passes(nb07, capsys):
+    _check_b(nb07, scans_every_name)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (deletes_underscores, '_ held a tensor: set it to "", do not delete it'),
+        (deletes_every_underscore, '_ held a tensor: set it to "", do not delete it'),
+        (leaves_twins, "_4, _7, _9 still hold the tensors of Out: each Out.N. has a twin"),
+        (deletes_while_looping, "deleted from the dict while looping over it"),
+    ],
+)
+def test_drop_from_history_leftovers_are_named(nb07, answer, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _check_b(nb07, answer)
+
+
+def test_a_string_in_underscores_is_kept(nb07):
+    """The second arrangement: __ holds the tensor, _ and ___ text that must stay."""
+    def blanks_all(namespace):
+        in_place(namespace)
+        for name in ("_", "__", "___"):
+            namespace[name] = ""
+
+    with pytest.raises(CheckFailed, match="_ held a string: leave it as it is"):
+        _check_b(nb07, blanks_all)
+
+
 def _after_empty_cache_check(answer) -> None:
     from course_utils.classroom import check, passed
 
