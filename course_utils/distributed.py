@@ -36,7 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import CheckFailed, answer_or_error, check_close
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count, to_device
 from course_utils.models import build_model
@@ -653,6 +653,79 @@ def run_as_ranks(
         )
 
 
+# ------------------------------------------------------ exercise 06 (a): rank indices
+
+
+def sampler_indices(size: int, world_size: int, rank: int, seed: int, epoch: int) -> list[int]:
+    """The indices ``DistributedSampler(range(size), world_size, rank, shuffle=True,
+    seed=seed)`` gives ``rank`` in ``epoch``."""
+    data: Any = range(size)  # a sampler needs only len()
+    sampler: DistributedSampler[int] = DistributedSampler(
+        data, world_size, rank, shuffle=True, seed=seed
+    )
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def _rank_mistakes(got: list[Any], order: list[int], rank: int, world: int) -> list[str]:
+    """The usual mistakes of exercise 06 (a) that ``got`` matches, most telling first."""
+    share = len(order) // world
+    want = order[rank::world]
+    found = []
+    if got == list(range(rank, len(order), world)) and got != want:
+        found.append("positions")
+    if got == order[rank * share : (rank + 1) * share]:
+        found.append("block")
+    shifted = [order[(rank + 1) % world :: world], order[(rank - 1) % world :: world]]
+    if got in [*shifted, order[rank + 1 :: world]]:
+        found.append("off by one")
+    if sorted(got) == sorted(want):
+        found.append("reordered")
+    return found
+
+
+_RANK_FEEDBACK = {
+    "positions": "you dealt the positions 0, 1, 2...; deal the shuffled order itself: "
+    "order[rank], order[rank + world_size], ...",
+    "block": "you gave each process a contiguous block of the order (order[rank * n:(rank + "
+    "1) * n]); DistributedSampler deals it like cards, one index to each process in turn: "
+    "order[rank::world_size]",
+    "off by one": "you started one place off: ranks count from 0, and rank r's first index "
+    "is order[r] (order[rank::world_size])",
+    "reordered": "these are the right indices in another order (sorted?): keep the order "
+    "they are dealt in, order[rank::world_size]",
+}
+
+
+def check_rank_indices(rank_indices: Callable[[list[int], int, int], Any]) -> None:
+    """Exercise 06 (a): ``rank_indices(order, rank, world_size)`` against
+    :func:`sampler_indices` for 1, 2 and 4 processes over three shuffles; the feedback names
+    the usual mistake that every wrong case matches (positions dealt, contiguous blocks,
+    ranks counted from 1, the indices sorted)."""
+    failures: list[tuple[str, list[str]]] = []
+    for size, seed, epoch in [(12, 0, 0), (12, 3, 1), (16, 7, 2)]:
+        order = sampler_indices(size, 1, 0, seed, epoch)  # one process: the shuffled order
+        for world_size in (1, 2, 4):
+            for rank in range(world_size):
+                out = answer_or_error(rank_indices, list(order), rank, world_size)
+                if isinstance(out, str):
+                    raise CheckFailed(f"rank {rank} of {world_size}: {out}")
+                got = [int(i) for i in out]
+                want = sampler_indices(size, world_size, rank, seed, epoch)
+                if got != want:
+                    said = (
+                        f"rank {rank} of {world_size}, order {order}: you gave {got}, the "
+                        f"sampler gives {want}"
+                    )
+                    failures.append((said, _rank_mistakes(got, order, rank, world_size)))
+    if not failures:
+        return
+    for mistake, feedback in _RANK_FEEDBACK.items():
+        if all(mistake in found for _, found in failures):
+            raise CheckFailed(f"{failures[0][0]}: {feedback}")
+    raise CheckFailed(f"{failures[0][0]}. Hint: it deals like cards, one each in turn.")
+
+
 # --------------------------------------------------------- exercise 06 (b): all-reduce
 
 
@@ -684,6 +757,60 @@ def average_on_ranks(average: Callable[[torch.Tensor], Any], folder: str) -> Non
         torch.save({"own": own, "result": result}, Path(folder) / f"rank-{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def check_averaged_gradients(ranks: Sequence[dict[str, torch.Tensor]], full: torch.Tensor) -> None:
+    """Exercise 06 (b): what :func:`average_on_ranks` saved for each rank (``own``: its
+    gradient, ``result``: what the learner's function gave) must be ``full``, the gradient of
+    one process over the whole batch; the feedback names the usual mistake the results match
+    (no all-reduce, the sum, a fixed divisor, reduce to rank 0 only, floor division, MAX)."""
+    world = len(ranks)
+    results = [r["result"] for r in ranks]
+    owns = torch.stack([r["own"] for r in ranks])
+    if not all(isinstance(t, torch.Tensor) and t.shape == full.shape for t in results):
+        raise CheckFailed("return one tensor with the gradient's shape (or change it in place)")
+
+    def everywhere(expected: list[torch.Tensor] | torch.Tensor) -> bool:
+        wanted = expected if isinstance(expected, list) else [expected] * world
+        return all(torch.allclose(t, w, atol=1e-6) for t, w in zip(results, wanted, strict=True))
+
+    combine = (
+        "combine them across processes with dist.all_reduce(gradient), which sums the "
+        "tensor in place on every process (it returns None, not the sum), then divide it"
+    )
+    if everywhere([r["own"] for r in ranks]):
+        raise CheckFailed(f"each process kept its own gradient: {combine}")
+    if everywhere([r["own"] / world for r in ranks]):
+        raise CheckFailed(
+            f"each process divided its own gradient by the world size, but never got the "
+            f"others': {combine}"
+        )
+    if everywhere(world * full):
+        raise CheckFailed(
+            "you summed the gradients: DDP averages them (divide by dist.get_world_size())"
+        )
+    if world != 2 and everywhere(world / 2 * full):
+        raise CheckFailed(
+            f"you divided by 2, but {world} processes ran: divide by dist.get_world_size(), "
+            "not by a number you know"
+        )
+    if everywhere(torch.div(owns.sum(0), world, rounding_mode="floor")):
+        raise CheckFailed(
+            "you divided with // (floor division), which rounds each value down: divide with /"
+        )
+    if everywhere(owns.max(0).values):
+        raise CheckFailed(
+            "each value is the largest of the processes' (op=ReduceOp.MAX): sum them, the "
+            "default op=ReduceOp.SUM, then divide by dist.get_world_size()"
+        )
+    wrong = [rank for rank, t in enumerate(results) if not torch.allclose(t, full, atol=1e-6)]
+    if wrong and 0 not in wrong:
+        raise CheckFailed(
+            f"rank 0 has the average but ranks {wrong} do not: dist.reduce sends the sum to "
+            "one process only; dist.all_reduce gives it to every process"
+        )
+    for rank, result in enumerate(results):
+        check_close(result, full, f"rank {rank}'s average (vs one process on the whole batch)")
 
 
 # --------------------------------------------------------------------------- DataParallel

@@ -72,7 +72,17 @@ def test_rank_indices_passes_right_answers(nb06, answer, capsys):
 
 @pytest.mark.parametrize(
     ("answer", "feedback"),
-    [(positions, "you dealt positions"), (chunks, "it deals like cards")],
+    [
+        (positions, "you dealt the positions 0, 1, 2"),
+        (chunks, "a contiguous block of the order"),
+        (lambda order, rank, world_size: order[(rank + 1) % world_size :: world_size],
+         "you started one place off: ranks count from 0"),
+        (lambda order, rank, world_size: sorted(order[rank::world_size]),
+         "the right indices in another order (sorted?)"),
+        (lambda order, rank, world_size: order[rank::world_size][::-1], "in another order"),
+        (lambda order, rank, world_size: order[:3], "it deals like cards"),
+    ],
+    ids=["positions", "chunks", "one-based", "sorted", "reversed", "other"],
 )
 def test_rank_indices_names_the_mistake(nb06, answer, feedback):
     _fails_with(nb06, "06-rank-indices-check", "rank_indices", answer, feedback)
@@ -111,6 +121,30 @@ def uses_avg(gradient):
     return gradient
 
 
+def divides_its_own(gradient):  # no all-reduce at all
+    return gradient / dist.get_world_size()
+
+
+def reduces_a_copy(gradient):  # the sum lands in the copy, the original is returned
+    dist.all_reduce(gradient.clone())
+    return gradient / dist.get_world_size()
+
+
+def reduces_to_rank_0(gradient):
+    dist.reduce(gradient, dst=0)
+    return gradient / dist.get_world_size()
+
+
+def floor_divides(gradient):
+    dist.all_reduce(gradient)
+    return gradient // dist.get_world_size()
+
+
+def takes_the_max(gradient):
+    dist.all_reduce(gradient, op=dist.ReduceOp.MAX)
+    return gradient
+
+
 @pytest.mark.parametrize("answer", [all_reduce_in_place, all_gather_mean, uses_avg])
 def test_average_gradient_passes_right_answers(nb06, answer, capsys):
     _check(nb06, "06-average-gradients-check", "average_gradient", answer)
@@ -123,6 +157,11 @@ def test_average_gradient_passes_right_answers(nb06, answer, capsys):
         (keeps_its_own, "dist.all_reduce(gradient)"),
         (sums, "you summed the gradients"),
         (halves, "you divided by 2, but 4 processes ran"),
+        (divides_its_own, "divided its own gradient by the world size, but never got"),
+        (reduces_a_copy, "divided its own gradient by the world size, but never got"),
+        (reduces_to_rank_0, "dist.reduce sends the sum to one process only"),
+        (floor_divides, "floor division"),
+        (takes_the_max, "ReduceOp.MAX"),
     ],
 )
 def test_average_gradient_names_the_mistake(nb06, answer, feedback):
