@@ -120,6 +120,10 @@ def check_close(
         )
         return
     check(
+        not isinstance(actual, str),
+        f"{what} is the text {actual!r}, a str: write the number itself, without quotes",
+    )
+    check(
         isinstance(actual, int | float) and not isinstance(actual, bool),
         f"{what} should be a number, got {type(actual).__name__}",
     )

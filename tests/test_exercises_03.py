@@ -323,3 +323,31 @@ def tuple_to_list(batch, device):  # blind test: tuples come back as lists
 def test_a_tuple_must_stay_a_tuple():
     with pytest.raises(CheckFailed, match=r"the batch is a tuple .* returned a list"):
         check_copy_to_gpu(tuple_to_list)
+
+
+# ------------------------------------------------------- issue 35 leftovers: (c)
+
+
+def _run_accumulation_check(nb03, effective_batch, new_lr):
+    namespace = {**nb03, "effective_batch": effective_batch, "new_lr": new_lr}
+    exec(_grade_cell("03-accumulation-check"), namespace)
+
+
+@pytest.mark.parametrize(("effective_batch", "new_lr"), [(256, 0.8), (32 * 8, 0.1 * 256 / 32),
+                                                          (256.0, 0.1 * 8)])
+def test_accumulation_written_other_ways_passes(nb03, effective_batch, new_lr, capsys):
+    _run_accumulation_check(nb03, effective_batch, new_lr)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("effective_batch", "new_lr", "feedback"),
+    [
+        ("256", "0.8", r"effective_batch is the text '256', a str: write the number itself"),
+        (256, "0.8", r"new_lr .* is the text '0.8', a str: write the number itself"),
+    ],
+    ids=["batch-as-text", "lr-as-text"],
+)
+def test_values_written_as_text_are_named(nb03, effective_batch, new_lr, feedback):
+    with pytest.raises(CheckFailed, match=feedback):
+        _run_accumulation_check(nb03, effective_batch, new_lr)
