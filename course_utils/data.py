@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
-from torchvision import datasets, transforms
 
 from course_utils.device import cuda_gpu_count
 from course_utils.env import usable_cores
@@ -243,6 +242,8 @@ def load_cifar10(
     """CIFAR-10's training set (normalized), downloaded if needed with a ``timeout_s``
     socket timeout. Offline, or when anything else goes wrong, ``fallback_size``
     :class:`SyntheticImages`, said so in ``source`` and ``note``: label results on them."""
+    from torchvision import datasets, transforms  # lazy: ~3 s of imports, for CIFAR only
+
     transform = transforms.Compose(
         [transforms.ToTensor(), transforms.Normalize((MEAN,) * 3, (STD,) * 3)]
     )

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torchvision
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
@@ -125,7 +124,13 @@ def build_model(name: str, num_classes: int = 10, **kwargs: Any) -> nn.Module:
     if name in ("resnet18", "mobilenet_v3_small"):
         kwargs["weights"] = None  # random initialization: nothing to download
     ours = {"small_cnn": SmallCNN, "mlp": MLP, "tiny_transformer": TinyTransformer}
-    builder: Callable[..., nn.Module] = ours.get(name) or getattr(torchvision.models, name)
+    if name in ours:
+        return ours[name](num_classes=num_classes, **kwargs)
+    # lazy: torchvision.models costs ~3 s of imports (torch._dynamo): every grader judge
+    # and notebook kernel that imports course_utils would pay it for two of the models
+    import torchvision.models
+
+    builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
     return builder(num_classes=num_classes, **kwargs)
 
 

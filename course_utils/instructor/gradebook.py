@@ -24,11 +24,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_all_start_methods, get_context
+from multiprocessing import forkserver, get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -51,6 +51,7 @@ from course_utils.instructor.intake import collect, handed_record, learner_folde
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
+    SimilarPair,
     answer_cells,
     boilerplate,
     own_code,
@@ -208,6 +209,7 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
             partial = _graded_path(out, task).with_suffix(".partial")
             write_notebook(feedback, partial)
             partial.replace(_graded_path(out, task))
+            _render_page(out, task, result["report"])
     result["seconds"] = round(time.perf_counter() - start, 2)
     if out is not None:  # written last: a result on disk means the feedback is too
         partial = _result_path(out, task).with_suffix(".partial")
@@ -273,6 +275,13 @@ def _context() -> Any:
     context = get_context("forkserver")
     context.set_forkserver_preload([__name__])
     return context
+
+
+def _start_workers_server() -> None:
+    """Start the server the workers fork from now (it imports the grader, ~3 s), so that
+    it is ready when the first submission is handed out."""
+    if _context().get_start_method() == "forkserver":
+        forkserver.ensure_running()
 
 
 def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
@@ -459,6 +468,7 @@ def write_gradebook(
     return out / "gradebook.csv", out / "checks.csv"
 
 
+@functools.cache
 def _html_exporter() -> Any:
     """nbconvert's HTML exporter (its templates found also from a virtual environment that
     reuses another's packages)."""
@@ -469,6 +479,44 @@ def _html_exporter() -> Any:
     templates = shared / "nbconvert" / "templates"
     extra = [str(templates)] if templates.is_dir() else []
     return HTMLExporter(extra_template_basedirs=extra, extra_template_paths=extra)
+
+
+def _feedback_text(graded: Path, report: Mapping[str, Any]) -> tuple[Any, str]:
+    """The feedback notebook for ``report`` (from the grader's own ``graded`` notebook) and
+    its text as ``feedback/`` holds it."""
+    notebook = read_notebook(graded)
+    apply_report(notebook, report)
+    return notebook, json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _page_path(out: Path, task: Task) -> Path:
+    """The HTML page a worker rendered for the report as graded (``feedback/`` reuses it
+    when no override or late penalty changed the report)."""
+    return _graded_path(out, task).with_suffix(".html")
+
+
+def _render_page(out: Path, task: Task, report: Mapping[str, Any]) -> None:
+    """Render the feedback page in the worker that graded the submission: the class's
+    pages are made in parallel, not one after another at the end of the run. The first
+    line is the hash of the notebook text the page shows."""
+    notebook, text = _feedback_text(_graded_path(out, task), report)
+    page, _ = _html_exporter().from_notebook_node(notebook)
+    partial = _page_path(out, task).with_suffix(".partial")
+    partial.write_text(_digest(text) + "\n" + page, encoding="utf-8")
+    partial.replace(_page_path(out, task))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _rendered(out: Path, task: Task, text: str) -> str | None:
+    """The page a worker rendered for exactly ``text``, or None."""
+    try:
+        digest, page = _page_path(out, task).read_text(encoding="utf-8").split("\n", 1)
+    except (OSError, ValueError):
+        return None
+    return page if digest == _digest(text) else None
 
 
 def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
@@ -483,15 +531,15 @@ def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
         graded = _graded_path(out, task)
         if report is None or not graded.is_file():
             continue
-        notebook = read_notebook(graded)
-        apply_report(notebook, report)
+        notebook, text = _feedback_text(graded, report)
         target = out / "feedback" / task.learner / task.notebook
-        text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
         html = target.with_suffix(".html")
         if target.is_file() and html.is_file() and target.read_text(encoding="utf-8") == text:
             continue
-        exporter = exporter or _html_exporter()
-        page, _ = exporter.from_notebook_node(notebook)
+        page = _rendered(out, task, text)
+        if page is None:  # an override or a late penalty changed the report
+            exporter = exporter or _html_exporter()
+            page, _ = exporter.from_notebook_node(notebook)
         target.parent.mkdir(parents=True, exist_ok=True)
         for path, content in ((html, page), (target, text)):  # the notebook last
             partial = path.with_suffix(".partial")
@@ -577,12 +625,13 @@ def write_class(
     results: Sequence[dict[str, Any]],
     outputs: ClassOutputs = ClassOutputs(),
     sources: Mapping[str, Mapping[str, float]] | None = None,
+    pairs: list[SimilarPair] | None = None,
 ) -> list[Path]:
     """Write a class run's files into ``out`` (gradebook, checks, canvas, similarity,
     submissions, feedback and the run's record), the overrides and late penalties
     applied; return their paths. ``sources``: each notebook's checks and points (for the
-    overrides; else read from the results). :class:`InputError`, and no ``canvas.csv``,
-    when the roster lacks a learner."""
+    overrides; else read from the results); ``pairs``: the similar answers if already
+    found. :class:`InputError`, and no ``canvas.csv``, when the roster lacks a learner."""
     if outputs.roster is not None:
         check_roster(out, outputs.roster, run.learners)
     checks = dict(sources or _checks_of(results))
@@ -609,7 +658,8 @@ def write_class(
         out, run.learners, run.assignment, scores, run.maxima, outputs.roster,
         columns=outputs.columns, pending=pending,
     )  # fmt: skip
-    pairs = similar_pairs(run.answers, run.given, outputs.threshold)
+    if pairs is None:
+        pairs = similar_pairs(run.answers, run.given, outputs.threshold)
     similar = write_similarity(out, pairs, outputs.threshold)
     handed = _write_handed(out, run)
     write_feedback(out, adjusted)
@@ -685,6 +735,9 @@ def grade_class(
     :class:`InputError` for bad input (before grading anything)."""
     progress = progress or sys.stdout
     say = functools.partial(print, file=progress, flush=True)
+    parallel = (options.jobs or default_jobs()) > 1
+    if parallel:  # the workers' server imports the grader while the submissions are read
+        _start_workers_server()
     sources = instructor_notebooks(source)
     roster = read_roster(outputs.roster)[0] if outputs.roster else None
     times = read_times(submitted_at) if submitted_at else None
@@ -727,10 +780,16 @@ def grade_class(
                      "notebook: not graded, its Canvas cell left empty", progress))  # fmt: skip
     maxima = notebook_maxima({name: sources[name] for name in assignment})
     given = {name: boilerplate(read_notebook(sources[name])) for name in assignment}
-    if students:
-        results = _regrade_some(tasks, set(students), options, out, progress)
-    else:
-        results = grade_tasks(tasks, options, out, progress, resume)
+    answers = _answers(tasks)
+    threshold = outputs.threshold
+    with ThreadPoolExecutor(1) as beside:
+        # with --jobs > 1 the similarity report is computed while the workers grade
+        similar = beside.submit(similar_pairs, answers, given, threshold) if parallel else None
+        if students:
+            results = _regrade_some(tasks, set(students), options, out, progress)
+        else:
+            results = grade_tasks(tasks, options, out, progress, resume)
+        pairs = similar.result() if similar is not None else None
     handed = {
         learner: {
             nb: handed_record(h) for nb, h in intake.handed[learner].items() if nb in assignment
@@ -740,10 +799,10 @@ def grade_class(
     }
     run = ClassRun(
         mine, assignment, maxima, notes, [(t.learner, t.notebook) for t in tasks],
-        _answers(tasks), given, shard, handed, unmatched,
+        answers, given, shard, handed, unmatched,
     )  # fmt: skip
     points = check_points({name: sources[name] for name in assignment})
-    written = write_class(out, run, results, outputs, points)
+    written = write_class(out, run, results, outputs, points, pairs)
     failed = sum("report" not in result for result in results)
     part = f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
     names = ", ".join(path.name for path in written)
