@@ -90,6 +90,15 @@ def check(condition: Any, feedback: str) -> None:
         raise CheckFailed(feedback)
 
 
+def _is_number_text(text: str) -> bool:
+    """Whether ``text`` is a number written as text (``'256'``, ``' 0.8 '``)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def check_close(
     actual: Any,
     expected: Any,
@@ -119,10 +128,10 @@ def check_close(
             f"{what} differs from the expected values by up to {worst:.3g}",
         )
         return
-    check(
-        not isinstance(actual, str),
-        f"{what} is the text {actual!r}, a str: write the number itself, without quotes",
-    )
+    if isinstance(actual, str) and _is_number_text(actual):
+        raise CheckFailed(
+            f"{what} is the text {actual!r}, a str: write the number itself, without quotes"
+        )
     check(
         isinstance(actual, int | float) and not isinstance(actual, bool),
         f"{what} should be a number, got {type(actual).__name__}",
