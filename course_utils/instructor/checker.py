@@ -43,6 +43,7 @@ import builtins
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import importlib
 import io
 import json
@@ -100,6 +101,20 @@ ERRORS = _errors()
 
 
 # -- frames -------------------------------------------------------------------------------
+
+
+def pipe() -> tuple[int, int]:
+    """A pipe whose ends are not standard streams' numbers (a worker of a process pool
+    may run with its stdin closed: a pipe end could be fd 0, and a child's stdio would
+    then replace it)."""
+    ends = []
+    for fd in os.pipe():
+        if fd < 3:
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = high
+        ends.append(fd)
+    return ends[0], ends[1]
 
 
 def write_frame(fd: int, data: bytes) -> None:
@@ -492,7 +507,7 @@ def start(
     checker's ends of the pipes to the runtime (requests it writes, replies it reads).
     Returns the checker's process id and the read end of its verdicts' pipe (lines of
     JSON: ``result`` and ``flag`` messages)."""
-    read_end, write_end = os.pipe()
+    read_end, write_end = pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -508,6 +523,7 @@ def start(
             if fd > 2 and fd not in wanted:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (never closed)
         os.chdir(folder)
         sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
         os.environ.update(COURSE_WORKLOAD="small", COURSE_DEVICE="cpu", CUDA_VISIBLE_DEVICES="",

@@ -629,9 +629,9 @@ def _judge(
     work = run / "judge-work"
     work.mkdir(exist_ok=True)
     env = _kernel_environment(work, control, settings)
-    read_end, write_end = os.pipe()
-    requests_read, requests_write = os.pipe()  # the checker's requests to the runtime
-    replies_read, replies_write = os.pipe()  # the runtime's replies
+    read_end, write_end = checkers.pipe()
+    requests_read, requests_write = checkers.pipe()  # the checker's requests to the runtime
+    replies_read, replies_write = checkers.pipe()  # the runtime's replies
     if settings.sandbox is not None:
         settings.sandbox.prepare(control)
     flags: list[str] = []
