@@ -86,7 +86,7 @@ def test_a_learner_class_never_crosses(value):
     runtime = _Runtime()
     runtime.data(value)
     got = runtime.channel.value("answer")
-    with pytest.raises(checker.AnswerError, match="not plain data"):
+    with pytest.raises(checker.AnswerError, match="not plain data|cannot cross"):
         got == 0  # noqa: B015  (any use of the refused value says why)
     runtime.data(value)
     with pytest.raises(checker.AnswerError, match="not plain data"):
@@ -124,7 +124,7 @@ def test_a_broken_channel_stops_the_check():
     with pytest.raises(checker.ChannelBroken, match="a frame of"):
         runtime.channel.value("double")
     runtime = _Runtime()
-    checker.write_frame(runtime.replies_write, b"[" * 100_000)  # not JSON a check can use
+    checker.write_frame(runtime.replies_write, b"[" * 60_000)  # not JSON a check can use
     with pytest.raises(checker.ChannelBroken):
         runtime.channel.value("double")
     assert not issubclass(checker.ChannelBroken, Exception)  # a check cannot swallow it
