@@ -1,4 +1,14 @@
-"""The grader's judge: the process that decides a submission's scores.
+"""The grader's judge: the learner's runtime, where a submission's code cells run for
+grading (not for the feedback's outputs).
+
+Since issue 33 it decides only the checks graded *beside* the answer (their first line is
+:data:`course_utils.instructor.checker.BESIDE`). At the place of a check graded *apart*
+(every other check) it runs nothing of the check and holds neither its source nor a key
+for it: it serves the grader's checker (:mod:`course_utils.instructor.checker`, a process
+that never runs learner code) over the pipes the grader passed (``--requests``,
+``--replies``): the value of a name, by value and only as plain data, or a call of a
+function of the notebook, until the checker says the check is over. The guard still
+reports, as flags, what was tampered with at that place.
 
 The grader starts it fresh for each submission (``python -I``: no working folder or
 ``PYTHONPATH`` on ``sys.path``, no user site, no start-up file), in its own sandbox when
@@ -7,9 +17,9 @@ is not the learner's Jupyter kernel: that kernel only produces the outputs of th
 notebook, and neither the checks nor the key ever enter it.
 
 The grader writes the program on the judge's stdin as one JSON line, read before any
-learner code: the key, the checks (hidden parts included), the modules to record, and the
-cells: the learner's code cells that ran without hanging or killing their kernel, and at
-each check's place, the check. :func:`course_utils.instructor.guard.arm` then records
+learner code: the key, the checks beside the answer (hidden parts included), the modules
+to record, and the cells: the learner's code cells that ran without hanging or killing
+their kernel, and each check's place. :func:`course_utils.instructor.guard.arm` records
 what checks depend on and installs its audit hook; the learner's cells run as plain Python
 (IPython magics through a bare, grader-owned shell: no input transformer, event or
 exception handler runs anything); each check runs through the hook, which writes its
