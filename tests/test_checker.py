@@ -177,7 +177,7 @@ ATTACKS = {
     "patched library": "import builtins, course_utils.classroom as c\n"
     "torch.allclose = lambda *a, **k: True\nmath.isclose = lambda *a, **k: True\n"
     "c.check = c.check_close = lambda *a, **k: None\nbuiltins.all = lambda x: True\n"
-    "builtins.isinstance = lambda *a: True\ncheck = check_close = lambda *a, **k: None",
+    "builtins.abs = lambda x: 0\ncheck = check_close = lambda *a, **k: None",
     "frames": "import sys, signal, inspect\ndef fake(*a, **k): pass\n"
     "def handler(signum, frame):\n    while frame is not None:\n"
     "        frame.f_globals.update(check=fake, check_close=fake)\n        frame = frame.f_back\n"
