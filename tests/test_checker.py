@@ -241,7 +241,6 @@ def test_attempts_against_checks_graded_apart_score_0(tmp_path):
     assert "double returned a E, which is not plain data" in reasons
     said = " ".join(reports["patched library"]["tampering"])
     assert "math.isclose was replaced" in said and "torch.allclose" in said
-    assert reports["frames"]["tampering"]
     assert not marker.exists()
 
 
