@@ -41,6 +41,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_utils.instructor import cgroups
+from course_utils.instructor import checker as checkers
 from course_utils.instructor import guard as guards
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
@@ -278,6 +279,7 @@ def guard_spec(reference: Any) -> dict[str, Any]:
         free = reads - own - learners
         spec[gid] = {
             "source": cell.source,
+            "beside": checkers.beside(cell.source),
             "pinned": {name: pinned[name] for name in sorted(free & set(pinned))},
             "builtins": sorted(n for n in free - set(imports) - set(bound) if hasattr(builtins, n)),
         }
@@ -596,50 +598,91 @@ def _judge(
     nonces: dict[str, int] = {}
     positions: list[int] = []
     limits: list[float] = []
+    specs: dict[str, Any] = guard.get("checks", {})
+    apart: list[dict[str, Any]] = []  # the checks the checker runs, in order
     for index, (cell, outcome) in enumerate(zip(cells, outcomes, strict=True)):
         if outcome.status == "not-run":  # the learner's run never got here: nor does the judge
             break
         if index in checks:
             nonce = secrets.token_hex(8)
             nonces[nonce] = index
-            program.append({"kind": "check", "grade_id": checks[index], "nonce": nonce})
+            gid = checks[index]
+            if gid in specs and not specs[gid].get("beside", True):
+                apart.append({**specs[gid], "grade_id": gid, "nonce": nonce})
+                program.append({"kind": "apart", "grade_id": gid})
+            else:
+                program.append({"kind": "check", "grade_id": gid, "nonce": nonce})
         elif outcome.status in ("ok", "error"):  # never a cell that hung or killed its kernel
             program.append({"kind": "code", "source": cell.source})
         else:
             continue
         positions.append(index)
         limits.append(max(cell_timeout_s, 2 * outcome.seconds + 5))
-    spec = {**guard, "key": key.hex(), "cells": program}
+    apart_ids = {check["grade_id"] for check in apart}
+    # The learner's runtime gets the checks it runs beside the answer; of those graded
+    # apart, only what its guard needs to say what was tampered with (never their source).
+    seen = {gid: ({k: v for k, v in check.items() if k != "source"} if gid in apart_ids
+                  else check) for gid, check in specs.items()}  # fmt: skip
+    spec = {**guard, "checks": seen, "key": key.hex(), "cells": program}
     settings = _judge_settings(settings)
     control = _control_folder(run, "judge")
     work = run / "judge-work"
     work.mkdir(exist_ok=True)
     env = _kernel_environment(work, control, settings)
-    read_end, write_end = os.pipe()
+    read_end, write_end = checkers.pipe()
+    requests_read, requests_write = checkers.pipe()  # the checker's requests to the runtime
+    replies_read, replies_write = checkers.pipe()  # the runtime's replies
     if settings.sandbox is not None:
         settings.sandbox.prepare(control)
     flags: list[str] = []
     notes: list[str] = []
+    checker_pid, verdicts_fd = -1, -1
+    ends = [requests_read, requests_write, replies_read, replies_write]
     try:
+        if apart:
+            folder = tempfile.mkdtemp(prefix="checker-", dir=run)
+            checker_pid, verdicts_fd = checkers.start(
+                apart, list(guard.get("modules", [])), folder, settings.threads,
+                (requests_write, replies_read),
+            )  # fmt: skip
+        os.close(requests_write)
+        os.close(replies_read)
+        ends = [requests_read, replies_write]
+        command = _judge_command(control, work, settings, write_end)
+        if apart:
+            command += ["--requests", str(requests_read), "--replies", str(replies_write)]
         process = subprocess.Popen(
-            _judge_command(control, work, settings, write_end),
+            command,
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=str(control), env=env, pass_fds=(write_end,), start_new_session=True,
+            cwd=str(control), env=env, pass_fds=(write_end, requests_read, replies_write),
+            start_new_session=True,
         )  # fmt: skip
+    except BaseException:
+        if checker_pid > 0:
+            _end_checker(checker_pid, verdicts_fd)
+        os.close(read_end)
+        raise
     finally:
-        os.close(write_end)
+        for fd in (write_end, *ends):
+            with contextlib.suppress(OSError):
+                os.close(fd)
     try:
         assert process.stdin is not None
         with contextlib.suppress(OSError):
             process.stdin.write((json.dumps(spec) + "\n").encode())
             process.stdin.close()
         del spec
-        state = _read_judge(read_end, key, nonces, limits, total_timeout_s)
+        apart_nonces = {check["nonce"] for check in apart}
+        state = _read_judge(
+            read_end, key, nonces, limits, total_timeout_s, verdicts_fd, apart_nonces
+        )
     finally:
         os.close(read_end)
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        if checker_pid > 0:
+            _end_checker(checker_pid, verdicts_fd)
         shutil.rmtree(control, ignore_errors=True)
     for nonce, message in state.results.items():
         index = nonces[nonce]
@@ -671,6 +714,15 @@ def _judge(
     return verdicts, flags, notes
 
 
+def _end_checker(pid: int, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 @dataclass
 class _JudgeState:
     armed: bool = False
@@ -681,22 +733,70 @@ class _JudgeState:
     flags: list[str] = field(default_factory=list)
 
 
+#: Seconds the checker may take to close its pipe once the judge is done (its verdicts
+#: were written before the judge went on).
+_CHECKER_DRAIN_S = 10.0
+
+
+def _read_checker(fd: int, pending: bytes, apart: set[str], state: _JudgeState) -> bytes | None:
+    """Read the checker's verdicts' pipe (None: it ended)."""
+    data = os.read(fd, 1 << 16)
+    if not data:
+        return None
+    pending += data
+    *lines, pending = pending.split(b"\n")
+    for raw in lines:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            continue
+        if type(message) is not dict:
+            continue
+        if message.get("kind") == "result" and str(message.get("nonce")) in apart:
+            state.results[str(message["nonce"])] = message
+        elif message.get("kind") == "flag" and str(message.get("what")) not in state.flags:
+            state.flags.append(str(message.get("what")))
+    return pending
+
+
 def _read_judge(
-    fd: int, key: bytes, nonces: dict[str, int], limits: list[float], total_timeout_s: float
+    fd: int,
+    key: bytes,
+    nonces: dict[str, int],
+    limits: list[float],
+    total_timeout_s: float,
+    checker_fd: int = -1,
+    apart: set[str] | None = None,
 ) -> _JudgeState:
     """Read the judge's pipe until it says it is done, it ends, or a cell (its limit:
     ``limits``), the start (:data:`WARM_UP_S`) or the whole run (``total_timeout_s`` from
-    the start) runs past its limit."""
+    the start) runs past its limit; and the checker's (``checker_fd``), whose verdicts
+    count for the checks graded apart (their nonces: ``apart``), until it ends. A result
+    for one of those on the judge's pipe does not count."""
     state = _JudgeState()
-    pending = b""
+    apart = apart or set()
+    pending, checked = b"", b""
+    checker_open = checker_fd >= 0
     limit = deadline = time.monotonic() + WARM_UP_S
-    while not state.done:
+    drain = 0.0
+    while not state.done or checker_open:
+        if state.done:  # only the checker's last lines are left to read
+            drain = drain or time.monotonic() + _CHECKER_DRAIN_S
+            ready, _, _ = select.select([checker_fd], [], [], max(0.0, drain - time.monotonic()))
+            left = _read_checker(checker_fd, checked, apart, state) if ready else None
+            if left is None:
+                break
+            checked = left
+            continue
         wait = min(limit, deadline) - time.monotonic()
         if wait <= 0:
             state.timed_out = True
             break
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:
+        ready, _, _ = select.select([fd, *([checker_fd] if checker_open else [])], [], [], wait)
+        if checker_open and checker_fd in ready:
+            left = _read_checker(checker_fd, checked, apart, state)
+            checker_open, checked = left is not None, left or b""
+        if fd not in ready:
             continue
         data = os.read(fd, 1 << 16)
         if not data:
@@ -722,7 +822,11 @@ def _read_judge(
             elif message.get("kind") == "armed" and not state.armed:
                 state.armed = True
                 limit = deadline = time.monotonic() + total_timeout_s
-            elif message.get("kind") == "result" and str(message.get("nonce")) in nonces:
+            elif (
+                message.get("kind") == "result"
+                and str(message.get("nonce")) in nonces
+                and str(message.get("nonce")) not in apart
+            ):
                 state.results[str(message["nonce"])] = message
             elif message.get("kind") == "flag" and str(message.get("what")) not in state.flags:
                 state.flags.append(str(message.get("what")))
@@ -740,6 +844,7 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
         "PartialCredit": outcome.evalue,
         "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
         "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
+        "AnswerError": outcome.evalue,
         "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
         "AssertionError": outcome.evalue or "an assert in the check failed",
     }.get(outcome.ename, error or "the check raised an error")

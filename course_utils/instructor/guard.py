@@ -316,17 +316,22 @@ class _Guard:
         transform = _ipython_transform()
         for grade_id, check in spec.get("checks", {}).items():
             entry: dict[str, Any] = {"builtins": list(check.get("builtins", []))}
-            try:
-                entry["code"] = compile(transform(check["source"]), f"<check {grade_id}>", "exec")
-            except SyntaxError as error:
-                entry["code"] = SyntaxError(str(error))
+            if "source" not in check:  # graded apart, by the checker: never run here
+                entry["code"] = None
+            else:
+                try:
+                    entry["code"] = compile(
+                        transform(check["source"]), f"<check {grade_id}>", "exec"
+                    )
+                except SyntaxError as error:
+                    entry["code"] = SyntaxError(str(error))
             entry["pins"] = {}
             for name, (module, attribute) in check.get("pinned", {}).items():
                 value = self._pinned(module, attribute)
                 if value is not _MISSING:
                     entry["pins"][name] = value
             self.checks[grade_id] = entry
-            if not isinstance(entry["code"], SyntaxError):
+            if isinstance(entry["code"], types.CodeType):
                 self.check_code |= {id(code) for code in _all_code(entry["code"])}
         self.flags: set[str] = set()
         self.running: list[str] | None = None  # the problems of the check running now
@@ -419,9 +424,18 @@ class _Guard:
         return found
 
     # -- running a check ----------------------------------------------------------------
-    def run_check(self, grade_id: str, nonce: str) -> None:
+    def inspect(self, grade_id: str) -> None:
+        """At the place of a check graded apart (by the checker, which the learner's code
+        cannot reach): what was tampered with is reported, as flags only."""
         check = self.checks.get(grade_id)
         if check is None or self.running is not None:
+            return
+        for what in [*self._rebound(check), *self._traces(), *self.record.changes()]:
+            self.flag(what)
+
+    def run_check(self, grade_id: str, nonce: str) -> None:
+        check = self.checks.get(grade_id)
+        if check is None or self.running is not None or check["code"] is None:
             return
         for what in self._rebound(check):
             self.flag(what)
@@ -500,9 +514,12 @@ class _Guard:
             self.busy = False
         if refused:
             raise PermissionError(f"the grader does not allow this while it grades: {refused}")
-        checking = event == EVENT and args[:1] == ("check",) and len(args) == 3
+        checking = event == EVENT and args[:1] in (("check",), ("apart",)) and len(args) == 3
         if checking and self.getframe(1).f_code is self.runner:  # never a learner's audit
-            self.run_check(str(args[1]), str(args[2]))
+            if args[0] == "apart":
+                self.inspect(str(args[1]))
+            else:
+                self.run_check(str(args[1]), str(args[2]))
 
     def _event(self, event: str, args: tuple[Any, ...]) -> str:
         """What the event does that is refused ("" when it is allowed); reports it."""

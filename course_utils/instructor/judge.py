@@ -1,4 +1,14 @@
-"""The grader's judge: the process that decides a submission's scores.
+"""The grader's judge: the learner's runtime, where a submission's code cells run for
+grading (not for the feedback's outputs).
+
+Since issue 33 it decides only the checks graded *beside* the answer (their first line is
+:data:`course_utils.instructor.checker.BESIDE`). At the place of a check graded *apart*
+(every other check) it runs nothing of the check and holds neither its source nor a key
+for it: it serves the grader's checker (:mod:`course_utils.instructor.checker`, a process
+that never runs learner code) over the pipes the grader passed (``--requests``,
+``--replies``): the value of a name, by value and only as plain data, or a call of a
+function of the notebook, until the checker says the check is over. The guard still
+reports, as flags, what was tampered with at that place.
 
 The grader starts it fresh for each submission (``python -I``: no working folder or
 ``PYTHONPATH`` on ``sys.path``, no user site, no start-up file), in its own sandbox when
@@ -7,9 +17,9 @@ is not the learner's Jupyter kernel: that kernel only produces the outputs of th
 notebook, and neither the checks nor the key ever enter it.
 
 The grader writes the program on the judge's stdin as one JSON line, read before any
-learner code: the key, the checks (hidden parts included), the modules to record, and the
-cells: the learner's code cells that ran without hanging or killing their kernel, and at
-each check's place, the check. :func:`course_utils.instructor.guard.arm` then records
+learner code: the key, the checks beside the answer (hidden parts included), the modules
+to record, and the cells: the learner's code cells that ran without hanging or killing
+their kernel, and each check's place. :func:`course_utils.instructor.guard.arm` records
 what checks depend on and installs its audit hook; the learner's cells run as plain Python
 (IPython magics through a bare, grader-owned shell: no input transformer, event or
 exception handler runs anything); each check runs through the hook, which writes its
@@ -19,10 +29,14 @@ where it is (``at``), so the grader can stop a cell that runs too long.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import sys
 from typing import Any
+
+from course_utils.instructor import checker
 
 
 def _shell() -> Any:
@@ -36,8 +50,55 @@ def _shell() -> Any:
     return InteractiveShell.instance(colors="nocolor", autocall=0)
 
 
+class _Refs(pickle.Unpickler):
+    """Unpickles the checker's requests (the grader's own process: trusted here); an
+    :class:`~course_utils.instructor.checker.Answer` comes back as the notebook's name."""
+
+    def __init__(self, data: bytes, namespace: dict[str, Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.namespace = namespace
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.namespace[pid[1]]
+
+
+def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str) -> None:
+    """At the place of a check graded apart: answer the checker's requests (the value of
+    a name, a call of a function of the notebook) until it says the check is over."""
+
+    def reply(header: dict[str, Any], blob: bytes | None = None) -> None:
+        checker.write_frame(replies, json.dumps(header).encode())
+        if blob is not None:
+            checker.write_frame(replies, blob)
+
+    missing = object()
+    reply({"kind": "begin", "grade_id": grade_id})
+    while True:
+        try:
+            request = _Refs(checker.read_frame(requests, 1 << 30), namespace).load()
+        except checker.ChannelBroken:
+            os._exit(0)  # the checker ended: nothing more can be graded
+        if request[0] == "end":
+            return
+        if request[0] == "get":
+            reply(*checker.describe(namespace.get(request[1], missing), missing))
+            continue
+        try:
+            _, name, args, kwargs = request
+            result = namespace[name](*args, **kwargs)
+        except BaseException as error:  # what the answer raised goes back as text
+            reply(checker.raised(error))
+            continue
+        try:
+            reply(*checker.describe(result, missing))
+        except BaseException as error:
+            reply(checker.raised(error))
+
+
 def run_judge(argv: list[str]) -> None:
     fd = int(argv[argv.index("--fd") + 1])
+    requests = int(argv[argv.index("--requests") + 1]) if "--requests" in argv else -1
+    replies = int(argv[argv.index("--replies") + 1]) if "--replies" in argv else -1
     spec = json.loads(sys.stdin.readline())
     sys.stdin.close()
     cells: list[dict[str, Any]] = spec.pop("cells")
@@ -55,6 +116,10 @@ def run_judge(argv: list[str]) -> None:
         os.write(fd, f"at {number}\n".encode())
         if cell["kind"] == "check":
             sys.audit(event, "check", cell["grade_id"], cell["nonce"])
+            continue
+        if cell["kind"] == "apart":
+            sys.audit(event, "apart", cell["grade_id"], "")  # the guard's findings: flags
+            _serve(namespace, requests, replies, cell["grade_id"])
             continue
         try:
             code = compile(transform(cell["source"]), f"<cell {number + 1}>", "exec")
