@@ -517,6 +517,20 @@ def _refusing(*args: Any, **kwargs: Any) -> Any:
     raise refused(_sys._getframe().f_code.co_name)
 
 
+#: True in the grader's checker process (:mod:`course_utils.instructor.checker`), where a
+#: learner's function is a stand-in that runs in another process.
+_IN_CHECKER = [False]
+
+
+def mark_checker_process() -> None:
+    """Called by the grader's checker: refusing helpers there would refuse nothing."""
+    _IN_CHECKER[0] = True
+
+
+class NeedsBeside(RuntimeError):
+    """A check that must run beside the answer (in the learner's process) ran apart."""
+
+
 @contextlib.contextmanager
 def course_helpers_refused(namespace: dict[str, Any], *names: str) -> Iterator[None]:
     """Inside the block, calling one of the course's helpers ``names`` (as the notebook's
@@ -534,6 +548,11 @@ def course_helpers_refused(namespace: dict[str, Any], *names: str) -> Iterator[N
     >>> to_device(torch.ones(1), "cpu").tolist()
     [1.0]
     """
+    if _IN_CHECKER[0]:  # the learner's function runs elsewhere: nothing would be refused
+        raise NeedsBeside(
+            f"refusing {', '.join(names)} needs the learner's function in this process: "
+            "mark the check cell '# graded beside the answer: <why>' (instructor guide)"
+        )
     swapped: list[tuple[Any, Any]] = []
     replaced: list[tuple[str, Any]] = []
     for name in names:

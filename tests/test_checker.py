@@ -266,3 +266,39 @@ def test_a_check_marked_beside_runs_with_the_answer_and_an_unmarked_one_apart(tm
     [result] = grade_tasks([task], options, None, io.StringIO(), resume=False)
     points = {c["grade_id"]: c["points"] for c in result["report"]["checks"]}
     assert points == {"m-beside": 1.0, "m-apart": 0.0}, result["report"]
+
+
+def test_refusing_course_helpers_apart_says_to_grade_the_check_beside(monkeypatch):
+    """In the checker the learner's function runs in another process: refusing the course's
+    helpers there would refuse nothing (a shortcut through them would pass), so it stops the
+    check with a line telling the instructor to mark it beside; elsewhere it refuses."""
+    from course_utils import classroom
+    from course_utils.footprint import optimizer_state_bytes
+
+    def shortcut(optimizer):
+        return optimizer_state_bytes(optimizer)
+
+    sgd = torch.optim.SGD([torch.ones(1, requires_grad=True)])
+    with pytest.raises(classroom.CheckFailed, match="course's own"):
+        classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
+    monkeypatch.setattr(classroom, "_IN_CHECKER", [True])
+    with pytest.raises(classroom.NeedsBeside, match="graded beside the answer"):
+        classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
+
+
+def test_course_checks_that_refuse_helpers_are_marked_beside():
+    """Every course check cell that refuses the course's helpers while the answer runs is
+    graded beside the answer (else the refusal would not reach the learner's process)."""
+    from pathlib import Path
+
+    refusing = ("without_course_helpers", "course_helpers_refused", "check_precision_flag")
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    found = 0
+    for path in sorted(root.glob("0*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.metadata.get("nbgrader", {}).get("grade") and any(
+                name in cell.source for name in refusing
+            ):
+                found += 1
+                assert checker.beside(cell.source), (path.name, cell.metadata["nbgrader"])
+    assert found >= 2
