@@ -10,6 +10,9 @@ PY     := $(VENV)/bin/python
 # Every GPU claim is strict in tests (course_utils/claims.py): one that does not hold fails.
 TEST_ENV := COURSE_WORKLOAD=small COURSE_PROGRESS=off COURSE_CLAIMS=strict
 PYTEST := $(PY) -m pytest -p no:cacheprovider
+# Tests run on every core (pytest-xdist), a file (a notebook) per worker at a time: most
+# of the suite waits on one core for kernels, processes and imports. TEST_JOBS=0: one.
+TEST_JOBS ?= auto
 
 .PHONY: help env course site test quick lint lab gpu-lane bench lock clean student colab-check
 
@@ -52,8 +55,8 @@ lint: env
 	$(PY) -m mypy course_utils
 
 test: env lint
-	$(TEST_ENV) $(PYTEST) -q -rs --durations=25 --nbval-lax --doctest-modules \
-	  --ignore=course_utils/__main__.py course_utils tests notebooks
+	$(TEST_ENV) $(PYTEST) -q -rs --durations=25 -n $(TEST_JOBS) --dist loadfile \
+	  --nbval-lax --doctest-modules --ignore=course_utils/__main__.py course_utils tests notebooks
 
 # The inner loop while changing the package: no notebooks, no test marked slow, no lint.
 quick: env

@@ -13,6 +13,9 @@
 # "# python:" line of .ci/colab-versions.txt, when this machine has it (PATH or pyenv),
 # else python3.11 with a note), COLAB_VENV (default .venv-colab), NOTEBOOKS (default
 # notebooks/*.ipynb). The notebooks run in Colab's IPython and ipykernel (pinned there).
+#
+# `bash .ci/colab_check.sh --prepare` does step 1 only (the download: .ci/run starts it in
+# the background while `make test` runs, so the two overlap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -54,6 +57,9 @@ if ! cmp -s "$PINS" "$VENV/colab-versions.txt" || [ ! -x "$VENV/bin/python" ]; t
 else
     say "reusing $VENV (same $PINS)"
 fi
+if [ "${1:-}" = "--prepare" ]; then
+    exit 0
+fi
 
 # --- 2. colab_setup.sh against this working tree --------------------------------------------
 # COURSE_FORCE=1: the working tree may have changed since the last check; the stamp goes
@@ -66,7 +72,7 @@ say "colab_setup.sh took $((SECONDS - setup_started)) s"
 # The test runner only: nothing a notebook may import, and Colab's IPython and ipykernel
 # kept (the pins as a constraint: pip fails rather than replace them).
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off \
-    -c "$PINS" pytest nbval ipykernel
+    -c "$PINS" pytest nbval ipykernel pytest-xdist
 "$VENV/bin/python" -c 'import IPython, ipykernel, sys; print("colab-check: kernel: Python %d.%d, IPython %s, ipykernel %s" % (*sys.version_info[:2], IPython.__version__, ipykernel.__version__))'
 
 # --- 3. every notebook, small workload, the installed package -------------------------------
@@ -75,6 +81,7 @@ nbval_started=$SECONDS
 (
     unset PYTHONPATH
     COURSE_WORKLOAD=small "$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs \
+        -n "${TEST_JOBS:-auto}" --dist loadfile \
         --nbval-lax --nbval-current-env -o addopts= ${NOTEBOOKS:-notebooks/*.ipynb}
 )
 say "notebooks took $((SECONDS - nbval_started)) s; colab-check passed in $((SECONDS - started)) s"
