@@ -9,13 +9,17 @@ submission runs in its own kernel, sandboxed with bubblewrap when it works here.
 alternate (sequential, parallel, sequential, parallel) and the figures are medians; the
 load average before and after is recorded, and the share of the machine's CPU time left
 idle during each run: other work on the machine (none idle during a sequential run) caps
-what a parallel run can gain. Ideal speed-up: the number of cores. Writes
-grade_class.json.
+what a parallel run can gain. Ideal speed-up: the number of cores; what this machine's
+cores give at most is measured too (``cpu_scaling_ceiling``: a pure-Python loop in one
+process per core at once against one process alone; on a virtual machine whose cores
+share a physical core or a busy host it is well under the number of cores), and the
+speed-up is also reported as a share of it. Writes grade_class.json.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import statistics
 import tempfile
@@ -110,6 +114,26 @@ def run(klass: Path, source: Path, out: Path, jobs: int) -> tuple[float, float |
     return seconds, idle, sum(r["report"]["score"] for r in results)
 
 
+def _spin(_: int = 0) -> float:
+    """Seconds a fixed pure-Python loop takes in this process."""
+    start, total = time.perf_counter(), 0
+    for number in range(20_000_000):
+        total += number
+    return time.perf_counter() - start
+
+
+def cpu_scaling_ceiling(cores: int, rounds: int = 3) -> float:
+    """How much faster ``cores`` processes finish ``cores`` loops at once than one process
+    finishes one (median of ``rounds``): the most any parallel run can gain here."""
+    ratios = []
+    with multiprocessing.get_context("spawn").Pool(cores) as pool:
+        for _ in range(rounds):
+            alone = pool.apply(_spin)
+            together = max(pool.map(_spin, range(cores)))
+            ratios.append(cores * alone / together)
+    return statistics.median(ratios)
+
+
 def _idle_and_total() -> tuple[int, int] | None:
     """Idle and total CPU ticks of the whole machine so far (Linux's /proc/stat)."""
     try:
@@ -136,6 +160,7 @@ def main() -> None:
                 scores.add(score)
                 print(f"round {round_ + 1}: --jobs {jobs}: {seconds:.1f} s, machine idle {idle}")
     sequential, parallel = statistics.median(times[1]), statistics.median(times[parallel_jobs])
+    ceiling = cpu_scaling_ceiling(cores)
     figures = {
         "label": measured_on("cpu"),
         "class_size": CLASS_SIZE,
@@ -153,6 +178,8 @@ def main() -> None:
         "machine_idle_share_sequential": idle_shares[1],
         "machine_idle_share_parallel": idle_shares[parallel_jobs],
         "speed_up": sequential / parallel,
+        "cpu_scaling_ceiling": ceiling,
+        "speed_up_share_of_ceiling": sequential / parallel / ceiling,
         "parallel_efficiency": sequential / parallel / cores,
         "same_scores_every_run": len(scores) == 1,
         "load_average_before": load_before,
