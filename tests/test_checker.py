@@ -38,7 +38,7 @@ class _Runtime:
             checker.write_frame(self.replies_write, blob)
 
     def data(self, value: object) -> None:
-        self.reply(*checker.describe(value, object()))
+        self.reply(*checker.describe_value(value, object()))
 
 
 class _Boom:
@@ -111,7 +111,7 @@ def test_a_crafted_pickle_never_runs_in_the_checker(tmp_path):
     torch.save(_Boom(str(markers[0])), buffer)  # the zip format torch.save writes
     runtime.reply({"kind": "data", "type": "int"}, buffer.getvalue())
     runtime.reply({"kind": "data", "type": "int"}, pickle.dumps(_Boom(str(markers[1]))))
-    runtime.data(_Boom(str(markers[2])))  # the learner's __reduce__, through describe
+    runtime.data(_Boom(str(markers[2])))  # the learner's __reduce__, through describe_value
     for _ in markers:
         with pytest.raises(checker.AnswerError, match="not plain data"):
             runtime.channel.call("double", (3,), {})

@@ -12,7 +12,7 @@ code and fills a fresh namespace with the names that code reads
 
 - a name the instructor's imports bind (``pinned``) is the checker's own import; a
   Python built-in is the checker's own built-in;
-- any other name is asked of the learner's runtime (:func:`describe` there). Plain data
+- any other name is asked of the learner's runtime (:func:`describe_value` there). Plain data
   crosses by value: the runtime writes it with ``torch.save``, the checker reads it with
   ``torch.load(weights_only=True)`` (a restricted unpickler: tensors, numbers, strings,
   lists, tuples, dicts, ``torch.Size``, dtypes; the course's own dataclasses, rebuilt as
@@ -145,7 +145,7 @@ def _read_exactly(fd: int, size: int) -> bytes:
 # -- the learner's side ------------------------------------------------------------------
 
 
-def describe(value: Any, missing: Any) -> tuple[dict[str, Any], bytes | None]:
+def describe_value(value: Any, missing: Any) -> tuple[dict[str, Any], bytes | None]:
     """In the learner's runtime: how ``value`` crosses (a header, and the data's bytes)."""
     import torch  # lazy: the doctests of this module run without torch
 
@@ -528,7 +528,7 @@ def start(
         sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
         os.environ.update(COURSE_WORKLOAD="small", COURSE_DEVICE="cpu", CUDA_VISIBLE_DEVICES="",
                           COURSE_PROGRESS="off", MPLBACKEND="Agg")  # fmt: skip
-        import torch
+        import torch  # lazy: the grading worker has imported it already (a cache lookup)
 
         torch.set_num_threads(threads or 1)
         roots = {name.split(".")[0] for name in modules}

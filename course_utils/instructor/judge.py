@@ -81,7 +81,7 @@ def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str
         if request[0] == "end":
             return
         if request[0] == "get":
-            reply(*checker.describe(namespace.get(request[1], missing), missing))
+            reply(*checker.describe_value(namespace.get(request[1], missing), missing))
             continue
         try:
             _, name, args, kwargs = request
@@ -90,7 +90,7 @@ def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str
             reply(checker.raised(error))
             continue
         try:
-            reply(*checker.describe(result, missing))
+            reply(*checker.describe_value(result, missing))
         except BaseException as error:
             reply(checker.raised(error))
 
