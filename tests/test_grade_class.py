@@ -159,3 +159,16 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message, course, tmp_path, 
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_long_tmpdir_gets_workers_that_need_no_socket_under_it(tmp_path, monkeypatch):
+    """The fork server listens on a socket under TMPDIR (at most 107 bytes of path): with a
+    long TMPDIR the workers are spawned instead ('AF_UNIX path too long' otherwise)."""
+    import tempfile
+
+    from course_utils.instructor.gradebook import _context
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("t" * 80)))
+    assert _context().get_start_method() == "spawn"
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert _context().get_start_method() in ("forkserver", "spawn")

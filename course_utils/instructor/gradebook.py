@@ -270,7 +270,9 @@ def _context() -> Any:
     """How workers start: forked from a fresh server process that has imported the grader
     once (``forkserver``: a worker starts in milliseconds, without importing it again), else
     spawned. Never forked from this process (it may hold threads and sockets)."""
-    if "forkserver" not in get_all_start_methods():
+    if "forkserver" not in get_all_start_methods() or len(tempfile.gettempdir()) > 60:
+        # the fork server listens on a socket under TMPDIR, whose path may be at most 107
+        # bytes (AF_UNIX): a long TMPDIR gets workers that start by importing the grader
         return get_context("spawn")
     context = get_context("forkserver")
     context.set_forkserver_preload([__name__])
