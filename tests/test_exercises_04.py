@@ -366,14 +366,18 @@ def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
 # ------------------------------------------------------- issue 35 leftovers: (a)
 
 
-def adam_by_course_counter(model):  # the blind trial's: a real Adam, the course's counter
-    clone = copy.deepcopy(model)
-    trainable = [p for p in clone.parameters() if p.requires_grad]
+def _stepped_adam(model):
+    """A real Adam over a copy of ``model``'s trainable parameters, after one step."""
+    trainable = [p for p in copy.deepcopy(model).parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trainable)
     for p in trainable:
         p.grad = torch.zeros_like(p)
     optimizer.step()
-    return optimizer_state_bytes(optimizer)
+    return optimizer
+
+
+def adam_by_course_counter(model):  # the blind trial's: a real Adam, the course's counter
+    return optimizer_state_bytes(_stepped_adam(model))
 
 
 def adam_by_course_formula(model):  # the course's own expected value, through its module
@@ -388,12 +392,7 @@ def adam_one_counter(model):  # one step counter for the whole model
 
 
 def adam_real_optimizer_counted_by_hand(model):  # right: a real Adam, counted by hand
-    clone = copy.deepcopy(model)
-    trainable = [p for p in clone.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(trainable)
-    for p in trainable:
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
+    optimizer = _stepped_adam(model)
     return sum(t.numel() * t.element_size() for state in optimizer.state.values()
                for t in state.values())
 
