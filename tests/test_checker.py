@@ -148,6 +148,34 @@ def test_the_names_a_check_reads_include_nested_code():
     assert {"f", "g", "z", "h"} <= set(checker.names_read(code))
 
 
+def test_the_checks_modules_are_imported_once_in_the_grading_process(monkeypatch, tmp_path):
+    """A submission's checker is forked from the grading process, which imports the checks'
+    modules first: the next submission's checker starts with them (no import per
+    submission); a module that fails to import is left to the checker to report."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    pid, verdicts = checker.start(
+        [], ["colorsys", "no_such_module_here"], str(tmp_path), 1, (requests_write, replies_read)
+    )
+    assert "colorsys" in sys.modules and "no_such_module_here" not in sys.modules
+    assert os.waitpid(pid, 0)[1] == 0
+    for fd in (requests_read, requests_write, replies_read, replies_write, verdicts):
+        os.close(fd)
+
+
+def test_the_workers_server_imports_the_course_modules_the_checks_need(tmp_path):
+    from course_utils.instructor.gradebook import server_preload
+
+    notebook = _instructor()
+    notebook.cells[1].source += "\nimport numpy\nimport course_utils.timing"
+    write_notebook(notebook, tmp_path / "a.ipynb")
+    preload = server_preload({"a.ipynb": tmp_path / "a.ipynb"})
+    assert preload == ["torch", "course_utils", "course_utils.classroom", "nbconvert"]
+
+
 # -- through the grader ------------------------------------------------------------------
 
 _LIES = (

@@ -495,6 +495,16 @@ def _serve_checks(
             return
 
 
+def prepare(modules: list[str]) -> None:
+    """Import torch and the checks' modules in the grading process, where each submission's
+    checker is forked from: once per process, not once per submission (~3 s each). The
+    grading process runs no learner code, so what it imports is the instructor's."""
+    for name in ["torch", *modules]:
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):  # the checker reports a missing module
+                importlib.import_module(name)
+
+
 def start(
     checks: list[dict[str, Any]],
     modules: list[str],
@@ -507,6 +517,7 @@ def start(
     checker's ends of the pipes to the runtime (requests it writes, replies it reads).
     Returns the checker's process id and the read end of its verdicts' pipe (lines of
     JSON: ``result`` and ``flag`` messages)."""
+    prepare(modules)
     read_end, write_end = pipe()
     sys.stdout.flush()
     sys.stderr.flush()

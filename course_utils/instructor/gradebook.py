@@ -46,6 +46,7 @@ from course_utils.instructor.grading import (
     check_cells,
     feedback_summary,
     grade_submission,
+    guard_spec,
 )
 from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
 from course_utils.instructor.shards import ClassRun, merge, share
@@ -266,23 +267,45 @@ def _scratch() -> Iterator[str]:
 SIGNALLED: list[int] = []
 
 
-def _context() -> Any:
+def _context(preload: Sequence[str] = ()) -> Any:
     """How workers start: forked from a fresh server process that has imported the grader
-    once (``forkserver``: a worker starts in milliseconds, without importing it again), else
-    spawned. Never forked from this process (it may hold threads and sockets)."""
+    and ``preload`` once (``forkserver``: a worker starts in milliseconds, without importing
+    them again), else spawned. Never forked from this process (it may hold threads and
+    sockets)."""
     if "forkserver" not in get_all_start_methods() or len(tempfile.gettempdir()) > 60:
         # the fork server listens on a socket under TMPDIR, whose path may be at most 107
         # bytes (AF_UNIX): a long TMPDIR gets workers that start by importing the grader
         return get_context("spawn")
     context = get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([__name__, *preload])
     return context
 
 
-def _start_workers_server() -> None:
-    """Start the server the workers fork from now (it imports the grader, ~3 s), so that
-    it is ready when the first submission is handed out."""
+#: Modules the workers' server imports for the checkers (each forked from a worker, which
+#: imports the checks' other modules once): the course's own, whose import cannot fail
+#: with anything but ImportError (anything else would stop the server), and nbconvert.
+_COURSE_MODULES = ("torch", "course_utils")
+
+
+def server_preload(sources: dict[str, Path]) -> list[str]:
+    """What the workers' server imports besides the grader: torch, the course's modules
+    the instructor notebooks ``sources`` import (for the checkers), and nbconvert (for the
+    feedback pages)."""
+    modules = {
+        name
+        for path in sources.values()
+        for name in guard_spec(read_notebook(path))["modules"]
+        if name.split(".")[0] in _COURSE_MODULES
+    }
+    return ["torch", *sorted(modules - {"torch"}), "nbconvert"]
+
+
+def _start_workers_server(sources: dict[str, Path]) -> None:
+    """Start the server the workers fork from now (it imports :func:`server_preload`'s
+    modules, ~7 s), so that it is ready when the first submission is handed out: once for
+    every worker, not in each."""
     if _context().get_start_method() == "forkserver":
+        _context(server_preload(sources))
         forkserver.ensure_running()
 
 
@@ -738,9 +761,9 @@ def grade_class(
     progress = progress or sys.stdout
     say = functools.partial(print, file=progress, flush=True)
     parallel = (options.jobs or default_jobs()) > 1
-    if parallel:  # the workers' server imports the grader while the submissions are read
-        _start_workers_server()
     sources = instructor_notebooks(source)
+    if parallel:  # the workers' server imports the grader while the submissions are read
+        _start_workers_server(sources)
     roster = read_roster(outputs.roster)[0] if outputs.roster else None
     times = read_times(submitted_at) if submitted_at else None
     intake = collect(submissions, list(sources), out / "download", roster, times)
