@@ -173,7 +173,11 @@ def test_the_workers_server_imports_the_course_modules_the_checks_need(tmp_path)
     notebook.cells[1].source += "\nimport numpy\nimport course_utils.timing"
     write_notebook(notebook, tmp_path / "a.ipynb")
     preload = server_preload({"a.ipynb": tmp_path / "a.ipynb"})
-    assert preload == ["torch", "course_utils", "course_utils.classroom", "nbconvert"]
+    # ``import course_utils.timing`` binds ``course_utils``; the submodule is imported too,
+    # or a check reading course_utils.timing.x would fail in a checker that lacks it
+    assert preload == [
+        "torch", "course_utils", "course_utils.classroom", "course_utils.timing", "nbconvert"
+    ]
 
 
 # -- through the grader ------------------------------------------------------------------
@@ -330,3 +334,22 @@ def test_course_checks_that_refuse_helpers_are_marked_beside():
                 found += 1
                 assert checker.beside(cell.source), (path.name, cell.metadata["nbgrader"])
     assert found >= 2
+
+
+@pytest.mark.slow
+def test_a_check_apart_reads_a_submodule_its_dotted_import_names(tmp_path):
+    """``import course_utils.text`` binds ``course_utils``; the checker imports the
+    submodule too (nothing in the grader does), so the check finds ``course_utils.text``."""
+    check = "check(course_utils.text.decode(encode_sum()) == '1+1=2', 'encode 1+1=2')"
+    notebook = _notebook([
+        ("code", "import course_utils.text\nfrom course_utils.classroom import check", {}),
+        ("code", "def encode_sum():\n    return course_utils.text.encode('1+1=2')",
+         _meta("d-encode", solution=True)),
+        ("code", check, _meta("d-check", solution=False)),
+    ])  # fmt: skip
+    source = tmp_path / "source" / "d.ipynb"
+    write_notebook(notebook, source)
+    task = Task("ann", "d.ipynb", str(source), str(source))
+    options = Options(sandbox="none", jobs=1, threads=1)
+    [result] = grade_tasks([task], options, None, io.StringIO(), resume=False)
+    assert result["report"]["score"] == 1.0, result["report"]["checks"]

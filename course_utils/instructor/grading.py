@@ -246,6 +246,7 @@ def guard_spec(reference: Any) -> dict[str, Any]:
     A name a solution cell defines, or that the instructor's cells bind more than once or
     otherwise, is the learner's to bind: it is not pinned."""
     imports: dict[str, set[tuple[str, str | None]]] = {}
+    dotted: set[str] = set()  # ``import a.b`` binds ``a``, and ``a.b`` must be imported too
     bound: dict[str, int] = {}
     learners: set[str] = set()
     checks: dict[str, Any] = check_cells(reference)
@@ -260,6 +261,13 @@ def guard_spec(reference: Any) -> dict[str, Any]:
             continue
         for name, target in _imports(tree).items():
             imports.setdefault(name, set()).add(target)
+        dotted |= {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if "." in alias.name
+        }
         for name in defined_names(cell.source, imports=False):
             bound[name] = bound.get(name, 0) + 2  # bound otherwise than by an import
     pinned = {
@@ -283,7 +291,7 @@ def guard_spec(reference: Any) -> dict[str, Any]:
             "pinned": {name: pinned[name] for name in sorted(free & set(pinned))},
             "builtins": sorted(n for n in free - set(imports) - set(bound) if hasattr(builtins, n)),
         }
-    modules = sorted({module for targets in imports.values() for module, _ in targets})
+    modules = sorted({module for targets in imports.values() for module, _ in targets} | dotted)
     return {"checks": spec, "modules": modules}
 
 
