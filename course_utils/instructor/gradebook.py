@@ -281,9 +281,9 @@ def _context(preload: Sequence[str] = ()) -> Any:
     return context
 
 
-#: Modules the workers' server imports for the checkers (each forked from a worker, which
-#: imports the checks' other modules once): the course's own, whose import cannot fail
-#: with anything but ImportError (anything else would stop the server), and nbconvert.
+#: The packages whose modules the checks import that the workers' server imports too:
+#: the course's own, whose import cannot fail with anything but ImportError (anything else
+#: would stop the server); a worker imports the checks' other modules itself, once.
 _COURSE_MODULES = ("torch", "course_utils")
 
 
@@ -304,8 +304,7 @@ def _start_workers_server(sources: dict[str, Path]) -> None:
     """Start the server the workers fork from now (it imports :func:`server_preload`'s
     modules, ~7 s), so that it is ready when the first submission is handed out: once for
     every worker, not in each."""
-    if _context().get_start_method() == "forkserver":
-        _context(server_preload(sources))
+    if _context(server_preload(sources)).get_start_method() == "forkserver":
         forkserver.ensure_running()
 
 
