@@ -238,7 +238,9 @@ def no_gpu_reason() -> str:
     problems = gpu_problems()
     if problems:
         return "no usable GPU: " + problems[0]
-    return "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
+    return nvml.mig_without_instance_reason() or (
+        "no GPU: the driver answers but CUDA_VISIBLE_DEVICES leaves no GPU visible"
+    )
 
 
 def pick_device(prefer: str | None = None) -> torch.device:

@@ -43,6 +43,7 @@ class GpuInfo:
     mig_uuids: tuple[str, ...] = ()  # UUIDs of its MIG devices ("MIG-..."), when MIG is on
     # Each MIG device as CUDA sees it: its own name, UUID and memory (index: the parent's)
     mig_devices: tuple[GpuInfo, ...] = ()
+    mig_enabled: bool = False  # MIG mode on (with no MIG device CUDA sees no GPU here)
 
 
 def binding_problem() -> str | None:
@@ -161,6 +162,7 @@ def _gpu_info(index: int) -> GpuInfo | None:
         compute_capability=capability,
         mig_uuids=tuple(mig.uuid for mig in mig_devices if mig.uuid),
         mig_devices=tuple(mig_devices),
+        mig_enabled=bool(_mig_enabled(handle)),
     )
 
 
@@ -221,7 +223,26 @@ def parse_visible_devices(value: str | None, gpus: list[GpuInfo]) -> list[GpuInf
             break
         chosen.append(_as_cuda_sees_it(match, entry))
     migs = [gpu for gpu in chosen if gpu.mig_uuids]
-    return [gpu for gpu in chosen if gpu not in migs[1:]]
+    # A GPU in MIG mode with no MIG device is no GPU to CUDA (review finding G17)
+    return [gpu for gpu in chosen if gpu not in migs[1:] and not _mig_without_device(gpu)]
+
+
+def _mig_without_device(gpu: GpuInfo) -> bool:
+    return gpu.mig_enabled and not gpu.mig_devices and not gpu.mig_uuids
+
+
+def mig_without_instance_reason() -> str | None:
+    """One line when a GPU is in MIG mode with no MIG device (CUDA sees none of it), else
+    ``None``: what ``doctor --require-gpu`` and ``gpu-record`` say instead of a
+    traceback from the first CUDA call."""
+    empty = [gpu for gpu in list_gpus() if _mig_without_device(gpu)]
+    if not empty:
+        return None
+    named = ", ".join(f"GPU {gpu.index} ({gpu.name or 'unknown'})" for gpu in empty)
+    return (
+        f"no GPU: MIG mode is on for {named} but it has no MIG device, so CUDA sees none; "
+        "create one (nvidia-smi mig -cgi ... -C) or turn MIG mode off (nvidia-smi -mig 0)"
+    )
 
 
 def visible_gpus() -> list[GpuInfo]:
