@@ -178,6 +178,12 @@ def make_trainer(
         if importlib.util.find_spec("tensorboard") is not None:
             logger.append(TensorBoardLogger(root, name="course", default_hp_metric=False))
     device = torch.device("cpu") if accelerator == "cpu" else None
+    if devices == 1 and accelerator in ("auto", "gpu", "cuda"):
+        # One device: the GPU pick_device() chose (the freest: the one memory_cap and
+        # the notebook's own loops use), not Lightning's cuda:0 (review finding G11)
+        picked = pick_device()
+        if picked.type == "cuda":
+            devices, device = [picked.index or 0], picked
     options: dict[str, Any] = {
         "accelerator": accelerator,
         "devices": devices,
