@@ -493,6 +493,8 @@ def run_probes(
         else:
             entries.append(run_probe(probe, device, min(probe.limit_s, left)))
         save(entries)
+        if entries[-1]["status"] == "timeout":  # its thread runs on, with its memory cap
+            break  # in force: the next probes run in a fresh process (probe_step)
     return entries
 
 
@@ -516,41 +518,66 @@ def write_entries(entries: list[Result], path: Path) -> None:
     os.replace(partial, path)
 
 
-def probe_command(out: Path, budget_s: float) -> list[str]:
-    """The child process that runs the probes (replaced in tests)."""
-    return [sys.executable, "-m", "course_utils.gpu_probes", "--out", str(out),
-            "--budget-s", f"{budget_s:.0f}"]  # fmt: skip
+def probe_command(out: Path, budget_s: float, only: Sequence[str] = ()) -> list[str]:
+    """The child process that runs the probes (``only``: these; replaced in tests)."""
+    command = [sys.executable, "-m", "course_utils.gpu_probes", "--out", str(out)]
+    return (
+        command + ["--budget-s", f"{budget_s:.0f}"] + (["--only", ",".join(only)] if only else [])
+    )
 
 
 def probe_step(out: Path, limit_s: float) -> list[Result]:
     """``gpu-record``'s probe step: run :data:`PROBES` in a child process within
-    ``limit_s`` and return their entries; a probe the child did not finish (it was killed
-    at ``limit_s``, or it crashed) is ``timeout`` or ``error``, and the rest ``not run``."""
+    ``limit_s`` and return their entries. The child stops at a probe past its limit (its
+    thread would run on beside the next probes, its memory cap in force: review finding
+    G13), and the probes after it run in a fresh child. A probe a child did not finish (it
+    was killed at ``limit_s``, or it crashed) is ``timeout`` or ``error``, the rest
+    ``not run``."""
     start = time.monotonic()
-    command = probe_command(out, max(1.0, limit_s - 5))
     env = {**os.environ, "COURSE_PROGRESS": "off", "MPLBACKEND": "Agg"}
-    out.unlink(missing_ok=True)
-    problem: str | None = None
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, env=env)
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
-            problem = f"the probes' process failed (exit {done.returncode}): {lines[-1][:200]}"
-    except subprocess.TimeoutExpired:
-        problem = f"the probes' process was stopped at {limit_s:.0f} s"
     entries: list[Result] = []
-    if out.is_file():
+    problem: str | None = None
+    part = out.with_suffix(out.suffix + ".part")
+    while problem is None:
+        left = [probe.name for probe in PROBES if probe.name not in {e["name"] for e in entries}]
+        remaining = limit_s - (time.monotonic() - start)
+        if not left or remaining < MIN_PROBE_S:
+            break
+        budget = max(1.0, remaining - 5)
+        command = probe_command(part, budget, left) if entries else probe_command(part, budget)
+        part.unlink(missing_ok=True)
         try:
-            entries = json.loads(out.read_text(encoding="utf-8"))
-        except ValueError:
-            entries = []
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=remaining, env=env
+            )
+            if done.returncode != 0:
+                lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+                problem = f"the probes' process failed (exit {done.returncode}): {lines[-1][:200]}"
+        except subprocess.TimeoutExpired:
+            problem = f"the probes' process was stopped at {limit_s:.0f} s"
+        found: list[Result] = []
+        if part.is_file():
+            try:
+                found = json.loads(part.read_text(encoding="utf-8"))
+            except ValueError:
+                found = []
+        entries += found
+        write_entries(entries, out)
+        if not found and problem is None:
+            problem = "the probes' process wrote no result"
+    part.unlink(missing_ok=True)
     done_names = {found["name"] for found in entries}
-    left = [probe for probe in PROBES if probe.name not in done_names]
-    if left and problem is not None:  # the probe running when it stopped, then the rest
+    left_probes = [probe for probe in PROBES if probe.name not in done_names]
+    if left_probes and problem is not None:  # the probe running when it stopped, the rest
         seconds = time.monotonic() - start - sum(found["seconds"] for found in entries)
         status = "timeout" if "stopped" in problem else "error"
-        entries.append(entry(left[0], status, seconds, error=problem))
-        entries += [entry(probe, "not run", error="not run: " + problem) for probe in left[1:]]
+        entries.append(entry(left_probes[0], status, seconds, error=problem))
+        entries += [
+            entry(probe, "not run", error="not run: " + problem) for probe in left_probes[1:]
+        ]
+    elif left_probes:
+        entries += [entry(p, "not run", error="not run: no time left") for p in left_probes]
+    write_entries(entries, out)
     return entries
 
 
