@@ -26,11 +26,6 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from IPython import get_ipython
-from IPython.display import display
-
-from course_utils.report import output_data
-
 CLAIM_MIME = "application/vnd.course-utils.claim+json"
 MODE_VAR = "COURSE_CLAIMS"
 MODES = ("report", "strict")
@@ -117,6 +112,12 @@ def gpu_claim(
 
 
 def _show(verdict: ClaimVerdict) -> None:
+    try:  # lazy: a Python without Jupyter (a GPU node, the GPU record's checks) prints
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        print(verdict.sentence())
+        return
     if get_ipython() is not None:
         bundle = {"text/plain": verdict.sentence(), CLAIM_MIME: asdict(verdict)}
         display(bundle, raw=True)
@@ -126,6 +127,8 @@ def _show(verdict: ClaimVerdict) -> None:
 
 def claims_in_notebook(notebook: dict[str, Any]) -> list[ClaimVerdict]:
     """The GPU claims' verdicts recorded in an executed notebook, in order."""
+    from course_utils.report import output_data  # lazy: report imports IPython
+
     found = []
     for data in output_data(notebook):
         with contextlib.suppress(KeyError, TypeError):  # none, or malformed

@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         "run the course on this GPU and write the GPU record (JSON)",
         "build/gpu-record",
         description="Run the doctor's --require-gpu check, the GPU probes, the gpu/multigpu "
-        "tests and every notebook at the full workload on the torch and GPU that are here "
+        "tests and every notebook (full sizes on a GPU of 12 GiB or more) on the torch and GPU "
+        "that are here "
         "(nothing installed, no network), most informative notebooks first, and write the "
         "record after each step. Exit 1 if anything failed or a GPU claim did not hold.",
     )
@@ -133,6 +134,19 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--probes-timeout-s", type=float, default=240, help="the GPU probes, all (240)"
     )
+    record.add_argument(
+        "--workload", choices=workload.CHOICES, default="auto",
+        help="the notebooks' sizes (auto: full only on a GPU of 12 GiB or more)",
+    )  # fmt: skip
+    record.add_argument(
+        "--rehearse", action="store_true",
+        help="the whole run without a GPU, GPU-only steps skipped (a record marked sample; "
+        "workload small unless --workload)",
+    )  # fmt: skip
+    record.add_argument(
+        "--copy-to", type=Path, metavar="DIR", help="copy the record there after every step"
+    )
+    record.add_argument("--commit", help="the course's commit, for a copy without .git")
     record.add_argument(
         "--check", action="store_true", help="only check what the run needs (exit 0: ready)"
     )
@@ -331,7 +345,7 @@ def _gpu_record(args: argparse.Namespace) -> int:
         print(f"a valid GPU record: {record_label(load_record(args.validate))}")
         return 0  # RecordError is a ValueError: one line, exit 2
     if args.check:
-        gpu_record.check_ready()
+        gpu_record.check_ready(args.rehearse)
         print(
             f"gpu-record: ready (every package is here and torch can use a GPU: {sys.executable})"
         )
@@ -345,6 +359,10 @@ def _gpu_record(args: argparse.Namespace) -> int:
         tests_timeout_s=args.tests_timeout_s,
         probes=not args.no_probes,
         probes_timeout_s=args.probes_timeout_s,
+        workload="small" if args.rehearse and args.workload == "auto" else args.workload,
+        rehearse=args.rehearse,
+        copy_to=args.copy_to,
+        commit=args.commit,
     )
     path, record = gpu_record.gpu_record(settings)
     print(gpu_record.summary(path, record))

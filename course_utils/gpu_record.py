@@ -41,7 +41,6 @@ from typing import Any, TextIO
 from unittest import mock
 
 import course_utils
-from course_utils.claims import claims_in_notebook
 from course_utils.gpu_probes import probe_step
 from course_utils.records import SCHEMA_ID, Record, notebook_key, validate_record
 
@@ -70,6 +69,7 @@ COURSE_IMPORTS = {
     "tensorboard": "tensorboard",
 }
 RUNNER_IMPORTS = {
+    "IPython": "ipython",
     "nbclient": "nbclient",
     "nbformat": "nbformat",
     "jupyter_client": "jupyter-client",
@@ -94,7 +94,12 @@ class Settings:
     tests_timeout_s: float = 300.0
     probes: bool = True
     probes_timeout_s: float = 240.0
-    workload: str = "full"
+    # ``auto``: workload.workload()'s rule (full only on a GPU with FULL_MIN_GPU_MIB or
+    # more: a 1g.5gb MIG slice or an 8 GB GPU runs the cpu sizes, review finding G8)
+    workload: str = "auto"
+    rehearse: bool = False  # no GPU needed: the whole pipeline, GPU-only steps skipped
+    copy_to: Path | None = None  # where the record (and its files) is copied after each step
+    commit: str | None = None  # the course's commit when ``out``'s checkout has no .git
 
 
 # ------------------------------------------------------------------ checks, up front
@@ -134,24 +139,29 @@ def require_gpu(what: str = "the GPU lane") -> None:
         raise RuntimeError(f"{what} needs a GPU this torch can use; {no_gpu_reason()}")
 
 
-def check_ready() -> None:
-    """Everything ``gpu-record`` checks before it starts: the packages, then the GPU.
-    ``RuntimeError`` with one line naming what is missing."""
+def check_ready(rehearse: bool = False) -> None:
+    """Everything ``gpu-record`` checks before it starts: the packages, then the GPU
+    (not in a rehearsal). ``RuntimeError`` with one line naming what is missing."""
     missing = missing_packages()
     if missing:
         raise RuntimeError(
             f"gpu-record needs {', '.join(missing)}, which this Python ({sys.executable}) "
             f"lacks; add them from a folder of wheels, with no network: {install_line(missing)}"
         )
-    require_gpu("gpu-record")
+    if not rehearse:
+        require_gpu("gpu-record")
 
 
 # ------------------------------------------------------------------ the machine
 
 
-def machine_in_report(report: dict[str, Any]) -> dict[str, Any]:
+REHEARSAL_GPU = "no GPU (a rehearsal)"  # the record's GPU in a rehearsal without one
+
+
+def machine_in_report(report: dict[str, Any], rehearse: bool = False) -> dict[str, Any]:
     """The record's ``machine`` from the doctor's report (NVML: CUDA is not started here,
-    so the notebooks' memory figures are not the recorder's)."""
+    so the notebooks' memory figures are not the recorder's). A rehearsal without a GPU
+    names :data:`REHEARSAL_GPU` instead."""
     gpus = [
         {
             "index": gpu.get("index"),
@@ -163,6 +173,9 @@ def machine_in_report(report: dict[str, Any]) -> dict[str, Any]:
         }
         for gpu in report.get("gpus", [])
     ] or torch_gpus()
+    if not gpus and rehearse:
+        gpus = [{"index": None, "name": REHEARSAL_GPU, "uuid": None,
+                 "memory_total_mib": None, "compute_capability": None, "mig": None}]  # fmt: skip
     return {
         "gpu_name": gpus[0]["name"] if gpus else "unknown NVIDIA GPU",
         "gpu_count": max(1, int(report.get("gpu_count") or len(gpus))),
@@ -200,9 +213,18 @@ def torch_gpus() -> list[dict[str, Any]]:
     return []
 
 
-def course_version(where: Path) -> dict[str, Any]:
-    """The course's commit (git, when ``where`` is in a checkout) and package version."""
-    commit = dirty = None
+COMMIT_VAR = "COURSE_COMMIT"  # the commit of a copy without .git (the device script sets it)
+
+
+def course_version(where: Path, commit: str | None = None) -> dict[str, Any]:
+    """The course's commit (git, when ``where`` is in a checkout; else ``commit`` or
+    ``$COURSE_COMMIT``, e.g. written by the device script's ``prepare`` into a copy
+    carried without ``.git``) and the package version."""
+    given = (commit or os.environ.get(COMMIT_VAR, "")).strip().lower()
+    if given and not re.fullmatch(r"[0-9a-f]{7,40}", given):
+        raise ValueError(f"--commit / ${COMMIT_VAR}: not a git commit: {given[:60]!r}")
+    dirty = None
+    commit = None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         head = subprocess.run(
             ["git", "-C", str(where), "rev-parse", "HEAD"],
@@ -219,7 +241,7 @@ def course_version(where: Path) -> dict[str, Any]:
                 timeout=20,
             )
             dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": commit, "dirty": dirty, "version": course_utils.__version__}
+    return {"commit": commit or given or None, "dirty": dirty, "version": course_utils.__version__}
 
 
 # ------------------------------------------------------------------ the run
@@ -251,14 +273,33 @@ def write_record(record: Record, path: Path) -> None:
     os.replace(partial, path)
 
 
+GPU_MARK = re.compile(r"\bmark\.(gpu|multigpu)\b")
+
+
+def gpu_test_files(tests: Path) -> list[Path]:
+    """The test modules under ``tests`` that mark a test ``gpu`` or ``multigpu``: only
+    those are collected, so a module that imports what a GPU node lacks (the lock's
+    ``babel``) does not stop the GPU tests (review finding G6)."""
+    return sorted(
+        path
+        for path in tests.rglob("test_*.py")
+        if GPU_MARK.search(path.read_text(encoding="utf-8", errors="replace"))
+    )
+
+
 def run_tests(tests: Path, out: Path, limit_s: float) -> dict[str, Any]:
-    """The ``gpu``/``multigpu`` tests in a child pytest, strict claims; its summary line."""
+    """The ``gpu``/``multigpu`` tests in a child pytest, strict claims; its summary line.
+    Only the files that hold such tests are collected; a module that cannot be collected
+    fails the step but the others still run."""
     if importlib.util.find_spec("pytest") is None:
         return {"status": "skipped", "summary": "pytest is not installed", "seconds": 0.0}
     if not tests.is_dir():
         return {"status": "skipped", "summary": f"no tests folder at {tests}", "seconds": 0.0}
+    files = gpu_test_files(tests)
+    if not files:
+        return {"status": "no tests", "summary": f"no gpu tests under {tests}", "seconds": 0.0}
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]
-    command += ["-m", "gpu or multigpu", str(tests)]
+    command += ["--continue-on-collection-errors", "-m", "gpu or multigpu", *map(str, files)]
     env = {**os.environ, "COURSE_CLAIMS": "strict", "COURSE_PROGRESS": "off"}
     start = time.monotonic()
     log = out / "pytest.txt"
@@ -303,6 +344,7 @@ def run_one_notebook(
     """Run one notebook within ``limit_s``; its record entry (figures and verdicts)."""
     import nbformat  # lazy: the runner's packages, checked by check_ready() first
 
+    from course_utils.claims import claims_in_notebook  # lazy: IPython (likewise)
     from course_utils.runner import run_notebook  # lazy: imports nbclient (likewise)
 
     deadline = time.monotonic() + limit_s
@@ -346,10 +388,10 @@ def failures(record: Record) -> list[str]:
     found = []
     if record["pytest"]["status"] in ("failed", "timeout"):
         found.append(f"gpu tests {record['pytest']['status']}: {record['pytest']['summary']}")
-    found += [
+    found += [  # a probe past its limit is informative (a slow compile on 2 vCPUs): not here
         f"probe {probe['name']} {probe['status']}: {probe['error']}"
         for probe in record.get("probes", [])
-        if probe["status"] in ("error", "timeout")
+        if probe["status"] == "error"
     ]
     for entry in record["notebooks"]:
         if entry["status"] != "ok":
@@ -360,6 +402,45 @@ def failures(record: Record) -> list[str]:
             if not claim["held"]
         ]
     return found
+
+
+def workload_for(settings: Settings) -> str:
+    """The workload the notebooks run at: ``settings.workload``, ``auto`` resolved by
+    :func:`course_utils.workload.workload` here, through NVML (CUDA is not started), so
+    the record says which one ran and every kernel runs the same."""
+    from course_utils import workload  # lazy: imports torch (checked first)
+
+    with mock.patch.dict(os.environ, {workload.ENV_VAR: settings.workload}):
+        return workload.workload()
+
+
+def notebook_limit_s(notebook: Path, settings: Settings, gpu_count: int) -> float:
+    """A notebook's time limit: ``settings.notebook_timeout_s``; the multi-GPU notebook
+    measures DDP's scaling with one torchrun job per GPU count and repeat, so on more than
+    two GPUs it gets that limit once per pair of GPUs (review finding G12)."""
+    if notebook_key(notebook.name) == MULTI_GPU_NOTEBOOK and gpu_count > 2:
+        return settings.notebook_timeout_s * gpu_count / 2
+    return settings.notebook_timeout_s
+
+
+# What the notebooks' kernels must not do: the setup cell installs the course on Colab
+# (COLAB_RELEASE_TAG is in every process's environment there), but gpu-record runs the
+# course it is part of (review finding G5).
+KERNEL_SETUP = {"COURSE_SETUP": "skip"}
+COPIED = ("doctor.txt", "probes.json", "pytest.txt")  # beside the record, when copied out
+
+
+def copy_out(path: Path, to: Path | None) -> None:
+    """Copy the record and the files beside it to ``to`` (a folder that comes back from
+    a machine even when the run is killed: the device script's ``$OUT``)."""
+    if to is None:
+        return
+    to.mkdir(parents=True, exist_ok=True)
+    for source in (path, *(path.parent / name for name in COPIED)):
+        if source.is_file():
+            partial = to / (source.name + ".partial")
+            partial.write_bytes(source.read_bytes())
+            os.replace(partial, to / source.name)
 
 
 def now() -> str:
@@ -376,27 +457,34 @@ def gpu_record(
     from course_utils.env import doctor, format_doctor  # lazy: imports torch (checked first)
     from course_utils.runner import find_notebooks  # lazy: imports nbclient (likewise)
 
-    check_ready()
+    check_ready(settings.rehearse)
+    if settings.rehearse:
+        progress.write(
+            "gpu-record --rehearse: the whole run without a GPU; skipped: the GPU check, "
+            "the GPU probes (each says skipped: no GPU) and the GPU tests' GPU parts\n"
+        )
+    workload_name = workload_for(settings)
     start = clock()
     deadline = start + settings.budget_s
     notebooks = find_notebooks(settings.notebooks)  # FileNotFoundError: bad input
     settings.out.mkdir(parents=True, exist_ok=True)
     report = doctor()
     (settings.out / "doctor.txt").write_text(format_doctor(report) + "\n")
-    found = machine_in_report(report)
+    found = machine_in_report(report, settings.rehearse)
     notebooks = order_notebooks(notebooks, found["gpu_count"])
     record: Record = {
         "schema": SCHEMA_ID,
-        "sample": False,
+        "sample": settings.rehearse,  # a rehearsal measures no GPU
         "outcome": "running",
         "failures": [],
         "started": now(),
         "finished": None,
         "wall_s": 0.0,
         "machine": found,
-        "course": course_version(notebooks[0].parent),
+        "course": course_version(notebooks[0].parent, settings.commit),
         "settings": {
-            "workload": settings.workload,
+            "workload": workload_name,
+            "workload_asked": settings.workload,
             "budget_s": settings.budget_s,
             "notebook_timeout_s": settings.notebook_timeout_s,
             "claims": "report in the notebooks (each verdict recorded); a claim not held "
@@ -408,11 +496,14 @@ def gpu_record(
         "probes": [],
         "notebooks": [],
     }
+    if settings.rehearse:
+        record["settings"]["rehearsal"] = "no GPU: the GPU check and GPU-only steps skipped"
     path = settings.out / record_file_name(record)
 
     def save() -> None:
         record["wall_s"] = round(clock() - start, 2)
         write_record(record, path)
+        copy_out(path, settings.copy_to)
 
     save()
     progress.write(f"GPU record of {found['gpu_count']}x {found['gpu_name']}: {path}\n")
@@ -433,7 +524,7 @@ def gpu_record(
     # The kernels import the course_utils that records them (a checkout not installed too)
     package_root = str(Path(__file__).resolve().parent.parent)
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
-    updates = {"COURSE_WORKLOAD": settings.workload, "COURSE_CLAIMS": "report"}
+    updates = {"COURSE_WORKLOAD": workload_name, "COURSE_CLAIMS": "report", **KERNEL_SETUP}
     updates |= {"COURSE_PROGRESS": "line", "PYTHONPATH": python_path, "MPLBACKEND": "Agg"}
     with this_python_kernel() as kernel, mock.patch.dict(os.environ, updates):
         for number, notebook in enumerate(notebooks, start=1):
@@ -447,7 +538,7 @@ def gpu_record(
                     "measurements": [], "claims": [],
                 }  # fmt: skip
             else:
-                limit = min(settings.notebook_timeout_s, left)
+                limit = min(notebook_limit_s(notebook, settings, found["gpu_count"]), left)
                 progress.write(f"{head} (limit {limit:.0f} s) ...\n")
                 progress.flush()
                 entry = run_one_notebook(
