@@ -541,7 +541,7 @@ def probe_step(out: Path, limit_s: float) -> list[Result]:
     while problem is None:
         left = [probe.name for probe in PROBES if probe.name not in {e["name"] for e in entries}]
         remaining = limit_s - (time.monotonic() - start)
-        if not left or remaining < MIN_PROBE_S:
+        if not left or (entries and remaining < MIN_PROBE_S):  # the first always runs
             break
         budget = max(1.0, remaining - 5)
         command = probe_command(part, budget, left) if entries else probe_command(part, budget)

@@ -81,9 +81,9 @@ def test_an_unknown_probe_is_bad_input_with_one_line(tmp_path, capsys):
 
 def test_a_probe_that_raises_or_hangs_is_recorded_and_the_run_goes_on():
     saved = []
-    probes = [fake("raises", raises), fake("hangs", hangs), fake("fine", fine)]
+    probes = [fake("raises", raises), fake("fine", fine), fake("hangs", hangs), fake("after", fine)]
     entries = run_probes(probes, "cuda:0", budget_s=60, save=lambda e: saved.append(len(e)))
-    raised, hung, ok = entries
+    raised, ok, hung = entries  # after a hang this process stops: probe_step goes on in another
     assert raised["status"] == "error" and "illegal memory access" in raised["error"]
     assert hung["status"] == "timeout" and hung["seconds"] >= 1.0
     assert hung["error"] == "stopped after its limit of 1 s"
@@ -92,10 +92,10 @@ def test_a_probe_that_raises_or_hangs_is_recorded_and_the_run_goes_on():
     assert saved == [1, 2, 3]  # written after every probe
     record = with_probes(entries)
     validate_record(record)
-    assert gpu_record.failures(record)[:2] == [
+    assert gpu_record.failures(record)[:1] == [  # a timeout is informative (review G13)
         "probe raises error: RuntimeError: CUDA error: an illegal memory access was encountered",
-        "probe hangs timeout: stopped after its limit of 1 s",
     ]
+    assert not any("hangs" in failure for failure in gpu_record.failures(record))
 
 
 def test_probes_that_no_longer_fit_the_budget_are_not_run():

@@ -211,13 +211,14 @@ def test_g17_mig_mode_without_a_mig_device_is_no_gpu_with_a_one_line_reason(monk
 @pytest.mark.slow
 def test_g7_a_slot_killed_mid_run_still_leaves_the_record_in_out(tmp_path):
     notebooks = tmp_path / "notebooks"
-    stand_in(notebooks, "09_tiny.ipynb", MEASURE_AND_CLAIM.replace("0.9, at_least", "1.2, at_least"))
+    holds = MEASURE_AND_CLAIM.replace("0.9, at_least", "1.2, at_least")
+    stand_in(notebooks, "09_tiny.ipynb", holds)
     stand_in(notebooks, "04_long.ipynb", "import time\ntime.sleep(600)")
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PY": str(fake_gpu_python(tmp_path)),
            "GPU_RECORD_NOTEBOOKS": str(notebooks), "GPU_RECORD_ARGS": "--no-tests --no-probes"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    script = subprocess.Popen(["bash", str(SCRIPT), "400"], cwd=ROOT, env=env,  # noqa: S603
+    script = subprocess.Popen(["bash", str(SCRIPT), "400"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)  # fmt: skip
     try:
@@ -243,9 +244,9 @@ def test_g2_prepare_with_a_python_that_lacks_the_runner_stops_with_one_line(tmp_
     python = tmp_path / "python"  # a Python with no packages: the runner's versions unknown
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
     python.chmod(0o755)
+    env = {**os.environ, "PY": str(python), "WHEELS": str(tmp_path / "w")}
     done = subprocess.run(["bash", str(SCRIPT), "prepare"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60,
-                          env={**os.environ, "PY": str(python), "WHEELS": str(tmp_path / "w")})  # fmt: skip
+                          text=True, timeout=60, env=env)  # fmt: skip
     assert done.returncode == 1
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: prepare copies the versions installed in") and "ipython" in line
