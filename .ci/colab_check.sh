@@ -7,7 +7,8 @@
 #      working tree (COURSE_SOURCE) with pip: whatever the package does not declare is
 #      missing here too;
 #   3. every notebook under nbval with the small workload, importing the installed
-#      package (not the checkout).
+#      package (not the checkout);
+#   4. the GPU record rehearsed as on Colab (gpu-record --rehearse, COLAB_RELEASE_TAG set).
 #
 # Settings: COLAB_PYTHON (the interpreter; default: Colab's Python version, from the
 # "# python:" line of .ci/colab-versions.txt, when this machine has it (PATH or pyenv),
@@ -84,4 +85,34 @@ nbval_started=$SECONDS
         -n "${TEST_JOBS:-auto}" --dist loadfile \
         --nbval-lax --nbval-current-env -o addopts= ${NOTEBOOKS:-notebooks/*.ipynb}
 )
-say "notebooks took $((SECONDS - nbval_started)) s; colab-check passed in $((SECONDS - started)) s"
+say "notebooks took $((SECONDS - nbval_started)) s"
+
+# --- 4. the GPU record, rehearsed as on Colab (issue 41) ------------------------------------
+# The README's Colab line without a GPU: COLAB_RELEASE_TAG in every process's environment
+# (the kernels gpu-record starts inherit it, so every setup cell must leave the course as it
+# is), Colab's Python and pins; the record must validate, name the commit and have every
+# notebook ok (small workload).
+record_started=$SECONDS
+rehearsal="$ROOT/build/colab-gpu-record"
+rm -rf "$rehearsal"
+# nbclient runs the record's notebooks (Colab ships it; the pins kept, as for the test runner)
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off \
+    -c "$PINS" nbclient
+(
+    unset PYTHONPATH
+    COLAB_RELEASE_TAG=colab-check "$VENV/bin/python" -m course_utils gpu-record --rehearse \
+        --out "$rehearsal" --budget-s 1800
+) || die "the GPU record's rehearsal failed (see above; the record is in $rehearsal)"
+"$VENV/bin/python" - "$rehearsal" <<'PYEOF' || die "the GPU record's rehearsal is not complete"
+import sys
+from pathlib import Path
+from course_utils.records import load_record
+(path,) = Path(sys.argv[1]).glob("gpu-record-*.json")
+record = load_record(path)  # validates
+statuses = {entry["notebook"]: entry["status"] for entry in record["notebooks"]}
+assert record["course"]["commit"], "the record names no commit"
+assert len(statuses) == len(list(Path("notebooks").glob("*.ipynb"))), statuses
+assert set(statuses.values()) == {"ok"}, statuses
+print(f"colab-check: GPU record rehearsed: {path.name}, {len(statuses)} notebooks ok")
+PYEOF
+say "GPU record rehearsal took $((SECONDS - record_started)) s; colab-check passed in $((SECONDS - started)) s"

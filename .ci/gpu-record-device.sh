@@ -116,7 +116,8 @@ if [ -n "$missing" ]; then
   # venv), so that what needs torch (lightning, torchvision) is satisfied by the machine's.
   "$PY" -m venv --without-pip "$WORK/env" >>"$LOG" 2>&1 \
     || { say "error: $PY could not make a scratch environment (see log.txt)"; exit 1; }
-  "$PY" -c 'import site, sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+  "$PY" -c 'import os, sys, sysconfig; std = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
+print("\n".join(p for p in sys.path if p and os.path.isdir(p) and p not in std and "lib-dynload" not in p))' \
     >"$(echo "$WORK"/env/lib/python*/site-packages)/machine.pth"
   # shellcheck disable=SC2086
   "$PY" -m pip --python "$WORK/env/bin/python" install --quiet --disable-pip-version-check \
