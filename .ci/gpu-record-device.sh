@@ -120,7 +120,7 @@ if [ -n "$missing" ]; then
 print("\n".join(p for p in sys.path if p and os.path.isdir(p) and p not in std and "lib-dynload" not in p))' \
     >"$(echo "$WORK"/env/lib/python*/site-packages)/machine.pth"
   # shellcheck disable=SC2086
-  "$PY" -m pip --python "$WORK/env/bin/python" install --quiet --disable-pip-version-check \
+  "$PY" -m pip --python "$WORK/env/bin/python" install --quiet --disable-pip-version-check --no-compile \
     --no-index --find-links "$WHEELS" $missing >>"$LOG" 2>&1 \
     || { say "error: pip could not add $missing from $WHEELS (see log.txt)"; exit 1; }
   PY=$WORK/env/bin/python
