@@ -131,9 +131,15 @@ def _legacy_build_hint(capability: tuple[int, int]) -> str:
     """For a GPU older than Turing: which PyTorch build still runs on it."""
     if capability >= (7, 5):
         return ""
+    if capability >= (7, 0):  # Volta: dropped by the CUDA 13 wheels only
+        return (
+            "; PyTorch's CUDA 13 wheels need compute capability >= 7.5 (Turing), its CUDA "
+            "12.8/12.9 wheels keep 7.0: use the cu128 build (pip install torch torchvision "
+            "--index-url https://download.pytorch.org/whl/cu128; whl/cu126 works too)"
+        )
     return (
-        "; PyTorch >= 2.8 with CUDA 12.8+/13 wheels needs compute capability >= 7.5 "
-        "(Turing): this GPU needs the cu126 build (pip install torch torchvision "
+        "; PyTorch >= 2.8 with CUDA 12.8+/13 wheels needs compute capability >= 7.0 "
+        "(CUDA 13: >= 7.5): this GPU needs the cu126 build (pip install torch torchvision "
         "--index-url https://download.pytorch.org/whl/cu126)"
     )
 

@@ -269,3 +269,14 @@ def test_g3_g4_prepare_keeps_nvidia_ml_py_names_the_commit_and_fails_on_an_uncov
     assert list(wheels.glob("nvidia_ml_py-*.whl")) and list(wheels.glob("ipython-*-py3-*.whl"))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     assert (wheels / "commit.txt").read_text().strip() == head.stdout.strip()
+
+
+# --- G15: which build a GPU older than Turing needs -----------------------------------------
+
+
+@pytest.mark.parametrize(("name", "capability", "build"), [
+    ("Tesla V100-SXM2-16GB", (7, 0), "whl/cu128"), ("Tesla P100-PCIE-16GB", (6, 0), "whl/cu126")])
+def test_g15_a_volta_gpu_is_sent_to_cu128_and_a_pascal_gpu_to_cu126(name, capability, build):
+    hint = device._legacy_build_hint(capability)
+    assert build in hint and hint.count("--index-url") == 1
+    assert ("keep 7.0" in hint) == (capability == (7, 0))
