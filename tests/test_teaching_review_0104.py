@@ -52,3 +52,51 @@ def test_02_the_mfu_gap_is_measured_on_a_batch_already_on_the_gpu():
     (claimed,) = claims.values.values()
     step_s_claimed = namespace["flops_per_step"] / (claimed * 0.5 * peak.flops_per_s)
     assert step_s_claimed < loader_bound_s / 10, "the claim timed the input pipeline"
+
+
+class CachedPlans:
+    """A training trial whose convolutions run the way PyTorch's cuDNN path does
+    (``run_single_conv`` in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``): one plan per
+    shape, looked up before anything else and chosen at the shape's first call, by
+    autotuning if ``torch.backends.cudnn.benchmark`` is set then, else by heuristics. The
+    cache key (``ConvolutionParams``) has no benchmark flag. ``calls`` logs ``(batch size,
+    flag at the call, plan run)``."""
+
+    def __init__(self, sizes_run_before: list[int]) -> None:
+        self.plans = dict.fromkeys(sizes_run_before, "heuristics")
+        self.calls: list[tuple[int, bool, str]] = []
+
+    def __call__(self, size: int) -> None:
+        flag = torch.backends.cudnn.benchmark
+        plan = self.plans.setdefault(size, "autotuned" if flag else "heuristics")
+        self.calls.append((size, flag, plan))
+
+
+def test_03_cudnn_benchmark_is_compared_on_shapes_nothing_ran_before(monkeypatch):
+    # review 03-M1: the sweep had cached heuristics plans for batch 256, so the benchmark
+    # arm at 256 ran them too, and "no gain" was measured whatever autotuning would do.
+    from course_utils import timing
+
+    cells = code_cells(NB03)
+    namespace: dict = {}
+    exec(cells["nb03-04"], namespace)
+    exec(cells["nb03-04b"], namespace)
+    t4 = SimpleNamespace(total_memory=15 * 2**30)  # the sweep's sizes follow the GPU's memory
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: t4)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    for workload in ("small", "full"):
+        monkeypatch.setenv("COURSE_WORKLOAD", workload)
+        namespace["device"] = torch.device("cuda")
+        exec(cells["nb03-07"], namespace)
+        trial = CachedPlans(namespace["SWEEP_SIZES"])  # the sweep ran first, flag off
+        namespace.update(
+            trial=trial, label="a fake T4",
+            time_in_turns=lambda functions, **kwargs: timing.time_in_turns(
+                functions, **{**kwargs, "device": "cpu"}),
+        )
+        exec(cells["nb03-tuning"], namespace)
+        assert {flag for _, flag, _ in trial.calls} == {False, True}, "both settings ran"
+        for size, flag, plan in trial.calls:
+            assert plan == ("autotuned" if flag else "heuristics"), (
+                f"batch {size} with cudnn.benchmark={flag} ran a {plan} plan cached before")
+        assert torch.backends.cudnn.benchmark is False, "the default is restored"
