@@ -17,6 +17,7 @@ from course_utils.training import TrainStep
 ROOT = Path(__file__).resolve().parent.parent
 NB02 = next((ROOT / "notebooks").glob("02_*.ipynb"))
 NB03 = next((ROOT / "notebooks").glob("03_*.ipynb"))
+NB04 = next((ROOT / "notebooks").glob("04_*.ipynb"))
 
 
 class Claims:
@@ -100,3 +101,60 @@ def test_03_cudnn_benchmark_is_compared_on_shapes_nothing_ran_before(monkeypatch
             assert plan == ("autotuned" if flag else "heuristics"), (
                 f"batch {size} with cudnn.benchmark={flag} ran a {plan} plan cached before")
         assert torch.backends.cudnn.benchmark is False, "the default is restored"
+
+
+def test_03_lightnings_edge_above_the_courses_is_a_claim_not_a_stop():
+    # review 03-W3: Lightning's binsearch returns int(0.95 x its own edge); its edge may sit
+    # 8% above the course's (the cell itself lets the edge move by 10%): 102 > 100 stopped
+    # Run All on a GPU through a bare assert.
+    cells = code_cells(NB03)
+    namespace: dict = {}
+    exec(cells["nb03-04"], namespace)
+    claims = Claims()
+    found = {"ours": 100, "power": 64, "binsearch": int(0.95 * 108)}
+    namespace.update(
+        {name: SimpleNamespace(batch_size=size) for name, size in found.items()},
+        device=torch.device("cuda"), label="a fake T4", FINDER_CAP_MIB=2048, gpu_claim=claims,
+        runs_out=lambda size: size > found["ours"],  # the course's edge holds again
+    )
+    exec(cells["nb03-29b"], namespace)
+    assert claims.values["Lightning's answer / the course's"] == 1.02
+
+
+class ProxyTorch:
+    """``torch`` as a notebook cell sees it on a fake Ampere GPU: tensors and modules stay
+    on the CPU (``device=`` and ``.to`` are dropped), everything else is torch's."""
+
+    def __getattr__(self, name: str) -> object:
+        if name == "randn":
+            return lambda *shape, device=None, **kwargs: torch.randn(*shape, **kwargs)
+        return getattr(torch, name)
+
+
+class ProxyNn:
+    def __getattr__(self, name: str) -> object:
+        if name == "Conv2d":
+            def conv(*args: object, **kwargs: object) -> object:
+                module = torch.nn.Conv2d(*args, **kwargs)
+                module.to = lambda *args, **kwargs: module  # type: ignore[method-assign]
+                return module
+            return conv
+        return getattr(torch.nn, name)
+
+
+def test_04_a_conv_whose_tf32_setting_changes_nothing_is_reported_not_a_stop(monkeypatch):
+    # review 04-W2: "fp32_precision = 'tf32'" allows TF32 engines; cuDNN may pick one
+    # without tensor cores for a shape, and the outputs are then equal. Here (a CPU conv
+    # standing for such an engine) they are: Run All must go on and report it.
+    cells = code_cells(NB04)
+    claims = Claims()
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    namespace: dict = {}
+    exec(cells["nb04-03b"], namespace)
+    namespace.update(
+        torch=ProxyTorch(), nn=ProxyNn(), device=SimpleNamespace(type="cuda"), gpu_claim=claims,
+        base=SimpleNamespace(mfu=0.3, peak_source="a fake A100's TF32 column"),
+        measured_on=lambda device: "a fake A100",
+    )
+    exec(cells["nb04-59"], namespace)
+    assert claims.values["TF32 / IEEE convolution: largest difference"] == 0.0
