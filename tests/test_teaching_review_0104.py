@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from notebook_cells import code_cells
 
@@ -158,3 +159,36 @@ def test_04_a_conv_whose_tf32_setting_changes_nothing_is_reported_not_a_stop(mon
     )
     exec(cells["nb04-59"], namespace)
     assert claims.values["TF32 / IEEE convolution: largest difference"] == 0.0
+
+
+def _pipeline_table(shares_fraction: float, row5_cpu_s: float) -> dict:
+    """nb03-25's namespace on a CPU: the baseline decodes PNGs (starved 95 %); row 5
+    augments "on the device", which on a CPU is this CPU, inside the compute phase."""
+    from course_utils.timing import CpuShare
+
+    def row(samples_per_s: float, starved: float, cpu_s: float) -> SimpleNamespace:
+        return SimpleNamespace(samples_per_s=samples_per_s, starved_fraction=starved,
+                               cpu_per_step_s=cpu_s)
+
+    names = ["0 baseline: decode+augment per sample, 0 workers", "1 workers alone: num_workers=2",
+             "5 + augmentation on the device, 0 workers"]
+    results = dict(zip(names, [row(100, 0.95, 0.050), row(90, 0.5, 0.010),
+                               row(120, 0.14, row5_cpu_s)], strict=True))
+    shares = {name: CpuShare(wall_s=1.0, cpu_s=shares_fraction) for name in names}
+    return {"results": results, "shares": shares, "baseline": results[names[0]],
+            "device": torch.device("cpu"), "label": "CPU"}
+
+
+def test_03_on_a_cpu_the_pipeline_check_weighs_cpu_seconds_not_the_starved_share():
+    # review 03-W1: on a CPU "augmentation on the device" moves the work into "compute", so
+    # the starved share fell by bookkeeping and its assert could not fail.
+    namespace = _pipeline_table(shares_fraction=1.0, row5_cpu_s=0.080)  # row 5 costs more
+    with pytest.raises(AssertionError, match="row 5 should cost less"):
+        exec(code_cells(NB03)["nb03-25"], namespace)
+
+
+def test_03_the_pipeline_table_says_when_the_machine_was_too_busy_to_rank(capsys):
+    # review 03-W2: the rows are measured one after another; on a busy CPU they rank load.
+    namespace = _pipeline_table(shares_fraction=0.3, row5_cpu_s=0.020)
+    exec(code_cells(NB03)["nb03-25"], namespace)
+    assert "The machine was busy" in capsys.readouterr().out
