@@ -217,3 +217,27 @@ def test_04_the_technique_table_says_when_the_machine_was_too_busy_to_rank(capsy
     )
     exec(cells["nb04-17"], namespace)
     assert "The machine was busy" in capsys.readouterr().out
+
+
+def test_03_the_new_gpu_claims_run_on_a_gpu_branch(monkeypatch):
+    # the checks that were bare asserts (review X-W1) now report on a GPU: each runs there
+    cells = code_cells(NB03)
+    namespace: dict = {}
+    exec(cells["nb03-04"], namespace)
+    exec(cells["nb03-04b"], namespace)
+    monkeypatch.setenv("COURSE_WORKLOAD", "full")
+    rows = [SimpleNamespace(batch_size=size, peak_bytes=2**20 * (40 + size // 2),
+                            samples_per_s=1000 * size / (8 + size), cpu_samples_per_s=0.0)
+            for size in (8, 64, 512, 4096)]
+    sweep = SimpleNamespace(knee=lambda: rows[1], best=rows[-1], fitted=rows)
+    claims = Claims()
+    namespace.update(device=torch.device("cuda"), label="a fake T4", sweep=sweep,
+                     model_name="resnet18", gpu_claim=claims)
+    exec(cells["nb03-10"], namespace)
+    exec(cells["nb03-10b"], namespace)
+    table = _pipeline_table(shares_fraction=1.0, row5_cpu_s=0.020)
+    namespace.update(table, device=torch.device("cuda"))
+    exec(cells["nb03-25"], namespace)
+    assert claims.values["peak memory, batch 4096 / batch 8"] > 2
+    assert {"throughput gain, batch 8 -> 64", "augmentation on the device / baseline samples/s",
+            "augmentation on the device / baseline starved share"} <= set(claims.values)
