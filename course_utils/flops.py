@@ -206,7 +206,8 @@ def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype = torch.float32, *, convolutions: bool = False
 ) -> PeakFlops:
     """The peak to divide by for MFU: the datasheet's dense figure for a known GPU,
-    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table),
+    otherwise the FLOP/s of a large matmul measured here (CPU, MPS, GPUs not in the table:
+    ``MEASURED_PEAK_N_GPU`` squared on a GPU, large enough that a model's matmuls do not beat it),
     once per process, device and dtype (its source says with how many CPU threads), so
     that every MFU of a run divides by the same figure.
 
@@ -239,7 +240,7 @@ def device_peak_flops(
                 return PeakFlops(tflops * 1e12, f"{where}: dense {column} peak, {row.source}")
     key = (str(device), dtype)
     if key not in _MEASURED_PEAKS:  # measured once: a peak that moves is no denominator
-        n = 1024
+        n = MEASURED_PEAK_N_GPU if device.type != "cpu" else MEASURED_PEAK_N_CPU
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=5)
         what = f"{n}x{n} {str(dtype).removeprefix('torch.')} matmuls"
@@ -249,6 +250,13 @@ def device_peak_flops(
         _MEASURED_PEAKS[key] = PeakFlops(2 * n**3 / timing.min_s, source)
     return _MEASURED_PEAKS[key]
 
+
+# the matmul a peak is measured with where no datasheet row applies: on a GPU a 1024^2
+# matmul leaves SMs idle, and a model's larger matmuls would beat that "peak" (MFU > 1,
+# review G16); 4096^2 (137 GFLOP) fills any current GPU's SMs. On a CPU 1024^2 already
+# keeps the cores busy, and a 4096^2 one takes seconds on a busy machine.
+MEASURED_PEAK_N_GPU = 4096
+MEASURED_PEAK_N_CPU = 1024
 
 # measured peaks, by (device, dtype): a CPU's "peak" re-measured in each cell of a busy
 # machine moved by 1.5x between two cells (review 02-N1); the source names the threads

@@ -194,3 +194,32 @@ def test_a_mig_slice_gets_its_share_of_the_peak_not_the_whole_gpus(
 def test_a_mig_slice_with_an_impossible_share_has_no_peak():
     assert gpu_peak_flops("NVIDIA A100 MIG 1g.5gb", 500) is None  # more SMs than an A100
     assert gpu_peak_flops("NVIDIA A100 MIG 1g.5gb", 14).name == "A100 MIG slice (14 of 108 SMs)"
+
+
+def test_a_gpu_without_a_datasheet_row_is_not_given_a_peak_its_model_can_beat(monkeypatch):
+    # review G16: on an RTX 4090, L40S or B200 (no row) the peak was one 1024^2 matmul, which
+    # leaves most SMs idle; a model's larger matmuls then ran "above the peak" (MFU > 1).
+    # The fake GPU runs as real ones do: the larger the matmul, the nearer the true peak.
+    true_peak = 80e12
+
+    def efficiency(n: int) -> float:  # a 1024^2 matmul fills a third of a large GPU
+        return min(0.9, 0.3 * n / 1024)
+
+    sizes: list[int] = []
+
+    def randn(n, m, **kwargs):
+        sizes.append(n)
+        return SimpleNamespace(n=n)
+
+    def timed(fn, **kwargs):
+        n = sizes[-1]
+        return SimpleNamespace(min_s=2 * n**3 / (true_peak * efficiency(n)))
+
+    _fake_gpu(monkeypatch, "NVIDIA GeForce RTX 4090", (8, 9))
+    monkeypatch.setattr("course_utils.flops.benchmark", timed)
+    monkeypatch.setattr(torch, "randn", randn)
+    monkeypatch.setattr("course_utils.flops._MEASURED_PEAKS", {})
+    peak = device_peak_flops("cuda", torch.float16)
+    model_step = 0.7 * true_peak  # a large model's training step: 70 % of the true peak
+    assert mfu(model_step, 1.0, peak.flops_per_s) <= 1.0, peak
+    assert f"{sizes[-1]}x{sizes[-1]}" in peak.source and "measured" in peak.source
