@@ -105,6 +105,7 @@ def gpu_sizes_run(needs_mib: float) -> bool:
         return workload() == "full"
     return usable >= needs_mib
 
+
 def pick_by_memory(*, small: T, cpu: T, gpu: T, gpu_needs_mib: float) -> T:
     """:func:`pick`, except that the ``gpu`` size is chosen wherever :func:`gpu_sizes_run`
     says it runs (a GPU under 12 GiB whose usable memory holds ``gpu_needs_mib``), and the
@@ -131,5 +132,7 @@ def not_at_this_size(claim: str, reason: str) -> str:
     show (e.g. a speed-up that needs the ``gpu`` sizes on a GPU that runs smaller ones)."""
     usable = usable_gpu_mib()
     room = "" if usable is None else f", {usable / 1024:.1f} GiB usable on this GPU"
-    return (f"Not checked at these sizes (workload {workload()}{room}): {claim}. {reason} "
-            "This says nothing about the GPU.")
+    return (
+        f"Not checked at these sizes (workload {workload()}{room}): {claim}. {reason} "
+        "This says nothing about the GPU."
+    )
