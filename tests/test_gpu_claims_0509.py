@@ -280,3 +280,41 @@ def test_08_rows_are_measured_in_turns_and_noise_is_not_an_effect(monkeypatch):
     assert [round(row.gain, 2) for row in rows] == [1.0, 3.1, 1.97, 1.02, 1.0]
     assert rows[2].resolved and not rows[3].resolved  # 1.02x within a ±13 % spread
     assert rows[4].same_work and rows[4].run is rows[3].run
+
+
+# --- 05-W1, 06-W1: timings judged where they were measured -----------------------------------
+
+NB05 = ROOT / "notebooks" / "05_lightning.ipynb"
+NB06 = ROOT / "notebooks" / "06_multi_gpu.ipynb"
+
+
+def _nb05_overhead(ratio, extra_s, device):
+    result = SimpleNamespace(plain_s_per_epoch=0.1, steps_per_epoch=10, overhead_ratio=ratio,
+                             overhead_s_per_step=extra_s, noise=0.05, busy=False)
+    names = {"result": result, "label": LABEL, "BUSY_NOISE": 0.25, "gpu_claim": gpu_claim,
+             "device": torch.device(device)}
+    exec(code_cells(NB05)["nb05-11b"], names)
+
+
+def test_05_lightnings_overhead_on_a_gpu_is_a_claim(monkeypatch, capsys):
+    # 05-W1: the overhead asserts timed Lightning on the learner's GPU and stopped Run All
+    monkeypatch.setenv(claims.MODE_VAR, "report")
+    _nb05_overhead(0.85, 0.001, "cuda")
+    assert "did not hold here: Lightning / plain loop time" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="Lightning faster"):
+        _nb05_overhead(0.85, 0.001, "cpu")
+
+
+def test_06_a_busy_cpu_says_so_instead_of_stopping_run_all(capsys):
+    # 06-W1: "efficiency 108%" with 2 CPU processes, two points from an assert that stopped
+    # Run All; a busy machine is now said, as notebook 05 says it
+    rows = [{"processes": n, "global_batch": 8 * n, "samples_per_s": 100.0 * n * eff,
+             "runs": [1, 2], "efficiency": eff} for n, eff in ((1, 1.0), (2, 1.15))]
+    names = {"RunConfig": lambda **kw: None, "SCALING_STEPS": 2, "SCALING_BATCH": 8,
+             "NPROC": 2, "COUNTS": [1, 2], "SCALING_REPEATS": 2, "GPUS": 0,
+             "measure_scaling": lambda *a, **k: rows, "measured_on": lambda d: LABEL,
+             "DEVICE": torch.device("cpu"), "plot_scaling": lambda *a: None,
+             "plt": SimpleNamespace(show=lambda: None), "EFFICIENCY_MAX": 1.1,
+             "gpu_claim": gpu_claim}
+    exec(code_cells(NB06)["nb06-23"], names)
+    assert "the machine was busy" in capsys.readouterr().out
