@@ -122,3 +122,97 @@ def check():
     assert found == ['assert speedup > 1.3, "faster"', "assert overlap < 0.85", "assert top < 1.5",
                      "assert spread < 3", "assert result.overhead_ratio >= 0.9",
                      "assert regained >= half"]
+
+
+# --- docs/gpu-claims.md and notebooks 05-09 agree (08-E1, 09-E1, GPU review G9) ---------------
+
+DOC = ROOT / "docs" / "gpu-claims.md"
+TABLE_TITLE = "## Which check is which in notebooks 05–09"
+LATER = ("05", "06", "07", "08", "09")
+
+
+def class_table(text: str) -> list[tuple[str, str, str]]:
+    """(cell id, check text, "claim" or "assert") for each row of the doc's table."""
+    section = text.split(TABLE_TITLE, 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("nb"):
+            rows.append((cells[0], cells[1].strip("`"), cells[2]))
+    return rows
+
+
+def checks_in_cell(source: str) -> tuple[list[str], list[str]]:
+    """The names of a cell's ``gpu_claim`` calls (a name held in a variable: its value)
+    and the source of its ``assert`` statements (``assert_close`` calls included)."""
+    tree = ast.parse(source)
+    values = {
+        target.id: ast.unparse(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    claims, asserts = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "gpu_claim":
+            name = node.args[0]
+            claims.append(values.get(name.id, name.id) if isinstance(name, ast.Name) else
+                          ast.unparse(name))
+        elif isinstance(node, ast.Assert) or (
+            isinstance(node, ast.Call) and ast.unparse(node.func).endswith("assert_close")
+        ):
+            asserts.append(ast.get_source_segment(source, node) or "")
+    return claims, asserts
+
+
+def later_cells() -> dict[str, str]:
+    cells = {}
+    for name in NOTEBOOKS:
+        if name.startswith(LATER):
+            notebook = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text("utf-8"))
+            cells.update(code_cells(notebook))
+    return cells
+
+
+def disagreements(table: list[tuple[str, str, str]], cells: dict[str, str]) -> list[str]:
+    """Where the doc's table and the notebooks' cells disagree, in words."""
+    found = []
+    named: set[tuple[str, str]] = set()
+    for cell, check, kind in table:
+        if cell not in cells:
+            found.append(f"{cell}: no such cell in notebooks 05-09")
+            continue
+        claims, asserts = checks_in_cell(cells[cell])
+        as_claim = [name for name in claims if check in name]
+        as_assert = [text for text in asserts if check in text]
+        named.update((cell, name) for name in as_claim)
+        if kind == "claim" and not as_claim:
+            found.append(f"{cell}: the doc's claim {check!r} is not a gpu_claim there")
+        elif kind == "assert" and (as_claim or not as_assert):
+            found.append(f"{cell}: the doc's assert {check!r} is not an assert there")
+        elif kind not in ("claim", "assert"):
+            found.append(f"{cell}: class {kind!r} is neither claim nor assert")
+    for cell, source in cells.items():
+        claims, _ = checks_in_cell(source)
+        found += [f"{cell}: gpu_claim {name} is not in the doc's table"
+                  for name in claims if (cell, name) not in named]
+    return found
+
+
+def test_the_doc_and_notebooks_05_to_09_class_each_check_alike():
+    table = class_table(DOC.read_text(encoding="utf-8"))
+    assert len(table) >= 30
+    assert not disagreements(table, later_cells())
+
+
+def test_a_claim_the_doc_calls_an_assert_is_a_disagreement():
+    # 08-E1 as it was at 26d162d: the doc said assert, the cell said gpu_claim
+    cells = {"nb08-sync": 'gpu_claim("synchronizing lines", sum(lines.values()), at_least=5)\n'}
+    table = [("nb08-sync", "sum(lines.values())", "assert")]
+    assert disagreements(table, cells) == [
+        "nb08-sync: the doc's assert 'sum(lines.values())' is not an assert there",
+        "nb08-sync: gpu_claim 'synchronizing lines' is not in the doc's table",
+    ]
+    cells = {"nb08-sync": "assert sum(lines.values()) >= 5  # correctness\n"}
+    assert disagreements(table, cells) == []
