@@ -119,9 +119,14 @@ def check():
     )  # correctness
 """
     found = bare_gpu_claims(source)
-    assert found == ['assert speedup > 1.3, "faster"', "assert overlap < 0.85", "assert top < 1.5",
-                     "assert spread < 3", "assert result.overhead_ratio >= 0.9",
-                     "assert regained >= half"]
+    assert found == [
+        'assert speedup > 1.3, "faster"',
+        "assert overlap < 0.85",
+        "assert top < 1.5",
+        "assert spread < 3",
+        "assert result.overhead_ratio >= 0.9",
+        "assert regained >= half",
+    ]
 
 
 # --- docs/gpu-claims.md and notebooks 05-09 agree (08-E1, 09-E1, GPU review G9) ---------------
@@ -157,8 +162,9 @@ def checks_in_cell(source: str) -> tuple[list[str], list[str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "gpu_claim":
             name = node.args[0]
-            claims.append(values.get(name.id, name.id) if isinstance(name, ast.Name) else
-                          ast.unparse(name))
+            claims.append(
+                values.get(name.id, name.id) if isinstance(name, ast.Name) else ast.unparse(name)
+            )
         elif isinstance(node, ast.Assert) or (
             isinstance(node, ast.Call) and ast.unparse(node.func).endswith("assert_close")
         ):
@@ -195,8 +201,11 @@ def disagreements(table: list[tuple[str, str, str]], cells: dict[str, str]) -> l
             found.append(f"{cell}: class {kind!r} is neither claim nor assert")
     for cell, source in cells.items():
         claims, _ = checks_in_cell(source)
-        found += [f"{cell}: gpu_claim {name} is not in the doc's table"
-                  for name in claims if (cell, name) not in named]
+        found += [
+            f"{cell}: gpu_claim {name} is not in the doc's table"
+            for name in claims
+            if (cell, name) not in named
+        ]
     return found
 
 
