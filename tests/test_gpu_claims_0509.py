@@ -318,3 +318,30 @@ def test_06_a_busy_cpu_says_so_instead_of_stopping_run_all(capsys):
              "gpu_claim": gpu_claim}
     exec(code_cells(NB06)["nb06-23"], names)
     assert "the machine was busy" in capsys.readouterr().out
+
+
+# --- 07-M1: expandable segments shown where they matter, by more than the allocator's rounding
+
+
+def _nb07_regrowth(reserved):
+    names = {"ON_GPU": True, "compare_regrowth": lambda **sizes: reserved, "math": __import__(
+        "math"), "gpu_claim": gpu_claim, "device": None, "measured_on": lambda device: LABEL}
+    exec(code_cells(NB07)["nb07-24g"], names)
+
+
+def test_07_expandable_segments_are_judged_on_a_growing_batch(monkeypatch):
+    # 07-M1: the old pattern could only show 120 vs 140 MiB stuck (2 MiB tails). By the
+    # allocator's rules a batch that grows 5 % reserves 800 MiB by default, 420 expandable.
+    monkeypatch.setenv(claims.MODE_VAR, "strict")
+    _nb07_regrowth({"default": 800.0, "expandable_segments": 420.0})
+    with pytest.raises(ClaimNotHeld, match="batch grew"):  # merged by rounding alone: caught
+        _nb07_regrowth({"default": 800.0, "expandable_segments": 780.0})
+
+
+def test_07_the_regrowth_comparison_reports_a_failing_child_in_one_line(monkeypatch):
+    from course_utils import memory
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the children see no GPU, on any machine
+    with pytest.raises(RuntimeError, match=r"^default: ") as caught:
+        memory.compare_regrowth(tensors=1, tensor_mib=2)
+    assert "ModuleNotFoundError" not in str(caught.value)
