@@ -345,3 +345,15 @@ def test_07_the_regrowth_comparison_reports_a_failing_child_in_one_line(monkeypa
     with pytest.raises(RuntimeError, match=r"^default: ") as caught:
         memory.compare_regrowth(tensors=1, tensor_mib=2)
     assert "ModuleNotFoundError" not in str(caught.value)
+
+
+def test_07_a_cpu_times_the_empty_cache_loop_once(capsys):
+    # 07-W1: on a CPU both loops did the same work and were printed as two figures
+    # ("527 ms keeping the cache, 327 ms with empty_cache()"): noise shown as an effect
+    calls = []
+    names = {"ON_GPU": False, "FLUSH_BATCH": 4, "FLUSH_STEPS": 2, "REQUESTED_BATCH": 8,
+             "device": torch.device("cpu"), "measured_on": lambda device: "CPU",
+             "seconds_per_step": lambda batch, steps, flush: calls.append(flush) or 0.5}
+    exec(code_cells(NB07)["nb07-flush-run"], names)
+    assert calls == [False] * 3 and names["flush_s"] == names["keep_s"]
+    assert "a no-op without CUDA" in capsys.readouterr().out
