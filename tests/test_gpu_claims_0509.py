@@ -357,3 +357,19 @@ def test_07_a_cpu_times_the_empty_cache_loop_once(capsys):
     exec(code_cells(NB07)["nb07-flush-run"], names)
     assert calls == [False] * 3 and names["flush_s"] == names["keep_s"]
     assert "a no-op without CUDA" in capsys.readouterr().out
+
+
+def test_05_a_large_cpu_overhead_is_not_passed_under_a_bound_grown_with_the_step(capsys):
+    # 05-M1: at `cpu` on a loaded machine "765 ms per step, bound 1446 ms = 5 ms + half a
+    # plain step of 2882 ms" passed as a parity-bounded overhead
+    result = SimpleNamespace(plain_s_per_epoch=28.815, steps_per_epoch=10,
+                             overhead_ratio=1.265, overhead_s_per_step=0.765, noise=0.14,
+                             busy=False)
+    names = {"result": result, "label": "CPU", "BUSY_NOISE": 0.25, "gpu_claim": gpu_claim,
+             "device": torch.device("cpu")}
+    exec(code_cells(NB05)["nb05-11b"], names)
+    said = capsys.readouterr().out
+    assert "Not resolved on this machine" in said and "Within" not in said
+    result.overhead_ratio, result.overhead_s_per_step = 1.1, 0.00336  # `small`, 1 thread
+    exec(code_cells(NB05)["nb05-11b"], names)
+    assert "Within Lightning's parity bound" in capsys.readouterr().out
