@@ -17,6 +17,7 @@ share of the usable memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, TypeVar
 
@@ -36,6 +37,8 @@ GPU_RESERVE_MIB = 1024
 # The last ``auto`` answer, per (CUDA_VISIBLE_DEVICES, NVML binding): GPUs do not come and
 # go while a process runs, and every pick() in a knobs cell asks (one NVML session).
 _auto: tuple[tuple[Any, ...], str] | None = None
+# The same for usable_gpu_mib(): a knobs cell asks once per size.
+_usable: tuple[tuple[Any, ...], int | None] | None = None
 
 
 def smallest_gpu_mib() -> int | None:
@@ -85,12 +88,17 @@ def usable_gpu_mib() -> int | None:
     """The memory an experiment may plan on (MiB): the smallest visible GPU's (a MIG
     slice's own) less :data:`GPU_RESERVE_MIB`, read through NVML without starting CUDA;
     ``None`` without a CUDA GPU or when NVML does not say."""
+    global _usable
     from course_utils import nvml  # lazy: imports torch
     from course_utils.device import cuda_gpu_count
 
-    with nvml.nvml_session():
+    key = (os.environ.get("CUDA_VISIBLE_DEVICES"), nvml._pynvml)
+    if _usable is not None and _kept(_usable):
+        return _usable[1]
+    with nvml.nvml_session():  # one session for the count and the memory
         total = smallest_gpu_mib() if cuda_gpu_count() > 0 else None
-    return None if total is None else max(0, total - GPU_RESERVE_MIB)
+    _usable = (key, None if total is None else max(0, total - GPU_RESERVE_MIB))
+    return _usable[1]
 
 
 def gpu_sizes_run(needs_mib: float) -> bool:
@@ -98,12 +106,29 @@ def gpu_sizes_run(needs_mib: float) -> bool:
     (MiB): under ``full`` unless a GPU is known to be too small for it; under ``auto`` on
     a CUDA GPU whose usable memory holds it (below :data:`FULL_MIN_GPU_MIB` too); never
     under ``small`` or ``cpu``."""
-    if workload() == "small" or _chosen() == "cpu":
+    from course_utils import nvml  # lazy: imports torch
+
+    if _chosen() in ("small", "cpu"):
         return False
-    usable = usable_gpu_mib()
+    asked = _kept(_usable) and (_chosen() != "auto" or _kept(_auto))
+    with contextlib.nullcontext() if asked else nvml.nvml_session():  # one NVML session
+        if workload() == "small":
+            return False
+        usable = usable_gpu_mib()
     if usable is None:  # no CUDA GPU (``auto`` then picked ``cpu``), or NVML does not say
         return workload() == "full"
     return usable >= needs_mib
+
+
+def _kept(cache: tuple[tuple[Any, ...], Any] | None) -> bool:
+    """Whether a kept NVML answer still holds (same ``CUDA_VISIBLE_DEVICES`` and binding)."""
+    from course_utils import nvml  # lazy: imports torch
+
+    return (
+        cache is not None
+        and cache[0][0] == os.environ.get("CUDA_VISIBLE_DEVICES")
+        and cache[0][1] is nvml._pynvml
+    )
 
 
 def pick_by_memory(*, small: T, cpu: T, gpu: T, gpu_needs_mib: float) -> T:

@@ -82,14 +82,17 @@ def nvml_with(monkeypatch):
     from course_utils import device, nvml
 
     def install(gpus):
-        monkeypatch.setattr(nvml, "_pynvml", Driver(gpus))
+        fake = Driver(gpus)
+        monkeypatch.setattr(nvml, "_pynvml", fake)
         monkeypatch.setattr("torch.backends.cuda.is_built", lambda: True)
         monkeypatch.setattr("torch.cuda.is_initialized", lambda: False)
         monkeypatch.setattr(device, "_arch_flags", lambda: ["sm_75", "sm_80", "sm_86", "sm_90"])
         monkeypatch.setattr(device, "_counted", None, raising=False)
         monkeypatch.setattr(workload, "_auto", None)
+        monkeypatch.setattr(workload, "_usable", None)
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         monkeypatch.delenv("COURSE_WORKLOAD", raising=False)
+        return fake
 
     return install
 
@@ -124,9 +127,16 @@ def test_sizes_by_memory_keep_an_explicit_workload(nvml_with, monkeypatch):
     assert "5.0 GiB usable on this GPU" in workload.not_at_this_size("a claim", "Why.")
 
 
+def test_sizes_by_memory_open_one_nvml_session_however_often_they_are_asked(nvml_with):
+    fake = nvml_with([_LAPTOP])  # a knobs cell asks for each size (GPU review finding 14)
+    sizes = [workload.pick_by_memory(small=1, cpu=2, gpu=3, gpu_needs_mib=3072) for _ in range(9)]
+    assert sizes == [3] * 9 and fake.sessions == 1
+
+
 def test_without_a_gpu_sizes_by_memory_are_picks(monkeypatch):
     monkeypatch.setattr("course_utils.device.cuda_gpu_count", lambda: 0)
     monkeypatch.setattr(workload, "_auto", None)
+    monkeypatch.setattr(workload, "_usable", None)
     monkeypatch.delenv("COURSE_WORKLOAD", raising=False)
     assert workload.usable_gpu_mib() is None and not workload.gpu_sizes_run(1)
     assert workload.pick_by_memory(small=1, cpu=2, gpu=3, gpu_needs_mib=1) == 2
