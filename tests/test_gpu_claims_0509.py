@@ -373,3 +373,17 @@ def test_05_a_large_cpu_overhead_is_not_passed_under_a_bound_grown_with_the_step
     result.overhead_ratio, result.overhead_s_per_step = 1.1, 0.00336  # `small`, 1 thread
     exec(code_cells(NB05)["nb05-11b"], names)
     assert "Within Lightning's parity bound" in capsys.readouterr().out
+
+
+def test_05_lightning_trains_on_the_gpu_the_cap_is_on(monkeypatch):
+    # GPU review G11: pick_device() may choose cuda:1 (the freest GPU) and memory_cap()
+    # caps it, while devices=1 made Lightning train uncapped on cuda:0
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    names = {"torch": torch, "pick": lambda **sizes: sizes["gpu"],
+             "pick_device": lambda: torch.device("cuda", 1), "TrainConfig": lambda **k: None,
+             "SyntheticImages": lambda **k: [], "DataLoader": lambda *a, **k: None,
+             "SAMPLES": 8, "IMAGE_SIZE": 8, "BATCH": 2, "WIDTH": 4, "EPOCHS": 1,
+             "build_model": lambda *a, **k: None, "workload": lambda: "full",
+             "count_parameters": lambda model: 0}
+    exec(code_cells(NB05)["nb05-05b"], names)
+    assert names["DEVICES"] == [1]
