@@ -537,8 +537,9 @@ class RecipeRow:
 
     @property
     def resolved(self) -> bool:
-        """Whether the gain is larger than the noise of the runs behind it."""
-        return self.same_work or abs(self.gain - 1) > self.noise
+        """Whether the gain is larger than the noise of the runs behind it (the first row,
+        compared with nothing, has no noise)."""
+        return self.same_work or self.noise == 0 or abs(self.gain - 1) > self.noise
 
 
 def _end_to_end(run: LoopRun) -> float:
@@ -584,8 +585,8 @@ def measure_recipes(
             continue
         rate = _end_to_end if i == 1 else _steps  # row 1 changes the set-up
         best = max(runs[i], key=rate)
-        if i == 0:
-            rows.append(RecipeRow(name, best, 1.0, _spread([r.rate() for r in runs[i]])))
+        if i == 0:  # the baseline: compared with nothing
+            rows.append(RecipeRow(name, best, 1.0, 0.0))
         else:
             before = max(runs[measured], key=rate)
             noise = max(
