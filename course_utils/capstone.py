@@ -519,3 +519,79 @@ def run_recipe(
     """The fastest of ``repeats`` runs of the recipe's loop; ``decode="once"`` decodes
     before the first step, inside the run: its end-to-end ``samples_per_s`` counts it."""
     return compare_loops([recipe.loop], data, device, rounds=repeats, **options)[0]
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    """One row of a table of recipes, each adding a change to the row before: its fastest
+    run, its gain over the row before (row 1 end to end, later rows by their steps), and
+    the noise that gain is read against: the larger spread (slowest to fastest run) of the
+    two rows' runs. ``same_work``: on this device the recipe does the row before's work, so
+    its run is the row before's and its gain 1."""
+
+    name: str
+    run: LoopRun
+    gain: float
+    noise: float
+    same_work: bool = False
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the gain is larger than the noise of the runs behind it (the first row,
+        compared with nothing, has no noise)."""
+        return self.same_work or self.noise == 0 or abs(self.gain - 1) > self.noise
+
+
+def _end_to_end(run: LoopRun) -> float:
+    return run.rate()
+
+
+def _steps(run: LoopRun) -> float:
+    return run.steps_rate()
+
+
+def _spread(values: list[float]) -> float:
+    return max(values) / min(values) - 1 if min(values) > 0 else math.inf
+
+
+def measure_recipes(
+    recipes: list[tuple[str, Recipe]],
+    data: EncodedImages,
+    device: torch.device | str = "cpu",
+    *,
+    repeats: int = 3,
+    **options: Any,
+) -> list[RecipeRow]:
+    """Measure each recipe's loop ``repeats`` times **in turns** (every round runs every
+    row once, so a machine that slows down or a GPU that heats up favours no row) and keep
+    each row's fastest run; a recipe that does the same work on ``device`` as the row
+    before (:meth:`Recipe.as_run_on`) is not run again. ``options`` go to :func:`run_loop`."""
+    if repeats < 1 or not recipes:
+        raise ValueError("need repeats >= 1 and at least one recipe")
+    distinct = [
+        i
+        for i, (_, recipe) in enumerate(recipes)
+        if i == 0 or recipe.as_run_on(device) != recipes[i - 1][1].as_run_on(device)
+    ]
+    runs: dict[int, list[LoopRun]] = {i: [] for i in distinct}
+    for _ in range(repeats):
+        for i in distinct:
+            runs[i].append(run_loop(recipes[i][1].loop, data, device, **options))
+    rows: list[RecipeRow] = []
+    measured = distinct[0]
+    for i, (name, _) in enumerate(recipes):
+        if i not in runs:
+            rows.append(RecipeRow(name + " (same work here)", rows[-1].run, 1.0, 0.0, True))
+            continue
+        rate = _end_to_end if i == 1 else _steps  # row 1 changes the set-up
+        best = max(runs[i], key=rate)
+        if i == 0:  # the baseline: compared with nothing
+            rows.append(RecipeRow(name, best, 1.0, 0.0))
+        else:
+            before = max(runs[measured], key=rate)
+            noise = max(
+                _spread([rate(r) for r in runs[i]]), _spread([rate(r) for r in runs[measured]])
+            )
+            rows.append(RecipeRow(name, best, rate(best) / rate(before), noise))
+        measured = i
+    return rows

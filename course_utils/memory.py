@@ -307,13 +307,39 @@ def fragment(device: torch.device | str, *, blocks: int = 30, block_mib: int = 6
     return summary
 
 
-def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict[str, Any]:
-    """:func:`fragment` in two fresh processes (the allocator reads its setting when CUDA
-    starts): ``{"default": Fragmentation, "expandable_segments": Fragmentation}``."""
+def regrow(
+    device: torch.device | str, *, tensors: int = 8, tensor_mib: int = 48, growth: float = 1.05
+) -> float:
+    """What expandable segments are for: a batch that grows a little. Allocate ``tensors``
+    tensors of ``tensor_mib`` MiB, free them (their blocks stay cached), allocate as many
+    ``growth`` times larger, and return the MiB reserved then. The default allocator cannot
+    fit a larger tensor in a freed block of its own segment, so it reserves a new set
+    (about ``1 + growth`` times one set); with expandable segments the freed blocks are one
+    range of one segment, which the larger tensors reuse (about ``growth`` times a set)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("segment reuse is a property of the CUDA caching allocator")
+    torch.cuda.empty_cache()
+    numel = tensor_mib * MIB // 4
+    first = [torch.empty(numel, device=device) for _ in range(tensors)]
+    del first  # cached, not returned
+    grown = [torch.empty(int(numel * growth), device=device) for _ in range(tensors)]
+    torch.cuda.synchronize(device)
+    reserved = torch.cuda.memory_reserved(device) / MIB
+    del grown
+    torch.cuda.empty_cache()
+    return reserved
+
+
+def _in_both_allocators(call: str) -> dict[str, Any]:
+    """``call`` (an expression of ``course_utils.memory`` names, JSON-able) evaluated in
+    two fresh processes, without and with expandable segments (the allocator reads its
+    setting when CUDA starts): ``{"default": ..., "expandable_segments": ...}``."""
     code = (
-        "import json, dataclasses; from course_utils.memory import fragment; "
-        f"print(json.dumps(dataclasses.asdict(fragment('cuda', blocks={blocks}, "
-        f"block_mib={block_mib}))))"
+        "import json, dataclasses; from course_utils.memory import *; "
+        f"value = {call}; "
+        "print(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) "
+        "else value))"
     )
     package_root = str(Path(__file__).resolve().parent.parent)  # so the child finds us
     results: dict[str, Any] = {}
@@ -328,8 +354,25 @@ def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
             raise RuntimeError(f"{label}: {lines[-1]}")
-        results[label] = Fragmentation(**json.loads(done.stdout.strip().splitlines()[-1]))
+        results[label] = json.loads(done.stdout.strip().splitlines()[-1])
     return results
+
+
+def compare_expandable_segments(*, blocks: int = 30, block_mib: int = 6) -> dict[str, Any]:
+    """:func:`fragment` in two fresh processes (the allocator reads its setting when CUDA
+    starts): ``{"default": Fragmentation, "expandable_segments": Fragmentation}``."""
+    found = _in_both_allocators(f"fragment('cuda', blocks={blocks}, block_mib={block_mib})")
+    return {label: Fragmentation(**fields) for label, fields in found.items()}
+
+
+def compare_regrowth(
+    *, tensors: int = 8, tensor_mib: int = 48, growth: float = 1.05
+) -> dict[str, float]:
+    """:func:`regrow` in two fresh processes: MiB reserved after the grown set,
+    ``{"default": ..., "expandable_segments": ...}``."""
+    return _in_both_allocators(
+        f"regrow('cuda', tensors={tensors}, tensor_mib={tensor_mib}, growth={growth})"
+    )
 
 
 # --------- a real memory cap on a GPU (the simulated one for a CPU is oom.MemoryBudget)

@@ -108,7 +108,7 @@ def test_bottleneck_check_names_the_mistake(nb08_imports, profile, bottleneck, m
 def nb08():
     patch = pytest.MonkeyPatch()
     try:
-        namespace = _namespace(["nb08-03", "nb08-04", "nb08-05a", "nb08-06"], patch)
+        namespace = _namespace(["nb08-03", "nb08-04m", "nb08-04", "nb08-05a", "nb08-06"], patch)
     finally:
         patch.undo()
     return namespace

@@ -303,3 +303,11 @@ def test_expandable_segments_do_not_leave_more_stuck_cache():
     default, expandable = results["default"], results["expandable_segments"]
     assert default.stuck_mib > 0, "two of three freed 6 MiB blocks should pin 20 MiB segments"
     assert expandable.stuck_mib <= default.stuck_mib
+
+
+@pytest.mark.gpu
+def test_expandable_segments_reuse_the_freed_range_when_a_batch_grows():
+    # 07-M1: 8 x 48 MiB freed, then 8 x 50.4 MiB: ~800 MiB by default, ~420 expandable
+    reserved = memory.compare_regrowth(tensors=8, tensor_mib=48, growth=1.05)
+    assert reserved["default"] >= 8 * (48 + 50)
+    assert reserved["expandable_segments"] / reserved["default"] <= 0.8
