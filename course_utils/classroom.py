@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import statistics
 import time
 import timeit
 import warnings
@@ -681,15 +682,124 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def matching_mistake(
+    got: Sequence[Any],
+    mistakes: Mapping[str, Sequence[Any]],
+    right: Sequence[Any],
+    same: Callable[[Any, Any], bool],
+) -> str | None:
+    """The one usual mistake whose results match the learner's ``got`` on every case, or
+    ``None`` when none does or several do (then the feedback describes what it saw instead
+    of guessing a cause). ``mistakes`` maps each mistake's name to what it returns on each
+    case; a mistake that is right on every case is never named.
+
+    >>> same = lambda a, b: a == b
+    >>> matching_mistake([2, 4], {"doubled": [2, 4], "squared": [1, 4]}, [1, 2], same)
+    'doubled'
+    >>> matching_mistake([2, 5], {"doubled": [2, 4], "squared": [1, 4]}, [1, 2], same) is None
+    True
+    """
+
+    def matches(values: Sequence[Any]) -> bool:
+        return all(same(a, b) for a, b in zip(got, values, strict=True))
+
+    found = [name for name, values in mistakes.items() if matches(values) and not matches(right)]
+    return found[0] if len(found) == 1 else None
+
+
+#: Notebook 01's check messages, by a stable name: one sentence each, ``{placeholders}``
+#: for the figures of the case the learner's answer failed.
+MESSAGES_01 = {
+    "time_it raised": "{error} (on repeats that took {shown})",
+    "time_it calls": "call fn warmup + repeats = {warmup} + {repeats} times; it ran {calls} times",
+    "time_it no clock": "your time_it never read a clock: read time.perf_counter() before and "
+    "after each timed fn() call",
+    "time_it not a number": "return the median in seconds, as a float; got {kind}",
+    "time_it mean": "repeats that took {shown} gave {got}, the mean of the repeats; return "
+    "their median (one slow repeat, a page fault or another process, does not move it)",
+    "time_it fastest": "repeats that took {shown} gave {got}, the fastest repeat; return the "
+    "median of the repeats",
+    "time_it slowest": "repeats that took {shown} gave {got}, the slowest repeat; return the "
+    "median of the repeats",
+    "time_it total": "repeats that took {shown} gave {got}, their total; return the median "
+    "of the repeats",
+    "time_it warm-up timed": "repeats that took {shown} gave {got}: the slow warm-up calls "
+    "were timed too; run the warm-up calls first, untimed, then time the repeats",
+    "time_it mean of all": "repeats that took {shown} gave {got}, the mean of all calls, the "
+    "slow warm-up calls timed too: run the warm-up calls untimed, then return the median "
+    "of the repeats",
+    "time_it milliseconds": "repeats that took {shown} gave {got}, the median in "
+    "milliseconds: return seconds",
+    "time_it upper middle": "repeats that took {shown} gave {got}, the upper of the two "
+    "middle values: with an even number of repeats the median is the mean of the two "
+    "middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+    "time_it lower middle": "repeats that took {shown} gave {got}, the lower of the two "
+    "middle values (what torch.median returns): with an even number of repeats the median "
+    "is the mean of the two middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+    "time_it unsorted middle": "repeats that took {shown} gave {got}, the repeat in the middle "
+    "of the list as it was timed: sort the times first, or use statistics.median",
+    "time_it duplicates dropped": "repeats that took {shown} gave {got}, the median of the "
+    "distinct times: equal times each count (the median of 1, 1, 1, 5 and 9 ms is 1 ms)",
+    "time_it not the median": "repeats that took {shown} gave {got}, which is not their "
+    "median: time each fn() call alone and return statistics.median of the repeats (3 ms "
+    "for 1, 2, 4 and 9 ms)",
+    "time_it synced a CPU device": "timing a CPU device while CUDA was available, your "
+    "time_it called torch.cuda.synchronize(): synchronize only when the device being timed "
+    "is a GPU, device.type == 'cuda'",
+    "time_it synced because CUDA exists": "timing a CPU device, your time_it synchronized "
+    "CUDA because torch.cuda.is_available() was True: decide by the device being timed, "
+    "device.type == 'cuda', not by whether a GPU exists",
+    "time_it synced another GPU": "timing cuda:1, your time_it synchronized {synced}: "
+    "synchronize the device being timed, torch.cuda.synchronize(device)",
+    "time_it no sync on GPU": "timing cuda:1, your time_it never called "
+    "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
+    "after fn(), torch.cuda.synchronize(device)",
+}
+
+
+def _time_it_mistakes(warm: list[float], timed: list[float]) -> dict[str, float]:
+    """What each usual mistake of exercise 01 (c) returns for these call durations."""
+    ordered, everything = sorted(timed), sorted(warm + timed)
+    middle = len(timed) // 2
+    return {
+        "time_it mean": sum(timed) / len(timed),
+        "time_it fastest": min(timed),
+        "time_it slowest": max(timed),
+        "time_it total": sum(timed),
+        "time_it warm-up timed": statistics.median(everything),
+        "time_it mean of all": sum(everything) / len(everything),
+        "time_it milliseconds": statistics.median(timed) * 1e3,
+        "time_it upper middle": ordered[middle],
+        "time_it lower middle": ordered[(len(timed) - 1) // 2],
+        "time_it unsorted middle": timed[middle],
+        "time_it duplicates dropped": statistics.median(set(timed)),
+    }
+
+
+#: Exercise 01 (c)'s fake call durations (warm-up calls, timed repeats), in seconds: odd
+#: and even counts, a tie, a single repeat, slow warm-up calls and one slow repeat, so that
+#: each usual mistake returns something other than the median on at least one case.
+TIME_IT_CASES = [
+    ([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]),
+    ([0.4], [0.003, 0.001, 0.007]),
+    ([0.5], [0.012, 0.018, 0.300, 0.030, 0.010, 0.020]),
+    ([0.2], [0.002, 0.009, 0.002, 0.005, 0.002]),
+    ([0.3], [0.005]),
+]
+
+
 def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
     """Exercise 01 (c) on a fake clock: each ``fn()`` call advances it by a known duration
-    (slow warm-up calls, one slow timed repeat), so that only a timer that reads a clock
-    around each timed call and returns the median of the repeats gets the answer. The
-    course's own timers (``benchmark``) are refused inside the learner's call."""
-    cases = [([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]), ([0.4], [0.003, 0.001, 0.007])]
-    for warm, timed in cases:
+    (:data:`TIME_IT_CASES`), so that only a timer that reads a clock around each timed call
+    and returns the median of the repeats gets the answer. A wrong answer is told the usual
+    mistake its results match on every case, or else what it returned on the first case it
+    got wrong (never that case's median). The course's own timers (``benchmark``) are
+    refused inside the learner's call."""
+    answers: list[float] = []
+    for warm, timed in TIME_IT_CASES:
         clock, durations = FakeClock(), iter(warm + timed)
         calls: list[int] = []
+        shown = ", ".join(_ms(s) for s in timed)
 
         def fn(
             clock: FakeClock = clock,
@@ -699,49 +809,91 @@ def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any])
             calls.append(1)
             clock.advance(next(durations, 0.0))
 
-        with clock.installed(), course_helpers_refused(namespace, "benchmark"):
+        with (
+            clock.installed(),
+            course_helpers_refused(namespace, "benchmark"),
+            mock.patch.object(torch.cuda, "synchronize", lambda *args, **kwargs: None),
+        ):  # a CPU device: check_time_it_device judges the synchronize calls
             took = answer_or_error(time_it, fn, torch.device("cpu"), len(warm), len(timed))
-        check(not isinstance(took, str), f"{took}")
+        check(
+            not isinstance(took, str), MESSAGES_01["time_it raised"].format(shown=shown, error=took)
+        )
         check(
             len(calls) == len(warm) + len(timed),
-            f"call fn warmup + repeats = {len(warm)} + {len(timed)} times; it ran {len(calls)} "
-            "times",
+            MESSAGES_01["time_it calls"].format(
+                warmup=len(warm), repeats=len(timed), calls=len(calls)
+            ),
         )
-        check(
-            clock.reads > 0,
-            "your time_it never read a clock: read time.perf_counter() before and after each "
-            "timed fn() call",
-        )
+        check(clock.reads > 0, MESSAGES_01["time_it no clock"])
         check(
             isinstance(took, int | float) and not isinstance(took, bool),
-            f"return the median in seconds, as a float; got {_kind(took)}",
+            MESSAGES_01["time_it not a number"].format(kind=_kind(took)),
         )
-        want = sorted(timed)[len(timed) // 2]
-        if math.isclose(took, want, rel_tol=1e-6):
-            continue
-        shown = ", ".join(_ms(s) for s in timed)
-        everything = sorted(warm + timed)
-        mistakes = {
-            sum(timed) / len(timed): "the mean of the repeats; return their median",
-            min(timed): "the fastest repeat; return the median of the repeats",
-            max(timed): "the slowest repeat; return the median of the repeats",
-            sum(timed): "their total; return the median of the repeats",
-            everything[len(everything) // 2]: "the slow warm-up calls were timed too: run "
-            "the warm-up calls first, untimed, then time the repeats",
-            sum(everything) / len(everything): "the mean of all calls, the slow warm-up calls "
-            "timed too: run the warm-up calls untimed, then return the median of the repeats",
-            want * 1e3: "the median in milliseconds: return seconds",
-        }
-        for value, mistake in mistakes.items():
-            check(
-                not math.isclose(took, value, rel_tol=1e-6),
-                f"repeats that took {shown} gave {_ms(took)}, {mistake} ({_ms(want)}: one "
-                "slow repeat, a page fault or another process, does not move the median)",
+        answers.append(float(took))
+    right = [statistics.median(timed) for _, timed in TIME_IT_CASES]
+
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-6)
+
+    if all(map(same, answers, right)):
+        return
+    each = [_time_it_mistakes(warm, timed) for warm, timed in TIME_IT_CASES]
+    values = {name: [case[name] for case in each] for name in each[0]}
+    wrong = next(i for i, (a, b) in enumerate(zip(answers, right, strict=True)) if not same(a, b))
+    shown = ", ".join(_ms(s) for s in TIME_IT_CASES[wrong][1])
+    name = matching_mistake(answers, values, right, same) or "time_it not the median"
+    raise CheckFailed(MESSAGES_01[name].format(shown=shown, got=_ms(answers[wrong])))
+
+
+def _names_cuda_1(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | None:
+    """Whether a ``torch.cuda.synchronize`` call's device is cuda:1 (``None``: it names
+    none, or names ``"cuda"``: the current device, which the course sets to the one used)."""
+    device = args[0] if args else kwargs.get("device")
+    if device is None or str(device) == "cuda":
+        return None
+    try:
+        named = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return named == torch.device("cuda", 1)
+
+
+def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
+    """Exercise 01 (c)'s synchronize, on a CPU grader: CUDA is made to look available and
+    ``torch.cuda.synchronize`` is a spy that records which device each call names. Timing
+    the CPU device must not synchronize (a timer that asks ``torch.cuda.is_available()``
+    instead of the device being timed does); timing ``cuda:1`` must synchronize it, or the
+    current device (no argument), never another GPU. The course's ``benchmark`` is refused."""
+    synced: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    asked: list[int] = []
+
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        synced.append((args, kwargs))
+
+    def is_available() -> bool:
+        asked.append(1)
+        return True
+
+    with (
+        mock.patch.object(torch.cuda, "synchronize", synchronize),
+        mock.patch.object(torch.cuda, "is_available", is_available),
+        course_helpers_refused(namespace, "benchmark"),
+    ):
+        took = answer_or_error(time_it, lambda: None, torch.device("cpu"), 1, 3)
+        check(not isinstance(took, str), f"{took}")
+        if synced:
+            reason = (
+                "time_it synced because CUDA exists" if asked else "time_it synced a CPU device"
             )
-        raise CheckFailed(
-            f"repeats that took {shown} gave {_ms(took)}; their median is {_ms(want)}: read "
-            "the clock just before and just after each timed fn() call"
-        )
+            raise CheckFailed(MESSAGES_01[reason])
+        took = answer_or_error(time_it, lambda: None, torch.device("cuda", 1), 1, 3)
+        check(not isinstance(took, str), f"{took}")
+    check(bool(synced), MESSAGES_01["time_it no sync on GPU"])
+    others = [call for call in synced if _names_cuda_1(*call) is False]
+    if others:
+        args, kwargs = others[0]
+        device = args[0] if args else kwargs.get("device")
+        raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=repr(device)))
 
 
 class LooksLikeCuda(torch.Tensor):
