@@ -896,6 +896,131 @@ def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any])
         raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=repr(device)))
 
 
+#: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_08 = {
+    "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
+    "read_profile not a pair": "return two things, the bottleneck and the speed-up: "
+    "return bottleneck, max_speedup (got {kind})",
+    "bottleneck not a phase": 'the bottleneck should be "data", "copy" or "compute", not '
+    "{bottleneck}",
+    "bottleneck constant": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+    "most of the step time: compute the answer from the profile argument, not from this run",
+    "bottleneck smallest": "read_profile gave {bottleneck!r}, the phase that took the least "
+    "time, for a profile where {phase} took the most: the bottleneck is the largest phase",
+    "bottleneck wrong": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+    "most of the step time (data {data:.0%}, copy {copy:.0%}, compute {compute:.0%})",
+    "speedup not a number": "the speed-up should be a number, got {kind}",
+    "speedup constant": "read_profile gave the same speed-up, {got:.2f}, for profiles whose "
+    "bottleneck took different shares of the step: compute it from the profile argument",
+    "speedup share": "the speed-up {got:.2f} is the bottleneck's share of the step time; "
+    "removing the phase leaves the rest of the step: total / (total - phase), above 1",
+    "speedup rest share": "the speed-up {got:.2f} is the share of the step left without the "
+    "phase; a speed-up is the old time over the new one: total / (total - phase)",
+    "speedup total over phase": "the speed-up {got:.2f} is the step time over the phase; "
+    "removing the phase leaves the rest of the step: total / (total - phase)",
+    "speedup minus one": "the speed-up {got:.2f} is the time saved over the time left, one "
+    "less than the speed-up: total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+    "speedup of the data phase": "the speed-up {got:.2f} is what removing the data phase "
+    "gains, for a profile where {phase} took most of the step time: use the bottleneck's time",
+    "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
+    "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
+    "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+}
+
+
+def _profiles_for_read_profile(own: Any) -> list[Any]:
+    """This run's profile and three made up, one per bottleneck, whose phases add up to
+    the step time, so that each usual mistake of 08 (a) differs from the right answer."""
+    from course_utils.profiling import LoopProfile  # lazy: profiling imports the package
+
+    made_up = [(0.7, 0.01, 0.29), (0.15, 0.05, 0.8), (0.2, 0.55, 0.25)]
+    shares = [LoopProfile(10, 80, d, c, m, wall_s=1.0) for d, c, m in made_up]
+    return [own, *shares]
+
+
+def _phases(profile: Any) -> dict[str, float]:
+    return {"data": profile.data_s, "copy": profile.copy_s, "compute": profile.compute_s}
+
+
+def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
+    """Exercise 08 (a): ``read_profile(profile)`` gives ``(bottleneck, max_speedup)`` for
+    this run's profile ``own`` and for made-up profiles where each phase dominates in turn,
+    so that an answer written down from one run (a constant) fails. A wrong answer is told
+    the usual mistake its results match on every profile, else what it gave for one
+    profile and the property it breaks, never that profile's speed-up."""
+    profiles = _profiles_for_read_profile(own)
+    names, speedups = [], []
+    for profile in profiles:
+        phases = _phases(profile)
+        phase = max(phases, key=lambda name: phases[name])
+        try:
+            out = read_profile(profile)
+        except (NotImplementedError, CheckFailed):  # not answered; as answer_or_error
+            raise
+        except Exception as error:  # the learner's mistake, told in words
+            raised = f"your function raised {type(error).__name__}: {error}"
+            raise CheckFailed(
+                MESSAGES_08["read_profile raised"].format(error=raised, phase=phase)
+            ) from None
+        check(
+            isinstance(out, tuple | list) and len(out) == 2,
+            MESSAGES_08["read_profile not a pair"].format(kind=_kind(out)),
+        )
+        bottleneck, speedup = out
+        check(
+            bottleneck in ("data", "copy", "compute"),
+            MESSAGES_08["bottleneck not a phase"].format(bottleneck=repr(bottleneck)),
+        )
+        speedup = speedup.item() if isinstance(speedup, torch.Tensor) else speedup
+        check(
+            isinstance(speedup, int | float) and not isinstance(speedup, bool),
+            MESSAGES_08["speedup not a number"].format(kind=_kind(speedup)),
+        )
+        names.append(bottleneck)
+        speedups.append(float(speedup))
+    largest = [max(_phases(p), key=lambda n, p=p: _phases(p)[n]) for p in profiles]
+    smallest = [min(_phases(p), key=lambda n, p=p: _phases(p)[n]) for p in profiles]
+    wrong = next((i for i, (a, b) in enumerate(zip(names, largest, strict=True)) if a != b), None)
+    if wrong is not None:
+        p, phase = profiles[wrong], largest[wrong]
+        name = matching_mistake(
+            names,
+            {"bottleneck constant": [names[0]] * len(names), "bottleneck smallest": smallest},
+            largest,
+            lambda a, b: a == b,
+        )
+        shares = {k: v / p.wall_s for k, v in _phases(p).items()}
+        raise CheckFailed(
+            MESSAGES_08[name or "bottleneck wrong"].format(
+                bottleneck=names[wrong], phase=phase, **shares
+            )
+        )
+    wall = [p.wall_s for p in profiles]
+    phase_s = [_phases(p)[n] for p, n in zip(profiles, largest, strict=True)]
+    right = [w / (w - s) for w, s in zip(wall, phase_s, strict=True)]
+
+    def same(a: float, b: float) -> bool:
+        return abs(a - b) < 0.05 * abs(b)
+
+    if all(map(same, speedups, right)):
+        return
+    mistakes = {
+        "speedup constant": [speedups[0]] * len(speedups),
+        "speedup share": [s / w for w, s in zip(wall, phase_s, strict=True)],
+        "speedup rest share": [(w - s) / w for w, s in zip(wall, phase_s, strict=True)],
+        "speedup total over phase": [w / s for w, s in zip(wall, phase_s, strict=True)],
+        "speedup minus one": [s / (w - s) for w, s in zip(wall, phase_s, strict=True)],
+        "speedup of the data phase": [p.wall_s / (p.wall_s - p.data_s) for p in profiles],
+    }
+    name = matching_mistake(speedups, mistakes, right, same) or "speedup wrong"
+    first = next(i for i, (a, b) in enumerate(zip(speedups, right, strict=True)) if not same(a, b))
+    raise CheckFailed(
+        MESSAGES_08[name].format(
+            got=speedups[first], phase=largest[first], share=phase_s[first] / wall[first]
+        )
+    )
+
+
 class LooksLikeCuda(torch.Tensor):
     """A CPU tensor whose ``.device`` says ``cuda:0`` (and ``is_cuda`` True): a CPU grader
     feeds it to code written for a GPU, to see whether the code follows its input's device.

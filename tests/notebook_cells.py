@@ -43,7 +43,7 @@ def messages_matching(text: str, messages: dict[str, str]) -> list[str]:
 
     found = []
     for name, template in messages.items():
-        parts = re.split(r"\{\w+\}", template)
+        parts = re.split(r"\{[^{}]*\}", template)
         if re.fullmatch(".+?".join(map(re.escape, parts)), text, flags=re.DOTALL):
             found.append(name)
     return found
