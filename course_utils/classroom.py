@@ -365,6 +365,21 @@ def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
         return f"your function raised {type(error).__name__}: {error}"
 
 
+def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
+    """``(function(*args), None)``, or ``(None, a sentence saying what it raised)``: as
+    :func:`answer_or_error`, for answers that may rightly or wrongly return text.
+
+    >>> answer_and_error(str, 7), answer_and_error(int, "seven")[1][:32]
+    (('7', None), 'your function raised ValueError:')
+    """
+    try:
+        return function(*args), None
+    except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
+        raise
+    except Exception as error:  # any mistake of the learner's: report it in words
+        return None, f"your function raised {type(error).__name__}: {error}"
+
+
 def _kind(value: Any) -> str:
     return type(value).__name__ if value is not None else "None"
 
@@ -896,6 +911,80 @@ def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any])
         raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=repr(device)))
 
 
+#: Notebook 02's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_02 = {
+    "run_mfu raised": "{error} (on run_mfu({case}))",
+    "run_mfu not a number": "run_mfu({case}) gave {kind}: return MFU as a number, a fraction "
+    "such as 0.25",
+    "run_mfu tera": "run_mfu({case}) gave {got:.3g}, as if the peak were in FLOP/s: "
+    "peak_tflops is in TFLOP/s, so multiply it by 1e12 before dividing",
+    "run_mfu giga": "run_mfu({case}) gave {got:.3g}, as if a TFLOP were 1e9 FLOPs: "
+    "one TFLOP/s is 1e12 FLOP/s",
+    "run_mfu percentage": "run_mfu({case}) gave {got:.3g}, a percentage: return the "
+    "fraction (0.25 for 25%)",
+    "run_mfu inverted": "run_mfu({case}) gave {got:.3g}, the peak over the achieved rate: "
+    "MFU is the achieved FLOP/s over the peak, a fraction below 1",
+    "run_mfu gpus cancel": "run_mfu({case}) gave {got:.3g}, the same as on one GPU: "
+    "flops_per_step already counts the work of all the GPUs, so divide it by their "
+    "combined peak, gpus × peak, without multiplying the FLOPs by gpus",
+    "run_mfu flops times gpus": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+    "multiplied by gpus: flops_per_step already counts the work of all the GPUs; divide it "
+    "by their combined peak, gpus × peak",
+    "run_mfu gpus twice": "run_mfu({case}) gave {got:.3g}, as if divided by gpus twice: "
+    "divide the achieved FLOP/s once by the combined peak, gpus × peak",
+    "run_mfu step multiplied": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+    "multiplied by the step time: the achieved rate is flops_per_step / step_s",
+    "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
+    "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
+    "2 TFLOP per 1 s step on one 8 TFLOP/s GPU is 0.25",
+}
+
+#: Exercise 02 (b)'s cases (flops_per_step, step_s, peak_tflops, gpus), not the check
+#: cell's: one GPU and several, so that each usual mistake differs from MFU somewhere.
+RUN_MFU_CASES = [(2e12, 0.5, 16.0, 1), (4.8e13, 1.5, 20.0, 4), (9e12, 0.25, 120.0, 3)]
+
+
+def check_run_mfu(run_mfu: Callable[..., Any]) -> None:
+    """Exercise 02 (b): ``run_mfu(flops_per_step, step_s, peak_tflops, gpus)`` on
+    :data:`RUN_MFU_CASES`; a wrong answer is told the usual mistake its results match on
+    every case (TFLOP/s taken for FLOP/s, a percentage, the ratio inverted, the GPU count
+    cancelled, doubled or squared...), else what it gave for one case."""
+    got: list[float] = []
+    for flops, step_s, peak, gpus in RUN_MFU_CASES:
+        case = f"{flops:g}, {step_s:g}, {peak:g}, gpus={gpus}"
+        out, error = answer_and_error(run_mfu, flops, step_s, peak, gpus)
+        check(error is None, MESSAGES_02["run_mfu raised"].format(case=case, error=error))
+        out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
+        check(
+            isinstance(out, int | float) and not isinstance(out, bool),
+            MESSAGES_02["run_mfu not a number"].format(case=case, kind=_kind(out)),
+        )
+        got.append(float(out))
+    right = [f / s / (g * p * 1e12) for f, s, p, g in RUN_MFU_CASES]
+
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-6)
+
+    if all(map(same, got, right)):
+        return
+    cases = list(zip(RUN_MFU_CASES, right, strict=True))
+    mistakes = {
+        "run_mfu tera": [r * 1e12 for _, r in cases],
+        "run_mfu giga": [r * 1e3 for _, r in cases],
+        "run_mfu percentage": [r * 100 for _, r in cases],
+        "run_mfu inverted": [1 / r for _, r in cases],
+        "run_mfu gpus cancel": [r * c[3] for c, r in cases],
+        "run_mfu flops times gpus": [r * c[3] ** 2 for c, r in cases],
+        "run_mfu gpus twice": [r / c[3] for c, r in cases],
+        "run_mfu step multiplied": [r * c[1] ** 2 for c, r in cases],
+    }
+    name = matching_mistake(got, mistakes, right, same) or "run_mfu wrong"
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if not same(a, b))
+    flops, step_s, peak, gpus = RUN_MFU_CASES[first]
+    case = f"{flops:g}, {step_s:g}, {peak:g}, gpus={gpus}"
+    raise CheckFailed(MESSAGES_02[name].format(case=case, got=got[first]))
+
+
 #: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_08 = {
     "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
@@ -953,15 +1042,8 @@ def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
     for profile in profiles:
         phases = _phases(profile)
         phase = max(phases, key=lambda name: phases[name])
-        try:
-            out = read_profile(profile)
-        except (NotImplementedError, CheckFailed):  # not answered; as answer_or_error
-            raise
-        except Exception as error:  # the learner's mistake, told in words
-            raised = f"your function raised {type(error).__name__}: {error}"
-            raise CheckFailed(
-                MESSAGES_08["read_profile raised"].format(error=raised, phase=phase)
-            ) from None
+        out, error = answer_and_error(read_profile, profile)
+        check(error is None, MESSAGES_08["read_profile raised"].format(error=error, phase=phase))
         check(
             isinstance(out, tuple | list) and len(out) == 2,
             MESSAGES_08["read_profile not a pair"].format(kind=_kind(out)),
