@@ -985,6 +985,100 @@ def check_run_mfu(run_mfu: Callable[..., Any]) -> None:
     raise CheckFailed(MESSAGES_02[name].format(case=case, got=got[first]))
 
 
+#: Notebook 04's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04 = {
+    "largest_batch raised": "{error} (with {case})",
+    "largest_batch not a whole number": "with {case}, largest_batch gave {got!r}, a "
+    "{kind}: return a whole number of samples, an int",
+    "largest_batch strict": "with {case}, largest_batch gave {got}, one fewer than fit "
+    "exactly: a batch that fills the budget to the byte fits, static + n × per_sample <= "
+    "budget",
+    "largest_batch one too many": "with {case}, largest_batch gave {got}, one more than "
+    "fits: count only batches with static + n × per_sample <= budget",
+    "largest_batch precedence": "with {case}, largest_batch gave {got}, which is budget - "
+    "static // per_sample: // binds tighter than -, so write (budget - static) // per_sample",
+    "largest_batch no static": "with {case}, largest_batch gave {got}, as if there were no "
+    "static part: take static from the budget first, (budget - static) // per_sample",
+    "largest_batch static per sample": "with {case}, largest_batch gave {got}, as if each "
+    "sample needed the static part again: the static bytes are paid once per step",
+    "largest_batch rounded": "with {case}, largest_batch gave {got}, the division rounded to "
+    "the nearest: half a sample does not fit, so floor it, (budget - static) // per_sample",
+    "largest_batch ceiling": "with {case}, largest_batch gave {got}, the division rounded "
+    "up: a part of a sample does not fit, so floor it, (budget - static) // per_sample",
+    "largest_batch floored each": "with {case}, largest_batch gave {got}, budget and static "
+    "each divided by per_sample first: floor (budget - static) / per_sample in one division",
+    "largest_batch negative": "with {case}, largest_batch gave {got}: when the static part "
+    "alone exceeds the budget no batch fits, so return 0, not a negative number",
+    "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
+    "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
+    "none fits: 0)",
+}
+
+#: Exercise 04 (b)'s cases (budget, static, per_sample): exact fits, a static part above
+#: the budget, remainders below and above half a sample, room for none and for exactly one.
+LARGEST_BATCH_CASES = [
+    (1000, 200, 100),
+    (150, 200, 10),
+    (1000, 250, 100),
+    (1000, 260, 100),
+    (950, 240, 100),
+    (300, 200, 100),
+    (250, 200, 100),
+    (5_000_000, 1_234_567, 45_678),
+]
+
+
+def _largest_batch_mistakes(budget: int, static: int, per_sample: int) -> dict[str, float]:
+    """What each usual mistake of exercise 04 (b) returns for this case."""
+    left = budget - static
+    return {
+        "largest_batch strict": max(0, math.ceil(left / per_sample) - 1),
+        "largest_batch one too many": max(0, left // per_sample + 1),
+        "largest_batch precedence": budget - static // per_sample,
+        "largest_batch no static": budget // per_sample,
+        "largest_batch static per sample": budget // (static + per_sample),
+        "largest_batch rounded": max(0, round(left / per_sample)),
+        "largest_batch ceiling": max(0, math.ceil(left / per_sample)),
+        "largest_batch floored each": max(0, budget // per_sample - static // per_sample),
+        "largest_batch negative": left // per_sample,
+    }
+
+
+def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
+    """Exercise 04 (b): ``largest_batch(budget, static, per_sample)`` on
+    :data:`LARGEST_BATCH_CASES`; a wrong answer is told the usual mistake its results match
+    on every case (a strict comparison, operator precedence, the static part forgotten,
+    rounding, ...), else what it gave for one case, never that case's answer."""
+    got: list[Any] = []
+    for budget, static, per_sample in LARGEST_BATCH_CASES:
+        case = f"{budget} bytes, {static} static and {per_sample} per sample"
+        out, error = answer_and_error(largest_batch, budget, static, per_sample)
+        check(error is None, MESSAGES_04["largest_batch raised"].format(case=case, error=error))
+        got.append(out)
+    right = [max(0, (b - s) // p) for b, s, p in LARGEST_BATCH_CASES]
+
+    def same(a: Any, b: Any) -> bool:
+        return isinstance(a, int | float) and not isinstance(a, bool) and a == b
+
+    if all(map(same, got, right)):
+        for (budget, static, per_sample), out in zip(LARGEST_BATCH_CASES, got, strict=True):
+            case = f"{budget} bytes, {static} static and {per_sample} per sample"
+            check(
+                isinstance(out, int),
+                MESSAGES_04["largest_batch not a whole number"].format(
+                    case=case, got=out, kind=_kind(out)
+                ),
+            )
+        return
+    each = [_largest_batch_mistakes(*case) for case in LARGEST_BATCH_CASES]
+    values = {name: [case[name] for case in each] for name in each[0]}
+    name = matching_mistake(got, values, right, same) or "largest_batch wrong"
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if not same(a, b))
+    budget, static, per_sample = LARGEST_BATCH_CASES[first]
+    case = f"{budget} bytes, {static} static and {per_sample} per sample"
+    raise CheckFailed(MESSAGES_04[name].format(case=case, got=got[first]))
+
+
 #: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_08 = {
     "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
