@@ -163,29 +163,40 @@ def nb08():
 
 
 def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
-               move_labels=True, move_inputs=True, move_together=False):
-    """A fixed loop with one habit put back (or none): how learners write it."""
+               move_labels=True, move_inputs=True, move_together=False, pin="device",
+               non_blocking=True, autocast="device", scaler=True):
+    """A fixed loop with one habit put back (or none): how learners write it. ``pin``:
+    pin_memory decided by "device" (right), "available" (torch.cuda.is_available()) or
+    None (never); ``autocast``: for "device" (right), another device type, or None."""
     PreDecodedImages, DataLoader = nb["PreDecodedImages"], nb["DataLoader"]
     augment, batch = nb["augment_on_device"], nb["BIG_BATCH"]
 
     def fast_loop(data, model, device, timed):
+        on_gpu = device.type == "cuda"
+        pinned = on_gpu if pin == "device" else pin == "available" and torch.cuda.is_available()
         dataset = PreDecodedImages.from_encoded(data) if decode_once else data
-        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True,
+                            pin_memory=pinned)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        grad_scaler = torch.amp.GradScaler(enabled=on_gpu and scaler)
+        where = device.type if autocast == "device" else (autocast or device.type)
         losses = []
         for step, pair in enumerate(timed(loader)):
             if move_together:  # right: one comprehension moves both
-                inputs, targets = (t.to(device, non_blocking=True) for t in pair)
+                inputs, targets = (t.to(device, non_blocking=non_blocking) for t in pair)
             else:
                 inputs, targets = pair
-                inputs = inputs.to(device, non_blocking=True) if move_inputs else inputs
-                targets = targets.to(device) if move_labels else targets
+                inputs = inputs.to(device, non_blocking=non_blocking) if move_inputs else inputs
+                targets = targets.to(device) if move_labels and not non_blocking else (
+                    targets.to(device, non_blocking=True) if move_labels else targets)
             if decode_once:
                 inputs = augment(inputs, data.image_size)
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            with torch.autocast(where, dtype=torch.float16, enabled=on_gpu and bool(autocast)):
+                loss = torch.nn.functional.cross_entropy(model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            grad_scaler.scale(loss).backward()
+            grad_scaler.step(optimizer)
+            grad_scaler.update()
             losses.append(read(step, loss) if read else loss.detach())
             if empty_cache:
                 torch.cuda.empty_cache()
@@ -246,3 +257,23 @@ def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
 def test_fast_loop_check_names_the_mistake(nb08, habits, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_b(nb08, _fast_loop(nb08, **habits))
+
+
+#: One fixed loop per GPU habit left out (08 (b), seen by spies on any grader), and the
+#: message that must name it.
+GPU_HABITS = {
+    "fast_loop not pinned": dict(pin=None),
+    "fast_loop pinned by CUDA": dict(pin="available"),
+    "fast_loop blocking copy": dict(non_blocking=False),
+    "fast_loop no autocast": dict(autocast=None),
+    "fast_loop autocast elsewhere": dict(autocast="cpu"),
+    "fast_loop no scaler": dict(scaler=False),
+}
+
+
+@pytest.mark.parametrize("name", list(GPU_HABITS))
+def test_fast_loop_feedback_names_each_gpu_habit_left_out_and_no_other(nb08, name):
+    """A CPU grader used to see none of these (they cost nothing on a CPU)."""
+    with pytest.raises(CheckFailed) as failed:
+        _check_b(nb08, _fast_loop(nb08, **GPU_HABITS[name]))
+    assert messages_matching(str(failed.value), MESSAGES_08) == [name], str(failed.value)
