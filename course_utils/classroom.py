@@ -913,6 +913,79 @@ def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any])
         raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=repr(device)))
 
 
+def _as_text_rule(capability: tuple[int, int]) -> str:
+    text = f"{capability[0]}.{capability[1]}"  # "10.0" < "8.0" as text
+    return "bf16" if text >= "8.0" else "fp16" if text >= "7.0" else "fp32"
+
+
+#: Each usual mistake of a precision rule (exercises 01 (b) and 05 (b)): the precision it
+#: picks for a compute capability, "fp32", "fp16" or "bf16".
+PRECISION_RULE_MISTAKES: dict[str, Callable[[tuple[int, int]], str]] = {
+    "precision as text": _as_text_rule,
+    "precision after 8.0": lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32",
+    "precision from 7.5": lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32",
+    "precision named GPUs only": lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(c, "fp32"),
+    "precision fp16 before Volta": lambda c: "bf16" if c >= (8, 0) else "fp16",
+    "precision Ampere only": lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32",
+}
+
+#: The compute capabilities, Kepler to Blackwell, a precision rule is diagnosed on.
+RULE_CAPABILITIES = [(3, 7), (6, 0), (6, 1), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 9)]
+RULE_CAPABILITIES += [(9, 0), (10, 0), (12, 0)]
+
+#: The precision-rule messages of exercises 01 (b) and 05 (b) (one rule, two notebooks).
+MESSAGES_PRECISION_RULE = {
+    "precision as text": "compute capability {capability} got {got}: the capabilities "
+    'were compared as text, where "10.0" < "8.0"; compare tuples of numbers, capability >= '
+    "(8, 0)",
+    "precision after 8.0": "compute capability {capability} got {got}: bf16 starts at 8.0 "
+    "itself (an A100), capability >= (8, 0), not >",
+    "precision from 7.5": "compute capability {capability} got {got}: fp16 tensor cores start "
+    "at 7.0 (Volta, a V100), not at 7.5",
+    "precision named GPUs only": "compute capability {capability} got {got}: the rule is "
+    "ranges of capabilities, not the GPUs named: bf16 from 8.0, fp16 from 7.0, float32 below",
+    "precision fp16 before Volta": "compute capability {capability} got {got}: GPUs below 7.0 "
+    "have no tensor cores, so they run in float32",
+    "precision Ampere only": "compute capability {capability} got {got}: GPUs newer than "
+    "Ampere (9.0 Hopper, 10.0 and 12.0 Blackwell) have bf16 too, capability >= (8, 0)",
+    "precision wrong": "compute capability {capability} got {got}, which breaks the rule: "
+    "bf16 from 8.0, fp16 from 7.0, float32 below",
+}
+
+
+def precision_rule_feedback(
+    picked: Mapping[tuple[int, int], str | None],
+    shown: Mapping[tuple[int, int], str],
+    *,
+    describe: bool = True,
+) -> str | None:
+    """Feedback for a precision rule that picked ``picked[capability]`` ("fp32", "fp16",
+    "bf16", or None: something else) on :data:`RULE_CAPABILITIES` (``None``: all right).
+    It names the usual mistake whose picks match on every capability, else describes the
+    first wrong one (``describe=False``: returns None then); ``shown`` says each pick as the
+    exercise writes it."""
+    right = {c: str(pick_precision("cuda", capability=c).name.value) for c in picked}
+    wrong = [c for c in picked if picked[c] != right[c]]
+    if not wrong:
+        return None
+    caps = list(picked)
+    name = matching_mistake(
+        [picked[c] for c in caps],
+        {n: [rule(c) for c in caps] for n, rule in PRECISION_RULE_MISTAKES.items()},
+        [right[c] for c in caps],
+        lambda a, b: a == b,
+    )
+    if name is None and not describe:
+        return None
+    capability = next(
+        (c for c in wrong if name and PRECISION_RULE_MISTAKES[name](c) != right[c]), wrong[0]
+    )
+    got = shown.get(capability, repr(picked[capability]))
+    return MESSAGES_PRECISION_RULE[name or "precision wrong"].format(
+        capability=f"{capability[0]}.{capability[1]}", got=got
+    )
+
+
 #: Notebook 02's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_02 = {
     "run_mfu raised": "{error} (on run_mfu({case}))",
@@ -1432,6 +1505,20 @@ on cpu; it should be on meta, given a nested batch
 GPU_NAMES = {(6, 0): "a P100 (6.0)", (7, 5): "a T4 (7.5)", (8, 0): "an A100 (8.0)"}
 
 
+def _picked_precision(
+    mixed_forward: Callable[..., Any], capability: tuple[int, int], namespace: dict[str, Any]
+) -> str | None:
+    """The precision a learner's ``mixed_forward`` ran the model in for a GPU of this
+    compute capability: "fp32" (no autocast), "fp16", "bf16", or None (it raised)."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
+    with autocast_cleared(), record_autocast(model) as seen, record_autocast_devices(), refused:
+        out = answer_or_error(mixed_forward, model, torch.randn(2, 4), capability)
+    if isinstance(out, str) or not seen:
+        return None
+    return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(seen[-1])
+
+
 def check_mixed_forward(
     mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
     capability: tuple[int, int],
@@ -1480,6 +1567,11 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         out.requires_grad,
         "a training step's forward pass must keep autograd on: no torch.no_grad() or .detach()",
     )
+    if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
+        picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
+        shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
+        rule = precision_rule_feedback(picks, shown, describe=False)
+        check(rule is None, str(rule))
     check(
         seen[-1:] == [want.dtype if want.autocast else None],
         f"for {gpu}, run model(x) under torch.autocast(x.device.type, dtype=torch.{name})"

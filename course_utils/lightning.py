@@ -34,7 +34,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
-from course_utils.classroom import CheckFailed, answer_or_error, course_helpers_refused
+from course_utils.classroom import (
+    RULE_CAPABILITIES,
+    CheckFailed,
+    answer_or_error,
+    course_helpers_refused,
+    precision_rule_feedback,
+)
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
@@ -707,28 +713,27 @@ def logged_loss_mistake(
 def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> None:
     """Exercise 05 (b): ``precision_flag(capability)`` against the course's rule
     (:func:`lightning_precision` of :func:`~course_utils.device.pick_precision`) on GPUs
-    from Pascal to Blackwell, with the course's precision helpers refused while the
-    learner's function runs (the exercise is to write the rule)."""
-    capabilities = [(7, 5), (8, 0), (6, 0), (7, 0), (8, 6), (9, 0), (10, 0), (3, 7), (12, 0)]
-    wants = {c: lightning_precision(pick_precision("cuda", capability=c)) for c in capabilities}
-    named = {"a T4 (7.5)": (7, 5), "an A100 (8.0)": (8, 0)}
-    why = {"16-mixed": "fp16 tensor cores and only emulated bf16", "bf16-mixed": "native bf16"}
+    from Kepler to Blackwell (:data:`~course_utils.classroom.RULE_CAPABILITIES`), with the
+    course's precision helpers refused while the learner's function runs (the exercise is
+    to write the rule); the feedback names the rule's usual mistake that the flags match
+    (:func:`~course_utils.classroom.precision_rule_feedback`)."""
     helpers = {
         "lightning_precision": lightning_precision,
         "pick_precision": pick_precision,
         "precision_support": precision_support,
     }
     with course_helpers_refused(helpers, *helpers):
-        got = {c: answer_or_error(precision_flag, c) for c in capabilities}
-    for gpu, capability in named.items():
-        want = wants[capability]
-        if got[capability] != want:
-            raise CheckFailed(f'{gpu} has {why[want]}: use "{want}", not {got[capability]!r}')
-    for capability, want in wants.items():
-        if got[capability] != want:
-            raise CheckFailed(
-                f"compute capability {capability}: expected {want!r}, got {got[capability]!r}"
-            )
+        got = {c: answer_or_error(precision_flag, c) for c in RULE_CAPABILITIES}
+    for capability, flag in got.items():
+        if isinstance(flag, str) and flag.startswith("your function raised"):
+            raise CheckFailed(f"compute capability {capability[0]}.{capability[1]}: {flag}")
+    names = {flag: name for name, flag in LIGHTNING_PRECISION.items()}
+    feedback = precision_rule_feedback(
+        {c: names.get(flag) if isinstance(flag, str) else None for c, flag in got.items()},
+        {c: repr(flag) for c, flag in got.items()},
+    )
+    if feedback:  # names the rule's mistake, never the flag of the capability it names
+        raise CheckFailed(feedback)
 
 
 def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
