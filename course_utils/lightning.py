@@ -639,6 +639,35 @@ _AUTOMATIC = (
 )
 
 
+#: Notebook 05's check messages for exercise (a), by a stable name (see
+#: ``course_utils.classroom.MESSAGES_01``); (b)'s are ``MESSAGES_PRECISION_RULE`` there.
+MESSAGES_05 = {
+    "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
+    "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
+    "targets)",
+}
+
+
+def _smoothing_used(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> float | None:
+    """The label smoothing (0.01 to 0.2) whose cross-entropy ``loss`` is on ``batch``, when
+    it is not the plain cross-entropy (``None``: plain, or none of those)."""
+    network = getattr(module, "model", module)
+    try:
+        with torch.no_grad():
+            logits, targets = network(batch[0]), batch[1]
+            value = float(loss.detach())
+
+            def close(smoothing: float) -> bool:
+                wanted = nn.functional.cross_entropy(logits, targets, label_smoothing=smoothing)
+                return math.isclose(value, float(wanted), rel_tol=1e-5)
+
+            if close(0.0):
+                return None
+            return next((s for s in (0.1, 0.05, 0.2, 0.15, 0.01) if close(s)), None)
+    except (RuntimeError, TypeError, ValueError, IndexError):  # not a classifier's batch
+        return None
+
+
 def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> str | None:
     """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
     (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``). A
@@ -676,6 +705,9 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
             f"training_step should return the loss tensor itself (one number that backward "
             f"can use); yours returned {kind} (loss.item() or .detach() cut it off from backward)"
         )
+    smoothing = _smoothing_used(module, batch, loss)
+    if smoothing is not None:  # else a later check says what the logged loss shows
+        return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
     return None
 
 

@@ -18,6 +18,7 @@ from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 
 from course_utils.classroom import MESSAGES_PRECISION_RULE, CheckFailed
+from course_utils.lightning import MESSAGES_05
 from course_utils.device import pick_precision
 from course_utils.lightning import lightning_precision
 
@@ -398,3 +399,18 @@ def test_precision_flag_feedback_names_each_mistake_and_no_other(nb05, name):
     assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
         failed.value)
     assert "bf16-mixed" not in str(failed.value).split("got")[1]  # never the expected flag
+
+
+class LabelSmoothing(Right):  # a habit from other courses: not the plain loop's loss
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(self.model(inputs), targets, label_smoothing=0.1)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_label_smoothing_is_named_not_told_as_a_logging_problem(nb05):
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb05, LabelSmoothing)
+    assert messages_matching(str(failure.value), MESSAGES_05) == ["label smoothing"]
+    assert "the logged" not in str(failure.value)
