@@ -910,7 +910,8 @@ def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any])
     if others:
         args, kwargs = others[0]
         device = args[0] if args else kwargs.get("device")
-        raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=repr(device)))
+        named = f"cuda:{device}" if isinstance(device, int) else str(device)
+        raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=named))
 
 
 def _as_text_rule(capability: tuple[int, int]) -> str:
@@ -990,13 +991,13 @@ def precision_rule_feedback(
 MESSAGES_02 = {
     "run_mfu raised": "{error} (on run_mfu({case}))",
     "run_mfu not a number": "run_mfu({case}) gave {kind}: return MFU as a number, a fraction "
-    "such as 0.25",
+    "such as 0.3",
     "run_mfu tera": "run_mfu({case}) gave {got:.3g}, as if the peak were in FLOP/s: "
     "peak_tflops is in TFLOP/s, so multiply it by 1e12 before dividing",
     "run_mfu giga": "run_mfu({case}) gave {got:.3g}, as if a TFLOP were 1e9 FLOPs: "
     "one TFLOP/s is 1e12 FLOP/s",
     "run_mfu percentage": "run_mfu({case}) gave {got:.3g}, a percentage: return the "
-    "fraction (0.25 for 25%)",
+    "fraction (0.3 for 30%)",
     "run_mfu inverted": "run_mfu({case}) gave {got:.3g}, the peak over the achieved rate: "
     "MFU is the achieved FLOP/s over the peak, a fraction below 1",
     "run_mfu gpus cancel": "run_mfu({case}) gave {got:.3g}, the same as on one GPU: "
@@ -1011,7 +1012,7 @@ MESSAGES_02 = {
     "multiplied by the step time: the achieved rate is flops_per_step / step_s",
     "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
     "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
-    "2 TFLOP per 1 s step on one 8 TFLOP/s GPU is 0.25",
+    "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
 }
 
 #: Exercise 02 (b)'s cases (flops_per_step, step_s, peak_tflops, gpus), not the check
