@@ -1339,8 +1339,8 @@ def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
         )
         names.append(bottleneck)
         speedups.append(float(speedup))
-    largest = [max(_phases(p), key=lambda n, p=p: _phases(p)[n]) for p in profiles]
-    smallest = [min(_phases(p), key=lambda n, p=p: _phases(p)[n]) for p in profiles]
+    largest = [max(phases, key=phases.__getitem__) for phases in map(_phases, profiles)]
+    smallest = [min(phases, key=phases.__getitem__) for phases in map(_phases, profiles)]
     wrong = next((i for i, (a, b) in enumerate(zip(names, largest, strict=True)) if a != b), None)
     if wrong is not None:
         p, phase = profiles[wrong], largest[wrong]
