@@ -1155,6 +1155,69 @@ def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
     raise CheckFailed(MESSAGES_04[name].format(case=case, got=got[first]))
 
 
+#: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_07 = {
+    "after_empty_cache raised": "{error} (on after_empty_cache({case}))",
+    "after_empty_cache not a pair": "after_empty_cache({case}) gave {got!r}: return a tuple "
+    "of two numbers, (reserved, smi)",
+    "after_empty_cache swapped": "after_empty_cache({case}) gave {got}, the two in the other "
+    "order: return (reserved, smi), reserved first",
+    "after_empty_cache nothing freed": "after_empty_cache({case}) gave {got}, as if "
+    "empty_cache() freed nothing: it gives the cached blocks (reserved but not allocated) "
+    "back to the driver",
+    "after_empty_cache live freed": "after_empty_cache({case}) gave {got}, as if the live "
+    "tensors were freed too: empty_cache() frees only cached blocks that no tensor uses",
+    "after_empty_cache no context": "after_empty_cache({case}) gave {got}, nvidia-smi "
+    "without the CUDA context: nvidia-smi shows what PyTorch reserved plus the context, "
+    "which is never freed",
+    "after_empty_cache old smi": "after_empty_cache({case}) gave {got}: nvidia-smi still "
+    "counts the reserved memory from before empty_cache(); it shows what is reserved after "
+    "it, plus the context",
+    "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
+    "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
+    "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+}
+
+#: Exercise 07 (a)'s cases (allocated, reserved, context) in MiB.
+AFTER_EMPTY_CACHE_CASES = [(512, 1536, 400), (0, 2048, 300), (700, 1000, 250), (96, 900, 500)]
+
+
+def check_after_empty_cache(after_empty_cache: Callable[[int, int, int], Any]) -> None:
+    """Exercise 07 (a): ``after_empty_cache(allocated, reserved, context)`` gives
+    ``(reserved, smi)`` after ``empty_cache()`` on :data:`AFTER_EMPTY_CACHE_CASES`; the
+    feedback names the usual mistake every result matches (the pair swapped, nothing or
+    everything freed, the context left out, nvidia-smi read before), else describes one."""
+    got: list[Any] = []
+    for case in AFTER_EMPTY_CACHE_CASES:
+        shown = ", ".join(map(str, case))
+        out, error = answer_and_error(after_empty_cache, *case)
+        check(
+            error is None, MESSAGES_07["after_empty_cache raised"].format(case=shown, error=error)
+        )
+        pair = isinstance(out, tuple | list) and len(out) == 2
+        check(
+            pair and all(isinstance(v, int | float) and not isinstance(v, bool) for v in out),
+            MESSAGES_07["after_empty_cache not a pair"].format(case=shown, got=out),
+        )
+        got.append(tuple(out))
+    right = [(a, a + c) for a, _, c in AFTER_EMPTY_CACHE_CASES]
+    if got == right:
+        return
+    mistakes = {
+        "after_empty_cache swapped": [(a + c, a) for a, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache nothing freed": [(r, r + c) for _, r, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache live freed": [(0, c) for _, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache no context": [(a, a) for a, _, _ in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache old smi": [(a, r + c) for a, r, c in AFTER_EMPTY_CACHE_CASES],
+    }
+    name = matching_mistake(got, mistakes, right, lambda x, y: x == y)
+    first = next(i for i, (x, y) in enumerate(zip(got, right, strict=True)) if x != y)
+    shown = ", ".join(map(str, AFTER_EMPTY_CACHE_CASES[first]))
+    raise CheckFailed(
+        MESSAGES_07[name or "after_empty_cache wrong"].format(case=shown, got=got[first])
+    )
+
+
 #: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_08 = {
     "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
