@@ -1155,6 +1155,88 @@ def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
     raise CheckFailed(MESSAGES_04[name].format(case=case, got=got[first]))
 
 
+#: Notebook 04's check messages for exercise (a), by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04A = {
+    "adam_state raised": "{error} (on {model})",
+    "adam_state not a number": "for {model} adam_state_bytes gave {got!r}: return a number "
+    "of bytes",
+    "adam_state no step": "for {model} adam_state_bytes gave {got}, without Adam's step "
+    "counter: add a 4-byte float32 scalar for each parameter tensor",
+    "adam_state one step": "for {model} adam_state_bytes gave {got}, with one step counter "
+    "for the model: Adam keeps one 4-byte step for each parameter tensor",
+    "adam_state four bytes": "for {model} adam_state_bytes gave {got}, as if every element "
+    "took 4 bytes: the averages take the parameter's dtype, p.element_size() bytes each",
+    "adam_state one average": "for {model} adam_state_bytes gave {got}, one average per "
+    "element: Adam keeps two, exp_avg and exp_avg_sq",
+    "adam_state frozen counted": "for {model} adam_state_bytes gave {got}, counting frozen "
+    "parameters: those with requires_grad=False get no Adam state",
+    "adam_state gradients counted": "for {model} adam_state_bytes gave {got}, with the "
+    "gradients counted too: they belong to the parameters, not to Adam's state",
+    "adam_state elements": "for {model} adam_state_bytes gave {got}, a count of numbers, not "
+    "bytes: multiply each by p.element_size()",
+    "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
+    "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
+    "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+}
+
+
+def _adam_models() -> dict[str, nn.Module]:
+    """Exercise 04 (a)'s models: float32, bfloat16, float64, and one half frozen."""
+    frozen = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    frozen[0].requires_grad_(False)
+    return {
+        "a float32 nn.Linear(10, 5)": nn.Linear(10, 5),
+        "a bfloat16 nn.Linear(10, 5)": nn.Linear(10, 5).to(torch.bfloat16),
+        "a float64 nn.Linear(6, 3)": nn.Linear(6, 3).to(torch.float64),
+        "two Linear layers, the first frozen": frozen,
+    }
+
+
+def _adam_mistakes(model: nn.Module) -> tuple[int, dict[str, int]]:
+    """The right Adam state of ``model`` and what each usual mistake counts."""
+    every = list(model.parameters())
+    trainable = [p for p in every if p.requires_grad]
+    size = sum(p.numel() * p.element_size() for p in trainable)
+    right = 2 * size + 4 * len(trainable)
+    return right, {
+        "adam_state no step": 2 * size,
+        "adam_state one step": 2 * size + 4,
+        "adam_state four bytes": 2 * 4 * sum(p.numel() for p in trainable) + 4 * len(trainable),
+        "adam_state one average": size + 4 * len(trainable),
+        "adam_state frozen counted": 2 * sum(p.numel() * p.element_size() for p in every)
+        + 4 * len(every),
+        "adam_state gradients counted": 3 * size + 4 * len(trainable),
+        "adam_state elements": 2 * sum(p.numel() for p in trainable) + len(trainable),
+    }
+
+
+def check_adam_state(adam_state_bytes: Callable[[nn.Module], Any]) -> None:
+    """Exercise 04 (a): ``adam_state_bytes(model)`` on :func:`_adam_models`; the feedback
+    names the usual mistake every result matches (no step counter or one per model, 4 bytes
+    per element, one average, frozen parameters or gradients counted, elements for bytes),
+    else describes one model's result, never the bytes that model needs."""
+    models = _adam_models()
+    got: list[Any] = []
+    for label, model in models.items():
+        out, error = answer_and_error(adam_state_bytes, model)
+        check(error is None, MESSAGES_04A["adam_state raised"].format(model=label, error=error))
+        out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
+        check(
+            isinstance(out, int | float) and not isinstance(out, bool),
+            MESSAGES_04A["adam_state not a number"].format(model=label, got=out),
+        )
+        got.append(out)
+    counted = [_adam_mistakes(model) for model in models.values()]
+    right = [want for want, _ in counted]
+    if got == right:
+        return
+    values = {name: [each[name] for _, each in counted] for name in counted[0][1]}
+    name = matching_mistake(got, values, right, lambda a, b: a == b)
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if a != b)
+    label = list(models)[first]
+    raise CheckFailed(MESSAGES_04A[name or "adam_state wrong"].format(model=label, got=got[first]))
+
+
 #: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_07 = {
     "after_empty_cache raised": "{error} (on after_empty_cache({case}))",

@@ -18,7 +18,7 @@ import torch
 from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.classroom import MESSAGES_04, CheckFailed, check, check_close, passed
+from course_utils.classroom import MESSAGES_04, MESSAGES_04A, CheckFailed, check, check_close, passed
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.techniques import run_amp_step_against_fp32
 
@@ -352,7 +352,7 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
     ("grade_id", "name", "answer", "feedback"),
     [
         ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
-         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .*element_size\(\) bytes .* not always 4"),
+         r"a bfloat16 nn.Linear\(10, 5\) .* as if every element took 4 bytes"),
         ("04-batch-budget-check", "largest_batch", rounded_batch, r"rounded to the nearest"),
         ("04-batch-budget-check", "largest_batch", split_floor_batch,
          r"each divided by per_sample first"),
@@ -411,6 +411,43 @@ def test_largest_batch_feedback_names_each_mistake_and_no_other(nb04, name):
     assert "strict?" not in str(failed.value)  # the old first guard, asked of every mistake
 
 
+def _adam_as(formula):
+    """adam_state_bytes as ``formula(trainable, every)`` over the model's parameters."""
+
+    def adam_state_bytes(model):
+        every = list(model.parameters())
+        return formula([p for p in every if p.requires_grad], every)
+
+    return adam_state_bytes
+
+
+def _bytes(params):
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+#: One wrong adam_state_bytes per usual mistake of 04 (a), and the message that must name it.
+ADAM_STATE_MISTAKES = {
+    "adam_state no step": _adam_as(lambda t, e: 2 * _bytes(t)),
+    "adam_state one step": _adam_as(lambda t, e: 2 * _bytes(t) + 4),
+    "adam_state four bytes": adam_four_bytes,
+    "adam_state one average": _adam_as(lambda t, e: _bytes(t) + 4 * len(t)),
+    "adam_state frozen counted": _adam_as(lambda t, e: 2 * _bytes(e) + 4 * len(e)),
+    "adam_state gradients counted": _adam_as(lambda t, e: 3 * _bytes(t) + 4 * len(t)),
+    "adam_state elements": _adam_as(lambda t, e: 2 * sum(p.numel() for p in t) + len(t)),
+    "adam_state wrong": _adam_as(lambda t, e: 2 * _bytes(t) + 8 * len(t)),
+    "adam_state not a number": _adam_as(lambda t, e: f"{2 * _bytes(t) + 4 * len(t)} bytes"),
+    "adam_state raised": _adam_as(lambda t, e: 2 * _bytes(t) + 4 * len(t) / (len(e) - 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ADAM_STATE_MISTAKES))
+def test_adam_state_feedback_names_each_mistake_and_no_other(nb04, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", ADAM_STATE_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_04A) == [name], str(failed.value)
+    assert "expected" not in str(failed.value)  # the old message gave the layer's bytes
+
+
 # ------------------------------------------------------- issue 35 leftovers: (a)
 
 
@@ -453,7 +490,7 @@ def test_adam_state_from_the_course_helpers_fails(nb04, answer):
 
 
 def test_one_step_counter_for_the_model_is_named(nb04):
-    with pytest.raises(CheckFailed, match=r"for each parameter tensor .*not one per model"):
+    with pytest.raises(CheckFailed, match=r"one step counter for the model: Adam keeps one 4-byte step for each parameter tensor"):
         _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_one_counter)
 
 
