@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
+import statistics
+import sys
 import time
 import timeit
 import warnings
@@ -364,6 +367,21 @@ def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
         return f"your function raised {type(error).__name__}: {error}"
 
 
+def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
+    """``(function(*args), None)``, or ``(None, a sentence saying what it raised)``: as
+    :func:`answer_or_error`, for answers that may rightly or wrongly return text.
+
+    >>> answer_and_error(str, 7), answer_and_error(int, "seven")[1][:32]
+    (('7', None), 'your function raised ValueError:')
+    """
+    try:
+        return function(*args), None
+    except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
+        raise
+    except Exception as error:  # any mistake of the learner's: report it in words
+        return None, f"your function raised {type(error).__name__}: {error}"
+
+
 def _kind(value: Any) -> str:
     return type(value).__name__ if value is not None else "None"
 
@@ -681,15 +699,124 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def matching_mistake(
+    got: Sequence[Any],
+    mistakes: Mapping[str, Sequence[Any]],
+    right: Sequence[Any],
+    same: Callable[[Any, Any], bool],
+) -> str | None:
+    """The one usual mistake whose results match the learner's ``got`` on every case, or
+    ``None`` when none does or several do (then the feedback describes what it saw instead
+    of guessing a cause). ``mistakes`` maps each mistake's name to what it returns on each
+    case; a mistake that is right on every case is never named.
+
+    >>> same = lambda a, b: a == b
+    >>> matching_mistake([2, 4], {"doubled": [2, 4], "squared": [1, 4]}, [1, 2], same)
+    'doubled'
+    >>> matching_mistake([2, 5], {"doubled": [2, 4], "squared": [1, 4]}, [1, 2], same) is None
+    True
+    """
+
+    def matches(values: Sequence[Any]) -> bool:
+        return all(same(a, b) for a, b in zip(got, values, strict=True))
+
+    found = [name for name, values in mistakes.items() if matches(values) and not matches(right)]
+    return found[0] if len(found) == 1 else None
+
+
+#: Notebook 01's check messages, by a stable name: one sentence each, ``{placeholders}``
+#: for the figures of the case the learner's answer failed.
+MESSAGES_01 = {
+    "time_it raised": "{error} (on repeats that took {shown})",
+    "time_it calls": "call fn warmup + repeats = {warmup} + {repeats} times; it ran {calls} times",
+    "time_it no clock": "your time_it never read a clock: read time.perf_counter() before and "
+    "after each timed fn() call",
+    "time_it not a number": "return the median in seconds, as a float; got {kind}",
+    "time_it mean": "repeats that took {shown} gave {got}, the mean of the repeats; return "
+    "their median (one slow repeat, a page fault or another process, does not move it)",
+    "time_it fastest": "repeats that took {shown} gave {got}, the fastest repeat; return the "
+    "median of the repeats",
+    "time_it slowest": "repeats that took {shown} gave {got}, the slowest repeat; return the "
+    "median of the repeats",
+    "time_it total": "repeats that took {shown} gave {got}, their total; return the median "
+    "of the repeats",
+    "time_it warm-up timed": "repeats that took {shown} gave {got}: the slow warm-up calls "
+    "were timed too; run the warm-up calls first, untimed, then time the repeats",
+    "time_it mean of all": "repeats that took {shown} gave {got}, the mean of all calls, the "
+    "slow warm-up calls timed too: run the warm-up calls untimed, then return the median "
+    "of the repeats",
+    "time_it milliseconds": "repeats that took {shown} gave {got}, the median in "
+    "milliseconds: return seconds",
+    "time_it upper middle": "repeats that took {shown} gave {got}, the upper of the two "
+    "middle values: with an even number of repeats the median is the mean of the two "
+    "middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+    "time_it lower middle": "repeats that took {shown} gave {got}, the lower of the two "
+    "middle values (what torch.median returns): with an even number of repeats the median "
+    "is the mean of the two middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+    "time_it unsorted middle": "repeats that took {shown} gave {got}, the repeat in the middle "
+    "of the list as it was timed: sort the times first, or use statistics.median",
+    "time_it duplicates dropped": "repeats that took {shown} gave {got}, the median of the "
+    "distinct times: equal times each count (the median of 1, 1, 1, 5 and 9 ms is 1 ms)",
+    "time_it not the median": "repeats that took {shown} gave {got}, which is not their "
+    "median: time each fn() call alone and return statistics.median of the repeats (3 ms "
+    "for 1, 2, 4 and 9 ms)",
+    "time_it synced a CPU device": "timing a CPU device while CUDA was available, your "
+    "time_it called torch.cuda.synchronize(): synchronize only when the device being timed "
+    "is a GPU, device.type == 'cuda'",
+    "time_it synced because CUDA exists": "timing a CPU device, your time_it synchronized "
+    "CUDA because torch.cuda.is_available() was True: decide by the device being timed, "
+    "device.type == 'cuda', not by whether a GPU exists",
+    "time_it synced another GPU": "timing cuda:1, your time_it synchronized {synced}: "
+    "synchronize the device being timed, torch.cuda.synchronize(device)",
+    "time_it no sync on GPU": "timing cuda:1, your time_it never called "
+    "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
+    "after fn(), torch.cuda.synchronize(device)",
+}
+
+
+def _time_it_mistakes(warm: list[float], timed: list[float]) -> dict[str, float]:
+    """What each usual mistake of exercise 01 (c) returns for these call durations."""
+    ordered, everything = sorted(timed), sorted(warm + timed)
+    middle = len(timed) // 2
+    return {
+        "time_it mean": sum(timed) / len(timed),
+        "time_it fastest": min(timed),
+        "time_it slowest": max(timed),
+        "time_it total": sum(timed),
+        "time_it warm-up timed": statistics.median(everything),
+        "time_it mean of all": sum(everything) / len(everything),
+        "time_it milliseconds": statistics.median(timed) * 1e3,
+        "time_it upper middle": ordered[middle],
+        "time_it lower middle": ordered[(len(timed) - 1) // 2],
+        "time_it unsorted middle": timed[middle],
+        "time_it duplicates dropped": statistics.median(set(timed)),
+    }
+
+
+#: Exercise 01 (c)'s fake call durations (warm-up calls, timed repeats), in seconds: odd
+#: and even counts, a tie, a single repeat, slow warm-up calls and one slow repeat, so that
+#: each usual mistake returns something other than the median on at least one case.
+TIME_IT_CASES = [
+    ([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]),
+    ([0.4], [0.003, 0.001, 0.007]),
+    ([0.5], [0.012, 0.018, 0.300, 0.030, 0.010, 0.020]),
+    ([0.2], [0.002, 0.009, 0.002, 0.005, 0.002]),
+    ([0.3], [0.005]),
+]
+
+
 def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
     """Exercise 01 (c) on a fake clock: each ``fn()`` call advances it by a known duration
-    (slow warm-up calls, one slow timed repeat), so that only a timer that reads a clock
-    around each timed call and returns the median of the repeats gets the answer. The
-    course's own timers (``benchmark``) are refused inside the learner's call."""
-    cases = [([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]), ([0.4], [0.003, 0.001, 0.007])]
-    for warm, timed in cases:
+    (:data:`TIME_IT_CASES`), so that only a timer that reads a clock around each timed call
+    and returns the median of the repeats gets the answer. A wrong answer is told the usual
+    mistake its results match on every case, or else what it returned on the first case it
+    got wrong (never that case's median). The course's own timers (``benchmark``) are
+    refused inside the learner's call."""
+    answers: list[float] = []
+    for warm, timed in TIME_IT_CASES:
         clock, durations = FakeClock(), iter(warm + timed)
         calls: list[int] = []
+        shown = ", ".join(_ms(s) for s in timed)
 
         def fn(
             clock: FakeClock = clock,
@@ -699,49 +826,705 @@ def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any])
             calls.append(1)
             clock.advance(next(durations, 0.0))
 
-        with clock.installed(), course_helpers_refused(namespace, "benchmark"):
+        with (
+            clock.installed(),
+            course_helpers_refused(namespace, "benchmark"),
+            mock.patch.object(torch.cuda, "synchronize", lambda *args, **kwargs: None),
+        ):  # a CPU device: check_time_it_device judges the synchronize calls
             took = answer_or_error(time_it, fn, torch.device("cpu"), len(warm), len(timed))
-        check(not isinstance(took, str), f"{took}")
+        check(
+            not isinstance(took, str), MESSAGES_01["time_it raised"].format(shown=shown, error=took)
+        )
         check(
             len(calls) == len(warm) + len(timed),
-            f"call fn warmup + repeats = {len(warm)} + {len(timed)} times; it ran {len(calls)} "
-            "times",
+            MESSAGES_01["time_it calls"].format(
+                warmup=len(warm), repeats=len(timed), calls=len(calls)
+            ),
         )
-        check(
-            clock.reads > 0,
-            "your time_it never read a clock: read time.perf_counter() before and after each "
-            "timed fn() call",
-        )
+        check(clock.reads > 0, MESSAGES_01["time_it no clock"])
         check(
             isinstance(took, int | float) and not isinstance(took, bool),
-            f"return the median in seconds, as a float; got {_kind(took)}",
+            MESSAGES_01["time_it not a number"].format(kind=_kind(took)),
         )
-        want = sorted(timed)[len(timed) // 2]
-        if math.isclose(took, want, rel_tol=1e-6):
-            continue
-        shown = ", ".join(_ms(s) for s in timed)
-        everything = sorted(warm + timed)
-        mistakes = {
-            sum(timed) / len(timed): "the mean of the repeats; return their median",
-            min(timed): "the fastest repeat; return the median of the repeats",
-            max(timed): "the slowest repeat; return the median of the repeats",
-            sum(timed): "their total; return the median of the repeats",
-            everything[len(everything) // 2]: "the slow warm-up calls were timed too: run "
-            "the warm-up calls first, untimed, then time the repeats",
-            sum(everything) / len(everything): "the mean of all calls, the slow warm-up calls "
-            "timed too: run the warm-up calls untimed, then return the median of the repeats",
-            want * 1e3: "the median in milliseconds: return seconds",
-        }
-        for value, mistake in mistakes.items():
-            check(
-                not math.isclose(took, value, rel_tol=1e-6),
-                f"repeats that took {shown} gave {_ms(took)}, {mistake} ({_ms(want)}: one "
-                "slow repeat, a page fault or another process, does not move the median)",
+        answers.append(float(took))
+    right = [statistics.median(timed) for _, timed in TIME_IT_CASES]
+
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-6)
+
+    if all(map(same, answers, right)):
+        return
+    each = [_time_it_mistakes(warm, timed) for warm, timed in TIME_IT_CASES]
+    values = {name: [case[name] for case in each] for name in each[0]}
+    wrong = next(i for i, (a, b) in enumerate(zip(answers, right, strict=True)) if not same(a, b))
+    shown = ", ".join(_ms(s) for s in TIME_IT_CASES[wrong][1])
+    name = matching_mistake(answers, values, right, same) or "time_it not the median"
+    raise CheckFailed(MESSAGES_01[name].format(shown=shown, got=_ms(answers[wrong])))
+
+
+def _names_cuda_1(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | None:
+    """Whether a ``torch.cuda.synchronize`` call's device is cuda:1 (``None``: it names
+    none, or names ``"cuda"``: the current device, which the course sets to the one used)."""
+    device = args[0] if args else kwargs.get("device")
+    if device is None or str(device) == "cuda":
+        return None
+    try:
+        named = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return named == torch.device("cuda", 1)
+
+
+def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
+    """Exercise 01 (c)'s synchronize, on a CPU grader: CUDA is made to look available and
+    ``torch.cuda.synchronize`` is a spy that records which device each call names. Timing
+    the CPU device must not synchronize (a timer that asks ``torch.cuda.is_available()``
+    instead of the device being timed does); timing ``cuda:1`` must synchronize it, or the
+    current device (no argument), never another GPU. The course's ``benchmark`` is refused."""
+    synced: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    asked: list[int] = []
+
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        synced.append((args, kwargs))
+
+    def is_available() -> bool:
+        asked.append(1)
+        return True
+
+    with (
+        mock.patch.object(torch.cuda, "synchronize", synchronize),
+        mock.patch.object(torch.cuda, "is_available", is_available),
+        course_helpers_refused(namespace, "benchmark"),
+    ):
+        took = answer_or_error(time_it, lambda: None, torch.device("cpu"), 1, 3)
+        check(not isinstance(took, str), f"{took}")
+        if synced:
+            reason = (
+                "time_it synced because CUDA exists" if asked else "time_it synced a CPU device"
             )
-        raise CheckFailed(
-            f"repeats that took {shown} gave {_ms(took)}; their median is {_ms(want)}: read "
-            "the clock just before and just after each timed fn() call"
+            raise CheckFailed(MESSAGES_01[reason])
+        took = answer_or_error(time_it, lambda: None, torch.device("cuda", 1), 1, 3)
+        check(not isinstance(took, str), f"{took}")
+    check(bool(synced), MESSAGES_01["time_it no sync on GPU"])
+    others = [call for call in synced if _names_cuda_1(*call) is False]
+    if others:
+        args, kwargs = others[0]
+        device = args[0] if args else kwargs.get("device")
+        named = f"cuda:{device}" if isinstance(device, int) else str(device)
+        raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=named))
+
+
+def _as_text_rule(capability: tuple[int, int]) -> str:
+    text = f"{capability[0]}.{capability[1]}"  # "10.0" < "8.0" as text
+    return "bf16" if text >= "8.0" else "fp16" if text >= "7.0" else "fp32"
+
+
+#: Each usual mistake of a precision rule (exercises 01 (b) and 05 (b)): the precision it
+#: picks for a compute capability, "fp32", "fp16" or "bf16".
+PRECISION_RULE_MISTAKES: dict[str, Callable[[tuple[int, int]], str]] = {
+    "precision as text": _as_text_rule,
+    "precision after 8.0": lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32",
+    "precision from 7.5": lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32",
+    "precision named GPUs only": lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(c, "fp32"),
+    "precision fp16 before Volta": lambda c: "bf16" if c >= (8, 0) else "fp16",
+    "precision Ampere only": lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32",
+}
+
+#: The compute capabilities, Kepler to Blackwell, a precision rule is diagnosed on.
+RULE_CAPABILITIES = [(3, 7), (6, 0), (6, 1), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 9)]
+RULE_CAPABILITIES += [(9, 0), (10, 0), (12, 0)]
+
+#: The precision-rule messages of exercises 01 (b) and 05 (b) (one rule, two notebooks).
+MESSAGES_PRECISION_RULE = {
+    "precision as text": "compute capability {capability} got {got}: the capabilities "
+    'were compared as text, where "10.0" < "8.0"; compare tuples of numbers, capability >= '
+    "(8, 0)",
+    "precision after 8.0": "compute capability {capability} got {got}: bf16 starts at 8.0 "
+    "itself (an A100), capability >= (8, 0), not >",
+    "precision from 7.5": "compute capability {capability} got {got}: fp16 tensor cores start "
+    "at 7.0 (Volta, a V100), not at 7.5",
+    "precision named GPUs only": "compute capability {capability} got {got}: the rule is "
+    "ranges of capabilities, not the GPUs named: bf16 from 8.0, fp16 from 7.0, float32 below",
+    "precision fp16 before Volta": "compute capability {capability} got {got}: GPUs below 7.0 "
+    "have no tensor cores, so they run in float32",
+    "precision Ampere only": "compute capability {capability} got {got}: GPUs newer than "
+    "Ampere (9.0 Hopper, 10.0 and 12.0 Blackwell) have bf16 too, capability >= (8, 0)",
+    "precision wrong": "compute capability {capability} got {got}, which breaks the rule: "
+    "bf16 from 8.0, fp16 from 7.0, float32 below",
+}
+
+
+def precision_rule_feedback(
+    picked: Mapping[tuple[int, int], str | None],
+    shown: Mapping[tuple[int, int], str],
+    *,
+    describe: bool = True,
+) -> str | None:
+    """Feedback for a precision rule that picked ``picked[capability]`` ("fp32", "fp16",
+    "bf16", or None: something else) on :data:`RULE_CAPABILITIES` (``None``: all right).
+    It names the usual mistake whose picks match on every capability, else describes the
+    first wrong one (``describe=False``: returns None then); ``shown`` says each pick as the
+    exercise writes it."""
+    right = {c: str(pick_precision("cuda", capability=c).name.value) for c in picked}
+    wrong = [c for c in picked if picked[c] != right[c]]
+    if not wrong:
+        return None
+    caps = list(picked)
+    name = matching_mistake(
+        [picked[c] for c in caps],
+        {n: [rule(c) for c in caps] for n, rule in PRECISION_RULE_MISTAKES.items()},
+        [right[c] for c in caps],
+        lambda a, b: a == b,
+    )
+    if name is None and not describe:
+        return None
+    capability = next(
+        (c for c in wrong if name and PRECISION_RULE_MISTAKES[name](c) != right[c]), wrong[0]
+    )
+    got = shown.get(capability, repr(picked[capability]))
+    return MESSAGES_PRECISION_RULE[name or "precision wrong"].format(
+        capability=f"{capability[0]}.{capability[1]}", got=got
+    )
+
+
+#: Notebook 02's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_02 = {
+    "run_mfu raised": "{error} (on run_mfu({case}))",
+    "run_mfu not a number": "run_mfu({case}) gave {kind}: return MFU as a number, a fraction "
+    "such as 0.3",
+    "run_mfu tera": "run_mfu({case}) gave {got:.3g}, as if the peak were in FLOP/s: "
+    "peak_tflops is in TFLOP/s, so multiply it by 1e12 before dividing",
+    "run_mfu giga": "run_mfu({case}) gave {got:.3g}, as if a TFLOP were 1e9 FLOPs: "
+    "one TFLOP/s is 1e12 FLOP/s",
+    "run_mfu percentage": "run_mfu({case}) gave {got:.3g}, a percentage: return the "
+    "fraction (0.3 for 30%)",
+    "run_mfu inverted": "run_mfu({case}) gave {got:.3g}, the peak over the achieved rate: "
+    "MFU is the achieved FLOP/s over the peak, a fraction below 1",
+    "run_mfu gpus cancel": "run_mfu({case}) gave {got:.3g}, the same as on one GPU: "
+    "flops_per_step already counts the work of all the GPUs, so divide it by their "
+    "combined peak, gpus × peak, without multiplying the FLOPs by gpus",
+    "run_mfu flops times gpus": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+    "multiplied by gpus: flops_per_step already counts the work of all the GPUs; divide it "
+    "by their combined peak, gpus × peak",
+    "run_mfu gpus twice": "run_mfu({case}) gave {got:.3g}, as if divided by gpus twice: "
+    "divide the achieved FLOP/s once by the combined peak, gpus × peak",
+    "run_mfu step multiplied": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+    "multiplied by the step time: the achieved rate is flops_per_step / step_s",
+    "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
+    "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
+    "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
+}
+
+#: Exercise 02 (b)'s cases (flops_per_step, step_s, peak_tflops, gpus), not the check
+#: cell's: one GPU and several, so that each usual mistake differs from MFU somewhere.
+RUN_MFU_CASES = [(2e12, 0.5, 16.0, 1), (4.8e13, 1.5, 20.0, 4), (9e12, 0.25, 120.0, 3)]
+
+
+def check_run_mfu(run_mfu: Callable[..., Any]) -> None:
+    """Exercise 02 (b): ``run_mfu(flops_per_step, step_s, peak_tflops, gpus)`` on
+    :data:`RUN_MFU_CASES`; a wrong answer is told the usual mistake its results match on
+    every case (TFLOP/s taken for FLOP/s, a percentage, the ratio inverted, the GPU count
+    cancelled, doubled or squared...), else what it gave for one case."""
+    got: list[float] = []
+    for flops, step_s, peak, gpus in RUN_MFU_CASES:
+        case = f"{flops:g}, {step_s:g}, {peak:g}, gpus={gpus}"
+        out, error = answer_and_error(run_mfu, flops, step_s, peak, gpus)
+        check(error is None, MESSAGES_02["run_mfu raised"].format(case=case, error=error))
+        out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
+        check(
+            isinstance(out, int | float) and not isinstance(out, bool),
+            MESSAGES_02["run_mfu not a number"].format(case=case, kind=_kind(out)),
         )
+        got.append(float(out))
+    right = [f / s / (g * p * 1e12) for f, s, p, g in RUN_MFU_CASES]
+
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-6)
+
+    if all(map(same, got, right)):
+        return
+    cases = list(zip(RUN_MFU_CASES, right, strict=True))
+    mistakes = {
+        "run_mfu tera": [r * 1e12 for _, r in cases],
+        "run_mfu giga": [r * 1e3 for _, r in cases],
+        "run_mfu percentage": [r * 100 for _, r in cases],
+        "run_mfu inverted": [1 / r for _, r in cases],
+        "run_mfu gpus cancel": [r * c[3] for c, r in cases],
+        "run_mfu flops times gpus": [r * c[3] ** 2 for c, r in cases],
+        "run_mfu gpus twice": [r / c[3] for c, r in cases],
+        "run_mfu step multiplied": [r * c[1] ** 2 for c, r in cases],
+    }
+    name = matching_mistake(got, mistakes, right, same) or "run_mfu wrong"
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if not same(a, b))
+    flops, step_s, peak, gpus = RUN_MFU_CASES[first]
+    case = f"{flops:g}, {step_s:g}, {peak:g}, gpus={gpus}"
+    raise CheckFailed(MESSAGES_02[name].format(case=case, got=got[first]))
+
+
+#: Notebook 04's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04 = {
+    "largest_batch raised": "{error} (with {case})",
+    "largest_batch not a whole number": "with {case}, largest_batch gave {got!r}, a "
+    "{kind}: return a whole number of samples, an int",
+    "largest_batch strict": "with {case}, largest_batch gave {got}, one fewer than fit "
+    "exactly: a batch that fills the budget to the byte fits, static + n × per_sample <= "
+    "budget",
+    "largest_batch one too many": "with {case}, largest_batch gave {got}, one more than "
+    "fits: count only batches with static + n × per_sample <= budget",
+    "largest_batch precedence": "with {case}, largest_batch gave {got}, which is budget - "
+    "static // per_sample: // binds tighter than -, so write (budget - static) // per_sample",
+    "largest_batch no static": "with {case}, largest_batch gave {got}, as if there were no "
+    "static part: take static from the budget first, (budget - static) // per_sample",
+    "largest_batch static per sample": "with {case}, largest_batch gave {got}, as if each "
+    "sample needed the static part again: the static bytes are paid once per step",
+    "largest_batch rounded": "with {case}, largest_batch gave {got}, the division rounded to "
+    "the nearest: half a sample does not fit, so floor it, (budget - static) // per_sample",
+    "largest_batch ceiling": "with {case}, largest_batch gave {got}, the division rounded "
+    "up: a part of a sample does not fit, so floor it, (budget - static) // per_sample",
+    "largest_batch floored each": "with {case}, largest_batch gave {got}, budget and static "
+    "each divided by per_sample first: floor (budget - static) / per_sample in one division",
+    "largest_batch negative": "with {case}, largest_batch gave {got}: when the static part "
+    "alone exceeds the budget no batch fits, so return 0, not a negative number",
+    "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
+    "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
+    "none fits: 0)",
+}
+
+#: Exercise 04 (b)'s cases (budget, static, per_sample): exact fits, a static part above
+#: the budget, remainders below and above half a sample, room for none and for exactly one.
+LARGEST_BATCH_CASES = [
+    (1000, 200, 100),
+    (150, 200, 10),
+    (1000, 250, 100),
+    (1000, 260, 100),
+    (950, 240, 100),
+    (300, 200, 100),
+    (250, 200, 100),
+    (5_000_000, 1_234_567, 45_678),
+]
+
+
+def _largest_batch_mistakes(budget: int, static: int, per_sample: int) -> dict[str, float]:
+    """What each usual mistake of exercise 04 (b) returns for this case."""
+    left = budget - static
+    return {
+        "largest_batch strict": max(0, math.ceil(left / per_sample) - 1),
+        "largest_batch one too many": max(0, left // per_sample + 1),
+        "largest_batch precedence": budget - static // per_sample,
+        "largest_batch no static": budget // per_sample,
+        "largest_batch static per sample": budget // (static + per_sample),
+        "largest_batch rounded": max(0, round(left / per_sample)),
+        "largest_batch ceiling": max(0, math.ceil(left / per_sample)),
+        "largest_batch floored each": max(0, budget // per_sample - static // per_sample),
+        "largest_batch negative": left // per_sample,
+    }
+
+
+def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
+    """Exercise 04 (b): ``largest_batch(budget, static, per_sample)`` on
+    :data:`LARGEST_BATCH_CASES`; a wrong answer is told the usual mistake its results match
+    on every case (a strict comparison, operator precedence, the static part forgotten,
+    rounding, ...), else what it gave for one case, never that case's answer."""
+    got: list[Any] = []
+    for budget, static, per_sample in LARGEST_BATCH_CASES:
+        case = f"{budget} bytes, {static} static and {per_sample} per sample"
+        out, error = answer_and_error(largest_batch, budget, static, per_sample)
+        check(error is None, MESSAGES_04["largest_batch raised"].format(case=case, error=error))
+        got.append(out)
+    right = [max(0, (b - s) // p) for b, s, p in LARGEST_BATCH_CASES]
+
+    def same(a: Any, b: Any) -> bool:
+        return isinstance(a, int | float) and not isinstance(a, bool) and a == b
+
+    if all(map(same, got, right)):
+        for (budget, static, per_sample), out in zip(LARGEST_BATCH_CASES, got, strict=True):
+            case = f"{budget} bytes, {static} static and {per_sample} per sample"
+            check(
+                isinstance(out, int),
+                MESSAGES_04["largest_batch not a whole number"].format(
+                    case=case, got=out, kind=_kind(out)
+                ),
+            )
+        return
+    each = [_largest_batch_mistakes(*case) for case in LARGEST_BATCH_CASES]
+    values = {name: [case[name] for case in each] for name in each[0]}
+    name = matching_mistake(got, values, right, same) or "largest_batch wrong"
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if not same(a, b))
+    budget, static, per_sample = LARGEST_BATCH_CASES[first]
+    case = f"{budget} bytes, {static} static and {per_sample} per sample"
+    raise CheckFailed(MESSAGES_04[name].format(case=case, got=got[first]))
+
+
+#: Notebook 04's check messages for exercise (a), by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04A = {
+    "adam_state raised": "{error} (on {model})",
+    "adam_state not a number": "for {model} adam_state_bytes gave {got!r}: return a number "
+    "of bytes",
+    "adam_state no step": "for {model} adam_state_bytes gave {got}, without Adam's step "
+    "counter: add a 4-byte float32 scalar for each parameter tensor",
+    "adam_state one step": "for {model} adam_state_bytes gave {got}, with one step counter "
+    "for the model: Adam keeps one 4-byte step for each parameter tensor",
+    "adam_state four bytes": "for {model} adam_state_bytes gave {got}, as if every element "
+    "took 4 bytes: the averages take the parameter's dtype, p.element_size() bytes each",
+    "adam_state one average": "for {model} adam_state_bytes gave {got}, one average per "
+    "element: Adam keeps two, exp_avg and exp_avg_sq",
+    "adam_state frozen counted": "for {model} adam_state_bytes gave {got}, counting frozen "
+    "parameters: those with requires_grad=False get no Adam state",
+    "adam_state gradients counted": "for {model} adam_state_bytes gave {got}, with the "
+    "gradients counted too: they belong to the parameters, not to Adam's state",
+    "adam_state elements": "for {model} adam_state_bytes gave {got}, a count of numbers, not "
+    "bytes: multiply each by p.element_size()",
+    "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
+    "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
+    "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+}
+
+
+def _adam_models() -> dict[str, nn.Module]:
+    """Exercise 04 (a)'s models: float32, bfloat16, float64, and one half frozen."""
+    frozen = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    frozen[0].requires_grad_(False)
+    return {
+        "a float32 nn.Linear(10, 5)": nn.Linear(10, 5),
+        "a bfloat16 nn.Linear(10, 5)": nn.Linear(10, 5).to(torch.bfloat16),
+        "a float64 nn.Linear(6, 3)": nn.Linear(6, 3).to(torch.float64),
+        "two Linear layers, the first frozen": frozen,
+    }
+
+
+def _adam_mistakes(model: nn.Module) -> tuple[int, dict[str, int]]:
+    """The right Adam state of ``model`` and what each usual mistake counts."""
+    every = list(model.parameters())
+    trainable = [p for p in every if p.requires_grad]
+    size = sum(p.numel() * p.element_size() for p in trainable)
+    right = 2 * size + 4 * len(trainable)
+    return right, {
+        "adam_state no step": 2 * size,
+        "adam_state one step": 2 * size + 4,
+        "adam_state four bytes": 2 * 4 * sum(p.numel() for p in trainable) + 4 * len(trainable),
+        "adam_state one average": size + 4 * len(trainable),
+        "adam_state frozen counted": 2 * sum(p.numel() * p.element_size() for p in every)
+        + 4 * len(every),
+        "adam_state gradients counted": 3 * size + 4 * len(trainable),
+        "adam_state elements": 2 * sum(p.numel() for p in trainable) + len(trainable),
+    }
+
+
+def check_adam_state(adam_state_bytes: Callable[[nn.Module], Any]) -> None:
+    """Exercise 04 (a): ``adam_state_bytes(model)`` on :func:`_adam_models`; the feedback
+    names the usual mistake every result matches (no step counter or one per model, 4 bytes
+    per element, one average, frozen parameters or gradients counted, elements for bytes),
+    else describes one model's result, never the bytes that model needs."""
+    models = _adam_models()
+    got: list[Any] = []
+    for label, model in models.items():
+        out, error = answer_and_error(adam_state_bytes, model)
+        check(error is None, MESSAGES_04A["adam_state raised"].format(model=label, error=error))
+        out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
+        check(
+            isinstance(out, int | float) and not isinstance(out, bool),
+            MESSAGES_04A["adam_state not a number"].format(model=label, got=out),
+        )
+        got.append(out)
+    counted = [_adam_mistakes(model) for model in models.values()]
+    right = [want for want, _ in counted]
+    if got == right:
+        return
+    values = {name: [each[name] for _, each in counted] for name in counted[0][1]}
+    name = matching_mistake(got, values, right, lambda a, b: a == b)
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if a != b)
+    label = list(models)[first]
+    raise CheckFailed(MESSAGES_04A[name or "adam_state wrong"].format(model=label, got=got[first]))
+
+
+#: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_07 = {
+    "after_empty_cache raised": "{error} (on after_empty_cache({case}))",
+    "after_empty_cache not a pair": "after_empty_cache({case}) gave {got!r}: return a tuple "
+    "of two numbers, (reserved, smi)",
+    "after_empty_cache swapped": "after_empty_cache({case}) gave {got}, the two in the other "
+    "order: return (reserved, smi), reserved first",
+    "after_empty_cache nothing freed": "after_empty_cache({case}) gave {got}, as if "
+    "empty_cache() freed nothing: it gives the cached blocks (reserved but not allocated) "
+    "back to the driver",
+    "after_empty_cache live freed": "after_empty_cache({case}) gave {got}, as if the live "
+    "tensors were freed too: empty_cache() frees only cached blocks that no tensor uses",
+    "after_empty_cache no context": "after_empty_cache({case}) gave {got}, nvidia-smi "
+    "without the CUDA context: nvidia-smi shows what PyTorch reserved plus the context, "
+    "which is never freed",
+    "after_empty_cache old smi": "after_empty_cache({case}) gave {got}: nvidia-smi still "
+    "counts the reserved memory from before empty_cache(); it shows what is reserved after "
+    "it, plus the context",
+    "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
+    "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
+    "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+}
+
+#: Exercise 07 (a)'s cases (allocated, reserved, context) in MiB.
+AFTER_EMPTY_CACHE_CASES = [(512, 1536, 400), (0, 2048, 300), (700, 1000, 250), (96, 900, 500)]
+
+
+def check_after_empty_cache(after_empty_cache: Callable[[int, int, int], Any]) -> None:
+    """Exercise 07 (a): ``after_empty_cache(allocated, reserved, context)`` gives
+    ``(reserved, smi)`` after ``empty_cache()`` on :data:`AFTER_EMPTY_CACHE_CASES`; the
+    feedback names the usual mistake every result matches (the pair swapped, nothing or
+    everything freed, the context left out, nvidia-smi read before), else describes one."""
+    got: list[Any] = []
+    for case in AFTER_EMPTY_CACHE_CASES:
+        shown = ", ".join(map(str, case))
+        out, error = answer_and_error(after_empty_cache, *case)
+        check(
+            error is None, MESSAGES_07["after_empty_cache raised"].format(case=shown, error=error)
+        )
+        pair = isinstance(out, tuple | list) and len(out) == 2
+        check(
+            pair and all(isinstance(v, int | float) and not isinstance(v, bool) for v in out),
+            MESSAGES_07["after_empty_cache not a pair"].format(case=shown, got=out),
+        )
+        got.append(tuple(out))
+    right = [(a, a + c) for a, _, c in AFTER_EMPTY_CACHE_CASES]
+    if got == right:
+        return
+    mistakes = {
+        "after_empty_cache swapped": [(a + c, a) for a, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache nothing freed": [(r, r + c) for _, r, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache live freed": [(0, c) for _, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache no context": [(a, a) for a, _, _ in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache old smi": [(a, r + c) for a, r, c in AFTER_EMPTY_CACHE_CASES],
+    }
+    name = matching_mistake(got, mistakes, right, lambda x, y: x == y)
+    first = next(i for i, (x, y) in enumerate(zip(got, right, strict=True)) if x != y)
+    shown = ", ".join(map(str, AFTER_EMPTY_CACHE_CASES[first]))
+    raise CheckFailed(
+        MESSAGES_07[name or "after_empty_cache wrong"].format(case=shown, got=got[first])
+    )
+
+
+#: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_08 = {
+    "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
+    "read_profile not a pair": "return two things, the bottleneck and the speed-up: "
+    "return bottleneck, max_speedup (got {kind})",
+    "bottleneck not a phase": 'the bottleneck should be "data", "copy" or "compute", not '
+    "{bottleneck}",
+    "bottleneck constant": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+    "most of the step time: compute the answer from the profile argument, not from this run",
+    "bottleneck smallest": "read_profile gave {bottleneck!r}, the phase that took the least "
+    "time, for a profile where {phase} took the most: the bottleneck is the largest phase",
+    "bottleneck wrong": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+    "most of the step time (data {data:.0%}, copy {copy:.0%}, compute {compute:.0%})",
+    "speedup not a number": "the speed-up should be a number, got {kind}",
+    "speedup constant": "read_profile gave the same speed-up, {got:.2f}, for profiles whose "
+    "bottleneck took different shares of the step: compute it from the profile argument",
+    "speedup share": "the speed-up {got:.2f} is the bottleneck's share of the step time; "
+    "removing the phase leaves the rest of the step: total / (total - phase), above 1",
+    "speedup rest share": "the speed-up {got:.2f} is the share of the step left without the "
+    "phase; a speed-up is the old time over the new one: total / (total - phase)",
+    "speedup total over phase": "the speed-up {got:.2f} is the step time over the phase; "
+    "removing the phase leaves the rest of the step: total / (total - phase)",
+    "speedup minus one": "the speed-up {got:.2f} is the time saved over the time left, one "
+    "less than the speed-up: total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+    "speedup of the data phase": "the speed-up {got:.2f} is what removing the data phase "
+    "gains, for a profile where {phase} took most of the step time: use the bottleneck's time",
+    "fast_loop raised": "{error} (your fast_loop run as on a GPU, device cuda)",
+    "fast_loop no batches": "your fast_loop took no batch from timed(loader) on a GPU "
+    "device: iterate for inputs, targets in timed(loader)",
+    "fast_loop not pinned": "on a GPU your DataLoader does not pin its batches: pass "
+    "pin_memory=True when device.type == 'cuda', so that the copy to the GPU can overlap "
+    "the compute",
+    "fast_loop pinned by CUDA": "on a GPU your DataLoader's pin_memory followed "
+    "torch.cuda.is_available(), not the device you were given: decide with device.type == "
+    "'cuda'",
+    "fast_loop blocking copy": "on a GPU your loop copied {blocking} of {moved} batch "
+    "tensors with .to(device) without non_blocking=True: from pinned memory "
+    "non_blocking=True lets the CPU go on while the copy runs",
+    "fast_loop no autocast": "on a GPU your loop ran the model without torch.autocast: "
+    "wrap the forward pass and the loss in torch.autocast(device.type, "
+    "dtype=torch.float16) (mixed precision)",
+    "fast_loop autocast elsewhere": "on a GPU your loop's autocast was for {devices}, not "
+    "the device the model runs on: write torch.autocast(device.type, dtype=torch.float16)",
+    "fast_loop no scaler": "on a GPU your loop trains in float16 without a gradient "
+    "scaler: small gradients underflow to 0 in float16; scale the loss with "
+    "torch.amp.GradScaler() (scaler.scale(loss).backward(), scaler.step, scaler.update)",
+    "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
+    "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
+    "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+}
+
+
+def _profiles_for_read_profile(own: Any) -> list[Any]:
+    """This run's profile and three made up, one per bottleneck, whose phases add up to
+    the step time, so that each usual mistake of 08 (a) differs from the right answer."""
+    from course_utils.profiling import LoopProfile  # lazy: profiling imports the package
+
+    made_up = [(0.7, 0.01, 0.29), (0.15, 0.05, 0.8), (0.2, 0.55, 0.25)]
+    shares = [LoopProfile(10, 80, d, c, m, wall_s=1.0) for d, c, m in made_up]
+    return [own, *shares]
+
+
+def _phases(profile: Any) -> dict[str, float]:
+    return {"data": profile.data_s, "copy": profile.copy_s, "compute": profile.compute_s}
+
+
+def _batch_tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, list | tuple):
+        return [t for item in batch for t in _batch_tensors(item)]
+    if isinstance(batch, dict):
+        return [t for item in batch.values() for t in _batch_tensors(item)]
+    return []
+
+
+def check_fast_loop_on_a_gpu(
+    fast_loop: Callable[..., Any], data: Any, model: nn.Module, steps: int = 3
+) -> None:
+    """Exercise 08 (b)'s GPU habits, seen directly on any grader: the loop runs ``steps``
+    steps given ``device = torch.device("cuda")``, where a move to CUDA returns a CPU copy
+    (:func:`record_tensor_to`), a CUDA autocast runs as a CPU one
+    (:func:`record_autocast_devices`) and spies record each DataLoader's ``pin_memory``,
+    each GradScaler, ``torch.cuda.is_available()`` asked and the forward passes' autocast
+    dtype. The loop must pin its batches, copy them with ``non_blocking=True``, run the
+    model under autocast for the device, and scale the loss when that is float16."""
+    from torch.utils.data import DataLoader  # lazy: as the learner's own import
+
+    device = torch.device("cuda")
+    pinned: list[bool] = []
+    scalers: list[bool] = []  # each GradScaler made: enabled, for CUDA
+    asked: list[int] = []
+    batches: list[torch.Tensor] = []  # kept alive: their ids name the batch tensors
+    loader_init, scaler_init = DataLoader.__init__, torch.amp.GradScaler.__init__
+
+    def loader_spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        pinned.append(bool(kwargs.pop("pin_memory", False)))  # a CPU grader cannot pin
+        loader_init(self, *args, **kwargs)
+
+    def scaler_spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        # GradScaler(device, init_scale, growth_factor, backoff_factor, growth_interval,
+        # enabled): made enabled for CUDA (a CPU grader then disables it, as CUDA is absent)
+        enabled = kwargs.get("enabled", args[5] if len(args) > 5 else True)
+        where = kwargs.get("device", args[0] if args else "cuda")
+        scalers.append(bool(enabled) and str(where) == "cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "CUDA is not available. Disabling."
+            scaler_init(self, *args, **kwargs)
+
+    def is_available() -> bool:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.startswith("torch"):  # the learner's question, not GradScaler's
+            asked.append(1)
+        return False
+
+    def timed(loader: Any) -> Iterator[Any]:
+        for batch in itertools.islice(loader, steps):
+            batches.extend(_batch_tensors(batch))
+            yield batch
+
+    with (
+        mock.patch.object(DataLoader, "__init__", loader_spy),
+        mock.patch.object(torch.amp.GradScaler, "__init__", scaler_spy),
+        mock.patch.object(torch.cuda, "is_available", is_available),
+        mock.patch.object(torch.cuda, "synchronize", lambda *args, **kwargs: None),
+        record_tensor_to(pretend_cuda=True) as moves,
+        record_autocast_devices() as autocasts,
+        record_autocast(model) as forwards,
+    ):
+        _, error = answer_and_error(fast_loop, data, model, device, timed)
+    torch.set_autocast_enabled("cpu", False)  # an answer that raised may leave it on
+    check(error is None, MESSAGES_08["fast_loop raised"].format(error=error))
+    check(bool(batches), MESSAGES_08["fast_loop no batches"])
+    if not any(pinned):
+        raise CheckFailed(
+            MESSAGES_08["fast_loop pinned by CUDA" if asked else "fast_loop not pinned"]
+        )
+    ids = {id(t) for t in batches}
+    copies = [m for m in moves if m.source_id in ids and is_cuda_target(m.target)]
+    blocking = [m for m in copies if not m.non_blocking]
+    check(
+        not blocking,
+        MESSAGES_08["fast_loop blocking copy"].format(blocking=len(blocking), moved=len(copies)),
+    )
+    if "cuda" not in autocasts or not any(dtype is not None for dtype in forwards):
+        others = sorted(set(autocasts) - {"cuda"})
+        raise CheckFailed(
+            MESSAGES_08["fast_loop autocast elsewhere"].format(devices=", ".join(others))
+            if others and "cuda" not in autocasts
+            else MESSAGES_08["fast_loop no autocast"]
+        )
+    if torch.float16 in forwards:
+        check(any(scalers), MESSAGES_08["fast_loop no scaler"])
+
+
+def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
+    """Exercise 08 (a): ``read_profile(profile)`` gives ``(bottleneck, max_speedup)`` for
+    this run's profile ``own`` and for made-up profiles where each phase dominates in turn,
+    so that an answer written down from one run (a constant) fails. A wrong answer is told
+    the usual mistake its results match on every profile, else what it gave for one
+    profile and the property it breaks, never that profile's speed-up."""
+    profiles = _profiles_for_read_profile(own)
+    names, speedups = [], []
+    for profile in profiles:
+        phases = _phases(profile)
+        phase = max(phases, key=lambda name: phases[name])
+        out, error = answer_and_error(read_profile, profile)
+        check(error is None, MESSAGES_08["read_profile raised"].format(error=error, phase=phase))
+        check(
+            isinstance(out, tuple | list) and len(out) == 2,
+            MESSAGES_08["read_profile not a pair"].format(kind=_kind(out)),
+        )
+        bottleneck, speedup = out
+        check(
+            bottleneck in ("data", "copy", "compute"),
+            MESSAGES_08["bottleneck not a phase"].format(bottleneck=repr(bottleneck)),
+        )
+        speedup = speedup.item() if isinstance(speedup, torch.Tensor) else speedup
+        check(
+            isinstance(speedup, int | float) and not isinstance(speedup, bool),
+            MESSAGES_08["speedup not a number"].format(kind=_kind(speedup)),
+        )
+        names.append(bottleneck)
+        speedups.append(float(speedup))
+    largest = [max(phases, key=phases.__getitem__) for phases in map(_phases, profiles)]
+    smallest = [min(phases, key=phases.__getitem__) for phases in map(_phases, profiles)]
+    wrong = next((i for i, (a, b) in enumerate(zip(names, largest, strict=True)) if a != b), None)
+    if wrong is not None:
+        p, phase = profiles[wrong], largest[wrong]
+        name = matching_mistake(
+            names,
+            {"bottleneck constant": [names[0]] * len(names), "bottleneck smallest": smallest},
+            largest,
+            lambda a, b: a == b,
+        )
+        shares = {k: v / p.wall_s for k, v in _phases(p).items()}
+        raise CheckFailed(
+            MESSAGES_08[name or "bottleneck wrong"].format(
+                bottleneck=names[wrong], phase=phase, **shares
+            )
+        )
+    wall = [p.wall_s for p in profiles]
+    phase_s = [_phases(p)[n] for p, n in zip(profiles, largest, strict=True)]
+    right = [w / (w - s) for w, s in zip(wall, phase_s, strict=True)]
+
+    def same(a: float, b: float) -> bool:
+        return abs(a - b) < 0.05 * abs(b)
+
+    if all(map(same, speedups, right)):
+        return
+    mistakes = {
+        "speedup constant": [speedups[0]] * len(speedups),
+        "speedup share": [s / w for w, s in zip(wall, phase_s, strict=True)],
+        "speedup rest share": [(w - s) / w for w, s in zip(wall, phase_s, strict=True)],
+        "speedup total over phase": [w / s for w, s in zip(wall, phase_s, strict=True)],
+        "speedup minus one": [s / (w - s) for w, s in zip(wall, phase_s, strict=True)],
+        "speedup of the data phase": [p.wall_s / (p.wall_s - p.data_s) for p in profiles],
+    }
+    name = matching_mistake(speedups, mistakes, right, same) or "speedup wrong"
+    first = next(i for i, (a, b) in enumerate(zip(speedups, right, strict=True)) if not same(a, b))
+    raise CheckFailed(
+        MESSAGES_08[name].format(
+            got=speedups[first], phase=largest[first], share=phase_s[first] / wall[first]
+        )
+    )
 
 
 class LooksLikeCuda(torch.Tensor):
@@ -868,6 +1651,20 @@ on cpu; it should be on meta, given a nested batch
 GPU_NAMES = {(6, 0): "a P100 (6.0)", (7, 5): "a T4 (7.5)", (8, 0): "an A100 (8.0)"}
 
 
+def _picked_precision(
+    mixed_forward: Callable[..., Any], capability: tuple[int, int], namespace: dict[str, Any]
+) -> str | None:
+    """The precision a learner's ``mixed_forward`` ran the model in for a GPU of this
+    compute capability: "fp32" (no autocast), "fp16", "bf16", or None (it raised)."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
+    with autocast_cleared(), record_autocast(model) as seen, record_autocast_devices(), refused:
+        out = answer_or_error(mixed_forward, model, torch.randn(2, 4), capability)
+    if isinstance(out, str) or not seen:
+        return None
+    return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(seen[-1])
+
+
 def check_mixed_forward(
     mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
     capability: tuple[int, int],
@@ -916,6 +1713,11 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         out.requires_grad,
         "a training step's forward pass must keep autograd on: no torch.no_grad() or .detach()",
     )
+    if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
+        picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
+        shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
+        rule = precision_rule_feedback(picks, shown, describe=False)
+        check(rule is None, str(rule))
     check(
         seen[-1:] == [want.dtype if want.autocast else None],
         f"for {gpu}, run model(x) under torch.autocast(x.device.type, dtype=torch.{name})"

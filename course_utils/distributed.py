@@ -36,7 +36,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
-from course_utils.classroom import CheckFailed, answer_or_error, check_close
+from course_utils.classroom import (
+    CheckFailed,
+    answer_and_error,
+    check_close,
+    matching_mistake,
+)
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count, to_device
 from course_utils.models import build_model
@@ -667,63 +672,108 @@ def sampler_indices(size: int, world_size: int, rank: int, seed: int, epoch: int
     return list(sampler)
 
 
-def _rank_mistakes(got: list[Any], order: list[int], rank: int, world: int) -> list[str]:
-    """The usual mistakes of exercise 06 (a) that ``got`` matches, most telling first."""
-    share = len(order) // world
-    want = order[rank::world]
-    found = []
-    if got == list(range(rank, len(order), world)) and got != want:
-        found.append("positions")
-    if got == order[rank * share : (rank + 1) * share]:
-        found.append("block")
-    shifted = [order[(rank + 1) % world :: world], order[(rank - 1) % world :: world]]
-    if got in [*shifted, order[rank + 1 :: world]]:
-        found.append("off by one")
-    if sorted(got) == sorted(want):
-        found.append("reordered")
-    return found
-
-
-_RANK_FEEDBACK = {
-    "positions": "you dealt the positions 0, 1, 2...; deal the shuffled order itself: "
-    "order[rank], order[rank + world_size], ...",
-    "block": "you gave each process a contiguous block of the order (order[rank * n:(rank + "
-    "1) * n]); DistributedSampler deals it like cards, one index to each process in turn: "
+#: Notebook 06's check messages for exercise (a), by a stable name: one sentence each,
+#: ``{placeholders}`` for the case the answer failed (never what the sampler gives there).
+MESSAGES_06 = {
+    "rank_indices raised": "{error} (rank {rank} of {world}, order {order})",
+    "rank_indices not indices": "rank {rank} of {world}: return the indices as a list of "
+    "ints, got {kind}",
+    "rank_indices positions": "rank {rank} of {world}, order {order}: you gave {got}, the "
+    "positions rank, rank + world_size, ...: deal the elements of the order itself, "
     "order[rank::world_size]",
-    "off by one": "you started one place off: ranks count from 0, and rank r's first index "
-    "is order[r] (order[rank::world_size])",
-    "reordered": "these are the right indices in another order (sorted?): keep the order "
-    "they are dealt in, order[rank::world_size]",
+    "rank_indices sorted order": "rank {rank} of {world}, order {order}: you gave {got}, the "
+    "sorted order dealt out: the sampler deals the shuffled order as it is, "
+    "order[rank::world_size]",
+    "rank_indices dealt then sorted": "rank {rank} of {world}, order {order}: you gave {got}, "
+    "the right indices but sorted: keep the order they are dealt in, order[rank::world_size]",
+    "rank_indices reordered": "rank {rank} of {world}, order {order}: you gave {got}, the "
+    "right indices in another order: keep the order they are dealt in, "
+    "order[rank::world_size]",
+    "rank_indices block": "rank {rank} of {world}, order {order}: you gave {got}, a "
+    "contiguous block of the order: DistributedSampler deals it like cards, one index to "
+    "each process in turn, order[rank::world_size]",
+    "rank_indices from 1": "rank {rank} of {world}, order {order}: you gave {got}, starting "
+    "one place off: ranks count from 0, and rank r's first index is order[r]",
+    "rank_indices from 1 wrapped": "rank {rank} of {world}, order {order}: you gave {got}, "
+    "the next rank's share: ranks count from 0, and rank r's first index is order[r]",
+    "rank_indices swapped": "rank {rank} of {world}, order {order}: your function read rank "
+    "as the number of processes and world_size as the rank: the arguments come as "
+    "rank_indices(order, rank, world_size)",
+    "rank_indices wrong": "rank {rank} of {world}, order {order}: you gave {got}, which is not "
+    "what DistributedSampler deals that rank: one index to each process in turn, like "
+    "cards (order 7, 3, 9, 1 on 2 processes: rank 1 gets 3 and 1)",
+}
+
+
+def _rank_cases() -> list[tuple[list[int], int, int]]:
+    """Exercise 06 (a)'s cases (order, rank, world_size): three of the sampler's shuffles
+    on 1, 2 and 4 processes, and a made-up order of a subset's indices (not 0 to n - 1), so
+    that positions, the sorted order and the order itself all differ."""
+    orders = [[21, 5, 13, 8, 30, 2, 17, 11]]  # first: the feedback shows the first failed
+    orders += [sampler_indices(n, 1, 0, seed, epoch) for n, seed, epoch in SHUFFLES]
+    return [
+        (order, rank, world) for order in orders for world in (4, 2, 1) for rank in range(world)
+    ]
+
+
+SHUFFLES = [(12, 0, 0), (12, 3, 1), (16, 7, 2)]  # (size, seed, epoch) of 06 (a)'s orders
+
+
+def _outcome(function: Callable[..., Any], *args: Any) -> Any:
+    """What ``function(*args)`` gives as a list of ints, or the name of what it raised."""
+    out, error = answer_and_error(function, *args)
+    if error is not None:
+        return ("raised", error)
+    try:
+        return [int(i) for i in out]
+    except (TypeError, ValueError):
+        return ("not indices", out)
+
+
+#: Each usual mistake of exercise 06 (a), as what it returns for (order, rank, world_size).
+RANK_MISTAKES: dict[str, Callable[[list[int], int, int], list[int]]] = {
+    "rank_indices positions": lambda order, rank, world: list(range(rank, len(order), world)),
+    "rank_indices sorted order": lambda order, rank, world: sorted(order)[rank::world],
+    "rank_indices dealt then sorted": lambda order, rank, world: sorted(order[rank::world]),
+    "rank_indices reordered": lambda order, rank, world: order[rank::world][::-1],
+    "rank_indices block": lambda order, rank, world: order[
+        rank * (len(order) // world) : (rank + 1) * (len(order) // world)
+    ],
+    "rank_indices from 1": lambda order, rank, world: order[rank + 1 :: world],
+    "rank_indices from 1 wrapped": lambda order, rank, world: order[(rank + 1) % world :: world],
+    "rank_indices swapped": lambda order, rank, world: order[world::rank],
 }
 
 
 def check_rank_indices(rank_indices: Callable[[list[int], int, int], Any]) -> None:
     """Exercise 06 (a): ``rank_indices(order, rank, world_size)`` against
-    :func:`sampler_indices` for 1, 2 and 4 processes over three shuffles; the feedback names
-    the usual mistake that every wrong case matches (positions dealt, contiguous blocks,
-    ranks counted from 1, the indices sorted)."""
-    failures: list[tuple[str, list[str]]] = []
-    for size, seed, epoch in [(12, 0, 0), (12, 3, 1), (16, 7, 2)]:
-        order = sampler_indices(size, 1, 0, seed, epoch)  # one process: the shuffled order
-        for world_size in (1, 2, 4):
-            for rank in range(world_size):
-                out = answer_or_error(rank_indices, list(order), rank, world_size)
-                if isinstance(out, str):
-                    raise CheckFailed(f"rank {rank} of {world_size}: {out}")
-                got = [int(i) for i in out]
-                want = sampler_indices(size, world_size, rank, seed, epoch)
-                if got != want:
-                    said = (
-                        f"rank {rank} of {world_size}, order {order}: you gave {got}, the "
-                        f"sampler gives {want}"
-                    )
-                    failures.append((said, _rank_mistakes(got, order, rank, world_size)))
-    if not failures:
+    :func:`sampler_indices` on :func:`_rank_cases`; the feedback names the usual mistake
+    (:data:`RANK_MISTAKES`) whose results match the answer's on every case, or else says
+    what it gave for the first case it got wrong, never what the sampler gives there."""
+    cases = _rank_cases()
+    got = [_outcome(rank_indices, list(order), rank, world) for order, rank, world in cases]
+    right = [order[rank::world] for order, rank, world in cases]
+    if got == right:
         return
-    for mistake, feedback in _RANK_FEEDBACK.items():
-        if all(mistake in found for _, found in failures):
-            raise CheckFailed(f"{failures[0][0]}: {feedback}")
-    raise CheckFailed(f"{failures[0][0]}. Hint: it deals like cards, one each in turn.")
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if a != b)
+    order, rank, world = cases[first]
+    where = {"rank": rank, "world": world, "order": order}
+    values = {
+        name: [_outcome(mistake, list(o), r, w) for o, r, w in cases]
+        for name, mistake in RANK_MISTAKES.items()
+    }
+    name = matching_mistake(got, values, right, lambda a, b: a == b)
+    if name is None and isinstance(got[first], tuple):
+        kind, what = got[first]
+        if kind == "raised":
+            raise CheckFailed(MESSAGES_06["rank_indices raised"].format(error=what, **where))
+        raise CheckFailed(
+            MESSAGES_06["rank_indices not indices"].format(
+                kind="None" if what is None else type(what).__name__, **where
+            )
+        )
+    shown = got[first] if isinstance(got[first], list) else got[first][1]
+    raise CheckFailed(MESSAGES_06[name or "rank_indices wrong"].format(got=shown, **where))
 
 
 # --------------------------------------------------------- exercise 06 (b): all-reduce

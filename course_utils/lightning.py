@@ -34,7 +34,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
-from course_utils.classroom import CheckFailed, answer_or_error, course_helpers_refused
+from course_utils.classroom import (
+    RULE_CAPABILITIES,
+    CheckFailed,
+    answer_or_error,
+    course_helpers_refused,
+    precision_rule_feedback,
+)
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
@@ -639,6 +645,35 @@ _AUTOMATIC = (
 )
 
 
+#: Notebook 05's check messages for exercise (a), by a stable name (see
+#: ``course_utils.classroom.MESSAGES_01``); (b)'s are ``MESSAGES_PRECISION_RULE`` there.
+MESSAGES_05 = {
+    "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
+    "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
+    "targets)",
+}
+
+
+def _smoothing_used(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> float | None:
+    """The label smoothing (0.01 to 0.2) whose cross-entropy ``loss`` is on ``batch``, when
+    it is not the plain cross-entropy (``None``: plain, or none of those)."""
+    network = getattr(module, "model", module)
+    try:
+        with torch.no_grad():
+            logits, targets = network(batch[0]), batch[1]
+            value = float(loss.detach())
+
+            def close(smoothing: float) -> bool:
+                wanted = nn.functional.cross_entropy(logits, targets, label_smoothing=smoothing)
+                return math.isclose(value, float(wanted), rel_tol=1e-5)
+
+            if close(0.0):
+                return None
+            return next((s for s in (0.1, 0.05, 0.2, 0.15, 0.01) if close(s)), None)
+    except (RuntimeError, TypeError, ValueError, IndexError):  # not a classifier's batch
+        return None
+
+
 def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> str | None:
     """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
     (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``). A
@@ -676,6 +711,9 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
             f"training_step should return the loss tensor itself (one number that backward "
             f"can use); yours returned {kind} (loss.item() or .detach() cut it off from backward)"
         )
+    smoothing = _smoothing_used(module, batch, loss)
+    if smoothing is not None:  # else a later check says what the logged loss shows
+        return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
     return None
 
 
@@ -713,28 +751,27 @@ def logged_loss_mistake(
 def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> None:
     """Exercise 05 (b): ``precision_flag(capability)`` against the course's rule
     (:func:`lightning_precision` of :func:`~course_utils.device.pick_precision`) on GPUs
-    from Pascal to Blackwell, with the course's precision helpers refused while the
-    learner's function runs (the exercise is to write the rule)."""
-    capabilities = [(7, 5), (8, 0), (6, 0), (7, 0), (8, 6), (9, 0), (10, 0), (3, 7), (12, 0)]
-    wants = {c: lightning_precision(pick_precision("cuda", capability=c)) for c in capabilities}
-    named = {"a T4 (7.5)": (7, 5), "an A100 (8.0)": (8, 0)}
-    why = {"16-mixed": "fp16 tensor cores and only emulated bf16", "bf16-mixed": "native bf16"}
+    from Kepler to Blackwell (:data:`~course_utils.classroom.RULE_CAPABILITIES`), with the
+    course's precision helpers refused while the learner's function runs (the exercise is
+    to write the rule); the feedback names the rule's usual mistake that the flags match
+    (:func:`~course_utils.classroom.precision_rule_feedback`)."""
     helpers = {
         "lightning_precision": lightning_precision,
         "pick_precision": pick_precision,
         "precision_support": precision_support,
     }
     with course_helpers_refused(helpers, *helpers):
-        got = {c: answer_or_error(precision_flag, c) for c in capabilities}
-    for gpu, capability in named.items():
-        want = wants[capability]
-        if got[capability] != want:
-            raise CheckFailed(f'{gpu} has {why[want]}: use "{want}", not {got[capability]!r}')
-    for capability, want in wants.items():
-        if got[capability] != want:
-            raise CheckFailed(
-                f"compute capability {capability}: expected {want!r}, got {got[capability]!r}"
-            )
+        got = {c: answer_or_error(precision_flag, c) for c in RULE_CAPABILITIES}
+    for capability, flag in got.items():
+        if isinstance(flag, str) and flag.startswith("your function raised"):
+            raise CheckFailed(f"compute capability {capability[0]}.{capability[1]}: {flag}")
+    names = {flag: name for name, flag in LIGHTNING_PRECISION.items()}
+    feedback = precision_rule_feedback(
+        {c: names.get(flag) if isinstance(flag, str) else None for c, flag in got.items()},
+        {c: repr(flag) for c, flag in got.items()},
+    )
+    if feedback:  # names the rule's mistake, never the flag of the capability it names
+        raise CheckFailed(feedback)
 
 
 def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:

@@ -34,3 +34,16 @@ def run_cells(path: Path, cell_ids: tuple[str, ...], **environment: str) -> dict
         for cell_id in cell_ids:
             exec(cells[cell_id], namespace)
     return namespace
+
+
+def messages_matching(text: str, messages: dict[str, str]) -> list[str]:
+    """The names of the check messages (templates with ``{placeholders}``) that ``text``
+    reads as: a test asserts that a wrong answer's feedback names its mistake and no other."""
+    import re
+
+    found = []
+    for name, template in messages.items():
+        parts = re.split(r"\{[^{}]*\}", template)
+        if re.fullmatch(".+?".join(map(re.escape, parts)), text, flags=re.DOTALL):
+            found.append(name)
+    return found

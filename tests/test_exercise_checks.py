@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from notebook_cells import code_cells, grade_cell
+from notebook_cells import code_cells, grade_cell, messages_matching
 
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_01, CheckFailed
 from course_utils.fake_nvml import FakeGpu, FakeNvml, gpu_from_sample
 from course_utils.nvml import snapshot
 
@@ -27,8 +27,10 @@ NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
 def _cells(path) -> dict[str, str]:
     return code_cells(path)
 
+
 def _grade_cell(path, grade_id: str) -> str:
     return grade_cell(path, grade_id)
+
 
 def _namespace(path, setup_ids: list[str], monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
@@ -90,29 +92,18 @@ def no_warmup_time_it(fn, device, warmup=2, repeats=5):
     return good_time_it(fn, device, warmup=0, repeats=warmup + repeats)
 
 
-def available_only_time_it(fn, device, warmup=2, repeats=5):
-    """Synchronizes whenever CUDA is available, whatever the device: still correct."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _timed(fn, device, warmup, repeats):
+    """The times of the repeats, each synchronized on a CUDA device."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return times
 
@@ -123,20 +114,6 @@ def mean_time_it(fn, device, warmup=2, repeats=5):  # issue 35: a mean where the
 
 def min_time_it(fn, device, warmup=2, repeats=5):  # 01-N5: the spec asks for the median
     return min(_timed(fn, device, warmup, repeats))
-
-
-def sorted_middle_time_it(fn, device, warmup=2, repeats=5):  # a median written by hand: right
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def ns_clock_time_it(fn, device, warmup=2, repeats=5):  # perf_counter_ns and torch: right
@@ -151,7 +128,97 @@ def ns_clock_time_it(fn, device, warmup=2, repeats=5):  # perf_counter_ns and to
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append((time.perf_counter_ns() - start) / 1e9)
-    return torch.tensor(times, dtype=torch.float64).median().item()
+    return torch.tensor(times, dtype=torch.float64).quantile(0.5).item()
+
+
+def no_argument_sync_time_it(fn, device, warmup=2, repeats=5):  # the current device: right
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _returning(statistic):
+    """A timer right in everything but the figure it returns: ``statistic(times)``."""
+
+    def time_it(fn, device, warmup=2, repeats=5):
+        return statistic(_timed(fn, device, warmup, repeats))
+
+    return time_it
+
+
+def _timing_everything(statistic):
+    def time_it(fn, device, warmup=2, repeats=5):
+        return statistic(_timed(fn, device, 0, warmup + repeats))
+
+    return time_it
+
+
+def _syncing(should_sync, *device_args):
+    """A right timer but for when it synchronizes (``should_sync(device)``) and which
+    device it names (``device_args``, or ``(device,)`` when empty)."""
+
+    def time_it(fn, device, warmup=2, repeats=5):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            if should_sync(device):
+                torch.cuda.synchronize(*(device_args or (device,)))
+            start = time.perf_counter()
+            fn()
+            if should_sync(device):
+                torch.cuda.synchronize(*(device_args or (device,)))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return time_it
+
+
+#: One wrong timer per usual mistake of 01 (c), and the message that must name it.
+TIME_IT_MISTAKES = {
+    "time_it mean": _returning(statistics.mean),
+    "time_it fastest": _returning(min),
+    "time_it slowest": _returning(max),
+    "time_it total": _returning(sum),
+    "time_it warm-up timed": _timing_everything(statistics.median),
+    "time_it mean of all": _timing_everything(statistics.mean),
+    "time_it milliseconds": _returning(lambda t: statistics.median(t) * 1e3),
+    "time_it upper middle": _returning(lambda t: sorted(t)[len(t) // 2]),  # blind spot
+    "time_it lower middle": _returning(lambda t: torch.tensor(t).median().item()),
+    "time_it unsorted middle": _returning(lambda t: t[len(t) // 2]),
+    "time_it duplicates dropped": _returning(lambda t: statistics.median(set(t))),
+    "time_it not the median": _returning(lambda t: statistics.median(t[1:] or t)),
+    "time_it synced because CUDA exists": _syncing(lambda d: torch.cuda.is_available()),
+    "time_it synced a CPU device": _syncing(lambda d: True),
+    "time_it synced another GPU": _syncing(lambda d: d.type == "cuda", 0),
+    "time_it no sync on GPU": no_sync_time_it,
+}
+
+
+@pytest.mark.parametrize("name", list(TIME_IT_MISTAKES))
+def test_time_it_feedback_names_each_mistake_and_no_other(nb01, name):
+    with pytest.raises(CheckFailed) as failed:
+        _run_check(NB01, "01-time-it-check", nb01, "time_it", TIME_IT_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_01) == [name], str(failed.value)
+
+
+def test_time_it_feedback_never_gives_the_median_of_the_failed_case(nb01):
+    """An even count is where the old check's own answer was wrong (the upper middle)."""
+    with pytest.raises(CheckFailed) as failed:
+        _run_check(
+            NB01, "01-time-it-check", nb01, "time_it", TIME_IT_MISTAKES["time_it not the median"]
+        )
+    assert "repeats that took 10 ms, 30 ms, 20 ms, 250 ms, 20 ms" in str(failed.value)
+    assert "20 ms" not in str(failed.value).split("gave")[1]  # that case's median
 
 
 def clockless_time_it(fn, device, warmup=2, repeats=5):  # issue 35: never reads a clock
@@ -173,9 +240,7 @@ def nb01(monkeypatch):
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize(
-    "solution", [good_time_it, available_only_time_it, sorted_middle_time_it, ns_clock_time_it]
-)
+@pytest.mark.parametrize("solution", [good_time_it, ns_clock_time_it, no_argument_sync_time_it])
 def test_time_it_check_passes_correct_timers(nb01, solution, capsys):
     _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
     assert "all checks passed" in capsys.readouterr().out

@@ -15,11 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from notebook_cells import code_cells, grade_cell
+from notebook_cells import code_cells, grade_cell, messages_matching
 from torch import nn
 from torch.utils import _pytree
 
-from course_utils.classroom import CheckFailed, answer_or_error, first_difference, record_autocast
+from course_utils.classroom import (
+    MESSAGES_PRECISION_RULE,
+    CheckFailed,
+    answer_or_error,
+    first_difference,
+    record_autocast,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NB01 = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
@@ -398,8 +404,8 @@ def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
         (course_helpers_forward, r"called the course's own pick_precision\(\)"),
         (agreeable_forward, "a subclass of torch.Tensor: return a plain torch.Tensor"),
         (fp16_everywhere_forward, r"an A100 \(8.0\), run model\(x\) under .*bfloat16"),
-        (strict_ampere_forward, r"an A100 \(8.0\).*bfloat16"),
-        (always_autocast_forward, "a P100 .* has no tensor cores: run model\\(x\\) in float32"),
+        (strict_ampere_forward, r"bf16 starts at 8.0 itself \(an A100\), capability >= \(8, 0\)"),
+        (always_autocast_forward, "GPUs below 7.0 have no tensor cores, so they run in float32"),
         (cast_output_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
         (float_output_forward, "do not convert the model, x or the output yourself"),
         (left_on_forward, "autocast is still on after your function returned"),
@@ -485,3 +491,42 @@ def test_a_right_answer_passes_after_an_earlier_answer_left_autocast_on(namespac
         assert not torch.is_autocast_enabled("cpu")
     finally:
         torch.set_autocast_enabled("cpu", False)
+
+
+def _forward_rule(rule):
+    """mixed_forward right but for its rule: ``rule(capability)`` -> fp32, fp16 or bf16."""
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+    def mixed_forward(model, x, capability):
+        picked = rule(capability)
+        if picked == "fp32":
+            return model(x)
+        with torch.autocast(x.device.type, dtype=dtypes[picked]):
+            return model(x)
+
+    return mixed_forward
+
+
+def _as_text(capability):  # "10.0" < "8.0" as text: the hidden Blackwell GPUs
+    text = f"{capability[0]}.{capability[1]}"
+    return "bf16" if text >= "8.0" else "fp16" if text >= "7.0" else "fp32"
+
+
+#: One wrong mixed_forward per usual mistake of its precision rule (01 (b)).
+MIXED_FORWARD_RULES = {
+    "precision as text": _as_text,
+    "precision after 8.0": lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32",
+    "precision from 7.5": lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32",
+    "precision named GPUs only": lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(c, "fp32"),
+    "precision fp16 before Volta": lambda c: "bf16" if c >= (8, 0) else "fp16",
+    "precision Ampere only": lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32",
+}
+
+
+@pytest.mark.parametrize("name", list(MIXED_FORWARD_RULES))
+def test_mixed_forward_feedback_names_each_rule_mistake_and_no_other(namespace, name):
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward",
+             _forward_rule(MIXED_FORWARD_RULES[name]))
+    assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
+        failed.value)

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from notebook_cells import code_cells, grade_cell
+from notebook_cells import code_cells, grade_cell, messages_matching
 
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_02, CheckFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
@@ -138,8 +138,46 @@ def test_run_mfu_check_passes_right_answers(namespace, solution, capsys):
 
 @pytest.mark.parametrize(
     ("solution", "feedback"),
-    [(forgot_tera, "convert TFLOP/s to FLOP/s"), (forgot_gpus, "combined peak of all 8")],
+    [(forgot_tera, "multiply it by 1e12"), (forgot_gpus, "combined peak, gpus × peak")],
 )
 def test_run_mfu_check_names_the_mistake(namespace, solution, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _run(namespace, "02-run-mfu-check", "run_mfu", solution)
+
+
+def _mfu_as(formula):
+    """run_mfu written as ``formula(flops, step_s, peak_tflops, gpus)``."""
+
+    def run_mfu(flops_per_step, step_s, peak_tflops, gpus=1):
+        return formula(flops_per_step, step_s, peak_tflops, gpus)
+
+    return run_mfu
+
+
+#: One wrong run_mfu per usual mistake of 02 (b), and the message that must name it.
+RUN_MFU_MISTAKES = {
+    "run_mfu tera": _mfu_as(lambda f, s, p, g: f / s / (g * p)),
+    "run_mfu giga": _mfu_as(lambda f, s, p, g: f / s / (g * p * 1e9)),
+    "run_mfu percentage": _mfu_as(lambda f, s, p, g: 100 * f / s / (g * p * 1e12)),
+    "run_mfu inverted": _mfu_as(lambda f, s, p, g: g * p * 1e12 / (f / s)),
+    "run_mfu gpus cancel": _mfu_as(lambda f, s, p, g: f * g / s / (g * p * 1e12)),
+    "run_mfu flops times gpus": _mfu_as(lambda f, s, p, g: f * g / s / (p * 1e12)),
+    "run_mfu gpus twice": _mfu_as(lambda f, s, p, g: f / g / s / (g * p * 1e12)),
+    "run_mfu step multiplied": _mfu_as(lambda f, s, p, g: f * s / (g * p * 1e12)),
+    "run_mfu wrong": _mfu_as(lambda f, s, p, g: f / s / (g * p * 1e12) + 0.01),
+    "run_mfu not a number": _mfu_as(lambda f, s, p, g: f"{f / s / (g * p * 1e12):.0%}"),
+    "run_mfu raised": _mfu_as(lambda f, s, p, g: f / s / (g * p * 1e12) / (g - 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(RUN_MFU_MISTAKES))
+def test_run_mfu_feedback_names_each_mistake_and_no_other(namespace, name):
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "02-run-mfu-check", "run_mfu", RUN_MFU_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_02) == [name], str(failed.value)
+
+
+def test_run_mfu_feedback_never_gives_the_failed_cases_mfu(namespace):
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "02-run-mfu-check", "run_mfu", RUN_MFU_MISTAKES["run_mfu wrong"])
+    assert "0.25" not in str(failed.value).split("gave")[1].split("which")[0]

@@ -15,10 +15,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell, run_cells
+from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.classroom import CheckFailed, check, check_close, passed
+from course_utils.classroom import MESSAGES_04, MESSAGES_04A, CheckFailed, check, check_close, passed
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.techniques import run_amp_step_against_fp32
 
@@ -352,15 +352,100 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
     ("grade_id", "name", "answer", "feedback"),
     [
         ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
-         r"a bfloat16 nn.Linear\(10, 5\) gets 228 bytes .*element_size\(\) bytes .* not always 4"),
-        ("04-batch-budget-check", "largest_batch", rounded_batch, r"7.5 samples' worth .* 7 fit"),
+         r"a bfloat16 nn.Linear\(10, 5\) .* as if every element took 4 bytes"),
+        ("04-batch-budget-check", "largest_batch", rounded_batch, r"rounded to the nearest"),
         ("04-batch-budget-check", "largest_batch", split_floor_batch,
-         r"flooring each part gives 8"),
+         r"each divided by per_sample first"),
     ],
 )
 def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_a_b(nb04, grade_id, name, answer)
+
+
+def _batch_as(formula):
+    """largest_batch written as ``formula(budget, static, per_sample)``."""
+
+    def largest_batch(budget, static, per_sample):
+        return formula(budget, static, per_sample)
+
+    return largest_batch
+
+
+def _strict_loop(budget, static, per_sample):  # a strict comparison: the exact fit missed
+    n = 0
+    while static + (n + 1) * per_sample < budget:
+        n += 1
+    return n
+
+
+def _one_past_loop(budget, static, per_sample):  # counts the first batch that does not fit
+    n = 0
+    while static + n * per_sample <= budget:
+        n += 1
+    return n
+
+
+#: One wrong largest_batch per usual mistake of 04 (b), and the message that must name it.
+LARGEST_BATCH_MISTAKES = {
+    "largest_batch strict": _strict_loop,
+    "largest_batch one too many": _one_past_loop,
+    "largest_batch precedence": _batch_as(lambda b, s, p: max(0, b - s // p)),
+    "largest_batch no static": _batch_as(lambda b, s, p: b // p),
+    "largest_batch static per sample": _batch_as(lambda b, s, p: b // (s + p)),
+    "largest_batch rounded": rounded_batch,
+    "largest_batch ceiling": _batch_as(lambda b, s, p: max(0, math.ceil((b - s) / p))),
+    "largest_batch floored each": split_floor_batch,
+    "largest_batch negative": _batch_as(lambda b, s, p: (b - s) // p),
+    "largest_batch not a whole number": _batch_as(lambda b, s, p: max(0, (b - s) // p) * 1.0),
+    "largest_batch wrong": _batch_as(lambda b, s, p: max(0, (b - s) // p - 2)),
+    "largest_batch raised": _batch_as(lambda b, s, p: (b - s) // p if b > s else [][0]),
+}
+
+
+@pytest.mark.parametrize("name", list(LARGEST_BATCH_MISTAKES))
+def test_largest_batch_feedback_names_each_mistake_and_no_other(nb04, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check_a_b(nb04, "04-batch-budget-check", "largest_batch", LARGEST_BATCH_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_04) == [name], str(failed.value)
+    assert "strict?" not in str(failed.value)  # the old first guard, asked of every mistake
+
+
+def _adam_as(formula):
+    """adam_state_bytes as ``formula(trainable, every)`` over the model's parameters."""
+
+    def adam_state_bytes(model):
+        every = list(model.parameters())
+        return formula([p for p in every if p.requires_grad], every)
+
+    return adam_state_bytes
+
+
+def _bytes(params):
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+#: One wrong adam_state_bytes per usual mistake of 04 (a), and the message that must name it.
+ADAM_STATE_MISTAKES = {
+    "adam_state no step": _adam_as(lambda t, e: 2 * _bytes(t)),
+    "adam_state one step": _adam_as(lambda t, e: 2 * _bytes(t) + 4),
+    "adam_state four bytes": adam_four_bytes,
+    "adam_state one average": _adam_as(lambda t, e: _bytes(t) + 4 * len(t)),
+    "adam_state frozen counted": _adam_as(lambda t, e: 2 * _bytes(e) + 4 * len(e)),
+    "adam_state gradients counted": _adam_as(lambda t, e: 3 * _bytes(t) + 4 * len(t)),
+    "adam_state elements": _adam_as(lambda t, e: 2 * sum(p.numel() for p in t) + len(t)),
+    "adam_state wrong": _adam_as(lambda t, e: 2 * _bytes(t) + 8 * len(t)),
+    "adam_state not a number": _adam_as(lambda t, e: f"{2 * _bytes(t) + 4 * len(t)} bytes"),
+    "adam_state raised": _adam_as(lambda t, e: 2 * _bytes(t) + 4 * len(t) / (len(e) - 4)),
+}
+
+
+@pytest.mark.parametrize("name", list(ADAM_STATE_MISTAKES))
+def test_adam_state_feedback_names_each_mistake_and_no_other(nb04, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", ADAM_STATE_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_04A) == [name], str(failed.value)
+    assert "expected" not in str(failed.value)  # the old message gave the layer's bytes
 
 
 # ------------------------------------------------------- issue 35 leftovers: (a)
@@ -405,7 +490,7 @@ def test_adam_state_from_the_course_helpers_fails(nb04, answer):
 
 
 def test_one_step_counter_for_the_model_is_named(nb04):
-    with pytest.raises(CheckFailed, match=r"for each parameter tensor .*not one per model"):
+    with pytest.raises(CheckFailed, match=r"one step counter for the model: Adam keeps one 4-byte step for each parameter tensor"):
         _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_one_counter)
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from notebook_cells import grade_cell, run_cells
+from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_PRECISION_RULE, CheckFailed
+from course_utils.lightning import MESSAGES_05
 from course_utils.device import pick_precision
 from course_utils.lightning import lightning_precision
 
@@ -357,3 +358,59 @@ def test_hard_coded_resume_steps_fail_without_the_hidden_cases(nb05):
                      wasted=lambda every, lost_at: lost_at - _hard_coded(every, lost_at))
     with pytest.raises(CheckFailed, match=r"resume_step\(1, 3\) gave 1: the checkpoint of step 2"):
         exec(source, namespace)
+
+
+def _flag_rule(rule):
+    """precision_flag written as ``rule(capability)`` -> "fp32", "fp16" or "bf16"."""
+    flags = {"fp32": "32-true", "fp16": "16-mixed", "bf16": "bf16-mixed"}
+
+    def precision_flag(capability):
+        return flags[rule(capability)]
+
+    return precision_flag
+
+
+def _as_text(capability):  # "10.0" < "8.0" as text
+    text = f"{capability[0]}.{capability[1]}"
+    return "bf16" if text >= "8.0" else "fp16" if text >= "7.0" else "fp32"
+
+
+#: One wrong precision_flag per usual mistake of 05 (b), and the message that must name it.
+PRECISION_FLAG_MISTAKES = {
+    "precision as text": _flag_rule(_as_text),
+    "precision after 8.0": _flag_rule(
+        lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32"),
+    "precision from 7.5": _flag_rule(
+        lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32"),
+    "precision named GPUs only": _flag_rule(lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(
+        tuple(c), "fp32")),
+    "precision fp16 before Volta": _flag_rule(lambda c: "bf16" if c >= (8, 0) else "fp16"),
+    "precision Ampere only": _flag_rule(
+        lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32"),
+    "precision wrong": _flag_rule(lambda c: "bf16" if c >= (8, 0) and c != (8, 6) else (
+        "fp16" if c >= (7, 0) else "fp32")),
+}
+
+
+@pytest.mark.parametrize("name", list(PRECISION_FLAG_MISTAKES))
+def test_precision_flag_feedback_names_each_mistake_and_no_other(nb05, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check_b(nb05, PRECISION_FLAG_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
+        failed.value)
+    assert "bf16-mixed" not in str(failed.value).split("got")[1]  # never the expected flag
+
+
+class LabelSmoothing(Right):  # a habit from other courses: not the plain loop's loss
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(self.model(inputs), targets, label_smoothing=0.1)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_label_smoothing_is_named_not_told_as_a_logging_problem(nb05):
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb05, LabelSmoothing)
+    assert messages_matching(str(failure.value), MESSAGES_05) == ["label smoothing"]
+    assert "the logged" not in str(failure.value)

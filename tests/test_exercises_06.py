@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from notebook_cells import grade_cell, run_cells
+from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.classroom import CheckFailed
+from course_utils.distributed import MESSAGES_06
 from course_utils.data import SyntheticImages
 from course_utils.models import build_model
 
@@ -70,22 +71,44 @@ def test_rank_indices_passes_right_answers(nb06, answer, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("answer", "feedback"),
-    [
-        (positions, "you dealt the positions 0, 1, 2"),
-        (chunks, "a contiguous block of the order"),
-        (lambda order, rank, world_size: order[(rank + 1) % world_size :: world_size],
-         "you started one place off: ranks count from 0"),
-        (lambda order, rank, world_size: sorted(order[rank::world_size]),
-         "the right indices in another order (sorted?)"),
-        (lambda order, rank, world_size: order[rank::world_size][::-1], "in another order"),
-        (lambda order, rank, world_size: order[:3], "it deals like cards"),
+def _swapped(order, world_size, rank):  # the arguments read in the other order
+    return list(order[rank::world_size])
+
+
+#: One wrong rank_indices per usual mistake of 06 (a), and the message that must name it.
+RANK_INDICES_MISTAKES = {
+    "rank_indices positions": positions,
+    "rank_indices sorted order": lambda order, rank, world_size: sorted(order)[rank::world_size],
+    "rank_indices dealt then sorted": lambda order, rank, world_size: sorted(
+        order[rank::world_size]
+    ),
+    "rank_indices reordered": lambda order, rank, world_size: order[rank::world_size][::-1],
+    "rank_indices block": chunks,
+    "rank_indices from 1": lambda order, rank, world_size: order[rank + 1 :: world_size],
+    "rank_indices from 1 wrapped": lambda order, rank, world_size: order[
+        (rank + 1) % world_size :: world_size
     ],
-    ids=["positions", "chunks", "one-based", "sorted", "reversed", "other"],
-)
-def test_rank_indices_names_the_mistake(nb06, answer, feedback):
-    _fails_with(nb06, "06-rank-indices-check", "rank_indices", answer, feedback)
+    "rank_indices swapped": _swapped,
+    "rank_indices wrong": lambda order, rank, world_size: order[:3],
+    "rank_indices raised": lambda order, rank, world_size: [order[len(order)]],
+    "rank_indices not indices": lambda order, rank, world_size: None,
+}
+
+
+@pytest.mark.parametrize("name", list(RANK_INDICES_MISTAKES))
+def test_rank_indices_feedback_names_each_mistake_and_no_other(nb06, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check(nb06, "06-rank-indices-check", "rank_indices", RANK_INDICES_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_06) == [name], str(failed.value)
+
+
+def test_a_sorted_order_is_not_called_positions(nb06):
+    """On a sampler's order (0 to n - 1 shuffled) the two give the same indices: the check
+    tells them apart on a made-up order of a subset's indices."""
+    with pytest.raises(CheckFailed) as failed:
+        _check(nb06, "06-rank-indices-check", "rank_indices",
+               RANK_INDICES_MISTAKES["rank_indices sorted order"])
+    assert "sorted order" in str(failed.value) and "positions" not in str(failed.value)
 
 
 # ----------------------------------------------------------------------------- (b)

@@ -13,9 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell
+from notebook_cells import grade_cell, messages_matching
 
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_07, CheckFailed
 from course_utils.oom import is_out_of_memory
 
 NB07 = Path(__file__).resolve().parent.parent / "notebooks" / "07_gpu_memory_and_cache.ipynb"
@@ -353,3 +353,30 @@ def test_after_empty_cache_asks_for_a_tuple(capsys):
     assert "all checks passed" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match=r"return a tuple \(reserved, smi\), got \[512, 912\]"):
         _after_empty_cache_check(lambda allocated, _reserved, ctx: [allocated, allocated + ctx])
+
+
+#: One wrong after_empty_cache per usual mistake of 07 (a), and the message that must name it.
+AFTER_EMPTY_CACHE_MISTAKES = {
+    "after_empty_cache swapped": lambda allocated, reserved, context: (
+        allocated + context, allocated),
+    "after_empty_cache nothing freed": lambda allocated, reserved, context: (
+        reserved, reserved + context),
+    "after_empty_cache live freed": lambda allocated, reserved, context: (0, context),
+    "after_empty_cache no context": lambda allocated, reserved, context: (allocated, allocated),
+    "after_empty_cache old smi": lambda allocated, reserved, context: (
+        allocated, reserved + context),
+    "after_empty_cache wrong": lambda allocated, reserved, context: (
+        allocated, allocated + context + 1),
+    "after_empty_cache not a pair": lambda allocated, reserved, context: allocated,
+    "after_empty_cache raised": lambda allocated, reserved, context: (
+        allocated, allocated + context / (allocated - 512)),
+}
+
+
+@pytest.mark.parametrize("name", list(AFTER_EMPTY_CACHE_MISTAKES))
+def test_after_empty_cache_feedback_names_each_mistake_and_no_other(name):
+    with pytest.raises(CheckFailed) as failed:
+        _after_empty_cache_check(AFTER_EMPTY_CACHE_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_07) == [name], str(failed.value)
+    if name != "after_empty_cache swapped":  # its own value holds both numbers
+        assert "912" not in str(failed.value).split("gave")[-1]  # the first case's smi

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell
+from notebook_cells import grade_cell, messages_matching
 
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_08, CheckFailed
 from course_utils.profiling import LoopProfile
 
 NB08 = Path(__file__).resolve().parent.parent / "notebooks" / "08_capstone.ipynb"
@@ -47,9 +47,9 @@ COMPUTE_BOUND = LoopProfile(num_steps=10, samples=80, data_s=0.2, copy_s=0.05, c
                             wall_s=1.0)
 
 
-def _check_a(namespace, profile, bottleneck, max_speedup):
+def _check_a(namespace, profile, read_profile):
     namespace.update(baseline=SimpleNamespace(profile=profile), profile=profile,
-                     BOTTLENECK=bottleneck, MAX_SPEEDUP=max_speedup)
+                     read_profile=read_profile)
     exec(_grade_cell("08-bottleneck-check"), namespace)
 
 
@@ -64,11 +64,11 @@ def _from_times(p):
     return name, p.wall_s / (p.wall_s - times[name])
 
 
-def _from_shares(p):  # the shares printed by the notebook, rounded as printed
+def _from_shares(p):  # the shares printed by the notebook, rounded as printed; a tensor
     shares = {"data": round(p.data_wait_fraction, 3), "copy": round(p.copy_fraction, 3),
               "compute": round(p.compute_fraction, 3)}
     name = max(shares, key=shares.get)
-    return name, 1 / (1 - shares[name])
+    return name, torch.tensor(1 / (1 - shares[name]))
 
 
 def _from_phase_sum(p):  # the sum of the three phases as the step time
@@ -78,27 +78,75 @@ def _from_phase_sum(p):  # the sum of the three phases as the step time
                                                 "compute": "compute_s"}[name]))
 
 
+def _from_solution(p):  # the notebook's own solution cell
+    namespace = {"profile": p}
+    exec(_cells()["nb08-10"].source, namespace)
+    return namespace["read_profile"](p)
+
+
 @pytest.mark.parametrize("profile", [DATA_BOUND, COMPUTE_BOUND])
-@pytest.mark.parametrize("answer", [_from_times, _from_shares, _from_phase_sum])
+@pytest.mark.parametrize("answer", [_from_times, _from_shares, _from_phase_sum, _from_solution])
 def test_bottleneck_check_passes_right_answers(nb08_imports, profile, answer, capsys):
-    bottleneck, bound = answer(profile)
-    _check_a(nb08_imports, profile, bottleneck, torch.tensor(bound) if answer is _from_shares
-             else bound)
+    _check_a(nb08_imports, profile, answer)
     assert "all checks passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("profile", "bottleneck", "max_speedup", "feedback"), [
-    (COMPUTE_BOUND, "data", 1 / 0.8, "most of the step time went to 'compute'"),  # guessed
-    (DATA_BOUND, "Data", 1 / 0.3, 'should be "data"'),
-    (DATA_BOUND, "data", 0.7, "not a speed-up"),  # the share, not a speed-up
-    (DATA_BOUND, "data", 1 / 0.7, "removing the phase leaves the rest"),  # total / phase
-    (DATA_BOUND, "data", 2.0, "3.33x at most"),  # a guess
-    (COMPUTE_BOUND, "compute", 1 / 0.3, "4.00x at most"),  # DATA_BOUND's answer, copied
-])
-def test_bottleneck_check_names_the_mistake(nb08_imports, profile, bottleneck, max_speedup,
-                                            feedback):
-    with pytest.raises(CheckFailed, match=feedback.replace("(", r"\(")):
-        _check_a(nb08_imports, profile, bottleneck, max_speedup)
+def _phase(p, name):
+    return {"data": p.data_s, "copy": p.copy_s, "compute": p.compute_s}[name]
+
+
+def _speedup(formula):
+    """A right bottleneck with the speed-up ``formula(total, phase_s)``."""
+
+    def read_profile(p):
+        name, _ = _from_times(p)
+        return name, formula(p.wall_s, _phase(p, name))
+
+    return read_profile
+
+
+def _smallest(p):
+    times = {"data": p.data_s, "copy": p.copy_s, "compute": p.compute_s}
+    name = min(times, key=times.get)
+    return name, p.wall_s / (p.wall_s - times[name])
+
+
+#: One wrong read_profile per usual mistake of 08 (a), and the message that must name it.
+READ_PROFILE_MISTAKES = {
+    # the blind spot: what this run's profile said, written down (the grader's run agrees)
+    "bottleneck constant": lambda p: ("data", 1 / 0.3),
+    "bottleneck smallest": _smallest,
+    "bottleneck wrong": lambda p: ("compute" if p.data_s > 0.5 else "data", 2.0),
+    "bottleneck not a phase": lambda p: ("Data", 1 / 0.3),
+    "speedup constant": lambda p: (_from_times(p)[0], 1 / 0.3),
+    "speedup share": _speedup(lambda total, phase: phase / total),
+    "speedup rest share": _speedup(lambda total, phase: (total - phase) / total),
+    "speedup total over phase": _speedup(lambda total, phase: total / phase),
+    "speedup minus one": _speedup(lambda total, phase: phase / (total - phase)),
+    "speedup of the data phase": lambda p: (_from_times(p)[0], p.wall_s / (p.wall_s - p.data_s)),
+    "speedup wrong": _speedup(lambda total, phase: total / (total - phase) + 0.5),
+    "read_profile not a pair": lambda p: _from_times(p)[0],
+}
+
+
+@pytest.mark.parametrize("name", list(READ_PROFILE_MISTAKES))
+def test_bottleneck_feedback_names_each_mistake_and_no_other(nb08_imports, name):
+    with pytest.raises(CheckFailed) as failed:
+        _check_a(nb08_imports, DATA_BOUND, READ_PROFILE_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_08) == [name], str(failed.value)
+
+
+def test_an_answer_written_down_from_this_run_fails(nb08_imports):
+    """The blind spot: the run's own profile alone cannot tell reading it from a constant."""
+    written_down = _from_times(DATA_BOUND)
+    with pytest.raises(CheckFailed, match="compute the answer from the profile argument"):
+        _check_a(nb08_imports, DATA_BOUND, lambda p: written_down)
+
+
+def test_bottleneck_feedback_never_gives_the_failed_profiles_speedup(nb08_imports):
+    with pytest.raises(CheckFailed) as failed:
+        _check_a(nb08_imports, DATA_BOUND, READ_PROFILE_MISTAKES["speedup wrong"])
+    assert "3.33" not in str(failed.value)  # DATA_BOUND's right answer
 
 
 # ----------------------------------------------------------------------------- (b)
@@ -115,29 +163,40 @@ def nb08():
 
 
 def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
-               move_labels=True, move_inputs=True, move_together=False):
-    """A fixed loop with one habit put back (or none): how learners write it."""
+               move_labels=True, move_inputs=True, move_together=False, pin="device",
+               non_blocking=True, autocast="device", scaler=True):
+    """A fixed loop with one habit put back (or none): how learners write it. ``pin``:
+    pin_memory decided by "device" (right), "available" (torch.cuda.is_available()) or
+    None (never); ``autocast``: for "device" (right), another device type, or None."""
     PreDecodedImages, DataLoader = nb["PreDecodedImages"], nb["DataLoader"]
     augment, batch = nb["augment_on_device"], nb["BIG_BATCH"]
 
     def fast_loop(data, model, device, timed):
+        on_gpu = device.type == "cuda"
+        pinned = on_gpu if pin == "device" else pin == "available" and torch.cuda.is_available()
         dataset = PreDecodedImages.from_encoded(data) if decode_once else data
-        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True,
+                            pin_memory=pinned)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        grad_scaler = torch.amp.GradScaler(enabled=on_gpu and scaler)
+        where = device.type if autocast == "device" else (autocast or device.type)
         losses = []
         for step, pair in enumerate(timed(loader)):
             if move_together:  # right: one comprehension moves both
-                inputs, targets = (t.to(device, non_blocking=True) for t in pair)
+                inputs, targets = (t.to(device, non_blocking=non_blocking) for t in pair)
             else:
                 inputs, targets = pair
-                inputs = inputs.to(device, non_blocking=True) if move_inputs else inputs
-                targets = targets.to(device) if move_labels else targets
+                inputs = inputs.to(device, non_blocking=non_blocking) if move_inputs else inputs
+                targets = targets.to(device) if move_labels and not non_blocking else (
+                    targets.to(device, non_blocking=True) if move_labels else targets)
             if decode_once:
                 inputs = augment(inputs, data.image_size)
-            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            with torch.autocast(where, dtype=torch.float16, enabled=on_gpu and bool(autocast)):
+                loss = torch.nn.functional.cross_entropy(model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            grad_scaler.scale(loss).backward()
+            grad_scaler.step(optimizer)
+            grad_scaler.update()
             losses.append(read(step, loss) if read else loss.detach())
             if empty_cache:
                 torch.cuda.empty_cache()
@@ -198,3 +257,23 @@ def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
 def test_fast_loop_check_names_the_mistake(nb08, habits, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_b(nb08, _fast_loop(nb08, **habits))
+
+
+#: One fixed loop per GPU habit left out (08 (b), seen by spies on any grader), and the
+#: message that must name it.
+GPU_HABITS = {
+    "fast_loop not pinned": dict(pin=None),
+    "fast_loop pinned by CUDA": dict(pin="available"),
+    "fast_loop blocking copy": dict(non_blocking=False),
+    "fast_loop no autocast": dict(autocast=None),
+    "fast_loop autocast elsewhere": dict(autocast="cpu"),
+    "fast_loop no scaler": dict(scaler=False),
+}
+
+
+@pytest.mark.parametrize("name", list(GPU_HABITS))
+def test_fast_loop_feedback_names_each_gpu_habit_left_out_and_no_other(nb08, name):
+    """A CPU grader used to see none of these (they cost nothing on a CPU)."""
+    with pytest.raises(CheckFailed) as failed:
+        _check_b(nb08, _fast_loop(nb08, **GPU_HABITS[name]))
+    assert messages_matching(str(failed.value), MESSAGES_08) == [name], str(failed.value)
