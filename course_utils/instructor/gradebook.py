@@ -55,6 +55,7 @@ from course_utils.instructor.similarity import (
     SimilarPair,
     answer_cells,
     boilerplate,
+    given_cells,
     own_code,
     similar_pairs,
     write_similarity,
@@ -617,13 +618,16 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
 def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
     """Each submission's answer cells (for the similarity report); unreadable ones: none."""
     answers: dict[str, dict[str, dict[str, str]]] = {}
-    references: dict[str, Any] = {}
+    references: dict[str, tuple[Any, frozenset[str]]] = {}
     for task in tasks:
         try:
-            reference = references.get(task.source) or read_notebook(Path(task.source))
-            references[task.source] = reference
-            cells = answer_cells(read_notebook(Path(task.path)), reference)
-            cells.update(own_code(read_notebook(Path(task.path)), reference))
+            if task.source not in references:
+                reference = read_notebook(Path(task.source))
+                references[task.source] = (reference, given_cells(reference))
+            reference, given = references[task.source]
+            submission = read_notebook(Path(task.path))
+            cells = answer_cells(submission, reference)
+            cells.update(own_code(submission, reference, given))
         except Exception:
             continue
         answers.setdefault(task.learner, {})[task.notebook] = cells

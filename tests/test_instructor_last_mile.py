@@ -1,0 +1,128 @@
+"""The last mile for instructors and self-learners (issue 46): a similarity report of a
+class taught from ``publish``'s output that names only the real copy, every roster student
+in the gradebook, Canvas's submission times and anonymous downloads, and a self-learner's
+JupyterLab without the answers."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from course_utils import publish
+from course_utils.instructor.gradebook import Task, _answers
+from course_utils.instructor.similarity import OWN_CODE, SOLUTION, boilerplate, similar_pairs
+from course_utils.instructor.student import nbgrader_role, read_notebook, write_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB1 = "01_runtime_and_devices.ipynb"
+
+#: grace's own answers (distinctive), and a helper cell of hers.
+GRACE = {
+    "01-my-to-device": (
+        "def my_to_device(batch, device):\n"
+        "    def walk(node):\n"
+        "        if torch.is_tensor(node):\n"
+        "            return node.to(device, non_blocking=True)\n"
+        "        if isinstance(node, dict):\n"
+        "            return node.__class__((k, walk(v)) for k, v in node.items())\n"
+        "        if hasattr(node, '_fields'):\n"
+        "            return node.__class__(*map(walk, node))\n"
+        "        if isinstance(node, (list, tuple)):\n"
+        "            return node.__class__(map(walk, node))\n"
+        "        return node\n"
+        "    return walk(batch)\n"
+    ),
+    "01-mixed-forward": (
+        "def mixed_forward(model, x, capability):\n"
+        "    major, minor = capability\n"
+        "    table = {9: torch.bfloat16, 8: torch.bfloat16, 7: torch.float16}\n"
+        "    chosen = table.get(min(major, 9))\n"
+        "    if chosen is None:\n"
+        "        return model(x)\n"
+        "    with torch.autocast(device_type=x.device.type, dtype=chosen):\n"
+        "        out = model(x)\n"
+        "    return out\n"
+    ),
+}
+HELPER = (
+    "def grace_timer(fn, reps):\n"
+    "    samples = sorted(timeit_once(fn) for _ in range(reps * 3 + 1))\n"
+    "    spread = samples[-1] - samples[0]\n"
+    "    print('spread of the samples', spread, 'middle', samples[len(samples) // 2])\n"
+    "    return samples[len(samples) // 2], spread\n"
+)
+
+
+def _renamed(code: str) -> str:
+    """frank's copy: grace's code, names changed and reformatted."""
+    for old, new in (("walk", "visit"), ("node", "item"), ("chosen", "dt"), ("table", "m"),
+                     ("samples", "ts"), ("spread", "rng"), ("grace_timer", "frank_t")):
+        code = re.sub(rf"\b{old}\b", new, code)
+    return code.replace("    ", "  ")
+
+
+def _published(tmp_path: Path) -> Path:
+    """Notebook 01 as the ``colab`` branch publishes it (setup cell filled in)."""
+    root = tmp_path / "checkout"
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copy2(ROOT / "notebooks" / LAB1, root / "notebooks" / LAB1)
+    shutil.copy2(ROOT / "colab_setup.sh", root / "colab_setup.sh")
+    shutil.copytree(ROOT / "translations", root / "translations")
+    out = tmp_path / "colab"
+    publish.stage_branch(root, out, repo="someorg/gpu-course", ref="a" * 40, branch="colab")
+    return out / "notebooks" / LAB1
+
+
+def _learner(student: Path, answers: dict[str, str], helper: str | None = None):
+    notebook = read_notebook(student)
+    for cell in notebook.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if nbgrader_role(cell) == "solution" and gid in answers:
+            cell.source = answers[gid]
+    if helper is not None:
+        import nbformat
+
+        notebook.cells.append(nbformat.v4.new_code_cell(helper))
+    return notebook
+
+
+def test_a_class_taught_from_publish_reports_only_the_real_copy(tmp_path):
+    student = _published(tmp_path)
+    setup = next(c for c in read_notebook(student).cells if "colab-setup" in c.metadata.get("tags", []))
+    assert 'COURSE_REPO = "someorg/gpu-course"' in setup.source  # filled in by publish
+    reference = read_notebook(ROOT / "notebooks" / LAB1)
+    solutions = {
+        cell.metadata["nbgrader"]["grade_id"]: "\n".join(
+            line for line in cell.source.splitlines() if "SOLUTION" not in line
+        )
+        for cell in reference.cells
+        if nbgrader_role(cell) == "solution"
+    }
+    class_ = {
+        "alice": _learner(student, solutions),
+        "bob": _learner(student, solutions),
+        "dave": _learner(student, solutions),
+        "carol": _learner(student, {}),  # changed nothing
+        "grace": _learner(student, GRACE, HELPER),
+        "frank": _learner(student, {k: _renamed(v) for k, v in GRACE.items()},
+                          _renamed(HELPER)),
+    }
+    tasks = []
+    for name, notebook in class_.items():
+        write_notebook(notebook, tmp_path / "class" / name / LAB1)
+        tasks.append(Task(name, LAB1, str(tmp_path / "class" / name / LAB1),
+                          str(ROOT / "notebooks" / LAB1)))
+    answers = _answers(tasks)
+    assert OWN_CODE not in answers["carol"][LAB1]  # the setup cell is the instructor's
+    pairs = similar_pairs(answers, {LAB1: boilerplate(reference)})
+    learners = [p for p in pairs if p.learner_b != SOLUTION]
+    assert learners, "the copy is found"
+    assert {frozenset((p.learner_a, p.learner_b)) for p in learners} == {
+        frozenset(("frank", "grace"))
+    }
+    assert {p.exercise for p in learners} == {"01-my-to-device", "01-mixed-forward", OWN_CODE}
+    honest = {p.learner_a for p in pairs if p.learner_b == SOLUTION}
+    assert honest == {"alice", "bob", "dave"}
