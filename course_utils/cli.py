@@ -222,6 +222,13 @@ def _parser() -> argparse.ArgumentParser:
         parser_.add_argument("--late-penalty", help="e.g. 10%%/day (or 10%% once) of the points")
         parser_.add_argument("--late-cap", help="the most a late notebook loses (default 100%%)")
         parser_.add_argument("--due", help="the deadline, ISO 8601 (for --submitted-at times)")
+        parser_.add_argument(
+            "--missing",
+            choices=("0", "blank"),
+            default="0",
+            help="a notebook not handed in: scores 0 (default), or an empty cell (Canvas: "
+            "missing); with --roster every student of it has a row",
+        )
     for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
@@ -416,6 +423,7 @@ def _class_outputs(args: argparse.Namespace) -> Any:
         columns=parse_columns(args.column),
         overrides=args.overrides,
         late=late_policy(args.late_penalty, args.late_cap, args.due),
+        missing=args.missing,
     )
 
 

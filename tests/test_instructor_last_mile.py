@@ -126,3 +126,49 @@ def test_a_class_taught_from_publish_reports_only_the_real_copy(tmp_path):
     assert {p.exercise for p in learners} == {"01-my-to-device", "01-mixed-forward", OWN_CODE}
     honest = {p.learner_a for p in pairs if p.learner_b == SOLUTION}
     assert honest == {"alice", "bob", "dave"}
+
+
+ROSTER = (
+    "Student,ID,SIS User ID,SIS Login ID,Section,01_ex (5501)\n"
+    "    Points Possible,,,,,3\n"
+    '"Lee, Ann",101,s-1,ann,Lab A,\n'
+    '"Roe, Carol",103,s-3,carol,Lab B,\n'
+    '"Doe, Dan",104,,,Lab B,\n'
+    "\"Student, Test\",999,,,,\n"
+)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.parametrize("missing", ["0", "blank"])
+def test_every_roster_student_has_a_row_in_both_files(tmp_path, missing):
+    from course_utils.instructor.gradebook import ClassOutputs, write_class
+    from course_utils.instructor.shards import ClassRun
+
+    roster = tmp_path / "roster.csv"
+    roster.write_text(ROSTER, encoding="utf-8")
+    check = {"grade_id": "ex-a", "points": 2.0, "max_points": 3.0, "reason": "", "matched": ""}
+    report = {"score": 2.0, "max_score": 3.0, "matched": [], "checks": [check]}
+    result = {"learner": "ann", "notebook": "01_ex.ipynb", "report": report,
+              "path": str(tmp_path / "none.ipynb"), "source": str(tmp_path / "none.ipynb")}
+    run = ClassRun(["ann"], ["01_ex.ipynb"], {"01_ex.ipynb": 3.0},
+                   tasks=[("ann", "01_ex.ipynb")],
+                   handed={"ann": {"01_ex.ipynb": {"file": "01_ex.ipynb", "how": ""}}})
+    outputs = ClassOutputs(roster=roster, missing=missing)
+    write_class(tmp_path / "out", run, [result], outputs, {"01_ex.ipynb": {"ex-a": 3.0}}, pairs=[])
+    book = {row["learner"]: row for row in _rows(tmp_path / "out" / "gradebook.csv")}
+    assert sorted(book) == ["104", "ann", "carol"]  # dan has no login: by his ID
+    absent = "" if missing == "blank" else "0"
+    assert book["ann"]["01_ex.ipynb"] == "2"
+    assert book["carol"]["01_ex.ipynb"] == absent and book["carol"]["max"] == "3"
+    assert book["carol"]["missing"] == "01_ex.ipynb"
+    canvas = {row["ID"]: row for row in _rows(tmp_path / "out" / "canvas.csv")[1:]}
+    assert sorted(canvas) == ["101", "103", "104"]  # not the test student
+    assert canvas["101"]["01_ex (5501)"] == "2"
+    assert canvas["103"]["01_ex (5501)"] == absent
+    assert canvas["103"]["SIS Login ID"] == "carol" and canvas["104"]["Student"] == "Doe, Dan"

@@ -35,7 +35,12 @@ from typing import Any, TextIO
 from course_utils.instructor import cgroups, validation
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.adjust import LatePolicy, adjust, late_text, read_overrides
-from course_utils.instructor.canvas import check_roster, read_roster, write_canvas
+from course_utils.instructor.canvas import (
+    absent_students,
+    check_roster,
+    read_roster,
+    write_canvas,
+)
 from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
@@ -430,10 +435,11 @@ def write_gradebook(
     notes: dict[str, list[str]],
     maxima: dict[str, float] | None = None,
     unmatched: Mapping[str, Sequence[str]] | None = None,
+    missing_blank: bool = False,
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths. A notebook of the
-    assignment that a learner did not hand in scores 0 of its points (``maxima``) and is
-    named in the ``missing`` column, unless the learner handed in a notebook that matched
+    assignment that a learner did not hand in scores 0 of its points (``maxima``; an
+    empty cell with ``missing_blank``) and is named in the ``missing`` column, unless the learner handed in a notebook that matched
     none (``unmatched``): then its cell is empty and the file is named in ``unmatched``.
     A late penalty (``report["late"]``) gets a ``late-penalty`` row in ``checks.csv``."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
@@ -456,7 +462,8 @@ def write_gradebook(
                 result = {"error": "not submitted"}
             report = result.get("report")
             if report is None:
-                row.append("" if lost and notebook in missing else "0")
+                blank = notebook in missing and (lost or missing_blank)
+                row.append("" if blank else "0")
                 most += (maxima or {}).get(notebook, 0.0)
                 if notebook not in missing:
                     said.append(f"{notebook}: {result.get('error', '?')}")
@@ -645,6 +652,8 @@ class ClassOutputs:
     columns: Mapping[str, str] = field(default_factory=dict)
     overrides: Path | None = None
     late: LatePolicy | None = None
+    #: a notebook not handed in: "0" (scores 0) or "blank" (an empty cell; Canvas: missing)
+    missing: str = "0"
 
 
 def write_class(
@@ -669,8 +678,12 @@ def write_class(
     for line in unused:
         notes.setdefault(line.split("'")[0].removeprefix("override for "), []).append(line)
     unmatched = run.unmatched
+    learners = list(run.learners)
+    if outputs.roster is not None and run.shard[1] == 1:  # the whole class: all the roster
+        learners = sorted([*learners, *absent_students(outputs.roster, learners)])
+    blank = outputs.missing == "blank"
     book, checks_csv = write_gradebook(
-        out, run.learners, run.assignment, adjusted, notes, run.maxima, unmatched
+        out, learners, run.assignment, adjusted, notes, run.maxima, unmatched, blank
     )
     scores = {
         (r["learner"], r["notebook"]): r["report"]["score"] for r in adjusted if "report" in r
@@ -682,9 +695,10 @@ def write_class(
         if (learner, notebook) not in scores
         and (unmatched.get(learner) or notebook in run.handed.get(learner, {}))
     }
+    handed_in = {(learner, nb) for learner, notebooks in run.handed.items() for nb in notebooks}
     canvas = write_canvas(
-        out, run.learners, run.assignment, scores, run.maxima, outputs.roster,
-        columns=outputs.columns, pending=pending,
+        out, learners, run.assignment, scores, run.maxima, outputs.roster,
+        columns=outputs.columns, pending=pending, handed=handed_in if blank else None,
     )  # fmt: skip
     if pairs is None:
         pairs = similar_pairs(run.answers, run.given, outputs.threshold)
