@@ -197,8 +197,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     klass.add_argument(
         "--submitted-at",
-        type=Path,
-        help="CSV of submission times (learner or ID, submitted_at) for --due",
+        action="append",
+        default=[],
+        metavar="[NOTEBOOK=]FILE",
+        help="submission times for --due (repeatable): Canvas's submissions API JSON, or a "
+        "CSV (learner or ID, submitted_at); NOTEBOOK= for one notebook's assignment",
     )
     klass.add_argument("--shard", help="grade share K of N of the class (K/N), for grade-merge")
     merge = command("grade-merge", "merge grade-class --shard output folders into one", None)
@@ -413,7 +416,7 @@ def _class_outputs(args: argparse.Namespace) -> Any:
 
     if not 0 < args.similarity <= 1:
         raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")
-    for name in ("roster", "overrides", "submitted_at"):
+    for name in ("roster", "overrides"):
         path = getattr(args, name, None)
         if path is not None and not path.is_file():
             raise ValueError(f"no such {name.replace('_', '-')} file: {path}")

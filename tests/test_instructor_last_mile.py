@@ -91,7 +91,8 @@ def _learner(student: Path, answers: dict[str, str], helper: str | None = None):
 
 def test_a_class_taught_from_publish_reports_only_the_real_copy(tmp_path):
     student = _published(tmp_path)
-    setup = next(c for c in read_notebook(student).cells if "colab-setup" in c.metadata.get("tags", []))
+    cells = read_notebook(student).cells
+    setup = next(c for c in cells if "colab-setup" in c.metadata.get("tags", []))
     assert 'COURSE_REPO = "someorg/gpu-course"' in setup.source  # filled in by publish
     reference = read_notebook(ROOT / "notebooks" / LAB1)
     solutions = {
@@ -172,3 +173,108 @@ def test_every_roster_student_has_a_row_in_both_files(tmp_path, missing):
     assert canvas["101"]["01_ex (5501)"] == "2"
     assert canvas["103"]["01_ex (5501)"] == absent
     assert canvas["103"]["SIS Login ID"] == "carol" and canvas["104"]["Student"] == "Doe, Dan"
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zipped:
+        for name, data in members.items():
+            zipped.writestr(name, data)
+    return path
+
+
+def _api(path: Path, submissions: list[dict]) -> str:
+    """Canvas's submissions API answer for one assignment (the fields we read, and more)."""
+    import json
+
+    full = [{"id": 9000 + n, "assignment_id": 5501, "attempt": 1, "workflow_state": "submitted",
+             "late": False, "seconds_late": 0, "score": None, **item}
+            for n, item in enumerate(submissions)]
+    path.write_text(json.dumps(full), encoding="utf-8")
+    return str(path)
+
+
+def _anonymous_class(tmp_path: Path) -> dict[str, Path]:
+    """An anonymously graded assignment of two notebooks, as Canvas's download names it."""
+    from test_grader import _instructor
+
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    write_notebook(_instructor(), source / "02_ex.ipynb")
+    files = tmp_path / "files"
+    members = {}
+    for name in ("anon_Xa7Qp_9001_01_ex.ipynb", "anon_Xa7Qp_9002_02_ex.ipynb",
+                 "anon_bT3kZ_9003_01_ex-1.ipynb"):
+        write_notebook(_instructor(), files / name)
+        members[name] = (files / name).read_bytes()
+    roster = tmp_path / "roster.csv"
+    roster.write_text(ROSTER, encoding="utf-8")
+    return {"source": source, "zip": _zip(tmp_path / "download.zip", members), "roster": roster}
+
+
+def test_an_anonymous_download_is_mapped_through_the_api_and_times_are_per_notebook(tmp_path):
+    from datetime import datetime, timezone
+
+    from course_utils.instructor.canvas import read_roster
+    from course_utils.instructor.intake import collect, read_times
+    from course_utils.instructor.student import InputError
+
+    made = _anonymous_class(tmp_path)
+    students = read_roster(made["roster"])[0]
+    notebooks = ["01_ex.ipynb", "02_ex.ipynb"]
+    with pytest.raises(InputError, match="anonymous download"):
+        collect(made["zip"], notebooks, tmp_path / "d", students)
+    lab1 = _api(tmp_path / "lab1.json", [
+        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-03T10:00:00Z"},
+        {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
+        {"user_id": 104, "anonymous_id": "qq111", "submitted_at": None},  # nothing handed in
+    ])
+    lab2 = _api(tmp_path / "lab2.json", [
+        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-05T08:30:00-05:00"},
+    ])
+    times = read_times([f"01_ex={lab1}", f"02_ex.ipynb={lab2}"], notebooks)
+    intake = collect(made["zip"], notebooks, tmp_path / "d", students, times)
+    assert sorted(intake.handed) == ["ann", "carol"]
+    utc = timezone.utc
+    assert intake.handed["ann"]["01_ex.ipynb"].submitted_at == datetime(2026, 12, 3, 10, tzinfo=utc)
+    assert intake.handed["ann"]["02_ex.ipynb"].submitted_at == datetime(2026, 12, 5, 13, 30,
+                                                                        tzinfo=utc)
+    assert intake.handed["carol"]["01_ex.ipynb"].submitted_at == datetime(2026, 12, 1, 12,
+                                                                          tzinfo=utc)
+    # a CSV still works, for every notebook or with a notebook column
+    csv_times = tmp_path / "times.csv"
+    csv_times.write_text("ID,notebook,submitted_at\n101,02_ex,2026-12-02T00:00:00Z\n")
+    intake = collect(made["zip"], notebooks, tmp_path / "d", students,
+                     read_times([lab1, str(csv_times)], notebooks))
+    assert intake.handed["ann"]["02_ex.ipynb"].submitted_at == datetime(2026, 12, 2, tzinfo=utc)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"errors": [{"message": "Invalid access token."}]}')
+    with pytest.raises(InputError, match="submissions API"):
+        read_times([str(bad)], notebooks)
+
+
+@pytest.mark.slow
+def test_an_anonymous_zip_grades_with_per_notebook_lateness_from_the_api(tmp_path, capsys):
+    from course_utils.cli import main
+
+    made = _anonymous_class(tmp_path)
+    lab1 = _api(tmp_path / "lab1.json", [  # Canvas's late: its own due dates and extensions
+        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-03T10:00:00Z",
+         "late": True, "seconds_late": 122460},
+        {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
+    ])
+    lab2 = _api(tmp_path / "lab2.json", [
+        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-01T08:00:00Z"},
+    ])
+    out = tmp_path / "out"
+    assert main(["grade-class", str(made["zip"]), "--source", str(made["source"]),
+                 "--roster", str(made["roster"]), "--out", str(out), "--jobs", "1",
+                 "--sandbox", "none", "--late-penalty", "10%/day",
+                 "--due", "2026-12-01T23:59:00Z",
+                 "--submitted-at", f"01_ex={lab1}", "--submitted-at", f"02_ex={lab2}"]) == 0
+    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    assert sorted(book) == ["104", "ann", "carol"]
+    assert book["ann"]["late"] == "01_ex.ipynb: 2 days late: -0.6"  # 02 was on time
+    assert (book["ann"]["01_ex.ipynb"], book["ann"]["02_ex.ipynb"]) == ("2.4", "3")
+    assert book["carol"]["01_ex.ipynb"] == "3" and book["carol"]["late"] == ""

@@ -11,8 +11,9 @@ or ``SIS Login ID``: without a roster the learner's name goes into ``SIS Login I
 and section from the roster. A cell whose notebook was handed in but not scored is left
 empty (the import keeps what Canvas has), never 0. With a roster every student of it has a
 row, those who handed in nothing too (:func:`absent_students`); a notebook not handed in
-counts 0, or with ``--missing blank`` leaves its cell empty (Canvas: missing). The file is written whole or not at
-all, and a roster that lacks a learner leaves none (:func:`check_roster`).
+counts 0, or with ``--missing blank`` leaves its cell empty (Canvas: missing). The file is
+written whole or not at all, and a roster that lacks a learner leaves none
+(:func:`check_roster`).
 """
 
 from __future__ import annotations
@@ -135,9 +136,10 @@ def write_canvas(
     """Write ``out/canvas.csv`` (whole, or not at all) and return its path. A learner's
     cell is the sum of the points of the notebooks that go to its column; a notebook not
     handed in counts 0, but with ``handed`` (the learner and notebook of each one handed
-    in) a cell none of whose notebooks was handed in is left empty (Canvas: missing); a cell with a notebook in ``pending`` (handed in but not scored:
-    not matched, or not graded) is left empty, so the import keeps what Canvas has.
-    :class:`InputError`, and no ``canvas.csv``, when the roster lacks a learner."""
+    in) a cell none of whose notebooks was handed in is left empty (Canvas: missing); a
+    cell with a notebook in ``pending`` (handed in but not scored: not matched, or not
+    graded) is left empty, so the import keeps what Canvas has. :class:`InputError`, and
+    no ``canvas.csv``, when the roster lacks a learner."""
     students = check_roster(out, roster, learners) if roster else {}
     roster_columns = read_roster(roster)[1] if roster else []
     chosen = assignment_columns(notebooks, roster_columns, columns or {})
@@ -155,9 +157,9 @@ def write_canvas(
         cells = []
         for header in headers:
             group = groups[header]
-            if any((learner, notebook) in pending for notebook in group):
-                cells.append("")
-            elif handed is not None and not any((learner, nb) in handed for nb in group):
+            unscored = any((learner, notebook) in pending for notebook in group)
+            absent = handed is not None and not any((learner, nb) in handed for nb in group)
+            if unscored or absent:
                 cells.append("")
             else:
                 cells.append(f"{sum(scores.get((learner, nb), 0) for nb in group):g}")

@@ -439,9 +439,10 @@ def write_gradebook(
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths. A notebook of the
     assignment that a learner did not hand in scores 0 of its points (``maxima``; an
-    empty cell with ``missing_blank``) and is named in the ``missing`` column, unless the learner handed in a notebook that matched
-    none (``unmatched``): then its cell is empty and the file is named in ``unmatched``.
-    A late penalty (``report["late"]``) gets a ``late-penalty`` row in ``checks.csv``."""
+    empty cell with ``missing_blank``) and is named in the ``missing`` column, unless the
+    learner handed in a notebook that matched none (``unmatched``): then its cell is empty
+    and the file is named in ``unmatched``. A late penalty (``report["late"]``) gets a
+    ``late-penalty`` row in ``checks.csv``."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
     header = ["learner", *notebooks, "total", "max", "missing", "notes", "tampering"]
     header += ["unmatched", "late"]
@@ -765,7 +766,7 @@ def grade_class(
     whole_source: bool = True,
     outputs: ClassOutputs = ClassOutputs(),
     students: Sequence[str] = (),
-    submitted_at: Path | None = None,
+    submitted_at: Sequence[str] = (),
 ) -> ClassGrades:
     """Grade every learner's notebooks in ``submissions`` (a folder per learner, nbgrader's
     layout, or Canvas's download: :mod:`~course_utils.instructor.intake`), or shard K/N's
@@ -782,7 +783,7 @@ def grade_class(
     if parallel:  # the workers' server imports the grader while the submissions are read
         _start_workers_server(sources)
     roster = read_roster(outputs.roster)[0] if outputs.roster else None
-    times = read_times(submitted_at) if submitted_at else None
+    times = read_times(list(submitted_at), list(sources)) if submitted_at else None
     intake = collect(submissions, list(sources), out / "download", roster, times)
     handed_in = {nb for notebooks in intake.handed.values() for nb in notebooks}
     if not handed_in:
