@@ -153,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     ddp.add_argument("--model", choices=("mlp", "small_cnn"), default="mlp")
     student = command("student", "write student versions of notebooks", "build/student")
     student.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    student.add_argument(
+        "--keep", action="store_true", help="leave notebooks already in --out as they are"
+    )
 
     site = command("site", "build the course website from make course's notebooks", "build/site")
     site.add_argument("notebooks", nargs="?", type=Path, default=Path("build/notebooks"))
@@ -403,7 +406,7 @@ def _ddp_check(args: argparse.Namespace) -> int:
 def _student(args: argparse.Namespace) -> int:
     from course_utils.instructor.student import make_student_versions  # lazy: imports nbformat
 
-    written = make_student_versions(args.paths, args.out)
+    written = make_student_versions(args.paths, args.out, keep=args.keep)
     print(f"{len(written)} student notebook(s) written to {args.out}")
     return 0
 
