@@ -278,3 +278,42 @@ def test_an_anonymous_zip_grades_with_per_notebook_lateness_from_the_api(tmp_pat
     assert book["ann"]["late"] == "01_ex.ipynb: 2 days late: -0.6"  # 02 was on time
     assert (book["ann"]["01_ex.ipynb"], book["ann"]["02_ex.ipynb"]) == ("2.4", "3")
     assert book["carol"]["01_ex.ipynb"] == "3" and book["carol"]["late"] == ""
+
+
+def _check_cell(notebook: str, grade_id: str, student: bool) -> str:
+    from course_utils.instructor.student import student_version
+
+    source = read_notebook(ROOT / "notebooks" / notebook)
+    if student:
+        source = student_version(source)
+    return next(cell.source for cell in source.cells
+                if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+@pytest.mark.parametrize(
+    ("notebook", "grade_id", "answers"),
+    [
+        # the course's own mfu(), or an expected MFU (0.1 of 6.5 TFLOP per second on a T4)
+        ("02_nvidia_smi_and_monitoring.ipynb", "02-run-mfu-check",
+         [r"\bmfu\(", r"6\.5e12", r"\b0\.1\b\s*,\s*\""]),
+        ("03_data_loading_and_batch_size.ipynb", "03-accumulation-check",
+         [r"\b256\b", r"\b0\.8\b", r"scaled_lr\(", r"32 \* 8"]),
+    ],
+)
+def test_a_visible_check_states_properties_not_the_value(notebook, grade_id, answers):
+    visible = _check_cell(notebook, grade_id, student=True)
+    for answer in answers:
+        assert not re.search(answer, visible), f"the visible check of {grade_id}: {answer!r}"
+    assert "HIDDEN TESTS" in _check_cell(notebook, grade_id, student=False)
+
+
+def test_a_wrong_accumulation_that_keeps_the_rule_passes_the_visible_check_only():
+    from course_utils.classroom import CheckFailed, check, check_close, passed
+    from course_utils.training import scaled_lr
+
+    namespace = {"check": check, "check_close": check_close, "passed": passed,
+                 "scaled_lr": scaled_lr, "effective_batch": 64, "new_lr": 0.2}
+    nb03 = "03_data_loading_and_batch_size.ipynb"
+    exec(_check_cell(nb03, "03-accumulation-check", student=True), dict(namespace))
+    with pytest.raises(CheckFailed, match="effective_batch is 64"):
+        exec(_check_cell(nb03, "03-accumulation-check", student=False), dict(namespace))
