@@ -317,3 +317,38 @@ def test_a_wrong_accumulation_that_keeps_the_rule_passes_the_visible_check_only(
     exec(_check_cell(nb03, "03-accumulation-check", student=True), dict(namespace))
     with pytest.raises(CheckFailed, match="effective_batch is 64"):
         exec(_check_cell(nb03, "03-accumulation-check", student=False), dict(namespace))
+
+
+def test_torch_profiler_prints_nothing_on_a_machine_without_a_gpu():
+    import os
+    import subprocess
+    import sys
+
+    from course_utils.nvml import nvml_status
+
+    if nvml_status() == "ok":
+        pytest.skip("an NVIDIA driver answers here: kineto's messages are left as they are")
+    code = ("import torch\nimport course_utils.profiling\n"
+            "from torch.profiler import ProfilerActivity, profile\n"
+            "with profile(activities=[ProfilerActivity.CPU]):\n    torch.ones(3) + 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300, check=True)
+    assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr, done.stderr
+
+
+def test_the_grader_does_not_print_torchs_no_cuda_runtime_warning():
+    import subprocess
+    import sys
+
+    def stderr(code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, check=True)
+        return done.stderr
+
+    if "No CUDA runtime is found" not in stderr("import torch.utils.benchmark"):
+        pytest.skip("torch does not warn here (a GPU, or no CUDA toolkit)")
+    # what the workers' server does at every grading start: the grader, then the checks'
+    # modules (01 imports torch.utils.benchmark)
+    code = "import course_utils.instructor.gradebook\nimport torch.utils.benchmark\n"
+    assert "No CUDA runtime is found" not in stderr(code)

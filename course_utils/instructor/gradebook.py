@@ -17,6 +17,7 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -286,6 +287,12 @@ def _context(preload: Sequence[str] = ()) -> Any:
     context.set_forkserver_preload([__name__, *preload])
     return context
 
+
+#: torch.utils.cpp_extension (which torch.utils.benchmark imports, and the notebooks import
+#: that) warns "No CUDA runtime is found, using CUDA_HOME=..." on a machine without a GPU
+#: but with a CUDA toolkit: on the grader's terminal at every start (the workers' server
+#: imports the checks' modules), about nothing the instructor has to do. Not said here.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 #: The packages whose modules the checks import that the workers' server imports too:
 #: the course's own, whose import cannot fail with anything but ImportError (anything else
