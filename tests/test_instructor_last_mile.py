@@ -352,3 +352,13 @@ def test_the_grader_does_not_print_torchs_no_cuda_runtime_warning():
     # modules (01 imports torch.utils.benchmark)
     code = "import course_utils.instructor.gradebook\nimport torch.utils.benchmark\n"
     assert "No CUDA runtime is found" not in stderr(code)
+
+
+def test_the_call_for_a_gpu_record_goes_to_contributors_not_learners(capsys):
+    from course_utils import records, report
+
+    assert records.recorded_gpu_figures("05", records=[]) == []
+    said = capsys.readouterr().out
+    assert "No GPU record holds notebook 05's figures yet" in said  # what a learner reads
+    assert "send the record" not in said and "gpu-record" not in said
+    assert "gpu-record" in report._recorded_html("05", [])  # the run report asks for one
