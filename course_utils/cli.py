@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         "--answers", action="store_true", help="the full notebooks (a solutions branch)"
     )
     publish.add_argument("--remote", default="origin", help="where to push (origin)")
+    publish.add_argument(
+        "--answers-branch",
+        default="auto",
+        help="the remote's branch with the answers, which the README names (default: "
+        "solutions if the remote has it; none: the answers are not published there)",
+    )
     publish.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
     run = command("run-notebooks", "execute notebooks and write a report", "build")
@@ -309,6 +315,7 @@ def _publish(args: argparse.Namespace) -> int:
         branch=args.branch,
         answers=args.answers,
         remote=args.remote,
+        answers_branch=None if args.answers_branch == "none" else args.answers_branch,
     )
     kind = "with their answers" if args.answers else "student versions"
     if not done.pushed:

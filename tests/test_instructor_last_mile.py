@@ -362,3 +362,34 @@ def test_the_call_for_a_gpu_record_goes_to_contributors_not_learners(capsys):
     assert "No GPU record holds notebook 05's figures yet" in said  # what a learner reads
     assert "send the record" not in said and "gpu-record" not in said
     assert "gpu-record" in report._recorded_html("05", [])  # the run report asks for one
+
+
+def test_a_colab_branch_without_a_solutions_branch_beside_it_says_so(tmp_path):
+    import subprocess
+
+    def git(where: Path, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], check=True, text=True,
+                              capture_output=True).stdout.strip()
+
+    root = tmp_path / "private"
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copy2(ROOT / "notebooks" / LAB1, root / "notebooks" / LAB1)
+    for name in ("colab_setup.sh", "README.md"):
+        shutil.copy2(ROOT / name, root / name)
+    shutil.copytree(ROOT / "translations", root / "translations")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "course")
+    public = tmp_path / "public.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(public)], check=True)
+
+    def readme(answers_branch: str | None = publish.AUTO) -> str:
+        publish.publish(root, repo="org/public", ref="a" * 40, remote=str(public),
+                        answers_branch=answers_branch)
+        return git(public, "show", "colab:README.md")
+
+    assert "The answers are not published in this repository" in readme()  # two repositories
+    git(root, "push", "-q", str(public), "main:refs/heads/solutions")  # one repository
+    note = readme()
+    assert "The `solutions` branch has them" in note and "not published" not in note
+    assert "not published in this repository" in readme(None)  # --answers-branch none
