@@ -471,9 +471,9 @@ def collect(
                 "a Canvas download names learners by their Canvas user id: pass --roster "
                 "(the course's gradebook, Grades → Export)"
             )
-        found = _canvas_files(folder, students, intake, times.anonymous)
-        files.update(found)  # type: ignore[arg-type]
-        hidden = sorted(learner for learner in found if learner.startswith("anon_"))
+        by_canvas = _canvas_files(folder, students, intake, times.anonymous)
+        files.update(by_canvas)  # type: ignore[arg-type]
+        hidden = sorted(learner for learner in by_canvas if learner.startswith("anon_"))
         if hidden:
             raise InputError(
                 f"an anonymous download ({hidden[0]}...): Canvas's submissions API maps its "
