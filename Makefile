@@ -14,7 +14,7 @@ PYTEST := $(PY) -m pytest -p no:cacheprovider
 # of the suite waits on one core for kernels, processes and imports. TEST_JOBS=0: one.
 TEST_JOBS ?= auto
 
-.PHONY: help env course site test quick lint lab gpu-lane bench lock clean student colab-check
+.PHONY: help env course site test quick lint lab lab-answers gpu-lane bench lock clean student colab-check
 
 help:
 	@echo "make course    run every notebook headlessly, write build/report.html"
@@ -22,7 +22,8 @@ help:
 	@echo "make test      unit tests, doctests and nbval on every notebook (small workload)"
 	@echo "make quick     the inner loop: unit tests and doctests not marked slow, no notebooks"
 	@echo "make colab-check  Colab's versions + colab_setup.sh + every notebook (pip only)"
-	@echo "make lab       JupyterLab on notebooks/"
+	@echo "make lab       JupyterLab on the exercises without their answers, in my-notebooks/"
+	@echo "make lab-answers  JupyterLab on notebooks/, answers included (to check your work)"
 	@echo "make gpu-lane  the GPU record: GPU tests and full-size notebooks (on a GPU machine)"
 	@echo "make bench     run benchmarks/, figures as JSON in build/bench/"
 	@echo "make lock      regenerate requirements.lock and environment.yml"
@@ -74,12 +75,23 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 student: env
 	$(PY) -m course_utils student notebooks --out build/student
 
-# JupyterLab as learners get it: jupyter-config/ (first in JUPYTER_CONFIG_PATH) turns off
-# nbgrader's lab extension (its menu, "Validate" button and "Create Assignment" panel),
-# which the lock installs for instructors; `.venv/bin/jupyter lab` shows it.
+# JupyterLab as learners get it, on the student versions (no answers, no hidden checks) in
+# $(LAB_DIR): written from notebooks/ for each notebook not there yet, so a learner's work
+# there is never overwritten (delete a file to start it afresh). `make lab-answers` opens
+# notebooks/ itself, answers and hidden checks included, to check your work against.
+# jupyter-config/ (first in JUPYTER_CONFIG_PATH) turns off nbgrader's lab extension (its
+# menu, "Validate" button and "Create Assignment" panel), which the lock installs for
+# instructors (`.venv/bin/jupyter lab` shows it); its lab-settings/ turns off the Jupyter
+# news toast (JupyterLab would ask on first start whether to fetch news from the internet).
+LAB_DIR ?= my-notebooks
+LAB := JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+  $(VENV)/bin/jupyter lab $(LAB_ARGS) --LabApp.app_settings_dir="$(CURDIR)/jupyter-config/lab-settings"
 lab: env
-	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-	  $(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
+	$(PY) -m course_utils student notebooks --out $(LAB_DIR) --keep
+	$(LAB) $(LAB_DIR)/
+
+lab-answers: env
+	$(LAB) notebooks/
 
 # The GPU record (README: "The GPU record"): the doctor's check, the gpu/multigpu tests and
 # every notebook at the full workload, strict GPU claims, record in build/gpu-lane/. Runs on

@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         "--answers", action="store_true", help="the full notebooks (a solutions branch)"
     )
     publish.add_argument("--remote", default="origin", help="where to push (origin)")
+    publish.add_argument(
+        "--answers-branch",
+        default="auto",
+        help="the remote's branch with the answers, which the README names (default: "
+        "solutions if the remote has it; none: the answers are not published there)",
+    )
     publish.add_argument("--root", type=Path, default=Path("."), help="the course checkout")
 
     run = command("run-notebooks", "execute notebooks and write a report", "build")
@@ -167,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     ddp.add_argument("--model", choices=("mlp", "small_cnn"), default="mlp")
     student = command("student", "write student versions of notebooks", "build/student")
     student.add_argument("paths", nargs="*", type=Path, default=[Path("notebooks")])
+    student.add_argument(
+        "--keep", action="store_true", help="leave notebooks already in --out as they are"
+    )
 
     site = command("site", "build the course website from make course's notebooks", "build/site")
     site.add_argument("notebooks", nargs="?", type=Path, default=Path("build/notebooks"))
@@ -211,8 +220,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     klass.add_argument(
         "--submitted-at",
-        type=Path,
-        help="CSV of submission times (learner or ID, submitted_at) for --due",
+        action="append",
+        default=[],
+        metavar="[NOTEBOOK=]FILE",
+        help="submission times for --due (repeatable): Canvas's submissions API JSON, or a "
+        "CSV (learner or ID, submitted_at); NOTEBOOK= for one notebook's assignment",
     )
     klass.add_argument("--shard", help="grade share K of N of the class (K/N), for grade-merge")
     merge = command("grade-merge", "merge grade-class --shard output folders into one", None)
@@ -236,6 +248,13 @@ def _parser() -> argparse.ArgumentParser:
         parser_.add_argument("--late-penalty", help="e.g. 10%%/day (or 10%% once) of the points")
         parser_.add_argument("--late-cap", help="the most a late notebook loses (default 100%%)")
         parser_.add_argument("--due", help="the deadline, ISO 8601 (for --submitted-at times)")
+        parser_.add_argument(
+            "--missing",
+            choices=("0", "blank"),
+            default="0",
+            help="a notebook not handed in: scores 0 (default), or an empty cell (Canvas: "
+            "missing); with --roster every student of it has a row",
+        )
     for parser_ in (grade, klass):  # no defaults: the grader's own (Options, Limits)
         parser_.add_argument("--source", type=Path, help="instructor notebook(s) (the course's)")
         parser_.add_argument("--cell-timeout", type=float, help="seconds per cell (default: 120)")
@@ -310,6 +329,7 @@ def _publish(args: argparse.Namespace) -> int:
         branch=args.branch,
         answers=args.answers,
         remote=args.remote,
+        answers_branch=None if args.answers_branch == "none" else args.answers_branch,
     )
     kind = "with their answers" if args.answers else "student versions"
     if not done.pushed:
@@ -411,7 +431,7 @@ def _ddp_check(args: argparse.Namespace) -> int:
 def _student(args: argparse.Namespace) -> int:
     from course_utils.instructor.student import make_student_versions  # lazy: imports nbformat
 
-    written = make_student_versions(args.paths, args.out)
+    written = make_student_versions(args.paths, args.out, keep=args.keep)
     print(f"{len(written)} student notebook(s) written to {args.out}")
     return 0
 
@@ -424,7 +444,7 @@ def _class_outputs(args: argparse.Namespace) -> Any:
 
     if not 0 < args.similarity <= 1:
         raise ValueError(f"--similarity must be in (0, 1], not {args.similarity:g}")
-    for name in ("roster", "overrides", "submitted_at"):
+    for name in ("roster", "overrides"):
         path = getattr(args, name, None)
         if path is not None and not path.is_file():
             raise ValueError(f"no such {name.replace('_', '-')} file: {path}")
@@ -434,6 +454,7 @@ def _class_outputs(args: argparse.Namespace) -> Any:
         columns=parse_columns(args.column),
         overrides=args.overrides,
         late=late_policy(args.late_penalty, args.late_cap, args.due),
+        missing=args.missing,
     )
 
 

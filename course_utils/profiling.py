@@ -3,6 +3,7 @@ to the device, and the compute. Overhead: under 2% of a step (bench_profiler_ove
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -12,6 +13,30 @@ import torch
 
 from course_utils.device import to_device
 from course_utils.timing import format_seconds, synchronizer
+
+#: What torch.profiler's tracer (kineto) prints at or above: 6 silences it.
+KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+
+
+def quiet_kineto_without_gpu() -> bool:
+    """Silence ``torch.profiler``'s tracer (kineto) on a machine without a usable NVIDIA
+    driver, unless ``KINETO_LOG_LEVEL`` is set: when a profile starts, a CUDA build's
+    kineto probes CUDA and prints a red ``ERROR ... gpuGetDeviceCount failed with code 35``
+    and two ``USDT ... profiler_start/stop`` lines, harmless and nothing to do with the
+    learner's code. With a GPU it is left as it is (its messages may matter there). Kineto
+    reads the variable when a profile starts, so this works after ``import torch``; it
+    asks NVML, never CUDA (fork-safe). Returns whether it silenced kineto."""
+    from course_utils.nvml import nvml_status  # lazy: loads NVML
+
+    if KINETO_LOG_LEVEL in os.environ:
+        return False
+    if torch.backends.cuda.is_built() and nvml_status() == "ok":
+        return False
+    os.environ[KINETO_LOG_LEVEL] = "6"
+    return True
+
+
+quiet_kineto_without_gpu()
 
 
 @dataclass

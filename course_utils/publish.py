@@ -49,6 +49,10 @@ FIRST_GPU_NOTEBOOK = 2
 #: Text that must not survive in a student version (nbgrader's markers).
 ANSWER_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 _BRANCH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./-]*$")
+#: Where the workflow publishes the full notebooks (``--answers``), which the README names.
+ANSWERS_BRANCH = "solutions"
+#: ``publish(answers_branch=AUTO)``: the answers branch if the remote has one (see there).
+AUTO = "auto"
 
 
 class PublishError(RuntimeError):
@@ -88,12 +92,20 @@ def answers_left(notebook: dict[str, Any]) -> list[str]:
 
 
 def stage_branch(
-    root: Path, out: Path, *, repo: str, ref: str, branch: str, answers: bool = False
+    root: Path,
+    out: Path,
+    *,
+    repo: str,
+    ref: str,
+    branch: str,
+    answers: bool = False,
+    answers_branch: str | None = ANSWERS_BRANCH,
 ) -> list[Path]:
     """Write into the empty folder ``out`` the files of the published branch ``branch``
     (see the module doc), with setup cells pointed at ``repo``/``ref``; return the
-    notebooks (the English ones, then each language's). ``PublishError`` if a student
-    version still holds an answer marker."""
+    notebooks (the English ones, then each language's). ``answers_branch``: where the
+    same repository publishes the answers, or None (the README then says they are not
+    published there). ``PublishError`` if a student version still holds an answer marker."""
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no notebooks in {root / 'notebooks'}: is --root a checkout?")
@@ -125,12 +137,15 @@ def stage_branch(
             notebook["metadata"].update(json.loads(json.dumps(COLAB_GPU_METADATA)))
         text = json.dumps(notebook, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
         path.write_text(text, encoding="utf-8")
-    _add_branch_note(out / "README.md", branch, answers)
+    _add_branch_note(out / "README.md", branch, answers, answers_branch)
     return written
 
 
-def _add_branch_note(readme: Path, branch: str, answers: bool) -> None:
-    """A line under the README's badge line saying what this branch is."""
+def _add_branch_note(
+    readme: Path, branch: str, answers: bool, answers_branch: str | None = ANSWERS_BRANCH
+) -> None:
+    """A line under the README's badge line saying what this branch is, and for a student
+    branch where the answers are (or that they are not published in this repository)."""
     if not readme.is_file():
         return
     lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
@@ -139,10 +154,19 @@ def _add_branch_note(readme: Path, branch: str, answers: bool) -> None:
         if answers
         else "the notebooks ready for Colab, the exercises without their answers"
     )
+    where = ""
+    if not answers:
+        where = (
+            f" The `{answers_branch}` branch has them with their answers."
+            if answers_branch
+            else f" The answers are not published in this repository (the exercises are "
+            f"graded): where this README names a `{ANSWERS_BRANCH}` branch, it does not "
+            "apply here."
+        )
     note = (
         f"\n> This is the `{branch}` branch of the course: {what}. It is written by the "
         "course's publish workflow; the course's source (its package and tests) is on "
-        "`main`.\n"
+        f"`main`.{where}\n"
     )
     at = 3 if len(lines) >= 3 else len(lines)
     readme.write_text("".join([*lines[:at], note, *lines[at:]]), encoding="utf-8")
@@ -160,6 +184,11 @@ def _git(root: Path, *args: str, env: dict[str, str] | None = None, check: bool 
         message = " ".join((done.stderr or done.stdout).split())[:400]
         raise PublishError(f"git {args[0]} failed: {message}")
     return done.stdout.strip()
+
+
+def _has_branch(root: Path, remote: str, branch: str) -> bool:
+    """Whether ``remote`` has ``branch`` (nothing fetched)."""
+    return bool(_git(root, "ls-remote", "--heads", remote, f"refs/heads/{branch}"))
 
 
 def _previous(root: Path, remote: str, branch: str) -> str | None:
@@ -230,17 +259,25 @@ def publish(
     branch: str = "colab",
     answers: bool = False,
     remote: str = "origin",
+    answers_branch: str | None = AUTO,
 ) -> Published:
     """Write ``branch`` (see the module doc) from the checkout ``root`` and push it to
     ``remote``: its setup cells install the course from ``repo`` at ``ref`` (best the
-    commit being published)."""
+    commit being published). ``answers_branch``: where ``remote`` holds the answers, for
+    a student branch's README (None: nowhere; :data:`AUTO`: :data:`ANSWERS_BRANCH` if
+    ``remote`` has it, as the workflow publishes it; in a two-repository set-up the public
+    one has none)."""
     if not _BRANCH.match(branch) or ".." in branch:
         raise ValueError(f"--branch must be a branch name, got {branch!r}")
     if branch in ("main", "master"):
         raise ValueError(f"--branch {branch} would replace the course's source")
     with tempfile.TemporaryDirectory(prefix="course-published-") as scratch:
         files = Path(scratch) / "files"
-        notebooks = stage_branch(root, files, repo=repo, ref=ref, branch=branch, answers=answers)
+        if answers_branch == AUTO:
+            found = not answers and _has_branch(root, remote, ANSWERS_BRANCH)
+            answers_branch = ANSWERS_BRANCH if found else None
+        notebooks = stage_branch(root, files, repo=repo, ref=ref, branch=branch,
+                                 answers=answers, answers_branch=answers_branch)  # fmt: skip
         kind = "with their answers" if answers else "student versions"
         message = f"The course's notebooks for Colab ({kind}), from {repo}@{ref}"
         commit, pushed, orphan = commit_and_push(

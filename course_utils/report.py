@@ -143,7 +143,10 @@ def _recorded_html(notebook: str, records: list[dict[str, Any]]) -> str:
     """A notebook's figures from the GPU records, each record's label once."""
     blocks = recorded_gpu_figures(notebook, records=records, show=False)
     if not blocks:
-        return "<small>none recorded yet</small>"
+        return (
+            "<small>none recorded yet: run <code>python -m course_utils gpu-record</code> on "
+            'an NVIDIA GPU and send the record (the README\'s "The GPU record")</small>'
+        )
     return "".join(
         f"<p class='label'>{html.escape(label)}</p><ul>"
         + "".join(

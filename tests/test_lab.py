@@ -21,11 +21,57 @@ def nbgrader_labextension() -> str:
     return nbgrader._jupyter_labextension_paths()[0]["dest"]
 
 
+def _lab_commands(*args: str) -> list[str]:
+    """What ``make lab`` (or another target) runs, without running it (``make -n``)."""
+    done = subprocess.run(["make", "-n", *args, f"PY={sys.executable}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return [line for line in done.stdout.splitlines() if "course_utils" in line or "lab " in line]
+
+
 def test_make_lab_reads_the_course_config_that_turns_nbgrader_off():
-    recipe = re.search(r"^lab:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
-    assert 'JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter-config' in recipe and "jupyter lab" in recipe
+    lab = next(line for line in _lab_commands("lab") if "jupyter lab" in line)
+    assert f'JUPYTER_CONFIG_PATH="{ROOT}/jupyter-config' in lab
     page = json.loads((CONFIG / "labconfig" / "page_config.json").read_text())
     assert page["disabledExtensions"] == {nbgrader_labextension(): True}
+
+
+def test_make_lab_opens_the_student_versions_and_keeps_a_learners_work(tmp_path):
+    from course_utils.publish import answers_left
+
+    folder = tmp_path / "mine"
+    commands = _lab_commands("lab", f"LAB_DIR={folder}")
+    lab = next(line for line in commands if "jupyter lab" in line)
+    assert lab.split()[-1].rstrip("/") == str(folder)  # the folder JupyterLab opens
+    for line in commands:
+        if "jupyter lab" not in line:  # what make lab writes there first
+            subprocess.run(line, shell=True, cwd=ROOT, check=True, timeout=300)
+    written = sorted(path.name for path in folder.glob("*.ipynb"))
+    assert written == sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb"))
+    for path in folder.glob("*.ipynb"):
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        assert answers_left(notebook) == [], path.name  # no solution, no hidden test
+        assert "raise NotImplementedError" in path.read_text(encoding="utf-8")
+    mine = folder / written[0]
+    mine.write_text(mine.read_text(encoding="utf-8").replace("NotImplementedError", "MyWork"))
+    for line in commands:  # make lab again: the learner's work stays
+        if "jupyter lab" not in line:
+            subprocess.run(line, shell=True, cwd=ROOT, check=True, timeout=300)
+    assert "MyWork" in mine.read_text(encoding="utf-8")
+    answers = next(line for line in _lab_commands("lab-answers") if "jupyter lab" in line)
+    assert answers.split()[-1].rstrip("/") == "notebooks"  # the answers, one command away
+
+
+def test_make_lab_turns_off_the_jupyter_news_toast():
+    from jupyterlab_server.settings_utils import get_settings
+
+    lab = next(line for line in _lab_commands("lab") if "jupyter lab" in line)
+    settings_dir = re.search(r'--LabApp\.app_settings_dir="?([^" ]+)', lab).group(1)
+    schemas = Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas"
+    if not schemas.is_dir():
+        pytest.skip(f"no JupyterLab schemas in {schemas}")
+    found, _ = get_settings(settings_dir, str(schemas), str(schemas), overrides=None)
+    plugin = next(s for s in found["settings"] if s["id"].endswith(":notification"))
+    assert plugin["schema"]["properties"]["fetchNews"]["default"] == "false"
 
 
 @pytest.mark.slow

@@ -9,8 +9,11 @@ assignment the import creates. Canvas matches rows to students by ``ID``, ``SIS 
 or ``SIS Login ID``: without a roster the learner's name goes into ``SIS Login ID``; with
 ``--roster`` (a gradebook exported from the course) each row takes the student's name, IDs
 and section from the roster. A cell whose notebook was handed in but not scored is left
-empty (the import keeps what Canvas has), never 0. The file is written whole or not at
-all, and a roster that lacks a learner leaves none (:func:`check_roster`).
+empty (the import keeps what Canvas has), never 0. With a roster every student of it has a
+row, those who handed in nothing too (:func:`absent_students`); a notebook not handed in
+counts 0, or with ``--missing blank`` leaves its cell empty (Canvas: missing). The file is
+written whole or not at all, and a roster that lacks a learner leaves none
+(:func:`check_roster`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,19 @@ def check_roster(out: Path, roster: Path, learners: Sequence[str]) -> dict[str, 
     return students
 
 
+def absent_students(roster: Path, learners: Sequence[str]) -> list[str]:
+    """The roster's students that none of ``learners`` is (they handed in nothing), each
+    named as a submission of theirs would be: by ``SIS Login ID``, else ``ID``, else
+    ``Student``."""
+    students, _ = read_roster(roster)
+    present = {id(students[name]) for name in learners if name in students}
+    absent: dict[int, str] = {}
+    for row in students.values():
+        if id(row) not in present and id(row) not in absent:
+            absent[id(row)] = row.get("SIS Login ID") or row.get("ID") or row["Student"]
+    return sorted(absent.values())
+
+
 def write_canvas(
     out: Path,
     learners: Sequence[str],
@@ -115,12 +131,15 @@ def write_canvas(
     *,
     columns: Mapping[str, str] | None = None,
     pending: Collection[tuple[str, str]] = (),
+    handed: Collection[tuple[str, str]] | None = None,
 ) -> Path:
     """Write ``out/canvas.csv`` (whole, or not at all) and return its path. A learner's
     cell is the sum of the points of the notebooks that go to its column; a notebook not
-    handed in counts 0; a cell with a notebook in ``pending`` (handed in but not scored:
-    not matched, or not graded) is left empty, so the import keeps what Canvas has.
-    :class:`InputError`, and no ``canvas.csv``, when the roster lacks a learner."""
+    handed in counts 0, but with ``handed`` (the learner and notebook of each one handed
+    in) a cell none of whose notebooks was handed in is left empty (Canvas: missing); a
+    cell with a notebook in ``pending`` (handed in but not scored: not matched, or not
+    graded) is left empty, so the import keeps what Canvas has. :class:`InputError`, and
+    no ``canvas.csv``, when the roster lacks a learner."""
     students = check_roster(out, roster, learners) if roster else {}
     roster_columns = read_roster(roster)[1] if roster else []
     chosen = assignment_columns(notebooks, roster_columns, columns or {})
@@ -138,7 +157,9 @@ def write_canvas(
         cells = []
         for header in headers:
             group = groups[header]
-            if any((learner, notebook) in pending for notebook in group):
+            unscored = any((learner, notebook) in pending for notebook in group)
+            absent = handed is not None and not any((learner, nb) in handed for nb in group)
+            if unscored or absent:
                 cells.append("")
             else:
                 cells.append(f"{sum(scores.get((learner, nb), 0) for nb in group):g}")

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -35,7 +36,12 @@ from typing import Any, TextIO
 from course_utils.instructor import cgroups, validation
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.adjust import LatePolicy, adjust, late_text, read_overrides
-from course_utils.instructor.canvas import check_roster, read_roster, write_canvas
+from course_utils.instructor.canvas import (
+    absent_students,
+    check_roster,
+    read_roster,
+    write_canvas,
+)
 from course_utils.instructor.grading import (
     CELL_TIMEOUT_S,
     GRADER_VERSION,
@@ -55,6 +61,7 @@ from course_utils.instructor.similarity import (
     SimilarPair,
     answer_cells,
     boilerplate,
+    given_cells,
     own_code,
     similar_pairs,
     write_similarity,
@@ -281,6 +288,12 @@ def _context(preload: Sequence[str] = ()) -> Any:
     return context
 
 
+#: torch.utils.cpp_extension (which torch.utils.benchmark imports, and the notebooks import
+#: that) warns "No CUDA runtime is found, using CUDA_HOME=..." on a machine without a GPU
+#: but with a CUDA toolkit: on the grader's terminal at every start (the workers' server
+#: imports the checks' modules), about nothing the instructor has to do. Not said here.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
 #: The packages whose modules the checks import that the workers' server imports too:
 #: the course's own, whose import cannot fail with anything but ImportError (anything else
 #: would stop the server); a worker imports the checks' other modules itself, once.
@@ -429,12 +442,14 @@ def write_gradebook(
     notes: dict[str, list[str]],
     maxima: dict[str, float] | None = None,
     unmatched: Mapping[str, Sequence[str]] | None = None,
+    missing_blank: bool = False,
 ) -> tuple[Path, Path]:
     """Write ``gradebook.csv`` and ``checks.csv``; return their paths. A notebook of the
-    assignment that a learner did not hand in scores 0 of its points (``maxima``) and is
-    named in the ``missing`` column, unless the learner handed in a notebook that matched
-    none (``unmatched``): then its cell is empty and the file is named in ``unmatched``.
-    A late penalty (``report["late"]``) gets a ``late-penalty`` row in ``checks.csv``."""
+    assignment that a learner did not hand in scores 0 of its points (``maxima``; an
+    empty cell with ``missing_blank``) and is named in the ``missing`` column, unless the
+    learner handed in a notebook that matched none (``unmatched``): then its cell is empty
+    and the file is named in ``unmatched``. A late penalty (``report["late"]``) gets a
+    ``late-penalty`` row in ``checks.csv``."""
     by_cell = {(r["learner"], r["notebook"]): r for r in results}
     header = ["learner", *notebooks, "total", "max", "missing", "notes", "tampering"]
     header += ["unmatched", "late"]
@@ -455,7 +470,8 @@ def write_gradebook(
                 result = {"error": "not submitted"}
             report = result.get("report")
             if report is None:
-                row.append("" if lost and notebook in missing else "0")
+                blank = notebook in missing and (lost or missing_blank)
+                row.append("" if blank else "0")
                 most += (maxima or {}).get(notebook, 0.0)
                 if notebook not in missing:
                     said.append(f"{notebook}: {result.get('error', '?')}")
@@ -617,13 +633,16 @@ def _resolved(options: Options, paths: Sequence[Path]) -> Options:
 def _answers(tasks: Sequence[Task]) -> dict[str, dict[str, dict[str, str]]]:
     """Each submission's answer cells (for the similarity report); unreadable ones: none."""
     answers: dict[str, dict[str, dict[str, str]]] = {}
-    references: dict[str, Any] = {}
+    references: dict[str, tuple[Any, frozenset[str]]] = {}
     for task in tasks:
         try:
-            reference = references.get(task.source) or read_notebook(Path(task.source))
-            references[task.source] = reference
-            cells = answer_cells(read_notebook(Path(task.path)), reference)
-            cells.update(own_code(read_notebook(Path(task.path)), reference))
+            if task.source not in references:
+                reference = read_notebook(Path(task.source))
+                references[task.source] = (reference, given_cells(reference))
+            reference, given = references[task.source]
+            submission = read_notebook(Path(task.path))
+            cells = answer_cells(submission, reference)
+            cells.update(own_code(submission, reference, given))
         except Exception:
             continue
         answers.setdefault(task.learner, {})[task.notebook] = cells
@@ -641,6 +660,8 @@ class ClassOutputs:
     columns: Mapping[str, str] = field(default_factory=dict)
     overrides: Path | None = None
     late: LatePolicy | None = None
+    #: a notebook not handed in: "0" (scores 0) or "blank" (an empty cell; Canvas: missing)
+    missing: str = "0"
 
 
 def write_class(
@@ -665,8 +686,12 @@ def write_class(
     for line in unused:
         notes.setdefault(line.split("'")[0].removeprefix("override for "), []).append(line)
     unmatched = run.unmatched
+    learners = list(run.learners)
+    if outputs.roster is not None and run.shard[1] == 1:  # the whole class: all the roster
+        learners = sorted([*learners, *absent_students(outputs.roster, learners)])
+    blank = outputs.missing == "blank"
     book, checks_csv = write_gradebook(
-        out, run.learners, run.assignment, adjusted, notes, run.maxima, unmatched
+        out, learners, run.assignment, adjusted, notes, run.maxima, unmatched, blank
     )
     scores = {
         (r["learner"], r["notebook"]): r["report"]["score"] for r in adjusted if "report" in r
@@ -678,9 +703,10 @@ def write_class(
         if (learner, notebook) not in scores
         and (unmatched.get(learner) or notebook in run.handed.get(learner, {}))
     }
+    handed_in = {(learner, nb) for learner, notebooks in run.handed.items() for nb in notebooks}
     canvas = write_canvas(
-        out, run.learners, run.assignment, scores, run.maxima, outputs.roster,
-        columns=outputs.columns, pending=pending,
+        out, learners, run.assignment, scores, run.maxima, outputs.roster,
+        columns=outputs.columns, pending=pending, handed=handed_in if blank else None,
     )  # fmt: skip
     if pairs is None:
         pairs = similar_pairs(run.answers, run.given, outputs.threshold)
@@ -747,7 +773,7 @@ def grade_class(
     whole_source: bool = True,
     outputs: ClassOutputs = ClassOutputs(),
     students: Sequence[str] = (),
-    submitted_at: Path | None = None,
+    submitted_at: Sequence[str] = (),
 ) -> ClassGrades:
     """Grade every learner's notebooks in ``submissions`` (a folder per learner, nbgrader's
     layout, or Canvas's download: :mod:`~course_utils.instructor.intake`), or shard K/N's
@@ -764,7 +790,7 @@ def grade_class(
     if parallel:  # the workers' server imports the grader while the submissions are read
         _start_workers_server(sources)
     roster = read_roster(outputs.roster)[0] if outputs.roster else None
-    times = read_times(submitted_at) if submitted_at else None
+    times = read_times(list(submitted_at), list(sources)) if submitted_at else None
     intake = collect(submissions, list(sources), out / "download", roster, times)
     handed_in = {nb for notebooks in intake.handed.values() for nb in notebooks}
     if not handed_in:

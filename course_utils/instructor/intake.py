@@ -27,10 +27,11 @@ import re
 import shutil
 import stat
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from course_utils.instructor import validation
 from course_utils.instructor.student import InputError
@@ -40,10 +41,18 @@ CANVAS_NAME = re.compile(
     r"^(?P<name>[^_/\\]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<filename>.+)$",
     re.IGNORECASE,
 )
+#: Canvas's name for a file of an anonymously graded assignment: ``anon_ANONYMOUSID_FILE_NAME``
+#: (the submission's ``anonymous_id`` instead of the learner's name and user id).
+CANVAS_ANONYMOUS_NAME = re.compile(
+    r"^anon_(?P<anonymous>[A-Za-z0-9]+)(?P<late>_late)?_(?P<file>\d+)_(?P<filename>.+)$",
+    re.IGNORECASE,
+)
 #: What copies add after a file's name: Canvas's ``-1``, a browser's `` (1)``.
 _COPY_SUFFIX = re.compile(r"(?:\s*\(\d+\)|\s*-\s*\d+)+$")
 #: What Colab or Drive add before it.
 _COPY_PREFIX = re.compile(r"^(?:copy\s+of\s+)+", re.IGNORECASE)
+
+T = TypeVar("T")
 
 #: Caps on a zip (whatever its headers claim): members, bytes of one file, bytes in all.
 MAX_MEMBERS = 50_000
@@ -203,33 +212,136 @@ def _copy_member(
 
 
 def is_canvas_download(folder: Path) -> bool:
-    """Whether a folder is Canvas's flat download: notebooks at its top, named by Canvas."""
+    """Whether a folder is Canvas's flat download: notebooks at its top, named by Canvas
+    (anonymous grading's ``anon_`` names too)."""
     files = [p for p in folder.iterdir() if p.suffix.lower() == ".ipynb"]
-    return any(CANVAS_NAME.match(path.name) for path in files)
+    names = (CANVAS_NAME, CANVAS_ANONYMOUS_NAME)
+    return any(name.match(path.name) for path in files for name in names)
 
 
-def read_times(path: Path) -> dict[str, datetime]:
-    """``--submitted-at``: when each learner handed in, from a CSV with a learner column
-    (``learner``, ``ID``, ``user_id`` or ``SIS Login ID``) and ``submitted_at`` (ISO 8601,
-    as Canvas's API gives it; no time zone: UTC). By every identifier given."""
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as file:
-            rows = list(csv.DictReader(file))
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise InputError(f"cannot read {path}: {error}") from None
-    keys = ("learner", "ID", "user_id", "SIS Login ID")
-    if not rows or "submitted_at" not in rows[0] or not set(keys) & set(rows[0]):
-        raise InputError(f"{path} needs a submitted_at column and one of {', '.join(keys)}")
-    times: dict[str, datetime] = {}
-    for number, row in enumerate(rows, 2):
-        text = (row.get("submitted_at") or "").strip()
-        if not text:
-            continue
-        when = parse_time(text, f"{path}, line {number}")
-        for key in keys:
-            if row.get(key):
-                times[row[key].strip()] = when
+@dataclass
+class Times:
+    """``--submitted-at``: when each learner handed in, per notebook."""
+
+    #: notebook ("" for every notebook) -> learner identifier -> when
+    by_notebook: dict[str, dict[str, datetime]] = field(default_factory=dict)
+    #: notebook ("" for every notebook) -> learner identifier -> Canvas's ``late`` (the API's)
+    late: dict[str, dict[str, bool]] = field(default_factory=dict)
+    #: a submission's ``anonymous_id`` -> its learner's Canvas user id (the API's data)
+    anonymous: dict[str, str] = field(default_factory=dict)
+
+    def of(self, notebook: str, keys: list[str]) -> datetime | None:
+        """When the learner known by any of ``keys`` handed ``notebook`` in, or None."""
+        return _lookup(self.by_notebook, notebook, keys)
+
+    def late_of(self, notebook: str, keys: list[str]) -> bool | None:
+        """Whether Canvas's API says that learner's ``notebook`` was late, or None."""
+        return _lookup(self.late, notebook, keys)
+
+
+def _lookup(tables: Mapping[str, Mapping[str, T]], notebook: str, keys: list[str]) -> T | None:
+    """The value for ``notebook``'s learner known by any of ``keys`` (else for "")."""
+    for table in (tables.get(notebook, {}), tables.get("", {})):
+        found = next((table[key] for key in keys if key and key in table), None)
+        if found is not None:
+            return found
+    return None
+
+
+#: The columns of a CSV of times that name the learner.
+_TIME_KEYS = ("learner", "ID", "user_id", "SIS Login ID")
+
+
+def read_times(specs: list[str], notebooks: list[str]) -> Times:
+    """``--submitted-at [NOTEBOOK=]FILE`` (repeatable): when each learner handed in, for
+    ``NOTEBOOK`` or, without it, for every notebook. ``FILE`` is the JSON that Canvas's
+    submissions API returns for an assignment (``GET /api/v1/courses/:course_id/
+    assignments/:assignment_id/submissions``: a list of submission objects with
+    ``user_id``, ``submitted_at`` and, for anonymous grading, ``anonymous_id``), or a CSV
+    with ``submitted_at`` (ISO 8601; no time zone: UTC), a learner column (``learner``,
+    ``ID``, ``user_id`` or ``SIS Login ID``) and optionally ``notebook``."""
+    times = Times()
+    for spec in specs:
+        notebook, path = _time_spec(spec, notebooks)
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"--submitted-at: cannot read {path}: {error}") from None
+        if text.lstrip()[:1] in ("[", "{"):
+            rows = _api_rows(text, path, times)
+        else:
+            rows = _csv_rows(text, path)
+        for where, row in rows:
+            when = parse_time(row["submitted_at"], where)
+            named = row.get("notebook", "").strip()
+            target = notebook or (match_notebook(named, notebooks)[0] if named else "")
+            if named and target is None:
+                raise InputError(f"{where}: {named!r} is no notebook of the assignment")
+            table = times.by_notebook.setdefault(target or "", {})
+            lates = times.late.setdefault(target or "", {})
+            for key in _TIME_KEYS:
+                if row.get(key):
+                    table[str(row[key]).strip()] = when
+                    if isinstance(row.get("late"), bool):
+                        lates[str(row[key]).strip()] = bool(row["late"])
     return times
+
+
+def _time_spec(spec: str, notebooks: list[str]) -> tuple[str, Path]:
+    """``[NOTEBOOK=]FILE`` as (the notebook, or "" for every notebook; the file)."""
+    if Path(spec).is_file() or "=" not in spec:
+        return "", Path(spec)
+    name, _, file = spec.partition("=")
+    notebook, _ = match_notebook(name.strip() + ".ipynb" * (not name.endswith(".ipynb")),
+                                 notebooks)  # fmt: skip
+    if notebook is None:
+        raise InputError(f"--submitted-at {spec}: {name} is no notebook of the assignment")
+    return notebook, Path(file)
+
+
+def _api_rows(text: str, path: Path, times: Times) -> list[tuple[str, dict[str, Any]]]:
+    """The submission objects of Canvas's API (a list, or ``{"submissions": [...]}``) as
+    rows; their ``anonymous_id`` → ``user_id`` into ``times``."""
+    import json  # lazy: only for this file
+
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise InputError(f"--submitted-at: {path} is not JSON ({error})") from None
+    if isinstance(data, dict):
+        data = data.get("submissions")
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise InputError(
+            f"--submitted-at: {path} is not the submissions API's answer (a list of "
+            "submission objects with user_id and submitted_at)"
+        )
+    rows = []
+    for number, item in enumerate(data, 1):
+        user = item.get("user_id")
+        if user is None:
+            raise InputError(f"--submitted-at: {path}, submission {number} has no user_id")
+        if item.get("anonymous_id"):
+            times.anonymous[str(item["anonymous_id"])] = str(user)
+        if item.get("submitted_at"):
+            row = {"user_id": str(user), "submitted_at": str(item["submitted_at"])}
+            if isinstance(item.get("late"), bool):  # Canvas's own, extensions included
+                row["late"] = item["late"]
+            rows.append((f"{path}, submission {number}", row))
+    return rows
+
+
+def _csv_rows(text: str, path: Path) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        rows = list(csv.DictReader(text.splitlines()))
+    except csv.Error as error:
+        raise InputError(f"--submitted-at: cannot read {path}: {error}") from None
+    if not rows or "submitted_at" not in rows[0] or not set(_TIME_KEYS) & set(rows[0]):
+        raise InputError(f"{path} needs a submitted_at column and one of {', '.join(_TIME_KEYS)}")
+    return [
+        (f"{path}, line {number}", row)
+        for number, row in enumerate(rows, 2)
+        if (row.get("submitted_at") or "").strip()
+    ]
 
 
 def parse_time(text: str, where: str) -> datetime:
@@ -282,9 +394,11 @@ def learner_folders(root: Path, notes: dict[str, list[str]] | None = None) -> di
 
 
 def _canvas_files(
-    folder: Path, students: dict[str, dict[str, str]], intake: Intake
+    folder: Path, students: dict[str, dict[str, str]], intake: Intake, anonymous: dict[str, str]
 ) -> dict[str, list[tuple[Path, str, bool]]]:
-    """The Canvas download's notebooks by learner: (path, file name, late)."""
+    """The Canvas download's notebooks by learner: (path, file name, late). An anonymous
+    download's ``anon_ID`` is the learner's user id through ``anonymous`` (the submissions
+    API's data); without it, the learner is named ``anon_ID``."""
     by_id = {row["ID"]: row for row in students.values() if row.get("ID")}
     learners: dict[str, list[tuple[Path, str, bool]]] = {}
     unknown: list[tuple[int, str]] = []
@@ -294,6 +408,15 @@ def _canvas_files(
                 intake.ignored.append(f"{path.name}: ignored (not a notebook)")
             continue
         name = CANVAS_NAME.match(path.name)
+        anon = CANVAS_ANONYMOUS_NAME.match(path.name) if name is None else None
+        if anon is not None and anon["anonymous"] not in anonymous:
+            learner = f"anon_{anon['anonymous']}"
+            learners.setdefault(learner, []).append((path, anon["filename"], bool(anon["late"])))
+            continue
+        if anon is not None:
+            user = anonymous[anon["anonymous"]]
+            name = CANVAS_NAME.match(f"{anon['anonymous']}{anon['late'] or ''}_{user}_"
+                                     f"{anon['file']}_{anon['filename']}")  # fmt: skip
         if name is None:
             intake.ignored.append(f"{path.name}: not named as Canvas names a submission")
             continue
@@ -312,13 +435,10 @@ def _canvas_files(
     return learners
 
 
-def _time_of(
-    learner: str, times: dict[str, datetime], students: dict[str, dict[str, str]]
-) -> datetime | None:
-    """When a learner handed in, by any of their identifiers."""
+def _keys_of(learner: str, students: dict[str, dict[str, str]]) -> list[str]:
+    """Every identifier of a learner (their name, and the roster's IDs)."""
     row = students.get(learner, {})
-    keys = [learner, *(row.get(key, "") for key in ("ID", "SIS User ID", "SIS Login ID"))]
-    return next((times[key] for key in keys if key and key in times), None)
+    return [learner, *(row.get(key, "") for key in ("ID", "SIS User ID", "SIS Login ID"))]
 
 
 def collect(
@@ -326,12 +446,15 @@ def collect(
     notebooks: list[str],
     unpacked: Path,
     students: dict[str, dict[str, str]] | None = None,
-    times: dict[str, datetime] | None = None,
+    times: Times | None = None,
 ) -> Intake:
     """Read what the class handed in (see the module's documentation), a zip unpacked into
     ``unpacked``; ``students``: the roster by identifier (needed for a Canvas download);
-    ``times``: when each learner handed in. :class:`InputError` for a missing folder, a
-    bad zip, a Canvas download without a roster, or nothing to grade."""
+    ``times``: when each learner handed in each notebook (and an anonymous download's
+    learners). :class:`InputError` for a missing folder, a bad zip, a Canvas download
+    without a roster (or anonymous, with a roster but not the API's data), or nothing to
+    grade."""
+    times = times or Times()
     if submissions.is_file() and zipfile.is_zipfile(submissions):
         notes = unpack_zip(submissions, unpacked)
         folder = unpacked
@@ -348,7 +471,15 @@ def collect(
                 "a Canvas download names learners by their Canvas user id: pass --roster "
                 "(the course's gradebook, Grades → Export)"
             )
-        files.update(_canvas_files(folder, students, intake))  # type: ignore[arg-type]
+        by_canvas = _canvas_files(folder, students, intake, times.anonymous)
+        files.update(by_canvas)  # type: ignore[arg-type]
+        hidden = sorted(learner for learner in by_canvas if learner.startswith("anon_"))
+        if hidden:
+            raise InputError(
+                f"an anonymous download ({hidden[0]}...): Canvas's submissions API maps its "
+                "anonymous ids to user ids: pass its JSON, --submitted-at submissions.json "
+                "(docs/instructor-guide.md, Canvas)"
+            )
     else:
         for learner, paths in learner_folders(folder, intake.notes).items():
             files[learner] = [(path, path.name, None) for path in paths]
@@ -363,8 +494,11 @@ def collect(
                 intake.unmatched.setdefault(learner, []).append(filename)
                 intake.note(learner, f"{filename}: skipped ({how})")
                 continue
-            when = _time_of(learner, times or {}, students or {})
-            handed = Handed(learner, notebook, path, path.name, how, late, when)
+            keys = _keys_of(learner, students or {})
+            when = times.of(notebook, keys)
+            said = times.late_of(notebook, keys)  # the API's word over the file name's
+            handed = Handed(learner, notebook, path, path.name, how,
+                            late if said is None else said, when)  # fmt: skip
             candidates.setdefault(notebook, []).append((how, handed))
         for notebook, found in candidates.items():
             found.sort(key=lambda pair: (pair[0] != "", pair[1].original))

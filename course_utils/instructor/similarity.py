@@ -17,6 +17,7 @@ import csv
 import html
 import io
 import itertools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,20 +74,59 @@ OWN_CODE = "(all own code)"
 SOLUTION = "(published solution)"
 
 
-def own_code(submission: Any, reference: Any) -> dict[str, str]:
+def given_cells(reference: Any) -> frozenset[str]:
+    """The code cells the instructor gave (of the instructor notebook ``reference`` and of
+    its student version), their form fields blanked (:func:`_blank_fields`)."""
+    from course_utils.instructor.student import student_version  # lazy: nbgrader
+
+    return frozenset(
+        _blank_fields(cell.source)
+        for notebook in (reference, student_version(reference))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+    )
+
+
+def own_code(
+    submission: Any, reference: Any, given: frozenset[str] | None = None
+) -> dict[str, str]:
     """All the learner's own code in a notebook, helper cells included, as one text under
-    :data:`OWN_CODE`: every code cell but the instructor's own (same source) and checks."""
+    :data:`OWN_CODE`: every code cell but checks and what the instructor gave (``given``,
+    by default :func:`given_cells` of ``reference``: a cell of the instructor notebook or
+    of its student version, the same once the setup cell's form fields are blanked), and
+    any cell tagged ``colab-setup``, which ``publish`` fills in."""
     from course_utils.instructor.student import nbgrader_role  # lazy: nbgrader
 
-    given = {cell.source.strip() for cell in reference.cells if cell.cell_type == "code"}
+    given = given_cells(reference) if given is None else given
     mine = [
         cell.source
         for cell in submission.cells
         if cell.cell_type == "code"
-        and cell.source.strip() not in given
+        and _blank_fields(cell.source) not in given
         and nbgrader_role(cell) != "check"
+        and SETUP_TAG not in (cell.get("metadata", {}).get("tags") or [])
     ]
-    return {OWN_CODE: "\n".join(mine)} if "".join(mine).strip() else {}
+    return {OWN_CODE: _CELL_BREAK.join(mine)} if "".join(mine).strip() else {}
+
+
+#: Between two cells of :data:`OWN_CODE`'s text: longer than a k-gram once normalized, and
+#: the same in the instructor's text, so no k-gram spans two cells (two learners who kept
+#: the same two given cells next to each other share nothing there).
+_CELL_BREAK = "\n" + "(" * 16 + ")" * 16 + "  # -- next cell --\n"
+#: The tag of the setup cell (:mod:`course_utils.colab`), whose form fields publish fills in.
+SETUP_TAG = "colab-setup"
+#: A form field's value (``NAME = "..."``, as the setup cell writes them).
+_FIELD = re.compile(r'^([A-Z][A-Z0-9_]*) = "[^"\n]*"', re.MULTILINE)
+
+
+def _blank_fields(source: str) -> str:
+    r"""``source`` stripped, with every ``NAME = "value"`` line's value emptied: the setup
+    cell as committed and as ``publish`` filled it in are then the same.
+
+    >>> _blank_fields('COURSE_REPO = "org/course"  # @param\nx = "kept"\n')
+    'COURSE_REPO = ""  # @param\nx = "kept"'
+    """
+    return _FIELD.sub(r'\1 = ""', source.strip())
 
 
 def _tokens(code: str) -> tuple[str, ...] | None:
@@ -103,15 +143,22 @@ def _tokens(code: str) -> tuple[str, ...] | None:
 
 
 def boilerplate(reference: Any) -> dict[str, str]:
-    """What the instructor gave for each exercise: the solution and its starter code."""
+    """What the instructor gave for each exercise (the solution and its starter code) and,
+    under :data:`OWN_CODE`, for the whole notebook (every code cell of the instructor
+    notebook and of its student version: setup cell, helpers, solutions, starter code,
+    checks)."""
     from course_utils.instructor.student import nbgrader_role, student_version  # lazy: nbgrader
 
     starter = student_version(reference)
     given: dict[str, str] = {}
+    everything: list[str] = []
     for mine, theirs in zip(reference.cells, starter.cells, strict=True):
+        if mine.cell_type == "code":
+            everything += [mine.source, theirs.source]
         gid = mine.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if gid and nbgrader_role(mine) == "solution":
             given[str(gid)] = mine.source + _STARTER + theirs.source
+    given[OWN_CODE] = _CELL_BREAK.join(everything)
     return given
 
 
@@ -131,7 +178,7 @@ def _shared_lines(code: str, slices: Any) -> str:
     keep: set[int] = set()
     for begin, end in zip(*slices, strict=True):
         keep.update(n for n in range(len(lines)) if starts[n] < end and starts[n + 1] > begin)
-    return "\n".join(lines[n] for n in sorted(keep))
+    return "\n".join(lines[n] for n in sorted(keep) if lines[n] != _CELL_BREAK.strip())
 
 
 def similar_pairs(
@@ -157,7 +204,7 @@ def similar_pairs(
     pairs: list[SimilarPair] = []
     for notebook, gid in exercises:
         mine = given.get(notebook, {}).get(gid, "")
-        solution = _tokens(_solution_part(mine)) if mine else None
+        solution = _tokens(_solution_part(mine)) if mine and gid != OWN_CODE else None
         for learner in sorted(answers):
             code = answers[learner].get(notebook, {}).get(gid, "")
             if solution and code.strip() and _tokens(code) == solution:

@@ -132,13 +132,18 @@ def write_notebook(notebook: Any, path: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def make_student_versions(paths: Sequence[Path], out_dir: Path) -> list[Path]:
+def make_student_versions(
+    paths: Sequence[Path], out_dir: Path, *, keep: bool = False
+) -> list[Path]:
     """Write the student version of every notebook named or found in ``paths`` into
-    ``out_dir``; return the written files."""
+    ``out_dir``; return the written files. ``keep``: leave a notebook already there as it
+    is (a learner's work, ``make lab``)."""
     written = []
     for path in find_notebooks(paths):
-        notebook = read_notebook(path)
         target = out_dir / path.name
+        if keep and target.exists():
+            continue
+        notebook = read_notebook(path)
         if target.resolve() == path.resolve():
             raise ValueError(f"the student version would overwrite the instructor's {path}")
         write_notebook(student_version(notebook), target)

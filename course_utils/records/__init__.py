@@ -160,10 +160,10 @@ def recorded_gpu_figures(
 
 def _print_blocks(key: str, blocks: list[tuple[str, list[dict[str, Any]]]]) -> None:
     if not blocks:
+        # the call for a record is the contributors' (README, the run report), not a learner's
         print(
             f"No GPU record holds notebook {key}'s figures yet: the figures cited in this "
-            "lesson are from their sources. Run `python -m course_utils gpu-record` on any "
-            "NVIDIA GPU and send the record (see the README's 'The GPU record')."
+            "lesson are from their sources."
         )
         return
     print(f"Recorded on GPUs by `python -m course_utils gpu-record` (notebook {key}):")
