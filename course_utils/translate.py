@@ -438,10 +438,67 @@ def fallback_marker(language: str) -> str:
     return f"> *({NOT_YET[language]})*"
 
 
-def _left_to_right_blocks(text: str) -> str:
-    """Fenced code, display formulas and tables in ``<div dir="ltr">`` (inside a right to
-    left cell), code spans isolated (``<bdi>``): they read left to right."""
+#: A code span or an inline formula: isolated (``<bdi>``) inside right to left text.
+_INLINE_LEFT_TO_RIGHT = re.compile(r"(`+).+?\1|\$[^$\n]+\$", re.S)
+#: What opens a line before its text: indentation, block quote marks, a list item's marker.
+_LINE_PREFIX = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:(?:[-*+]|\d{1,9}[.)])(?:[ \t]+|$))?")
+#: A line (after its prefix) that is not a paragraph's text: a heading, HTML, a rule.
+_NOT_TEXT = re.compile(r"#{1,6}(?:\s|$)|<|(?:[-*_][ \t]*){3,}$")
+#: Around each paragraph of a right to left cell: JupyterLab's stylesheet (and the site's,
+#: nbconvert's) sets ``p { text-align: left }``, which the cell's ``dir`` cannot change;
+#: an inline style on a block inside the paragraph can (JupyterLab's sanitizer keeps it).
+ALIGN_RIGHT = '<span style="display: block; text-align: right">'
+
+
+def _isolated(text: str) -> str:
+    """``text`` with its code spans and inline formulas in ``<bdi>``: matched over the whole
+    paragraph, so a code span that goes on over a line break stays one span."""
+    return _INLINE_LEFT_TO_RIGHT.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", text)
+
+
+def _paragraphs(lines: list[str]) -> Iterator[tuple[bool, list[str]]]:
+    """The lines of ordinary markdown in groups: ``(True, lines)`` for a paragraph (or a
+    list item's, or a block quote's), ``(False, [line])`` for anything else."""
+    group: list[str] = []
+    for line in lines:
+        prefix = _LINE_PREFIX.match(line).group(0)  # type: ignore[union-attr]
+        rest = line[len(prefix) :]
+        new_item = bool(prefix.strip().lstrip(">").strip())  # a list item's marker
+        if group and rest.strip() and not new_item and not _NOT_TEXT.match(rest):
+            group.append(line)  # the paragraph goes on
+            continue
+        if group:
+            yield True, group
+            group = []
+        if rest.strip() and not _NOT_TEXT.match(rest):
+            group = [line]
+        else:
+            yield False, [line]
+    if group:
+        yield True, group
+
+
+def _right_to_left_text(lines: list[str]) -> list[str]:
+    """Ordinary markdown lines of a right to left cell: each paragraph aligned right, its
+    code spans and formulas isolated left to right."""
     out: list[str] = []
+    for paragraph, group in _paragraphs(lines):
+        isolated = _isolated("\n".join(group)).split("\n")
+        if paragraph:
+            prefix = _LINE_PREFIX.match(isolated[0]).group(0)  # type: ignore[union-attr]
+            isolated[0] = prefix + ALIGN_RIGHT + isolated[0][len(prefix) :]
+            isolated[-1] += "</span>"
+        out += isolated
+    return out
+
+
+def _left_to_right_blocks(text: str) -> str:
+    """Fenced code and display formulas in ``<div dir="ltr">`` (inside a right to left
+    cell); tables stay right to left (their columns and Arabic sentences read in order),
+    with their code spans and formulas isolated (``<bdi>``), as in paragraphs, which are
+    aligned right."""
+    out: list[str] = []
+    text_lines: list[str] = []
     lines = text.split("\n")
     index = 0
     while index < len(lines):
@@ -464,21 +521,27 @@ def _left_to_right_blocks(text: str) -> str:
                 index += 1
                 closed = lines[index - 1].rstrip().endswith("$$")
         elif _TABLE_ROW.match(line):
+            out += _right_to_left_text(text_lines)
+            text_lines = []
             while index < len(lines) and _TABLE_ROW.match(lines[index]):
-                block.append(lines[index])
+                out.append(_isolated(lines[index]))
                 index += 1
+            continue
         else:
-            out.append(_CODE.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", line))
+            text_lines.append(line)
             index += 1
             continue
+        out += _right_to_left_text(text_lines)
+        text_lines = []
         out += ['<div dir="ltr">', "", *block, "", "</div>"]
+    out += _right_to_left_text(text_lines)
     return "\n".join(out)
 
 
 def right_to_left(text: str) -> str:
     """Markdown that renders right to left in JupyterLab, Colab and the site: the cell in
-    ``<div dir="rtl">`` (blank lines around, so its markdown still renders), its code,
-    formulas and tables left to right."""
+    ``<div dir="rtl">`` (blank lines around, so its markdown still renders), its paragraphs
+    aligned right, its code and formulas left to right (:func:`_left_to_right_blocks`)."""
     return f'<div dir="rtl">\n\n{_left_to_right_blocks(text)}\n\n</div>'
 
 

@@ -10,6 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -237,16 +239,77 @@ def test_build_keeps_code_and_grading_metadata_and_marks_what_is_not_translated(
     assert built["metadata"]["kernelspec"] == english["metadata"]["kernelspec"]
 
 
-def test_arabic_cells_render_right_to_left_with_code_and_tables_left_to_right():
-    english = "Text `x.to(device)`.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```python\nx = 1\n```"
+def test_arabic_cells_render_right_to_left_with_code_and_formulas_left_to_right():
+    english = "Text `x.to(device)`.\n\n| a | `b` |\n|---|---|\n| 1 | 2 |\n\n```python\nx = 1\n```"
     text = translate.right_to_left(english.replace("Text", "نص"))
     assert text.startswith('<div dir="rtl">\n\n') and text.endswith("\n\n</div>")
     assert "<bdi>`x.to(device)`</bdi>" in text
-    assert text.count('<div dir="ltr">\n\n') == 2  # the table and the fenced code
-    assert '<div dir="ltr">\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n</div>' in text
+    assert text.count('<div dir="ltr">\n\n') == 1  # the fenced code; the table reads rtl
+    assert "| a | <bdi>`b`</bdi> |\n|---|---|\n| 1 | 2 |" in text
+    assert f"{translate.ALIGN_RIGHT}نص <bdi>`x.to(device)`</bdi>.</span>" in text
     # what the checker compares is untouched by the wrapping
     spans = translate.protected_parts(text)["code spans"]
     assert spans == translate.protected_parts(english)["code spans"]
+
+
+class _Reading(HTMLParser):
+    """The text a reader sees of rendered HTML, and its inline code spans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.codes: list[str] = []
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.open.append(tag)
+        if tag == "code" and "pre" not in self.open:
+            self.codes.append("")
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop() != tag:
+            pass
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if "code" in self.open and "pre" not in self.open:
+            self.codes[-1] += data
+
+
+def _read(markdown: str) -> _Reading:
+    """``markdown`` rendered as CommonMark with tables (raw HTML kept as HTML), read."""
+    mistune = pytest.importorskip("mistune")
+    reading = _Reading()
+    reading.feed(mistune.create_markdown(escape=False, plugins=["table"])(markdown))
+    return reading
+
+
+def _spans(codes) -> Counter:
+    return Counter(" ".join(code.split()) for code in codes)
+
+
+def test_a_code_span_going_on_over_a_line_break_stays_one_span_right_to_left():
+    english = "See `torch.device(\"cuda\" if ok else\n\"cpu\")`. And `choose_device()` too."
+    arabic = "انظر `torch.device(\"cuda\" if ok else\n\"cpu\")`. أما `choose_device()` فأيضًا."
+    reading = _read(translate.right_to_left(arabic))
+    spans = translate.protected_parts(english)["code spans"].elements()
+    assert _spans(reading.codes) == _spans(spans)
+    assert "<bdi>" not in "".join(reading.text) and "</bdi>" not in "".join(reading.text)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(
+    tmp_path, language
+):
+    for built in translate.build(language, NOTEBOOKS, tmp_path):
+        english = dict(translate.english_entries(_notebook(ROOT / "notebooks" / built.name)))
+        for cell_id, text in translate.markdown_cells(_notebook(built)):
+            reading = _read(text)
+            shown = "".join(reading.text)
+            for tag in ("<bdi", "</bdi", "<span", "</span", "<div", "</div"):
+                assert tag not in shown, f"{built.name} {cell_id}: {tag} shown as text"
+            spans = _spans(translate.protected_parts(english[cell_id])["code spans"].elements())
+            assert _spans(reading.codes) == spans, f"{built.name} {cell_id}"
 
 
 def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
