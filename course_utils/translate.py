@@ -258,8 +258,13 @@ _CODE = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _URL = re.compile(r"https?://[^\s)>\]]+")
 _MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
+# A number not part of a Latin identifier ("x2", "sm_80"): Arabic writes "و8.0" (and 8.0)
+# with the letter attached, so only ASCII letters, digits, "_" and "." before it count.
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:[.,]\d+)*")
 KINDS = ("fenced code", "code spans", "formulas", "link targets", "numbers")
+#: Kept at least as often as the English has them, and nothing the English lacks: a gloss
+#: may repeat the numbers and code of the quote it glosses ("~25 %", "50257 → 50304").
+REPEATABLE = ("code spans", "numbers")
 
 
 def protected_parts(text: str) -> dict[str, Counter[str]]:
@@ -291,10 +296,14 @@ def protected_parts(text: str) -> dict[str, Counter[str]]:
 
 @dataclass(frozen=True)
 class GlossaryTerm:
+    """One concept's one rendering: ``must_match`` where the English has the term,
+    ``must_not_match`` (the other words for it) in no entry of the language."""
+
     english: str
     translation: str
     must_match: re.Pattern[str]
     note: str = ""
+    must_not_match: re.Pattern[str] | None = None
 
     def applies_to(self, english_text: str) -> bool:
         plain = _CODE.sub(" ", english_text)
@@ -302,8 +311,18 @@ class GlossaryTerm:
         return re.search(pattern, plain, re.IGNORECASE) is not None
 
 
+def prose(text: str) -> str:
+    """``text`` without what the checker keeps exactly (fenced code, code spans, link
+    targets, URLs): where the glossary's words are looked for."""
+    for pattern in (_FENCE, _CODE, _LINK, _URL):
+        text = pattern.sub(" ", text)
+    return text
+
+
 def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm]:
-    """``translations/LANG/glossary.tsv``: english, translation, must_match (a regex), note."""
+    """``translations/LANG/glossary.tsv``: english, translation, must_match (a regex), note,
+    and optionally must_not_match (a regex: the other words for the concept, found in no
+    entry, so that all nine notebooks use one word)."""
     path = root / language / "glossary.tsv"
     try:
         rows = list(csv.DictReader(path.open(encoding="utf-8"), delimiter="\t"))
@@ -313,9 +332,14 @@ def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm
     for line, row in enumerate(rows, start=2):
         try:
             english, translation = row["english"].strip(), row["translation"].strip()
+            avoid = (row.get("must_not_match") or "").strip()
             terms.append(
                 GlossaryTerm(
-                    english, translation, re.compile(row["must_match"]), row.get("note") or ""
+                    english,
+                    translation,
+                    re.compile(row["must_match"]),
+                    row.get("note") or "",
+                    re.compile(avoid) if avoid else None,
                 )
             )
         except (KeyError, AttributeError, re.error) as failure:
@@ -328,13 +352,22 @@ def entry_problems(english: str, translation: str, glossary: list[GlossaryTerm])
     problems = []
     source, target = protected_parts(english), protected_parts(translation)
     for kind in KINDS:
-        if source[kind] != target[kind]:
-            missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
+        missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
+        if kind in REPEATABLE:  # repeated in a gloss: fine
+            extra = {part: count for part, count in extra.items() if part not in source[kind]}
+        if missing or extra:
             what = [f"missing {missing}" if missing else "", f"extra {extra}" if extra else ""]
             problems.append(f"{kind} differ: {' '.join(w for w in what if w)}")
+    words = prose(translation)
     for term in glossary:
         if term.applies_to(english) and not term.must_match.search(translation):
             problems.append(f"glossary: '{term.english}' should be rendered as {term.translation}")
+        found = term.must_not_match.search(words) if term.must_not_match else None
+        if found:
+            problems.append(
+                f"glossary: '{term.english}' is {term.translation} in every notebook, "
+                f"not {found.group(0)!r}"
+            )
     return problems
 
 

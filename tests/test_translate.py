@@ -190,6 +190,47 @@ def test_the_checker_catches_each_kind_of_difference(bad, kind):
     assert problems and problems[0].startswith(kind), problems
 
 
+QUOTE = '*"Dramatic optimization: ~25 % faster from 50257 → 50304, a multiple of 64."*'
+
+
+def test_a_gloss_may_repeat_the_numbers_and_code_of_the_quote_it_glosses():
+    english = f"{QUOTE} Check it with `pad_vocab`."
+    gloss = "(أي: تسريع بنحو 25 % برفع 50257 إلى 50304، أقرب مضاعف لـ 64 عبر `pad_vocab`.)"
+    arabic = f"{QUOTE} {gloss} تحقق منه بـ `pad_vocab`."
+    assert translate.entry_problems(english, arabic, []) == []
+    # still refused: a number the English lacks, and code it has left out
+    changed = translate.entry_problems(english, arabic.replace("إلى 50304", "إلى 50305"), [])
+    assert changed == ["numbers differ: extra {'50305': 1}"]
+    dropped = translate.entry_problems(english, arabic.replace("`pad_vocab`", "pad_vocab"), [])
+    assert dropped == ["code spans differ: missing {'pad_vocab': 1}"]
+
+
+def test_an_arabic_number_with_its_prefix_letter_attached_is_the_number():
+    english = "7.5 for a T4, 8.0 for an A100"
+    assert translate.entry_problems(english, "7.5 لـ T4، و8.0 لـ A100", []) == []
+    assert translate.entry_problems(english, "7.5 لـ T4، و8.1 لـ A100", [])
+    # a Latin identifier's digits are still not a number
+    assert translate.protected_parts("sm_80 and x2 and 3")["numbers"] == {"3": 1}
+
+
+def test_the_glossary_says_one_word_per_concept_in_every_entry(tmp_path):
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "glossary.tsv").write_text(
+        "english\ttranslation\tmust_match\tnote\tmust_not_match\n"
+        "course\tالمقرر\tالمقرر\t\tالدورة\n"
+        "batch\tدفعة\tدفعة|دفعات\t\t\n",
+        encoding="utf-8",
+    )
+    glossary = read_glossary("ar", tmp_path)
+    assert glossary[1].must_not_match is None
+    # the other word is refused even where the English does not name the concept
+    problems = translate.entry_problems("Run it.", "شغّله كما في الدورة.", glossary)
+    assert problems == ["glossary: 'course' is المقرر in every notebook, not 'الدورة'"]
+    assert translate.entry_problems("Run it.", "شغّله كما في المقرر.", glossary) == []
+    # inside code (a name, not prose) it is not looked for
+    assert translate.entry_problems("Run `الدورة`.", "شغّل `الدورة`.", glossary) == []
+
+
 def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     tmp_path, catalogs, capsys
 ):
