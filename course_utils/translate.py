@@ -387,6 +387,9 @@ def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
 
 
 UPDATE_HINT = "run `python -m course_utils translate update`"
+# "# | msgid ..." (a space after "#"): a previous English kept as a translator comment, not
+# as the "#| msgid" of a fuzzy entry; it misleads the next translator
+_STALE_COMMENT = re.compile(r'\|\s*(?:msgid\b|")')
 
 
 def check_catalogs(
@@ -406,6 +409,11 @@ def check_catalogs(
             stale = stale_problems(catalog, read_english_notebook(notebook_path))
             lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
             for message in catalog:
+                if any(_STALE_COMMENT.match(comment) for comment in message.user_comments):
+                    lines.append(
+                        f"{name} {message.context}: a translator comment copies an earlier "
+                        "English (# | msgid ...): delete it"
+                    )
                 if message.id and message.string and not message.fuzzy:
                     for problem in entry_problems(str(message.id), str(message.string), glossary):
                         lines.append(f"{name} {message.context}: {problem}")

@@ -231,6 +231,21 @@ def test_the_glossary_says_one_word_per_concept_in_every_entry(tmp_path):
     assert translate.entry_problems("Run `الدورة`.", "شغّل `الدورة`.", glossary) == []
 
 
+def test_the_check_finds_an_earlier_english_left_as_a_translator_comment(tmp_path, catalogs):
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    notebook = tmp_path / "notebooks" / NB01.name
+    assert translate.check_catalogs(["ne"], [notebook], catalogs) == []
+    path = catalog_path("ne", NB01, catalogs)
+    text = path.read_text(encoding="utf-8")
+    stale = '# | msgid ""\n# | "An older English sentence.\n'
+    path.write_text(text.replace('msgctxt "nb01-10"', stale + 'msgctxt "nb01-10"'), "utf-8")
+    problems = translate.check_catalogs(["ne"], [notebook], catalogs)
+    assert problems == [
+        "ne/01_runtime_and_devices.po nb01-10: a translator comment copies an earlier English "
+        "(# | msgid ...): delete it"
+    ]
+
+
 def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     tmp_path, catalogs, capsys
 ):
