@@ -305,10 +305,18 @@ class GlossaryTerm:
     note: str = ""
     must_not_match: re.Pattern[str] | None = None
 
-    def applies_to(self, english_text: str) -> bool:
+    def applies_to(self, english_text: str, longer: tuple[str, ...] = ()) -> bool:
+        """Whether the English names the term outside code, not only as part of one of the
+        ``longer`` terms ("tensor" in "tensor core")."""
         plain = _CODE.sub(" ", english_text)
-        pattern = r"(?<![\w-])" + re.escape(self.english) + r"(?![\w-])"
-        return re.search(pattern, plain, re.IGNORECASE) is not None
+        for other in longer:
+            plain = re.sub(_word(other), " ", plain, flags=re.IGNORECASE)
+        return re.search(_word(self.english), plain, re.IGNORECASE) is not None
+
+
+def _word(english: str) -> str:
+    words = r"\s+".join(re.escape(word) for word in english.split())  # over a line break
+    return r"(?<![\w-])" + words + r"(?:e?s)?(?![\w-])"  # and its plural
 
 
 def prose(text: str) -> str:
@@ -360,7 +368,13 @@ def entry_problems(english: str, translation: str, glossary: list[GlossaryTerm])
             problems.append(f"{kind} differ: {' '.join(w for w in what if w)}")
     words = prose(translation)
     for term in glossary:
-        if term.applies_to(english) and not term.must_match.search(translation):
+        longer = tuple(
+            other.english
+            for other in glossary
+            if len(other.english) > len(term.english)
+            and re.search(_word(term.english), other.english, re.IGNORECASE)
+        )
+        if term.applies_to(english, longer) and not term.must_match.search(translation):
             problems.append(f"glossary: '{term.english}' should be rendered as {term.translation}")
         found = term.must_not_match.search(words) if term.must_not_match else None
         if found:

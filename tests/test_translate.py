@@ -246,6 +246,18 @@ def test_the_check_finds_an_earlier_english_left_as_a_translator_comment(tmp_pat
     ]
 
 
+def test_a_term_inside_a_longer_glossary_term_is_the_longer_ones():
+    glossary = [
+        translate.GlossaryTerm("tensor", "موتر", re.compile("موتر")),
+        translate.GlossaryTerm("tensor core", "أنوية Tensor", re.compile("أنوية Tensor")),
+    ]
+    # "tensor cores", plural and over a line break, is the longer term alone
+    plural = translate.entry_problems("fp16 on tensor\ncores.", "fp16 على أنوية Tensor.", glossary)
+    assert plural == []
+    problems = translate.entry_problems("A tensor on tensor cores.", "على أنوية Tensor.", glossary)
+    assert problems == ["glossary: 'tensor' should be rendered as موتر"]
+
+
 def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     tmp_path, catalogs, capsys
 ):
