@@ -319,10 +319,17 @@ def _word(english: str) -> str:
     return r"(?<![\w-])" + words + r"(?:e?s)?(?![\w-])"  # and its plural
 
 
+# Quoted English in a translation: an italic title or quote (*"…"*, *Performance Tuning
+# Guide*) and a double-quoted string; not ** (bold).
+_QUOTED = re.compile(r'(?<!\*)\*(?![*\s])(?:[^*]|\*\*)+?(?<![*\s])\*(?!\*)|"[^"]*"', re.S)
+_WHOLE_LINK = re.compile(r"\[[^\]]*\]\([^)]*\)")  # its text too: often a title
+
+
 def prose(text: str) -> str:
     """``text`` without what the checker keeps exactly (fenced code, code spans, link
-    targets, URLs): where the glossary's words are looked for."""
-    for pattern in (_FENCE, _CODE, _LINK, _URL):
+    targets, URLs), links and quoted English (italics, "…"): where the glossary's other
+    words for a concept are looked for."""
+    for pattern in (_FENCE, _CODE, _WHOLE_LINK, _URL, _QUOTED):
         text = pattern.sub(" ", text)
     return text
 
