@@ -307,8 +307,8 @@ class GlossaryTerm:
 
     def applies_to(self, english_text: str, longer: tuple[str, ...] = ()) -> bool:
         """Whether the English names the term outside code, not only as part of one of the
-        ``longer`` terms ("tensor" in "tensor core")."""
-        plain = _CODE.sub(" ", english_text)
+        ``longer`` terms ("tensor" in "tensor core"), nor only in a quoted title."""
+        plain = prose(english_text)
         for other in longer:
             plain = re.sub(_word(other), " ", plain, flags=re.IGNORECASE)
         return re.search(_word(self.english), plain, re.IGNORECASE) is not None
