@@ -500,8 +500,9 @@ def fallback_marker(language: str) -> str:
     return f"> *({NOT_YET[language]})*"
 
 
-#: A code span or an inline formula: isolated (``<bdi>``) inside right to left text.
-_INLINE_LEFT_TO_RIGHT = re.compile(r"(`+).+?\1|\$[^$\n]+\$", re.S)
+#: A code span, an inline formula or a quote kept in English (*"..."*): isolated
+#: (``<bdi>``) inside right to left text, so that its punctuation stays where it is.
+_INLINE_LEFT_TO_RIGHT = re.compile(r'(`+).+?\1|\$[^$\n]+\$|\*"[^"]+"\*', re.S)
 #: What opens a line before its text: indentation, block quote marks, a list item's marker.
 _LINE_PREFIX = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:(?:[-*+]|\d{1,9}[.)])(?:[ \t]+|$))?")
 #: A line (after its prefix) that is not a paragraph's text: a heading, HTML, a rule.
@@ -513,8 +514,8 @@ ALIGN_RIGHT = '<span style="display: block; text-align: right">'
 
 
 def _isolated(text: str) -> str:
-    """``text`` with its code spans and inline formulas in ``<bdi>``: matched over the whole
-    paragraph, so a code span that goes on over a line break stays one span."""
+    """``text`` with its code spans, inline formulas and English quotes in ``<bdi>``,
+    matched over the whole paragraph: a code span going on over a line break stays one."""
     return _INLINE_LEFT_TO_RIGHT.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", text)
 
 

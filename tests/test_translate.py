@@ -329,6 +329,9 @@ def test_arabic_cells_render_right_to_left_with_code_and_formulas_left_to_right(
     assert text.count('<div dir="ltr">\n\n') == 1  # the fenced code; the table reads rtl
     assert "| a | <bdi>`b`</bdi> |\n|---|---|\n| 1 | 2 |" in text
     assert f"{translate.ALIGN_RIGHT}نص <bdi>`x.to(device)`</bdi>.</span>" in text
+    # a claim quoted in English keeps its question mark at its end (review B3)
+    quoted = translate.right_to_left('الادعاء: *"Is PyTorch like NumPy\non the GPU?"* لا.')
+    assert '<bdi>*"Is PyTorch like NumPy\non the GPU?"*</bdi> لا.' in quoted
     # what the checker compares is untouched by the wrapping
     spans = translate.protected_parts(text)["code spans"]
     assert spans == translate.protected_parts(english)["code spans"]
