@@ -258,8 +258,13 @@ _CODE = re.compile(r"(`+)(.+?)\1", re.S)
 _LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _URL = re.compile(r"https?://[^\s)>\]]+")
 _MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
+# A number not part of a Latin identifier ("x2", "sm_80"): Arabic writes "و8.0" (and 8.0)
+# with the letter attached, so only ASCII letters, digits, "_" and "." before it count.
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d+(?:[.,]\d+)*")
 KINDS = ("fenced code", "code spans", "formulas", "link targets", "numbers")
+#: Kept at least as often as the English has them, and nothing the English lacks: a gloss
+#: may repeat the numbers and code of the quote it glosses ("~25 %", "50257 → 50304").
+REPEATABLE = ("code spans", "numbers")
 
 
 def protected_parts(text: str) -> dict[str, Counter[str]]:
@@ -291,19 +296,48 @@ def protected_parts(text: str) -> dict[str, Counter[str]]:
 
 @dataclass(frozen=True)
 class GlossaryTerm:
+    """One concept's one rendering: ``must_match`` where the English has the term,
+    ``must_not_match`` (the other words for it) in no entry of the language."""
+
     english: str
     translation: str
     must_match: re.Pattern[str]
     note: str = ""
+    must_not_match: re.Pattern[str] | None = None
 
-    def applies_to(self, english_text: str) -> bool:
-        plain = _CODE.sub(" ", english_text)
-        pattern = r"(?<![\w-])" + re.escape(self.english) + r"(?![\w-])"
-        return re.search(pattern, plain, re.IGNORECASE) is not None
+    def applies_to(self, english_text: str, longer: tuple[str, ...] = ()) -> bool:
+        """Whether the English names the term outside code, not only as part of one of the
+        ``longer`` terms ("tensor" in "tensor core"), nor only in a quoted title."""
+        plain = prose(english_text)
+        for other in longer:
+            plain = re.sub(_word(other), " ", plain, flags=re.IGNORECASE)
+        return re.search(_word(self.english), plain, re.IGNORECASE) is not None
+
+
+def _word(english: str) -> str:
+    words = r"\s+".join(re.escape(word) for word in english.split())  # over a line break
+    return r"(?<![\w-])" + words + r"(?:e?s)?(?![\w-])"  # and its plural
+
+
+# Quoted English in a translation: an italic title or quote (*"…"*, *Performance Tuning
+# Guide*) and a double-quoted string; not ** (bold).
+_QUOTED = re.compile(r'(?<!\*)\*(?![*\s])(?:[^*]|\*\*)+?(?<![*\s])\*(?!\*)|"[^"]*"', re.S)
+_WHOLE_LINK = re.compile(r"\[[^\]]*\]\([^)]*\)")  # its text too: often a title
+
+
+def prose(text: str) -> str:
+    """``text`` without what the checker keeps exactly (fenced code, code spans, link
+    targets, URLs), links and quoted English (italics, "…"): where the glossary's other
+    words for a concept are looked for."""
+    for pattern in (_FENCE, _CODE, _WHOLE_LINK, _URL, _QUOTED):
+        text = pattern.sub(" ", text)
+    return text
 
 
 def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm]:
-    """``translations/LANG/glossary.tsv``: english, translation, must_match (a regex), note."""
+    """``translations/LANG/glossary.tsv``: english, translation, must_match (a regex), note,
+    and optionally must_not_match (a regex: the other words for the concept, found in no
+    entry, so that all nine notebooks use one word)."""
     path = root / language / "glossary.tsv"
     try:
         rows = list(csv.DictReader(path.open(encoding="utf-8"), delimiter="\t"))
@@ -313,9 +347,14 @@ def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm
     for line, row in enumerate(rows, start=2):
         try:
             english, translation = row["english"].strip(), row["translation"].strip()
+            avoid = (row.get("must_not_match") or "").strip()
             terms.append(
                 GlossaryTerm(
-                    english, translation, re.compile(row["must_match"]), row.get("note") or ""
+                    english,
+                    translation,
+                    re.compile(row["must_match"]),
+                    row.get("note") or "",
+                    re.compile(avoid) if avoid else None,
                 )
             )
         except (KeyError, AttributeError, re.error) as failure:
@@ -328,13 +367,28 @@ def entry_problems(english: str, translation: str, glossary: list[GlossaryTerm])
     problems = []
     source, target = protected_parts(english), protected_parts(translation)
     for kind in KINDS:
-        if source[kind] != target[kind]:
-            missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
+        missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
+        if kind in REPEATABLE:  # repeated in a gloss: fine
+            extra = {part: count for part, count in extra.items() if part not in source[kind]}
+        if missing or extra:
             what = [f"missing {missing}" if missing else "", f"extra {extra}" if extra else ""]
             problems.append(f"{kind} differ: {' '.join(w for w in what if w)}")
+    words = prose(translation)
     for term in glossary:
-        if term.applies_to(english) and not term.must_match.search(translation):
+        longer = tuple(
+            other.english
+            for other in glossary
+            if len(other.english) > len(term.english)
+            and re.search(_word(term.english), other.english, re.IGNORECASE)
+        )
+        if term.applies_to(english, longer) and not term.must_match.search(translation):
             problems.append(f"glossary: '{term.english}' should be rendered as {term.translation}")
+        found = term.must_not_match.search(words) if term.must_not_match else None
+        if found:
+            problems.append(
+                f"glossary: '{term.english}' is {term.translation} in every notebook, "
+                f"not {found.group(0)!r}"
+            )
     return problems
 
 
@@ -354,6 +408,9 @@ def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
 
 
 UPDATE_HINT = "run `python -m course_utils translate update`"
+# "# | msgid ..." (a space after "#"): a previous English kept as a translator comment, not
+# as the "#| msgid" of a fuzzy entry; it misleads the next translator
+_STALE_COMMENT = re.compile(r'\|\s*(?:msgid\b|")')
 
 
 def check_catalogs(
@@ -373,6 +430,11 @@ def check_catalogs(
             stale = stale_problems(catalog, read_english_notebook(notebook_path))
             lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
             for message in catalog:
+                if any(_STALE_COMMENT.match(comment) for comment in message.user_comments):
+                    lines.append(
+                        f"{name} {message.context}: a translator comment copies an earlier "
+                        "English (# | msgid ...): delete it"
+                    )
                 if message.id and message.string and not message.fuzzy:
                     for problem in entry_problems(str(message.id), str(message.string), glossary):
                         lines.append(f"{name} {message.context}: {problem}")
@@ -438,10 +500,68 @@ def fallback_marker(language: str) -> str:
     return f"> *({NOT_YET[language]})*"
 
 
-def _left_to_right_blocks(text: str) -> str:
-    """Fenced code, display formulas and tables in ``<div dir="ltr">`` (inside a right to
-    left cell), code spans isolated (``<bdi>``): they read left to right."""
+#: A code span, an inline formula or a quote kept in English (*"..."*): isolated
+#: (``<bdi>``) inside right to left text, so that its punctuation stays where it is.
+_INLINE_LEFT_TO_RIGHT = re.compile(r'(`+).+?\1|\$[^$\n]+\$|\*"[^"]+"\*', re.S)
+#: What opens a line before its text: indentation, block quote marks, a list item's marker.
+_LINE_PREFIX = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:(?:[-*+]|\d{1,9}[.)])(?:[ \t]+|$))?")
+#: A line (after its prefix) that is not a paragraph's text: a heading, HTML, a rule.
+_NOT_TEXT = re.compile(r"#{1,6}(?:\s|$)|<|(?:[-*_][ \t]*){3,}$")
+#: Around each paragraph of a right to left cell: JupyterLab's stylesheet (and the site's,
+#: nbconvert's) sets ``p { text-align: left }``, which the cell's ``dir`` cannot change;
+#: an inline style on a block inside the paragraph can (JupyterLab's sanitizer keeps it).
+ALIGN_RIGHT = '<span style="display: block; text-align: right">'
+
+
+def _isolated(text: str) -> str:
+    """``text`` with its code spans, inline formulas and English quotes in ``<bdi>``,
+    matched over the whole paragraph: a code span going on over a line break stays one."""
+    return _INLINE_LEFT_TO_RIGHT.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", text)
+
+
+def _paragraphs(lines: list[str]) -> Iterator[tuple[bool, list[str]]]:
+    """The lines of ordinary markdown in groups: ``(True, lines)`` for a paragraph (or a
+    list item's, or a block quote's), ``(False, [line])`` for anything else."""
+    group: list[str] = []
+    for line in lines:
+        prefix = _LINE_PREFIX.match(line).group(0)  # type: ignore[union-attr]
+        rest = line[len(prefix) :]
+        new_item = bool(prefix.strip().lstrip(">").strip())  # a list item's marker
+        if group and rest.strip() and not new_item and not _NOT_TEXT.match(rest):
+            group.append(line)  # the paragraph goes on
+            continue
+        if group:
+            yield True, group
+            group = []
+        if rest.strip() and not _NOT_TEXT.match(rest):
+            group = [line]
+        else:
+            yield False, [line]
+    if group:
+        yield True, group
+
+
+def _right_to_left_text(lines: list[str]) -> list[str]:
+    """Ordinary markdown lines of a right to left cell: each paragraph aligned right, its
+    code spans and formulas isolated left to right."""
     out: list[str] = []
+    for paragraph, group in _paragraphs(lines):
+        isolated = _isolated("\n".join(group)).split("\n")
+        if paragraph:
+            prefix = _LINE_PREFIX.match(isolated[0]).group(0)  # type: ignore[union-attr]
+            isolated[0] = prefix + ALIGN_RIGHT + isolated[0][len(prefix) :]
+            isolated[-1] += "</span>"
+        out += isolated
+    return out
+
+
+def _left_to_right_blocks(text: str) -> str:
+    """Fenced code and display formulas in ``<div dir="ltr">`` (inside a right to left
+    cell); tables stay right to left (their columns and Arabic sentences read in order),
+    with their code spans and formulas isolated (``<bdi>``), as in paragraphs, which are
+    aligned right."""
+    out: list[str] = []
+    text_lines: list[str] = []
     lines = text.split("\n")
     index = 0
     while index < len(lines):
@@ -464,21 +584,27 @@ def _left_to_right_blocks(text: str) -> str:
                 index += 1
                 closed = lines[index - 1].rstrip().endswith("$$")
         elif _TABLE_ROW.match(line):
+            out += _right_to_left_text(text_lines)
+            text_lines = []
             while index < len(lines) and _TABLE_ROW.match(lines[index]):
-                block.append(lines[index])
+                out.append(_isolated(lines[index]))
                 index += 1
+            continue
         else:
-            out.append(_CODE.sub(lambda m: f"<bdi>{m.group(0)}</bdi>", line))
+            text_lines.append(line)
             index += 1
             continue
+        out += _right_to_left_text(text_lines)
+        text_lines = []
         out += ['<div dir="ltr">', "", *block, "", "</div>"]
+    out += _right_to_left_text(text_lines)
     return "\n".join(out)
 
 
 def right_to_left(text: str) -> str:
     """Markdown that renders right to left in JupyterLab, Colab and the site: the cell in
-    ``<div dir="rtl">`` (blank lines around, so its markdown still renders), its code,
-    formulas and tables left to right."""
+    ``<div dir="rtl">`` (blank lines around, so its markdown still renders), its paragraphs
+    aligned right, its code and formulas left to right (:func:`_left_to_right_blocks`)."""
     return f'<div dir="rtl">\n\n{_left_to_right_blocks(text)}\n\n</div>'
 
 

@@ -144,8 +144,39 @@ def site(tmp_path_factory) -> Path:
     result = NotebookResult("notebooks/01_tiny.ipynb", "ok", 2.0, None, figures,
                             [magenta_plot()], "notebooks/01_tiny.html")
     report = write_report([result], {}, work)
-    build_site(ROOT, work / "notebooks", work / "site", report)
+    root = work / "root"  # the checkout, with an Arabic catalog of 02_tiny
+    root.mkdir()
+    for name in ("README.md", "docs"):
+        (root / name).symlink_to(ROOT / name)
+    translate_tiny_into_arabic(work / "notebooks" / "02_tiny.ipynb", root / "translations")
+    build_site(root, work / "notebooks", work / "site", report)
     return work / "site"
+
+
+#: 02_tiny's second cell in Arabic: paragraphs, a table of sentences, code spans (one
+#: going on over a line break), as the course's Arabic cells have them.
+ARABIC_CELL = (
+    "## الدقة المختلطة: `torch.autocast`\n\n"
+    f"قاعدة {WORD}.\n\n"
+    "| ما يقوله المنشور | ما يحدث فعلًا |\n|---|---|\n"
+    "| استدعِ `model.half()` لكل شيء |"
+    " يعمل، لكن `torch.autocast` يختار النوع لكل عملية على GPU |\n\n"
+    "يكفي سطر واحد: `torch.device(\"cuda\" if torch.cuda.is_available() else\n"
+    "\"cpu\")`. أما `choose_device()` فتختار أيضًا.\n\n"
+    "فقرة قصيرة."
+)
+
+
+def translate_tiny_into_arabic(notebook: Path, translations: Path) -> None:
+    from course_utils import translate
+
+    translate.update_catalog("ar", notebook, translations)
+    path = translate.catalog_path("ar", notebook, translations)
+    catalog = translate.read_catalog(path, "ar")
+    for message in catalog:
+        if str(message.id).startswith("## Mixed precision"):
+            message.string = ARABIC_CELL
+    translate.write_catalog(catalog, path)
 
 
 def test_the_site_has_every_page_and_no_broken_or_external_link(site):
@@ -436,3 +467,110 @@ def test_a_browser_draws_arabic_right_to_left_with_code_left_to_right_and_real_g
                 assert evaluate(command, code) == "ltr"
         finally:
             command.close()
+
+
+#: In a page, what reads wrong in the Arabic markdown (rendered cells, outputs aside):
+#: paragraphs whose last line is not against the right edge, tables laid out left to
+#: right, code in a table right to left or placed on the wrong side of the Arabic before
+#: it, literal markup shown as text; and how many of each it measured.
+RIGHT_TO_LEFT_PROBLEMS = r"""(() => {
+  const arabic = /[\u0600-\u06FF]/;
+  const problems = [];
+  const seen = {paragraphs: 0, short: 0, tables: 0, codes: 0};
+  const lines = (element) => {  // the line boxes of the text in element
+    const rects = [];
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {  // code: its box (padded), not its letters
+      const code = walker.currentNode.parentElement.closest('code');
+      const range = document.createRange();
+      range.selectNodeContents(walker.currentNode);
+      rects.push(...[...(code || range).getClientRects()].filter(r => r.width > 0));
+    }
+    return rects;
+  };
+  const markdown = [...document.querySelectorAll('p, table')].filter(e =>
+    arabic.test(e.textContent) && !e.closest('pre, .jp-OutputArea, .md-header, .md-footer, nav'));
+  for (const p of markdown.filter(e => e.tagName === 'P')) {
+    const rects = lines(p);
+    if (!rects.length) continue;
+    const middle = r => (r.top + r.bottom) / 2;  // code and Arabic glyphs differ in height
+    const lowest = Math.max(...rects.map(middle));
+    const last = rects.filter(r => middle(r) > lowest - 8);
+    const right = Math.max(...last.map(r => r.right));
+    const left = Math.min(...last.map(r => r.left));
+    const box = p.getBoundingClientRect();
+    const edge = box.right - parseFloat(getComputedStyle(p).paddingRight);
+    seen.paragraphs++;
+    if (right - left < box.width - 60) seen.short++;
+    if (Math.abs(edge - right) > 2)
+      problems.push('not aligned right: ' + p.textContent.slice(0, 50));
+  }
+  for (const table of markdown.filter(e => e.tagName === 'TABLE')) {
+    seen.tables++;
+    if (getComputedStyle(table).direction !== 'rtl') problems.push('a table left to right');
+    const head = table.querySelector('tr').children;
+    const left = (cell) => cell.getBoundingClientRect().left;
+    if (head.length > 1 && !(left(head[0]) > left(head[1])))
+      problems.push('the first column is not on the right: ' + head[0].textContent);
+    for (const code of table.querySelectorAll('code')) {
+      seen.codes++;
+      if (getComputedStyle(code).direction !== 'ltr')
+        problems.push('code right to left: ' + code.textContent);
+      const outer = code.parentElement.tagName === 'BDI' ? code.parentElement : code;
+      const before = outer.previousSibling;
+      if (!before || before.nodeType !== 3 || !arabic.test(before.textContent)) continue;
+      const range = document.createRange();
+      range.selectNodeContents(before);
+      const rects = [...range.getClientRects()].filter(r => r.width > 0);
+      const at = code.getBoundingClientRect();
+      const end = rects[rects.length - 1];
+      if (end && Math.abs(end.top - at.top) < 4 && end.left < at.right - 1)
+        problems.push('the Arabic before ' + code.textContent + ' is not on its right');
+    }
+  }
+  const text = document.body.innerText;
+  for (const tag of ['<bdi', '</bdi', '<span', '</span', '<div', '</div'])
+    if (text.includes(tag)) problems.push('literal markup shown: ' + tag);
+  return {problems, seen};
+})()"""
+
+
+@pytest.mark.slow
+def test_arabic_paragraphs_align_right_and_tables_read_right_to_left_on_the_site(site, tmp_path):
+    page = (site / "ar" / "notebooks" / "02_tiny.html").as_uri()
+    command = devtools_session(page, tmp_path)
+    try:
+        found = evaluate(command, RIGHT_TO_LEFT_PROBLEMS)
+    finally:
+        command.close()
+    assert found["problems"] == [], found
+    # what was measured: 3 paragraphs (2 short), the table and its 2 code spans
+    assert found["seen"]["paragraphs"] >= 3 and found["seen"]["short"] >= 2, found
+    assert found["seen"]["tables"] == 1 and found["seen"]["codes"] == 2, found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", ["01_runtime_and_devices", "06_multi_gpu"])
+def test_built_arabic_notebooks_read_right_to_left_in_jupyterlabs_stylesheet(stem, tmp_path):
+    """A built Arabic notebook as nbconvert's ``lab`` template renders it: JupyterLab's own
+    stylesheet (``.jp-RenderedHTMLCommon p { text-align: left }``) and markdown cells as
+    JupyterLab shows them, in headless Chromium."""
+    from nbconvert import HTMLExporter
+
+    from course_utils import translate
+
+    (built,) = translate.build("ar", [ROOT / "notebooks" / f"{stem}.ipynb"], tmp_path / "ar")
+    exporter = HTMLExporter(template_name="lab")
+    html, _ = exporter.from_notebook_node(nbformat.read(built, as_version=4))
+    html = re.sub(r"<script[^>]*src=\"https?://[^\"]*\"[^>]*></script>", "", html)
+    page = tmp_path / f"{stem}.html"
+    page.write_text(html, encoding="utf-8")
+    command = devtools_session(page.as_uri(), tmp_path)
+    try:
+        found = evaluate(command, RIGHT_TO_LEFT_PROBLEMS)
+    finally:
+        command.close()
+    assert found["problems"] == [], found
+    assert found["seen"]["paragraphs"] >= 15 and found["seen"]["short"] >= 5, found
+    if stem == "06_multi_gpu":  # nb06-07: the seed's steps, a table of Arabic sentences
+        assert found["seen"]["tables"] >= 1 and found["seen"]["codes"] >= 1, found

@@ -10,6 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -188,6 +190,88 @@ def test_the_checker_catches_each_kind_of_difference(bad, kind):
     assert problems and problems[0].startswith(kind), problems
 
 
+QUOTE = '*"Dramatic optimization: ~25 % faster from 50257 → 50304, a multiple of 64."*'
+
+
+def test_a_gloss_may_repeat_the_numbers_and_code_of_the_quote_it_glosses():
+    english = f"{QUOTE} Check it with `pad_vocab`."
+    gloss = "(أي: تسريع بنحو 25 % برفع 50257 إلى 50304، أقرب مضاعف لـ 64 عبر `pad_vocab`.)"
+    arabic = f"{QUOTE} {gloss} تحقق منه بـ `pad_vocab`."
+    assert translate.entry_problems(english, arabic, []) == []
+    # still refused: a number the English lacks, and code it has left out
+    changed = translate.entry_problems(english, arabic.replace("إلى 50304", "إلى 50305"), [])
+    assert changed == ["numbers differ: extra {'50305': 1}"]
+    dropped = translate.entry_problems(english, arabic.replace("`pad_vocab`", "pad_vocab"), [])
+    assert dropped == ["code spans differ: missing {'pad_vocab': 1}"]
+
+
+def test_an_arabic_number_with_its_prefix_letter_attached_is_the_number():
+    english = "7.5 for a T4, 8.0 for an A100"
+    assert translate.entry_problems(english, "7.5 لـ T4، و8.0 لـ A100", []) == []
+    assert translate.entry_problems(english, "7.5 لـ T4، و8.1 لـ A100", [])
+    # a Latin identifier's digits are still not a number
+    assert translate.protected_parts("sm_80 and x2 and 3")["numbers"] == {"3": 1}
+
+
+def test_the_glossary_says_one_word_per_concept_in_every_entry(tmp_path):
+    (tmp_path / "ar").mkdir()
+    (tmp_path / "ar" / "glossary.tsv").write_text(
+        "english\ttranslation\tmust_match\tnote\tmust_not_match\n"
+        "course\tالمقرر\tالمقرر\t\tالدورة\n"
+        "batch\tدفعة\tدفعة|دفعات\t\t\n",
+        encoding="utf-8",
+    )
+    glossary = read_glossary("ar", tmp_path)
+    assert glossary[1].must_not_match is None
+    # the other word is refused even where the English does not name the concept
+    problems = translate.entry_problems("Run it.", "شغّله كما في الدورة.", glossary)
+    assert problems == ["glossary: 'course' is المقرر in every notebook, not 'الدورة'"]
+    assert translate.entry_problems("Run it.", "شغّله كما في المقرر.", glossary) == []
+    # inside code (a name, not prose) it is not looked for
+    assert translate.entry_problems("Run `الدورة`.", "شغّل `الدورة`.", glossary) == []
+    # nor in quoted English (a claim, a title) or a link's text; nor, in the English, is a
+    # term only inside a quoted title one the translation must render
+    loss = translate.GlossaryTerm(
+        "loss", "লস", re.compile("লস"), "", re.compile(r"(?i)(?<![A-Za-z])loss(?![A-Za-z])")
+    )
+    english = '*"Compute the loss before backprop."* See [Loss functions](https://x.y/loss).'
+    bengali = (
+        '*"Compute the loss before backprop."* (লস হিসাব করুন।) দেখুন '
+        "[Loss functions](https://x.y/loss)।"
+    )
+    assert translate.entry_problems(english, bengali, [loss]) == []
+    assert translate.entry_problems(english, bengali.replace("লস হিসাব", "loss হিসাব"), [loss])
+    title = translate.entry_problems("Read *Loss Landscapes*.", "পড়ুন *Loss Landscapes*।", [loss])
+    assert title == []
+
+
+def test_the_check_finds_an_earlier_english_left_as_a_translator_comment(tmp_path, catalogs):
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    notebook = tmp_path / "notebooks" / NB01.name
+    assert translate.check_catalogs(["ne"], [notebook], catalogs) == []
+    path = catalog_path("ne", NB01, catalogs)
+    text = path.read_text(encoding="utf-8")
+    stale = '# | msgid ""\n# | "An older English sentence.\n'
+    path.write_text(text.replace('msgctxt "nb01-10"', stale + 'msgctxt "nb01-10"'), "utf-8")
+    problems = translate.check_catalogs(["ne"], [notebook], catalogs)
+    assert problems == [
+        "ne/01_runtime_and_devices.po nb01-10: a translator comment copies an earlier English "
+        "(# | msgid ...): delete it"
+    ]
+
+
+def test_a_term_inside_a_longer_glossary_term_is_the_longer_ones():
+    glossary = [
+        translate.GlossaryTerm("tensor", "موتر", re.compile("موتر")),
+        translate.GlossaryTerm("tensor core", "أنوية Tensor", re.compile("أنوية Tensor")),
+    ]
+    # "tensor cores", plural and over a line break, is the longer term alone
+    plural = translate.entry_problems("fp16 on tensor\ncores.", "fp16 على أنوية Tensor.", glossary)
+    assert plural == []
+    problems = translate.entry_problems("A tensor on tensor cores.", "على أنوية Tensor.", glossary)
+    assert problems == ["glossary: 'tensor' should be rendered as موتر"]
+
+
 def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     tmp_path, catalogs, capsys
 ):
@@ -237,16 +321,80 @@ def test_build_keeps_code_and_grading_metadata_and_marks_what_is_not_translated(
     assert built["metadata"]["kernelspec"] == english["metadata"]["kernelspec"]
 
 
-def test_arabic_cells_render_right_to_left_with_code_and_tables_left_to_right():
-    english = "Text `x.to(device)`.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```python\nx = 1\n```"
+def test_arabic_cells_render_right_to_left_with_code_and_formulas_left_to_right():
+    english = "Text `x.to(device)`.\n\n| a | `b` |\n|---|---|\n| 1 | 2 |\n\n```python\nx = 1\n```"
     text = translate.right_to_left(english.replace("Text", "نص"))
     assert text.startswith('<div dir="rtl">\n\n') and text.endswith("\n\n</div>")
     assert "<bdi>`x.to(device)`</bdi>" in text
-    assert text.count('<div dir="ltr">\n\n') == 2  # the table and the fenced code
-    assert '<div dir="ltr">\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n</div>' in text
+    assert text.count('<div dir="ltr">\n\n') == 1  # the fenced code; the table reads rtl
+    assert "| a | <bdi>`b`</bdi> |\n|---|---|\n| 1 | 2 |" in text
+    assert f"{translate.ALIGN_RIGHT}نص <bdi>`x.to(device)`</bdi>.</span>" in text
+    # a claim quoted in English keeps its question mark at its end (review B3)
+    quoted = translate.right_to_left('الادعاء: *"Is PyTorch like NumPy\non the GPU?"* لا.')
+    assert '<bdi>*"Is PyTorch like NumPy\non the GPU?"*</bdi> لا.' in quoted
     # what the checker compares is untouched by the wrapping
     spans = translate.protected_parts(text)["code spans"]
     assert spans == translate.protected_parts(english)["code spans"]
+
+
+class _Reading(HTMLParser):
+    """The text a reader sees of rendered HTML, and its inline code spans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.codes: list[str] = []
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.open.append(tag)
+        if tag == "code" and "pre" not in self.open:
+            self.codes.append("")
+
+    def handle_endtag(self, tag):
+        while self.open and self.open.pop() != tag:
+            pass
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if "code" in self.open and "pre" not in self.open:
+            self.codes[-1] += data
+
+
+def _read(markdown: str) -> _Reading:
+    """``markdown`` rendered as CommonMark with tables (raw HTML kept as HTML), read."""
+    mistune = pytest.importorskip("mistune")
+    reading = _Reading()
+    reading.feed(mistune.create_markdown(escape=False, plugins=["table"])(markdown))
+    return reading
+
+
+def _spans(codes) -> Counter:
+    return Counter(" ".join(code.split()) for code in codes)
+
+
+def test_a_code_span_going_on_over_a_line_break_stays_one_span_right_to_left():
+    english = "See `torch.device(\"cuda\" if ok else\n\"cpu\")`. And `choose_device()` too."
+    arabic = "انظر `torch.device(\"cuda\" if ok else\n\"cpu\")`. أما `choose_device()` فأيضًا."
+    reading = _read(translate.right_to_left(arabic))
+    spans = translate.protected_parts(english)["code spans"].elements()
+    assert _spans(reading.codes) == _spans(spans)
+    assert "<bdi>" not in "".join(reading.text) and "</bdi>" not in "".join(reading.text)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(
+    tmp_path, language
+):
+    for built in translate.build(language, NOTEBOOKS, tmp_path):
+        for cell_id, text in translate.markdown_cells(_notebook(built)):
+            reading = _read(text)
+            shown = "".join(reading.text)
+            for tag in ("<bdi", "</bdi", "<span", "</span", "<div", "</div"):
+                assert tag not in shown, f"{built.name} {cell_id}: {tag} shown as text"
+            # each code span of the cell's markdown is one code element, whole
+            spans = _spans(translate.protected_parts(text)["code spans"].elements())
+            assert _spans(reading.codes) == spans, f"{built.name} {cell_id}"
 
 
 def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
