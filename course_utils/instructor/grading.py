@@ -652,6 +652,7 @@ def _judge(
             checker_pid, verdicts_fd = checkers.start(
                 apart, list(guard.get("modules", [])), folder, settings.threads,
                 (requests_write, replies_read),
+                settings.sandbox.limits if settings.sandbox is not None else None,
             )  # fmt: skip
         os.close(requests_write)
         os.close(replies_read)
@@ -693,17 +694,7 @@ def _judge(
             _end_checker(checker_pid, verdicts_fd)
         shutil.rmtree(control, ignore_errors=True)
     for nonce, message in state.results.items():
-        index = nonces[nonce]
-        if message.get("tampering"):
-            problems = [str(problem) for problem in message["tampering"]]
-            verdicts[index] = CellOutcome("error", "Tampering", tampering=problems)
-        elif message.get("ename"):
-            ename, evalue = str(message["ename"]), str(message.get("evalue", ""))
-            earned = message.get("earned", 0.0)
-            share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
-            verdicts[index] = CellOutcome("error", ename, evalue, earned=share)
-        else:
-            verdicts[index] = CellOutcome("ok")
+        verdicts[nonces[nonce]] = _verdict(message)
     flags += state.flags
     if not state.armed and state.timed_out:
         raise _busy("the grader's judge process", WARM_UP_S)
@@ -720,6 +711,23 @@ def _judge(
             if verdicts[index].status == "not-run" and at >= 0 and index >= at:
                 verdicts[index] = CellOutcome("timeout" if state.timed_out else "dead")
     return verdicts, flags, notes
+
+
+def _verdict(message: dict[str, Any]) -> CellOutcome:
+    """A check's outcome from its trusted verdict (the guard's, signed, or the checker's):
+    ``ok`` only for an explicit ``completed`` with nothing tampered with; a failure's name
+    only among :data:`~course_utils.instructor.checker.TRUSTED_NAMES` (else ``Error``)."""
+    tampering = message.get("tampering")
+    if type(tampering) is list and tampering:
+        return CellOutcome("error", "Tampering", tampering=[str(t) for t in tampering])
+    if message.get("status") == "completed" and not message.get("ename"):
+        return CellOutcome("ok")
+    ename = message.get("ename")
+    ename = ename if type(ename) is str and ename in checkers.TRUSTED_NAMES else "Error"
+    evalue = message.get("evalue")
+    earned = message.get("earned", 0.0)
+    share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
+    return CellOutcome("error", ename, evalue if type(evalue) is str else "", earned=share)
 
 
 def _end_checker(pid: int, fd: int) -> None:
@@ -813,20 +821,18 @@ def _read_judge(
         *lines, pending = pending.split(b"\n")
         for raw in lines:
             line = raw.decode(errors="replace")
-            if line.startswith("at ") and state.armed:
-                with contextlib.suppress(ValueError):
-                    state.at = int(line[3:])
-                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
-                limit = time.monotonic() + cell_s
-                continue
-            if line == "done":
-                state.done = True
-                continue
-            message = guards.read_signed(key, line)
+            message = guards.read_signed(key, line)  # "at" and "done" are signed too
             if message is None:
                 what = "the notebook's code wrote forged messages to the grader's channel"
                 if what not in state.flags:
                     state.flags.append(what)
+            elif message.get("kind") == "at" and state.armed:
+                with contextlib.suppress(ValueError):
+                    state.at = int(str(message.get("cell")))
+                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
+                limit = time.monotonic() + cell_s
+            elif message.get("kind") == "done" and state.armed:
+                state.done = True
             elif message.get("kind") == "armed" and not state.armed:
                 state.armed = True
                 limit = deadline = time.monotonic() + total_timeout_s
@@ -842,20 +848,25 @@ def _read_judge(
 
 
 def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
-    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
     return {
         "timeout": f"timed out (each cell may run {cell_timeout_s:g} s; the whole run has a limit)",
         "dead": "kernel died: the code before or in this check ended the Python process",
         "not-run": "not run: the time limit was reached or the kernel could not be restored",
     }.get(outcome.status) or {
-        "CheckFailed": outcome.evalue,
-        "PartialCredit": outcome.evalue,
         "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
         "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
-        "AnswerError": outcome.evalue,
+        "AnswerError": outcome.evalue or _GENERIC_REASON,
+        "NeedsBeside": outcome.evalue or _GENERIC_REASON,
         "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
         "AssertionError": outcome.evalue or "an assert in the check failed",
-    }.get(outcome.ename, error or "the check raised an error")
+        "CheckFailed": outcome.evalue or _GENERIC_REASON,
+        "PartialCredit": outcome.evalue or _GENERIC_REASON,
+    }.get(outcome.ename, _GENERIC_REASON)
+
+
+#: The reason of a failed check whose error the instructor's code did not raise (a
+#: learner's exception, anything unknown): its text is never shown.
+_GENERIC_REASON = "the check raised an error (in your code or because of it)"
 
 
 def _solution_failure(cells: list[Any], outcomes: list[CellOutcome], position: int) -> str:
