@@ -271,3 +271,39 @@ def test_errors_with_lying_names_fail_and_no_learner_text_reaches_feedback(tmp_p
         text = feedback.read_text()
         assert "LEAK" not in text.replace("'LEAK %r'", ""), feedback
         assert "double(17)" not in text, feedback  # the hidden test
+
+
+_LOUD = {  # printed at once (one message), and in many pieces
+    "at once": "print('x' * (200 * 2**20))",
+    "in pieces": "import sys  # pieces\nfor _ in range(200):\n    sys.stdout.write('y' * 2**20)\n"
+    "    sys.stdout.flush()",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", _LOUD.values(), ids=_LOUD.keys())
+def test_a_cell_printing_200_mib_leaves_the_grading_process_small(cell, tmp_path):
+    """The grading process keeps a bounded part of a cell's outputs (and says so); it
+    never holds the 200 MiB, let alone several copies of it."""
+    notebook = _beside("def double(x):\n    return 2 * x")
+    notebook.cells.insert(1, _notebook([("code", cell, {})]).cells[0])
+    write_notebook(notebook, tmp_path / "loud.ipynb")
+    write_notebook(_beside("def double(x):\n    return 2 * x"), tmp_path / "source.ipynb")
+    program = (
+        "import json, resource, sys\nfrom pathlib import Path\n"
+        "from course_utils.instructor.grading import grade_submission\n"
+        "report, feedback = grade_submission(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "print(json.dumps({'peak': peak, 'score': report.score, 'notes': report.notes}))\n"
+    )
+    paths = [str(tmp_path / "loud.ipynb"), str(tmp_path / "source.ipynb")]
+    done = subprocess.run(
+        [sys.executable, "-c", program, *paths],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["peak"] < 1024, result  # MiB
+    assert result["score"] == 1, result
+    if "pieces" in cell:
+        assert any("printed more than the grader keeps" in n for n in result["notes"]), result

@@ -20,6 +20,7 @@ import builtins
 import contextlib
 import copy
 import dataclasses
+import html
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import zmq
 from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -57,6 +59,14 @@ WARM_UP_S = 600
 #: Changes whenever the same submission could score differently (class runs regrade).
 GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
+#: The most of one cell's outputs the grading process keeps (characters); what is past
+#: it is dropped as it arrives, and the cell gets a note.
+CELL_OUTPUT_CHARS = 1 << 20
+#: The largest message the grading process accepts from a learner's kernel: a larger one
+#: (one print of 200 MiB) is dropped by ZeroMQ before it is read into memory.
+KERNEL_MESSAGE_BYTES = 8 << 20
+#: What a feedback notebook keeps of a rich output: never HTML or script (inert pages).
+_INERT_MIME = ("text/plain", "image/png", "image/jpeg")
 
 _COURSE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -359,20 +369,44 @@ def _control_folder(run: Path, kind: str) -> Path:
     return folder
 
 
+class _BoundedClient(NotebookClient):
+    """nbclient's client, keeping at most :data:`CELL_OUTPUT_CHARS` of a cell's outputs:
+    what comes past it is dropped as it arrives (``cut`` says so)."""
+
+    kept = 0
+    cut = False
+
+    def output(
+        self, outs: list[Any], msg: dict[str, Any], display_id: str | None, cell_index: int
+    ) -> Any:
+        content = msg.get("content", {})
+        size = len(str(content.get("text", ""))) + sum(
+            len(str(value)) for value in dict(content.get("data", {}) or {}).values()
+        )
+        if self.kept + size > CELL_OUTPUT_CHARS:
+            self.cut = True
+            return None
+        self.kept += size
+        return super().output(outs, msg, display_id, cell_index)
+
+
 class _Kernel:
     """The learner's kernel: it runs the learner's cells for the feedback notebook's outputs
     (never a check, never the grader's key); replaced when it hangs or dies."""
 
     def __init__(self, run: Path, work: Path, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
+        self.cut = False  # whether a cell's outputs were cut (its note is the caller's)
         options: Any = dict(allow_errors=True, shutdown_kernel="immediate", record_timing=False)
-        self._client = NotebookClient(
+        self._client = _BoundedClient(
             self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
         self._client.startup_timeout = max(1, int(warm_up_s))  # nbclient's default: 60 s
         sandbox = settings.sandbox
         self.control = _control_folder(run, "kernel")
         self._client.km = _kernel_manager(self.control, work, sandbox)
+        # Before any socket is made: a message past the limit never reaches this process.
+        self._client.km.context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
         env = _kernel_environment(work, self.control, settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -415,6 +449,7 @@ class _Kernel:
     def _execute(self, cell: Any, timeout_s: float, store_history: bool = True) -> CellOutcome:
         self._client.timeout = max(1, int(timeout_s))
         self._scratch.cells = [cell]
+        self._client.kept, self._client.cut = 0, False
         start = time.perf_counter()
         try:
             self._client.execute_cell(cell, 0, store_history=store_history)
@@ -424,6 +459,8 @@ class _Kernel:
         except Exception as error:  # replies the cell's code broke (a patched json.dumps)
             what = f"{type(error).__name__}: {error}"[:200]
             return CellOutcome("dead", "BrokenKernel", what, time.perf_counter() - start)
+        if self._client.cut:
+            self.cut = True
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 seconds = time.perf_counter() - start
@@ -502,6 +539,13 @@ def run_cells(
                     continue
                 outcome = kernel.run(cell, min(cell_timeout_s, remaining()))
                 outcomes.append(outcome)
+                if kernel.cut:
+                    kernel.cut = False
+                    notes.append(
+                        f"code cell {index + 1} printed more than the grader keeps "
+                        f"({CELL_OUTPUT_CHARS // 2**20} MiB of text in all, "
+                        f"{KERNEL_MESSAGE_BYTES // 2**20} MiB at once): the rest was dropped"
+                    )
                 if outcome.status in ("timeout", "dead"):
                     kernel.close()
                     kernel = None  # closed: not closed again if restoring fails
@@ -948,17 +992,25 @@ def grade_submission(
     return report, _feedback(learner, cells, origin, checks_at, report)
 
 
+def inert(text: str) -> str:
+    """``text`` for Markdown that renders it as text, never as HTML or a table's cell end.
+
+    >>> inert("<script>x</script> | a")
+    '&lt;script&gt;x&lt;/script&gt; \\\\| a'
+    """
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
 def feedback_summary(report: GradeReport, headline: str | None = None) -> str:
     """The summary at the top of a feedback notebook: the grade (or ``headline``), a table
-    of the checks, then notes."""
+    of the checks, then notes; every text in it is :func:`inert`."""
     summary = [headline or f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
     summary += ["| check | points | result |", "|---|---|---|"]
     for check in report.checks:
-        result = check.result.replace("|", "\\|")
-        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
-    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
-    summary += [f"- note: {note}" for note in report.notes]
-    summary += [f"- tampering (reported to your instructor): {what}" for what in report.tampering]
+        summary.append(f"| {inert(check.grade_id)} | {check.points_text} | {inert(check.result)} |")
+    summary += ["", *[f"- found without its grade_id: {inert(m)}" for m in report.matched]]
+    summary += [f"- note: {inert(note)}" for note in report.notes]
+    summary += [f"- tampering (reported to your instructor): {inert(w)}" for w in report.tampering]
     return "\n".join(summary).strip()
 
 
@@ -977,6 +1029,11 @@ def _feedback(
         at = position.get(index)
         if at is not None and at not in checks_at:
             cell.outputs = copy.deepcopy(cells[at].get("outputs", []))
+            for output in cell.outputs:  # rich outputs inert: no HTML, SVG or script
+                data = output.get("data")
+                if isinstance(data, dict):
+                    for mime in [m for m in data if m not in _INERT_MIME]:
+                        del data[mime]
             for output in cell.outputs:  # long texts cut to FEEDBACK_OUTPUT_CHARS
                 text, keep = output.get("text"), FEEDBACK_OUTPUT_CHARS
                 if isinstance(text, str) and len(text) > keep:
