@@ -38,6 +38,7 @@ from typing import Any
 
 import nbformat
 import zmq
+import zmq.asyncio
 from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -405,8 +406,11 @@ class _Kernel:
         sandbox = settings.sandbox
         self.control = _control_folder(run, "kernel")
         self._client.km = _kernel_manager(self.control, work, sandbox)
-        # Before any socket is made: a message past the limit never reaches this process.
-        self._client.km.context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
+        # The client's sockets refuse a message past the limit before it reaches memory.
+        self._context = zmq.asyncio.Context()
+        self._context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
+        make_client = self._client.km.client
+        self._client.km.client = lambda **kw: make_client(context=self._context, **kw)
         env = _kernel_environment(work, self.control, settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -471,6 +475,8 @@ class _Kernel:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the kernel may already be gone
             self._client._cleanup_kernel()
+        with contextlib.suppress(Exception):
+            self._context.destroy(linger=0)
         shutil.rmtree(self.control, ignore_errors=True)
 
 
