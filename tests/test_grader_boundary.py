@@ -290,11 +290,13 @@ def test_a_cell_printing_200_mib_leaves_the_grading_process_small(cell, tmp_path
     write_notebook(notebook, tmp_path / "loud.ipynb")
     write_notebook(_beside("def double(x):\n    return 2 * x"), tmp_path / "source.ipynb")
     program = (
-        "import json, resource, sys\nfrom pathlib import Path\n"
+        "import json, resource, sys, torch\nfrom pathlib import Path\n"
         "from course_utils.instructor.grading import grade_submission\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
         "report, feedback = grade_submission(Path(sys.argv[1]), Path(sys.argv[2]))\n"
         "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
-        "print(json.dumps({'peak': peak, 'score': report.score, 'notes': report.notes}))\n"
+        "print(json.dumps({'peak': peak, 'grew': peak - before, 'score': report.score,\n"
+        "                  'notes': report.notes}))\n"
     )
     paths = [str(tmp_path / "loud.ipynb"), str(tmp_path / "source.ipynb")]
     done = subprocess.run(
@@ -303,7 +305,7 @@ def test_a_cell_printing_200_mib_leaves_the_grading_process_small(cell, tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    assert result["peak"] < 1024, result  # MiB
+    assert result["peak"] < 1024 and result["grew"] < 100, result  # MiB (200 MiB printed)
     assert result["score"] == 1, result
     if "pieces" in cell:
         assert any("printed more than the grader keeps" in n for n in result["notes"]), result
