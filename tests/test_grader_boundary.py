@@ -309,3 +309,23 @@ def test_a_cell_printing_200_mib_leaves_the_grading_process_small(cell, tmp_path
     assert result["score"] == 1, result
     if "pieces" in cell:
         assert any("printed more than the grader keeps" in n for n in result["notes"]), result
+
+
+def test_a_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path):
+    from course_utils.instructor.intake import learner_folders
+
+    class_folder = tmp_path / "class"
+    for learner in ("ann", "bob"):
+        write_notebook(
+            _beside("def double(x):\n    return 2 * x"), class_folder / learner / "b.ipynb"
+        )
+    bad = os.path.join(os.fsencode(class_folder / "bob"), b"caf\xe9.ipynb")
+    with open(bad, "wb") as file:
+        file.write((class_folder / "bob" / "b.ipynb").read_bytes())
+    notes: dict[str, list[str]] = {}
+    learners = learner_folders(class_folder, notes)
+    assert [p.name for p in learners["ann"]] == ["b.ipynb"]
+    assert [p.name for p in learners["bob"]] == ["b.ipynb"]
+    assert notes["bob"] == ["caf?.ipynb: refused: its name is not UTF-8 text "
+                            "(rename it and hand it in again)"]  # fmt: skip
+    "\n".join(notes["bob"]).encode("utf-8")  # printable, writable
