@@ -12,18 +12,22 @@ code and fills a fresh namespace with the names that code reads
 
 - a name the instructor's imports bind (``pinned``) is the checker's own import; a
   Python built-in is the checker's own built-in;
-- any other name is asked of the learner's runtime (:func:`describe_value` there). Plain data
-  crosses by value: the runtime writes it with ``torch.save``, the checker reads it with
-  ``torch.load(weights_only=True)`` (a restricted unpickler: tensors, numbers, strings,
-  lists, tuples, dicts, ``torch.Size``, dtypes; the course's own dataclasses, rebuilt as
-  the checker's classes) and then refuses any value whose type is not exactly one of
-  those (:func:`plain`): no learner class, no ``__eq__`` that lies, no Tensor subclass. A
-  function or class defined in the notebook becomes an :class:`Answer` (calling it runs
-  the real one in the learner's runtime; the arguments go there pickled, the result comes
-  back by value as above, an exception as its class's name and message: one of
-  :data:`ERRORS` is raised again as itself, anything else as :class:`AnswerError`). A
-  function of an installed module the checker has imported is the checker's own. A
-  module is the checker's own import of that name.
+- any other name is asked of the learner's runtime (:func:`describe_value` there). Plain
+  data crosses by value, in a format that cannot run code (:func:`encode`,
+  :func:`decode`: a JSON description, then raw tensor bytes, every size checked against
+  what was sent before anything is made; never ``pickle`` or ``torch.load``), and the
+  checker refuses any value whose type is not exactly plain (:func:`plain`): no learner
+  class, no ``__eq__`` that lies, no Tensor subclass. A function or class becomes an
+  :class:`Answer`, whatever module and name the runtime claims for it (calling it runs the
+  real one in the learner's runtime; the arguments go there pickled, the result comes
+  back by value, an exception as its class's name and message: one of :data:`ERRORS` is
+  raised again as itself, marked as the answer's, anything else as :class:`AnswerError`).
+  A module is the checker's own import only when the instructor's notebook imports it.
+
+The checker runs isolated (:func:`_isolate`): its own PID namespace, user id (as root),
+cgroup and scratch folder. A verdict passes only as an explicit ``completed``
+(:func:`verdict_of`); a failure's message is shown only when the instructor's code raised
+it.
 
 The checker writes each verdict on its own pipe to the grader, which the learner's
 runtime cannot reach (no signature needed). Checks that need the answer's objects in the
@@ -33,8 +37,8 @@ notebook with :data:`BESIDE` as their first line: they run in the learner's runt
 the guard, as before (:mod:`course_utils.instructor.guard`).
 
 Frames between the two processes: four bytes of length, then the bytes. The runtime's
-replies are a JSON header (and, for data, the ``torch.save`` bytes): the checker never
-unpickles anything the runtime sends except through the restricted unpickler.
+replies are a JSON header (and, for data, the bytes of :func:`encode`): the checker never
+unpickles anything the runtime sends.
 """
 
 from __future__ import annotations
