@@ -216,7 +216,7 @@ def _describe(value: Any, tail: list[bytes], depth: int) -> Any:
     if kind is bytes:
         tail.append(value)
         return {"b": len(value)}
-    tags = {list: "l", tuple: "t", set: "s", frozenset: "f"}
+    tags: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "f"}
     if kind in tags:
         return {tags[kind]: [_describe(item, tail, depth + 1) for item in value]}
     if kind in (dict, collections.OrderedDict):
@@ -349,7 +349,7 @@ class _Reader:
             names = {f.name for f in dataclasses.fields(cls)}
             if set(fields) != names:
                 raise ValueError("not the dataclass's fields")
-            instance = object.__new__(cls)
+            instance: Any = object.__new__(cls)
             for name, field in fields.items():
                 object.__setattr__(instance, name, self.value(field, depth + 1))
             return instance
@@ -558,9 +558,9 @@ class Channel:
             if message:
                 self.learner_texts.append(message)
             if kind_of is not None:
-                error = kind_of(message)
-                error.course_from_answer = True  # type: ignore[union-attr]
-                raise error
+                again: Any = kind_of(message)
+                again.course_from_answer = True
+                raise again
             raise AnswerError(f"{name} raised an exception of a class your notebook defines")
         raise AnswerError(
             f"{name} returned a value that is not plain data (a function, a class or an "

@@ -410,7 +410,7 @@ class _Kernel:
         self._context = zmq.asyncio.Context()
         self._context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
         make_client = self._client.km.client
-        self._client.km.client = lambda **kw: make_client(context=self._context, **kw)
+        self._client.km.client = lambda **kw: make_client(context=self._context, **kw)  # type: ignore[method-assign]
         env = _kernel_environment(work, self.control, settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
