@@ -329,3 +329,17 @@ def test_a_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path):
     assert notes["bob"] == ["caf?.ipynb: refused: its name is not UTF-8 text "
                             "(rename it and hand it in again)"]  # fmt: skip
     "\n".join(notes["bob"]).encode("utf-8")  # printable, writable
+
+
+def test_a_failure_is_named_only_by_an_exact_trusted_class():
+    from course_utils import classroom
+
+    liar = type("NameError", (Exception,), {})
+    assert checker.verdict_of(liar("LEAK"), classroom, True) == {
+        "status": "failed", "ename": "Error", "evalue": ""}  # fmt: skip
+    said = checker.verdict_of(NameError("name 'double' is not defined"), classroom, True)
+    assert said["ename"] == "NameError" and "double" in said["evalue"]
+    assert checker.verdict_of(ValueError("LEAK"), classroom, True)["evalue"] == ""
+    from course_utils.instructor.grading import _verdict
+
+    assert _verdict({"status": "failed", "ename": "__import__"}).ename == "Error"

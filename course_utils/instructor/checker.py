@@ -615,6 +615,26 @@ TRUSTED_NAMES = frozenset(
 )  # fmt: skip
 
 
+#: The failures whose message is feedback, when the instructor's code raised them
+#: (a ``NameError``'s names a name the check's own code reads).
+MESSAGE_NAMES = frozenset(
+    {"CheckFailed", "PartialCredit", "AssertionError", "AnswerError", "NeedsBeside", "NameError"}
+)
+
+
+def builtin_error(kind: type) -> str:
+    """The name of ``kind`` when it is exactly one of Python's built-in exceptions, else "".
+
+    >>> builtin_error(NameError), builtin_error(type("NameError", (Exception,), {}))
+    ('NameError', '')
+    """
+    if not isinstance(kind, type):
+        return ""
+    name = type.__getattribute__(kind, "__name__")
+    found = vars(builtins).get(name) if type(name) is str else None
+    return name if found is kind and issubclass(kind, BaseException) else ""
+
+
 def verdict_of(
     error: BaseException | None, classroom: Any, trusted_message: bool
 ) -> dict[str, Any]:
@@ -640,10 +660,10 @@ def verdict_of(
         AnswerError: "AnswerError",
     }
     names.pop(None, None)
-    ename = names.get(kind, "Error" if isinstance(error, Exception) else "Stopped")
+    ename = names.get(kind) or builtin_error(kind)
+    ename = ename or ("Error" if isinstance(error, Exception) else "Stopped")
     evalue = ""
-    if trusted_message and ename in ("CheckFailed", "PartialCredit", "AssertionError",
-                                     "AnswerError", "NeedsBeside"):  # fmt: skip
+    if trusted_message and ename in MESSAGE_NAMES:
         try:
             text = BaseException.__str__(error)
         except BaseException:

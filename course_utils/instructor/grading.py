@@ -773,7 +773,10 @@ def _verdict(message: dict[str, Any]) -> CellOutcome:
     if message.get("status") == "completed" and not message.get("ename"):
         return CellOutcome("ok")
     ename = message.get("ename")
-    ename = ename if type(ename) is str and ename in checkers.TRUSTED_NAMES else "Error"
+    known = type(ename) is str and (
+        ename in checkers.TRUSTED_NAMES or checkers.builtin_error(getattr(builtins, ename, object))
+    )
+    ename = ename if known else "Error"
     evalue = message.get("evalue")
     earned = message.get("earned", 0.0)
     share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
@@ -911,7 +914,10 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
         "AssertionError": outcome.evalue or "an assert in the check failed",
         "CheckFailed": outcome.evalue or _GENERIC_REASON,
         "PartialCredit": outcome.evalue or _GENERIC_REASON,
-    }.get(outcome.ename, _GENERIC_REASON)
+        "NameError": f"NameError: {outcome.evalue}" if outcome.evalue else _GENERIC_REASON,
+        "Error": _GENERIC_REASON,
+        "Stopped": _GENERIC_REASON,
+    }.get(outcome.ename, f"the check raised {outcome.ename} (in your code or because of it)")
 
 
 #: The reason of a failed check whose error the instructor's code did not raise (a

@@ -493,9 +493,13 @@ class _Guard:
         kind = type(error)
         ename = next((name for cls, name in self.trusted_classes if kind is cls), "")
         if not ename:
+            name = type.__getattribute__(kind, "__name__")
+            builtin = type(name) is str and self.builtins.get(name) is kind
+            ename = str.__str__(name) if builtin and issubclass(kind, BaseException) else ""
+        if not ename:
             ename = "Error" if issubclass(kind, Exception) else "Stopped"
         evalue = ""
-        if ename in ("CheckFailed", "PartialCredit", "AssertionError", "NeedsBeside"):
+        if ename in ("CheckFailed", "PartialCredit", "AssertionError", "NeedsBeside", "NameError"):
             args = BaseException.__getattribute__(error, "args")
             plain_text = type(args) is tuple and len(args) == 1 and type(args[0]) is str
             if plain_text and self._raised_by_course(error):
