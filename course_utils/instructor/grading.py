@@ -776,7 +776,7 @@ def _verdict(message: dict[str, Any]) -> CellOutcome:
     known = type(ename) is str and (
         ename in checkers.TRUSTED_NAMES or checkers.builtin_error(getattr(builtins, ename, object))
     )
-    ename = ename if known else "Error"
+    ename = str(ename) if known else "Error"
     evalue = message.get("evalue")
     earned = message.get("earned", 0.0)
     share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
