@@ -343,3 +343,25 @@ def test_a_failure_is_named_only_by_an_exact_trusted_class():
     from course_utils.instructor.grading import _verdict
 
     assert _verdict({"status": "failed", "ename": "__import__"}).ename == "Error"
+
+
+def test_the_feedback_notebook_renders_learner_content_inert():
+    """What the grader writes into a feedback notebook is text: the summary's learner
+    texts escaped, a learner's HTML, SVG or script outputs dropped (text kept)."""
+    import nbformat
+
+    from course_utils.instructor.grading import CheckResult, GradeReport, _feedback
+
+    script = "<script>alert(1)</script>"
+    report = GradeReport("s", "r", [CheckResult("b-check", 0.0, 1.0, False, script)], 1.0,
+                         notes=[f"cell {script}"], tampering=[script])  # fmt: skip
+    learner = _beside("def double(x):\n    return 2 * x")
+    ran = [nbformat.v4.new_code_cell(c.source) for c in learner.cells if c.cell_type == "code"]
+    rich = {"text/html": script, "application/javascript": "alert(1)",
+            "image/svg+xml": f"<svg>{script}</svg>", "text/plain": "shown"}  # fmt: skip
+    ran[0].outputs = [nbformat.v4.new_output("display_data", data=rich)]
+    notebook = _feedback(learner, ran, [0, 1, 2], {2: "b-check"}, report)
+    summary = notebook.cells[0].source  # Markdown: raw HTML in it would be live
+    assert "<script>" not in summary and "&lt;script&gt;" in summary
+    [output] = notebook.cells[1].outputs  # stream outputs are rendered as escaped text
+    assert output["data"] == {"text/plain": "shown"}
