@@ -22,7 +22,11 @@ frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``/``gi_frame``), 
 object walks, ``ctypes``, ``/proc/*/mem``, another audit hook, and replacing the code of a
 recorded function or an attribute of the guard's class. Its verdict goes to the grader
 over a pipe, signed with HMAC-SHA256 by C functions captured at arming (``_hashlib``,
-``_json``), under a key only the hook holds.
+``_json``), under a key only the hook holds; so do the judge's control lines (``at`` a
+cell, ``done``), which only the judge's own loop can ask for. A verdict is ``completed``
+only when the check ran to its end; a failure is named by its exact class among the
+course's and Python's (else ``Error``), with its message only when the check's own code or
+the course's raised it (:meth:`_Guard._failure`).
 """
 
 from __future__ import annotations
