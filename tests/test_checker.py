@@ -270,7 +270,8 @@ def test_attempts_against_checks_graded_apart_score_0(tmp_path):
         points = {check["grade_id"]: check["points"] for check in report["checks"]}
         assert points == dict.fromkeys(CHECKS, 0.0), (name, report)
     reasons = " ".join(c["reason"] for c in reports["int subclass"]["checks"])
-    assert "double returned a E, which is not plain data" in reasons
+    assert "double returned a value that is not plain data" in reasons
+    assert " E" not in reasons  # the learner's class name is not feedback
     said = " ".join(reports["patched library"]["tampering"])
     assert "math.isclose was replaced" in said and "torch.allclose" in said
     assert not marker.exists()

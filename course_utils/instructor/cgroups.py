@@ -74,14 +74,23 @@ def join_command(limits: Any) -> list[str]:
     """A command prefix that puts what follows in new groups with ``limits``: memory
     (``memory_bytes`` in all), processes (``processes``), CPU (``cpus`` cores); [] where
     no group can be made."""
-    groups = _make(limits)
-    if not groups:
+    procs = join_files(limits)
+    if not procs:
         return []
-    _made.append((groups, limits))
     script = (
         'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; exec "$@"'
     )
-    return ["/bin/sh", "-c", script, "sh", *[str(g / "cgroup.procs") for g in groups], "--"]
+    return ["/bin/sh", "-c", script, "sh", *map(str, procs), "--"]
+
+
+def join_files(limits: Any) -> list[Path]:
+    """New groups with ``limits`` (collected by :func:`collect_hits`): the files a process
+    writes its own id to, to enter them (every process it then makes is in them too); []
+    where no group can be made."""
+    groups = _make(limits)
+    if groups:
+        _made.append((groups, limits))
+    return [group / "cgroup.procs" for group in groups]
 
 
 def _read(path: Path) -> str:

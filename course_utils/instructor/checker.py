@@ -12,18 +12,22 @@ code and fills a fresh namespace with the names that code reads
 
 - a name the instructor's imports bind (``pinned``) is the checker's own import; a
   Python built-in is the checker's own built-in;
-- any other name is asked of the learner's runtime (:func:`describe_value` there). Plain data
-  crosses by value: the runtime writes it with ``torch.save``, the checker reads it with
-  ``torch.load(weights_only=True)`` (a restricted unpickler: tensors, numbers, strings,
-  lists, tuples, dicts, ``torch.Size``, dtypes; the course's own dataclasses, rebuilt as
-  the checker's classes) and then refuses any value whose type is not exactly one of
-  those (:func:`plain`): no learner class, no ``__eq__`` that lies, no Tensor subclass. A
-  function or class defined in the notebook becomes an :class:`Answer` (calling it runs
-  the real one in the learner's runtime; the arguments go there pickled, the result comes
-  back by value as above, an exception as its class's name and message: one of
-  :data:`ERRORS` is raised again as itself, anything else as :class:`AnswerError`). A
-  function of an installed module the checker has imported is the checker's own. A
-  module is the checker's own import of that name.
+- any other name is asked of the learner's runtime (:func:`describe_value` there). Plain
+  data crosses by value, in a format that cannot run code (:func:`encode`,
+  :func:`decode`: a JSON description, then raw tensor bytes, every size checked against
+  what was sent before anything is made; never ``pickle`` or ``torch.load``), and the
+  checker refuses any value whose type is not exactly plain (:func:`plain`): no learner
+  class, no ``__eq__`` that lies, no Tensor subclass. A function or class becomes an
+  :class:`Answer`, whatever module and name the runtime claims for it (calling it runs the
+  real one in the learner's runtime; the arguments go there pickled, the result comes
+  back by value, an exception as its class's name and message: one of :data:`ERRORS` is
+  raised again as itself, marked as the answer's, anything else as :class:`AnswerError`).
+  A module is the checker's own import only when the instructor's notebook imports it.
+
+The checker runs isolated (:func:`_isolate`): its own PID namespace, user id (as root),
+cgroup and scratch folder. A verdict passes only as an explicit ``completed``
+(:func:`verdict_of`); a failure's message is shown only when the instructor's code raised
+it.
 
 The checker writes each verdict on its own pipe to the grader, which the learner's
 runtime cannot reach (no signature needed). Checks that need the answer's objects in the
@@ -33,8 +37,8 @@ notebook with :data:`BESIDE` as their first line: they run in the learner's runt
 the guard, as before (:mod:`course_utils.instructor.guard`).
 
 Frames between the two processes: four bytes of length, then the bytes. The runtime's
-replies are a JSON header (and, for data, the ``torch.save`` bytes): the checker never
-unpickles anything the runtime sends except through the restricted unpickler.
+replies are a JSON header (and, for data, the bytes of :func:`encode`): the checker never
+unpickles anything the runtime sends.
 """
 
 from __future__ import annotations
@@ -146,26 +150,21 @@ def _read_exactly(fd: int, size: int) -> bytes:
 
 
 def describe_value(value: Any, missing: Any) -> tuple[dict[str, Any], bytes | None]:
-    """In the learner's runtime: how ``value`` crosses (a header, and the data's bytes)."""
+    """In the learner's runtime: how ``value`` crosses (a header, and the data's bytes in
+    the format of :func:`encode`, which cannot run code when read)."""
     import torch  # lazy: the doctests of this module run without torch
 
-    tname = type(value).__name__
     if value is missing:
         return {"kind": "missing"}, None
     if isinstance(value, types.ModuleType):
         return {"kind": "module", "name": str(value.__name__)}, None
     if callable(value) and not isinstance(value, torch.Tensor):
-        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-        header = {"kind": "callable", "type": tname}
-        if type(module) is str and type(qualname) is str:
-            header.update(module=module, qualname=qualname)
-        return header, None
-    buffer = io.BytesIO()
+        return {"kind": "callable"}, None
     try:
-        torch.save(value, buffer)
+        blob = encode(value)
     except Exception:
-        return {"kind": "opaque", "type": tname}, None
-    return {"kind": "data", "type": tname}, buffer.getvalue()
+        return {"kind": "opaque"}, None
+    return {"kind": "data"}, blob
 
 
 def raised(error: BaseException) -> dict[str, Any]:
@@ -174,9 +173,187 @@ def raised(error: BaseException) -> dict[str, Any]:
     try:
         message = str(error)[:MESSAGE_CHARS]
     except BaseException:
-        message = "(its message could not be read)"
-    return {"kind": "raised", "module": str(getattr(kind, "__module__", "")),
-            "name": str(getattr(kind, "__qualname__", "")), "message": message}  # fmt: skip
+        message = ""
+    module, name = getattr(kind, "__module__", ""), getattr(kind, "__qualname__", "")
+    return {"kind": "raised", "module": module if type(module) is str else "",
+            "name": name if type(name) is str else "",
+            "message": message if type(message) is str else ""}  # fmt: skip
+
+
+# -- the format of plain data (it cannot run code; its size is checked before decoding) --
+
+#: What a tensor's dtype may be, by name: its size in bytes is the dtype's.
+DTYPES = (
+    "float16", "float32", "float64", "bfloat16", "complex64", "complex128",
+    "int8", "int16", "int32", "int64", "uint8", "bool",
+)  # fmt: skip
+STRUCTURE_BYTES = 1 << 22  # the largest JSON description of a value (4 MiB)
+_SIZE = struct.Struct(">Q")
+
+
+def encode(value: Any) -> bytes:
+    """``value`` (plain data of exact types, :func:`plain`) as bytes: the length of a JSON
+    description, the description, then the raw bytes of every tensor and ``bytes`` value,
+    in order. ``ValueError`` for anything else (a subclass, a learner's class, a sparse
+    tensor).
+
+    >>> decode(encode([1, 2.5, ("a", None, True), {"k": b"v"}]), [])
+    [1, 2.5, ('a', None, True), {'k': b'v'}]
+    """
+    tail: list[bytes] = []
+    text = json.dumps(_describe(value, tail, 0), separators=(",", ":"))
+    return _SIZE.pack(len(text)) + text.encode() + b"".join(tail)
+
+
+def _describe(value: Any, tail: list[bytes], depth: int) -> Any:
+    if depth > 200:
+        raise ValueError("nested too deep")
+    kind = type(value)
+    if kind in (int, float, str, bool, type(None)):
+        return value
+    if kind is complex:
+        return {"c": [value.real, value.imag]}
+    if kind is bytes:
+        tail.append(value)
+        return {"b": len(value)}
+    tags: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "f"}
+    if kind in tags:
+        return {tags[kind]: [_describe(item, tail, depth + 1) for item in value]}
+    if kind in (dict, collections.OrderedDict):
+        pairs = [[_describe(k, tail, depth + 1), _describe(v, tail, depth + 1)]
+                 for k, v in value.items()]  # fmt: skip
+        return {"d" if kind is dict else "o": pairs}
+    import torch  # lazy: the doctests above need no tensor
+
+    if kind is torch.Size:
+        return {"S": [int(item) for item in value]}
+    if kind is torch.dtype:
+        return {"dt": str(value).removeprefix("torch.")}
+    if kind is torch.device:
+        return {"dv": str(value)}
+    if kind in (torch.Tensor, torch.nn.Parameter):
+        name = str(value.dtype).removeprefix("torch.")
+        if value.layout is not torch.strided or name not in DTYPES:
+            raise ValueError("a tensor that is not a dense tensor of a plain dtype")
+        flat = value.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        tail.append(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        grad = bool(value.requires_grad)
+        return {"T": [name, list(value.shape), grad, kind is torch.nn.Parameter]}
+    if dataclasses.is_dataclass(value) and str(kind.__module__).startswith("course_utils"):
+        fields = {f.name: _describe(getattr(value, f.name), tail, depth + 1)
+                  for f in dataclasses.fields(value)}  # fmt: skip
+        return {"dc": [kind.__module__, kind.__qualname__, fields]}
+    raise ValueError("not plain data")
+
+
+def decode(blob: bytes, safe: list[type]) -> Any:
+    """The value :func:`encode` wrote; ``ValueError`` when ``blob`` is not one. Nothing it
+    reads can run code, and what it allocates is bounded by ``blob``'s own size: the
+    description is at most :data:`STRUCTURE_BYTES`, checked before it is parsed, and every
+    tensor's bytes (its shape times its dtype's size, checked before any allocation) must
+    be there, each read once, with nothing left over."""
+    if len(blob) < _SIZE.size:
+        raise ValueError("too short")
+    size = _SIZE.unpack_from(blob)[0]
+    if size > STRUCTURE_BYTES or _SIZE.size + size > len(blob):
+        raise ValueError("a description larger than allowed or than what was sent")
+    start = _SIZE.size + size
+    try:
+        description = json.loads(blob[_SIZE.size : start])
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    reader = _Reader(memoryview(blob)[start:], {(c.__module__, c.__qualname__): c for c in safe})
+    value = reader.value(description, 0)
+    if reader.at != len(reader.tail):
+        raise ValueError("bytes left over")
+    return value
+
+
+class _Reader:
+    def __init__(self, tail: memoryview, safe: dict[tuple[str, str], type]) -> None:
+        self.tail, self.at, self.safe = tail, 0, safe
+
+    def take(self, size: int) -> memoryview:
+        if type(size) is not int or size < 0 or self.at + size > len(self.tail):
+            raise ValueError("more bytes than were sent")
+        self.at += size
+        return self.tail[self.at - size : self.at]
+
+    def value(self, item: Any, depth: int) -> Any:
+        if depth > 200:
+            raise ValueError("nested too deep")
+        if type(item) in (int, float, str, bool, type(None)):
+            return item
+        if type(item) is not dict or len(item) != 1:
+            raise ValueError("not a description")
+        [(tag, body)] = item.items()
+        items = body if type(body) is list else None
+        if tag in ("l", "t", "s", "f") and items is not None:
+            values = [self.value(x, depth + 1) for x in items]
+            return {"l": list, "t": tuple, "s": set, "f": frozenset}[tag](values)
+        if tag in ("d", "o") and items is not None:
+            pairs = []
+            for pair in items:
+                if type(pair) is not list or len(pair) != 2:
+                    raise ValueError("not a pair")
+                pairs.append((self.value(pair[0], depth + 1), self.value(pair[1], depth + 1)))
+            return dict(pairs) if tag == "d" else collections.OrderedDict(pairs)
+        if tag == "c" and items is not None and len(items) == 2:
+            if not all(type(x) in (int, float) for x in items):
+                raise ValueError("not a complex number")
+            return complex(items[0], items[1])
+        if tag == "b":
+            return bytes(self.take(body))
+        return self.torch_value(tag, body, depth)
+
+    def torch_value(self, tag: str, body: Any, depth: int) -> Any:
+        import torch  # lazy: as above
+
+        if tag == "S" and type(body) is list and all(type(x) is int for x in body):
+            return torch.Size(body)
+        if tag == "dt" and body in DTYPES:
+            return getattr(torch, body)
+        if tag == "dv" and type(body) is str and len(body) < 40:
+            try:
+                return torch.device(body)
+            except (RuntimeError, ValueError):
+                raise ValueError("not a device") from None
+        if tag == "T" and type(body) is list and len(body) == 4 and body[0] in DTYPES:
+            name, shape, grad, parameter = body
+            if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+                raise ValueError("not a shape")
+            dtype = getattr(torch, name)
+            count = dtype.itemsize
+            for n in shape:  # the size, checked against what is left before allocating
+                count *= n
+                if count > len(self.tail) - self.at:
+                    raise ValueError("a tensor larger than the bytes sent")
+            data = self.take(count)
+            if count:
+                tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                tensor = tensor.view(dtype).reshape(shape)
+            else:
+                tensor = torch.zeros(shape, dtype=dtype)
+            if grad is True and (dtype.is_floating_point or dtype.is_complex):
+                tensor.requires_grad_(True)
+            if parameter is True:
+                return torch.nn.Parameter(tensor, requires_grad=tensor.requires_grad)
+            return tensor
+        if tag == "dc" and type(body) is list and len(body) == 3:
+            module, qualname, fields = body
+            cls = (
+                self.safe.get((module, qualname)) if type(module) is type(qualname) is str else None
+            )
+            if cls is None or type(fields) is not dict:
+                raise ValueError("not one of the course's dataclasses")
+            names = {f.name for f in dataclasses.fields(cls)}
+            if set(fields) != names:
+                raise ValueError("not the dataclass's fields")
+            instance: Any = object.__new__(cls)
+            for name, field in fields.items():
+                object.__setattr__(instance, name, self.value(field, depth + 1))
+            return instance
+        raise ValueError("not a description")
 
 
 # -- the checker's side -------------------------------------------------------------------
@@ -274,6 +451,9 @@ class Channel:
     def __init__(self, requests: int, replies: int, modules: set[str]) -> None:
         self.requests, self.replies, self.modules = requests, replies, modules
         self.safe: list[Any] = _course_dataclasses()
+        #: What the answer's exceptions said during the check running now: never shown
+        #: in feedback, even inside the check's own message (:func:`run_check`).
+        self.learner_texts: list[str] = []
 
     def send(self, message: tuple[Any, ...]) -> None:
         buffer = io.BytesIO()
@@ -300,33 +480,35 @@ class Channel:
     def end(self) -> None:
         self.send(("end",))
 
-    def load(self, blob: bytes, what: str, tname: str) -> Any:
-        import torch  # lazy: the checker has it (forked from the grader)
-
+    def load(self, blob: bytes, what: str) -> Any:
+        """The plain data in ``blob`` (:func:`decode`); :class:`AnswerError` for anything
+        else."""
         refused = AnswerError(
-            f"{what} a {_text(tname)}, which is not plain data (a class defined in your "
-            "notebook, or a subclass): use a plain int, float, str, list, tuple, dict or "
-            "torch.Tensor"
+            f"{what} a value that is not plain data (a class defined in your notebook, or a "
+            "subclass): use a plain int, float, str, list, tuple, dict or torch.Tensor"
         )
         try:
-            with torch.serialization.safe_globals(self.safe):
-                value = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
-        except Exception:
+            value = decode(blob, self.safe)
+        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError):
             raise refused from None
         if not plain(value):
             raise refused
         return value
 
     def value(self, name: str) -> Any:
-        """The value of a name of the learner's notebook, as the checker may hold it."""
+        """The value of a name of the learner's notebook, as the checker may hold it: plain
+        data by value; a function or class as an :class:`Answer` (it runs in the learner's
+        runtime, whatever name or module the runtime says it has: the checker never turns
+        a name it is told into one of its own functions); a module only when it is one the
+        instructor's notebook imports."""
         self.send(("get", name))
         header, blob = self.reply()
-        kind, tname = header["kind"], _text(header.get("type"))
+        kind = header["kind"]
         if kind == "missing":
             raise KeyError(name)
         if kind == "data" and blob is not None:
             try:
-                return self.load(blob, f"{name} is", tname)
+                return self.load(blob, f"{name} is")
             except AnswerError as error:
                 return _Unavailable(str(error))
         if kind == "module":
@@ -334,36 +516,29 @@ class Channel:
             if module is not None:
                 return module
             return _Unavailable(
-                f"the check uses the module {_text(header.get('name'))}, which only your "
-                "notebook has (one it wrote?): the checker cannot import it"
+                f"the check uses {name} as a module the instructor's notebook does not "
+                "import: the checker cannot use it"
             )
         if kind == "callable":
-            own = self.own(header.get("module"), header.get("qualname"))
-            return own if own is not None else Answer(self, name)
+            return Answer(self, name)
         return _Unavailable(
-            f"the check reads {name}, a {tname} that cannot cross to the grader's checker "
+            f"the check reads {name}, a value that cannot cross to the grader's checker "
             "(only plain data, functions and classes can)"
         )
 
     def module(self, name: str) -> Any:
-        """The checker's own import of ``name``, for a package the instructor's notebook or
-        the checker already imports (never one only the learner's notebook has)."""
-        if name.split(".")[0] not in self.modules and name not in sys.modules:
+        """The checker's own import of ``name``, only for a module the instructor's
+        notebook imports (or the course's package, or torch), or one of their submodules
+        already imported: never any other module the runtime names (``os``)."""
+        allowed = name in self.modules or (
+            name.split(".")[0] in self.modules and name in sys.modules
+        )
+        if not allowed:
             return None
         try:
             return importlib.import_module(name)
         except Exception:
             return None
-
-    def own(self, module: Any, qualname: Any) -> Any:
-        """The checker's own function or class ``module.qualname``, for one of a module the
-        checker has imported (a library's), else None."""
-        if type(module) is not str or type(qualname) is not str or module == "__main__":
-            return None
-        value = sys.modules.get(module)
-        for part in qualname.split("."):
-            value = getattr(value, part, None) if value is not None else None
-        return value if callable(value) else None
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -374,17 +549,21 @@ class Channel:
                 f"passes functions or objects to the answer is graded beside it ({BESIDE})"
             ) from None
         header, blob = self.reply()
-        kind, tname = header["kind"], _text(header.get("type"))
+        kind = header["kind"]
         if kind == "data" and blob is not None:
-            return self.load(blob, f"{name} returned", tname)
+            return self.load(blob, f"{name} returned")
         if kind == "raised":
             kind_of = ERRORS.get((_text(header.get("module")), _text(header.get("name"))))
             message = _text(header.get("message"))
+            if message:
+                self.learner_texts.append(message)
             if kind_of is not None:
-                raise kind_of(message)
-            raise AnswerError(f"{name} raised {_text(header.get('name'))}: {message}")
+                again: Any = kind_of(message)
+                again.course_from_answer = True
+                raise again
+            raise AnswerError(f"{name} raised an exception of a class your notebook defines")
         raise AnswerError(
-            f"{name} returned a {tname}, which is not plain data (a function, a class or an "
+            f"{name} returned a value that is not plain data (a function, a class or an "
             "object defined in your notebook?): return a plain int, float, str, list, tuple, "
             "dict or torch.Tensor"
         )
@@ -428,10 +607,78 @@ def _pinned(module: str, attribute: str | None) -> Any:
 _MISSING = object()
 
 
+#: The names a failed check's verdict may give (anything else is ``Error``); the grader
+#: shows a message only for those the instructor's code raised.
+TRUSTED_NAMES = frozenset(
+    {"CheckFailed", "PartialCredit", "AssertionError", "NotImplementedError", "AnswerError",
+     "NeedsBeside", "Stopped", "Error"}
+)  # fmt: skip
+
+
+#: The failures whose message is feedback, when the instructor's code raised them
+#: (a ``NameError``'s names a name the check's own code reads).
+MESSAGE_NAMES = frozenset(
+    {"CheckFailed", "PartialCredit", "AssertionError", "AnswerError", "NeedsBeside", "NameError"}
+)
+
+
+def builtin_error(kind: type) -> str:
+    """The name of ``kind`` when it is exactly one of Python's built-in exceptions, else "".
+
+    >>> builtin_error(NameError), builtin_error(type("NameError", (Exception,), {}))
+    ('NameError', '')
+    """
+    if not isinstance(kind, type):
+        return ""
+    name = type.__getattribute__(kind, "__name__")
+    found = vars(builtins).get(name) if type(name) is str else None
+    return name if found is kind and issubclass(kind, BaseException) else ""
+
+
+def verdict_of(
+    error: BaseException | None, classroom: Any, trusted_message: bool
+) -> dict[str, Any]:
+    """A check's verdict: ``completed`` when ``error`` is None, else ``failed`` with a name
+    from :data:`TRUSTED_NAMES` (by the exact class: a learner's class named ``CheckFailed``
+    or ``""`` is ``Error``) and a message only when ``trusted_message`` (the instructor's
+    code raised it) and the class is one whose message is feedback.
+
+    >>> verdict_of(None, None, False)
+    {'status': 'completed', 'ename': '', 'evalue': ''}
+    >>> verdict_of(type("", (Exception,), {})("secret"), None, True)["ename"]
+    'Error'
+    """
+    if error is None:
+        return {"status": "completed", "ename": "", "evalue": ""}
+    kind = type(error)
+    names = {
+        getattr(classroom, "CheckFailed", None): "CheckFailed",
+        getattr(classroom, "PartialCredit", None): "PartialCredit",
+        getattr(classroom, "NeedsBeside", None): "NeedsBeside",
+        AssertionError: "AssertionError",
+        NotImplementedError: "NotImplementedError",
+        AnswerError: "AnswerError",
+    }
+    names.pop(None, None)
+    ename = names.get(kind) or builtin_error(kind)
+    ename = ename or ("Error" if isinstance(error, Exception) else "Stopped")
+    evalue = ""
+    if trusted_message and ename in MESSAGE_NAMES:
+        try:
+            text = BaseException.__str__(error)
+        except BaseException:
+            text = ""
+        evalue = text[:MESSAGE_CHARS] if type(text) is str else ""
+    return {"status": "failed", "ename": ename, "evalue": evalue}
+
+
 def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
-    """Run one check in the checker; its verdict (``ename`` empty when it passed)."""
+    """Run one check in the checker; its verdict (:func:`verdict_of`). No learner code runs
+    here, so a message is the instructor's, except what the answer's exceptions said
+    (raised again here, marked): those never reach the verdict, not even quoted inside a
+    check's own message."""
     classroom = importlib.import_module("course_utils.classroom")
-    verdict: dict[str, Any] = {"ename": "", "evalue": ""}
+    channel.learner_texts = []
     try:
         code = compile(check["source"], f"<check {check['grade_id']}>", "exec")
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -448,15 +695,17 @@ def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
     except ChannelBroken:
         raise
     except BaseException as error:
-        verdict["ename"] = type(error).__name__ if isinstance(error, Exception) else "Stopped"
-        try:
-            verdict["evalue"] = str(error)[:MESSAGE_CHARS]
-        except BaseException:
-            verdict["evalue"] = "(its message could not be read)"
+        learners = (
+            bool(vars(error).get("course_from_answer")) if hasattr(error, "__dict__") else False
+        )
+        verdict = verdict_of(error, classroom, trusted_message=not learners)
+        for text in sorted(set(channel.learner_texts), key=len, reverse=True):
+            verdict["evalue"] = verdict["evalue"].replace(text, "(your code's message)")
         earned = vars(error).get("earned") if type(error) is classroom.PartialCredit else None
         if type(earned) is float and 0.0 < earned < 1.0:
             verdict["earned"] = earned
-    return verdict
+        return verdict
+    return verdict_of(None, classroom, False)
 
 
 def _serve_checks(
@@ -511,16 +760,23 @@ def start(
     folder: str,
     threads: int | None,
     keep: tuple[int, int],
+    limits: Any = None,
 ) -> tuple[int, int]:
     """Fork the checker for one submission: ``checks`` in the order the runtime reaches
     them (``grade_id``, ``nonce``, ``source``, ``pinned``, ``builtins``); ``keep`` the
-    checker's ends of the pipes to the runtime (requests it writes, replies it reads).
+    checker's ends of the pipes to the runtime (requests it writes, replies it reads);
+    ``limits`` the sandbox's (:class:`course_utils.instructor.sandbox.Limits`), or None.
     Returns the checker's process id and the read end of its verdicts' pipe (lines of
-    JSON: ``result`` and ``flag`` messages)."""
+    JSON: ``result`` and ``flag`` messages). The checker runs isolated (:func:`_isolate`)."""
+    from course_utils.instructor import cgroups, sandbox  # lazy: only the grader forks
+
     prepare(modules)
+    limits = limits or sandbox.Limits()
+    procs = cgroups.join_files(limits)
     read_end, write_end = pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    grader = os.getpid()
     pid = os.fork()
     if pid:
         os.close(write_end)
@@ -535,7 +791,9 @@ def start(
                 with contextlib.suppress(OSError):
                     os.close(fd)
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (never closed)
+        user = sandbox.UID_BASE + 2 * 2**22 + grader if os.geteuid() == 0 else None
         os.chdir(folder)
+        _isolate(folder, procs, limits, user)
         sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
         os.environ.update(COURSE_WORKLOAD="small", COURSE_DEVICE="cpu", CUDA_VISIBLE_DEVICES="",
                           COURSE_PROGRESS="off", MPLBACKEND="Agg")  # fmt: skip
@@ -547,6 +805,50 @@ def start(
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
         importlib.import_module("course_utils.classroom").mark_checker_process()
-        _serve_checks(checks, keep[0], keep[1], write_end, roots | {"course_utils", "torch"})
+        allowed = set(modules) | roots | {"course_utils", "torch"}
+        _serve_checks(checks, keep[0], keep[1], write_end, allowed)
     finally:
         os._exit(0)
+
+
+_CLONE_NEWUSER, _CLONE_NEWPID = 0x10000000, 0x20000000
+_PR_SET_PDEATHSIG = 1
+
+
+def _isolate(folder: str, procs: list[Any], limits: Any, user: int | None) -> None:
+    """In the forked checker, before it reads anything of the learner's: a PID namespace
+    of its own (it then sees and can signal no process of the grader's: ``os.kill`` with
+    any number reaches nothing outside), the cgroups ``procs`` (memory, processes), an
+    unprivileged user id of its own (``user``, as root; as a user, a user namespace without
+    a mapping), rlimits, and its scratch ``folder``. The process that forked stays as the
+    namespace's parent and ends with the checker; the checker ends with it."""
+    import ctypes  # lazy: only the forked checker needs it
+    import resource
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for path in procs:  # before the fork: the checker is in the groups from its start
+        with contextlib.suppress(OSError), open(path, "w") as file:
+            file.write(str(os.getpid()))
+    flags = _CLONE_NEWPID | (0 if user is not None else _CLONE_NEWUSER)
+    if libc.unshare(flags) == 0:
+        child = os.fork()  # the first child in the new namespace: its process 1
+        if child:
+            with contextlib.suppress(OSError):
+                os.waitpid(child, 0)
+            os._exit(0)
+    if user is not None:
+        os.chown(folder, user, user)
+        os.setgroups([])
+        os.setresgid(user, user, user)
+        os.setresuid(user, user, user)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # after the user's change, which clears it
+    counted = [(resource.RLIMIT_NPROC, limits.processes)] if user is not None else []
+    for kind, value in (
+        *counted,  # counted per user: only the checker's own user is fresh
+        (resource.RLIMIT_DATA, limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, 16 * 2**20),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(kind, (value, value))

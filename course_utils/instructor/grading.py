@@ -20,6 +20,7 @@ import builtins
 import contextlib
 import copy
 import dataclasses
+import html
 import json
 import os
 import re
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import zmq
+import zmq.asyncio
 from jupyter_client import AsyncKernelManager  # nbclient needs the async client
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -57,6 +60,14 @@ WARM_UP_S = 600
 #: Changes whenever the same submission could score differently (class runs regrade).
 GRADER_VERSION = "3"
 FEEDBACK_OUTPUT_CHARS = 20_000  # characters of one output kept in a feedback notebook
+#: The most of one cell's outputs the grading process keeps (characters); what is past
+#: it is dropped as it arrives, and the cell gets a note.
+CELL_OUTPUT_CHARS = 1 << 20
+#: The largest message the grading process accepts from a learner's kernel: a larger one
+#: (one print of 200 MiB) is dropped by ZeroMQ before it is read into memory.
+KERNEL_MESSAGE_BYTES = 8 << 20
+#: What a feedback notebook keeps of a rich output: never HTML or script (inert pages).
+_INERT_MIME = ("text/plain", "image/png", "image/jpeg")
 
 _COURSE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -359,20 +370,47 @@ def _control_folder(run: Path, kind: str) -> Path:
     return folder
 
 
+class _BoundedClient(NotebookClient):
+    """nbclient's client, keeping at most :data:`CELL_OUTPUT_CHARS` of a cell's outputs:
+    what comes past it is dropped as it arrives (``cut`` says so)."""
+
+    kept = 0
+    cut = False
+
+    def output(
+        self, outs: list[Any], msg: dict[str, Any], display_id: str | None, cell_index: int
+    ) -> Any:
+        content = msg.get("content", {})
+        size = len(str(content.get("text", ""))) + sum(
+            len(str(value)) for value in dict(content.get("data", {}) or {}).values()
+        )
+        if self.kept + size > CELL_OUTPUT_CHARS:
+            self.cut = True
+            return None
+        self.kept += size
+        return super().output(outs, msg, display_id, cell_index)
+
+
 class _Kernel:
     """The learner's kernel: it runs the learner's cells for the feedback notebook's outputs
     (never a check, never the grader's key); replaced when it hangs or dies."""
 
     def __init__(self, run: Path, work: Path, warm_up_s: float, settings: KernelSettings) -> None:
         self._scratch = nbformat.v4.new_notebook()
+        self.cut = False  # whether a cell's outputs were cut (its note is the caller's)
         options: Any = dict(allow_errors=True, shutdown_kernel="immediate", record_timing=False)
-        self._client = NotebookClient(
+        self._client = _BoundedClient(
             self._scratch, kernel_name="python3", iopub_timeout=4, **options
         )
         self._client.startup_timeout = max(1, int(warm_up_s))  # nbclient's default: 60 s
         sandbox = settings.sandbox
         self.control = _control_folder(run, "kernel")
         self._client.km = _kernel_manager(self.control, work, sandbox)
+        # The client's sockets refuse a message past the limit before it reaches memory.
+        self._context = zmq.asyncio.Context()
+        self._context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
+        make_client = self._client.km.client
+        self._client.km.client = lambda **kw: make_client(context=self._context, **kw)  # type: ignore[method-assign]
         env = _kernel_environment(work, self.control, settings)
         # The kernel's own start-up warnings are noise here; cell output is captured.
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -415,6 +453,7 @@ class _Kernel:
     def _execute(self, cell: Any, timeout_s: float, store_history: bool = True) -> CellOutcome:
         self._client.timeout = max(1, int(timeout_s))
         self._scratch.cells = [cell]
+        self._client.kept, self._client.cut = 0, False
         start = time.perf_counter()
         try:
             self._client.execute_cell(cell, 0, store_history=store_history)
@@ -424,6 +463,8 @@ class _Kernel:
         except Exception as error:  # replies the cell's code broke (a patched json.dumps)
             what = f"{type(error).__name__}: {error}"[:200]
             return CellOutcome("dead", "BrokenKernel", what, time.perf_counter() - start)
+        if self._client.cut:
+            self.cut = True
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 seconds = time.perf_counter() - start
@@ -434,6 +475,8 @@ class _Kernel:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # the kernel may already be gone
             self._client._cleanup_kernel()
+        with contextlib.suppress(Exception):
+            self._context.destroy(linger=0)
         shutil.rmtree(self.control, ignore_errors=True)
 
 
@@ -502,6 +545,13 @@ def run_cells(
                     continue
                 outcome = kernel.run(cell, min(cell_timeout_s, remaining()))
                 outcomes.append(outcome)
+                if kernel.cut:
+                    kernel.cut = False
+                    notes.append(
+                        f"code cell {index + 1} printed more than the grader keeps "
+                        f"({CELL_OUTPUT_CHARS // 2**20} MiB of text in all, "
+                        f"{KERNEL_MESSAGE_BYTES // 2**20} MiB at once): the rest was dropped"
+                    )
                 if outcome.status in ("timeout", "dead"):
                     kernel.close()
                     kernel = None  # closed: not closed again if restoring fails
@@ -652,6 +702,7 @@ def _judge(
             checker_pid, verdicts_fd = checkers.start(
                 apart, list(guard.get("modules", [])), folder, settings.threads,
                 (requests_write, replies_read),
+                settings.sandbox.limits if settings.sandbox is not None else None,
             )  # fmt: skip
         os.close(requests_write)
         os.close(replies_read)
@@ -693,17 +744,7 @@ def _judge(
             _end_checker(checker_pid, verdicts_fd)
         shutil.rmtree(control, ignore_errors=True)
     for nonce, message in state.results.items():
-        index = nonces[nonce]
-        if message.get("tampering"):
-            problems = [str(problem) for problem in message["tampering"]]
-            verdicts[index] = CellOutcome("error", "Tampering", tampering=problems)
-        elif message.get("ename"):
-            ename, evalue = str(message["ename"]), str(message.get("evalue", ""))
-            earned = message.get("earned", 0.0)
-            share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
-            verdicts[index] = CellOutcome("error", ename, evalue, earned=share)
-        else:
-            verdicts[index] = CellOutcome("ok")
+        verdicts[nonces[nonce]] = _verdict(message)
     flags += state.flags
     if not state.armed and state.timed_out:
         raise _busy("the grader's judge process", WARM_UP_S)
@@ -720,6 +761,26 @@ def _judge(
             if verdicts[index].status == "not-run" and at >= 0 and index >= at:
                 verdicts[index] = CellOutcome("timeout" if state.timed_out else "dead")
     return verdicts, flags, notes
+
+
+def _verdict(message: dict[str, Any]) -> CellOutcome:
+    """A check's outcome from its trusted verdict (the guard's, signed, or the checker's):
+    ``ok`` only for an explicit ``completed`` with nothing tampered with; a failure's name
+    only among :data:`~course_utils.instructor.checker.TRUSTED_NAMES` (else ``Error``)."""
+    tampering = message.get("tampering")
+    if type(tampering) is list and tampering:
+        return CellOutcome("error", "Tampering", tampering=[str(t) for t in tampering])
+    if message.get("status") == "completed" and not message.get("ename"):
+        return CellOutcome("ok")
+    ename = message.get("ename")
+    known = type(ename) is str and (
+        ename in checkers.TRUSTED_NAMES or checkers.builtin_error(getattr(builtins, ename, object))
+    )
+    ename = str(ename) if known else "Error"
+    evalue = message.get("evalue")
+    earned = message.get("earned", 0.0)
+    share = earned if type(earned) is float and 0.0 < earned < 1.0 else 0.0
+    return CellOutcome("error", ename, evalue if type(evalue) is str else "", earned=share)
 
 
 def _end_checker(pid: int, fd: int) -> None:
@@ -813,20 +874,18 @@ def _read_judge(
         *lines, pending = pending.split(b"\n")
         for raw in lines:
             line = raw.decode(errors="replace")
-            if line.startswith("at ") and state.armed:
-                with contextlib.suppress(ValueError):
-                    state.at = int(line[3:])
-                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
-                limit = time.monotonic() + cell_s
-                continue
-            if line == "done":
-                state.done = True
-                continue
-            message = guards.read_signed(key, line)
+            message = guards.read_signed(key, line)  # "at" and "done" are signed too
             if message is None:
                 what = "the notebook's code wrote forged messages to the grader's channel"
                 if what not in state.flags:
                     state.flags.append(what)
+            elif message.get("kind") == "at" and state.armed:
+                with contextlib.suppress(ValueError):
+                    state.at = int(str(message.get("cell")))
+                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
+                limit = time.monotonic() + cell_s
+            elif message.get("kind") == "done" and state.armed:
+                state.done = True
             elif message.get("kind") == "armed" and not state.armed:
                 state.armed = True
                 limit = deadline = time.monotonic() + total_timeout_s
@@ -842,20 +901,28 @@ def _read_judge(
 
 
 def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
-    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
     return {
         "timeout": f"timed out (each cell may run {cell_timeout_s:g} s; the whole run has a limit)",
         "dead": "kernel died: the code before or in this check ended the Python process",
         "not-run": "not run: the time limit was reached or the kernel could not be restored",
     }.get(outcome.status) or {
-        "CheckFailed": outcome.evalue,
-        "PartialCredit": outcome.evalue,
         "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
         "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
-        "AnswerError": outcome.evalue,
+        "AnswerError": outcome.evalue or _GENERIC_REASON,
+        "NeedsBeside": outcome.evalue or _GENERIC_REASON,
         "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
         "AssertionError": outcome.evalue or "an assert in the check failed",
-    }.get(outcome.ename, error or "the check raised an error")
+        "CheckFailed": outcome.evalue or _GENERIC_REASON,
+        "PartialCredit": outcome.evalue or _GENERIC_REASON,
+        "NameError": f"NameError: {outcome.evalue}" if outcome.evalue else _GENERIC_REASON,
+        "Error": _GENERIC_REASON,
+        "Stopped": _GENERIC_REASON,
+    }.get(outcome.ename, f"the check raised {outcome.ename} (in your code or because of it)")
+
+
+#: The reason of a failed check whose error the instructor's code did not raise (a
+#: learner's exception, anything unknown): its text is never shown.
+_GENERIC_REASON = "the check raised an error (in your code or because of it)"
 
 
 def _solution_failure(cells: list[Any], outcomes: list[CellOutcome], position: int) -> str:
@@ -937,17 +1004,25 @@ def grade_submission(
     return report, _feedback(learner, cells, origin, checks_at, report)
 
 
+def inert(text: str) -> str:
+    """``text`` for Markdown that renders it as text, never as HTML or a table's cell end.
+
+    >>> inert("<script>x</script> | a")
+    '&lt;script&gt;x&lt;/script&gt; \\\\| a'
+    """
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
 def feedback_summary(report: GradeReport, headline: str | None = None) -> str:
     """The summary at the top of a feedback notebook: the grade (or ``headline``), a table
-    of the checks, then notes."""
+    of the checks, then notes; every text in it is :func:`inert`."""
     summary = [headline or f"**Grade: {report.score:g}/{report.max_score:g}**", ""]
     summary += ["| check | points | result |", "|---|---|---|"]
     for check in report.checks:
-        result = check.result.replace("|", "\\|")
-        summary.append(f"| {check.grade_id} | {check.points_text} | {result} |")
-    summary += ["", *[f"- found without its grade_id: {match}" for match in report.matched]]
-    summary += [f"- note: {note}" for note in report.notes]
-    summary += [f"- tampering (reported to your instructor): {what}" for what in report.tampering]
+        summary.append(f"| {inert(check.grade_id)} | {check.points_text} | {inert(check.result)} |")
+    summary += ["", *[f"- found without its grade_id: {inert(m)}" for m in report.matched]]
+    summary += [f"- note: {inert(note)}" for note in report.notes]
+    summary += [f"- tampering (reported to your instructor): {inert(w)}" for w in report.tampering]
     return "\n".join(summary).strip()
 
 
@@ -966,6 +1041,11 @@ def _feedback(
         at = position.get(index)
         if at is not None and at not in checks_at:
             cell.outputs = copy.deepcopy(cells[at].get("outputs", []))
+            for output in cell.outputs:  # rich outputs inert: no HTML, SVG or script
+                data = output.get("data")
+                if isinstance(data, dict):
+                    for mime in [m for m in data if m not in _INERT_MIME]:
+                        del data[mime]
             for output in cell.outputs:  # long texts cut to FEEDBACK_OUTPUT_CHARS
                 text, keep = output.get("text"), FEEDBACK_OUTPUT_CHARS
                 if isinstance(text, str) and len(text) > keep:

@@ -22,7 +22,11 @@ frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``/``gi_frame``), 
 object walks, ``ctypes``, ``/proc/*/mem``, another audit hook, and replacing the code of a
 recorded function or an attribute of the guard's class. Its verdict goes to the grader
 over a pipe, signed with HMAC-SHA256 by C functions captured at arming (``_hashlib``,
-``_json``), under a key only the hook holds.
+``_json``), under a key only the hook holds; so do the judge's control lines (``at`` a
+cell, ``done``), which only the judge's own loop can ask for. A verdict is ``completed``
+only when the check ran to its end; a failure is named by its exact class among the
+course's and Python's (else ``Error``), with its message only when the check's own code or
+the course's raised it (:meth:`_Guard._failure`).
 """
 
 from __future__ import annotations
@@ -347,6 +351,19 @@ class _Guard:
         #: (recorded now, before any learner code): never from learner code's own raise.
         self.partial_class = getattr(classroom, "PartialCredit", None)
         self.partial_code = getattr(getattr(classroom, "check_parts", None), "__code__", None)
+        #: The classes a failed check's verdict names, by identity (recorded now).
+        self.trusted_classes = [
+            (cls, name)
+            for name in ("CheckFailed", "PartialCredit", "NeedsBeside")
+            if isinstance(cls := getattr(classroom, name, None), type)
+        ] + [(AssertionError, "AssertionError"), (NotImplementedError, "NotImplementedError")]
+        #: The course's own code (recorded now): a message it raised is the instructor's.
+        self.course_code = {
+            id(code)
+            for function, where, _ in self.record.functions.values()
+            if where.startswith("course_utils")
+            for code in _all_code(function.__code__)
+        }
 
     def _pinned(self, module: str, attribute: str | None) -> Any:
         record = self.record.modules.get(module)
@@ -448,7 +465,8 @@ class _Guard:
         namespace = {k: v for k, v in before.items() if k not in check["builtins"]}
         namespace.update(check["pins"])
         namespace["__builtins__"] = self.builtins_module
-        ename = evalue = ""
+        result: dict[str, Any] = {"kind": "result", "nonce": nonce, "status": "completed"}
+        result.update(ename="", evalue="")
         earned = 0.0
         try:
             code = check["code"]
@@ -456,11 +474,7 @@ class _Guard:
                 raise code
             exec(code, namespace)
         except BaseException as error:
-            ename = type(error).__name__ if isinstance(error, Exception) else "Stopped"
-            try:
-                evalue = str(error)[:_MESSAGE_CHARS]
-            except BaseException:
-                evalue = "(its message could not be read)"
+            result.update(self._failure(error))
             earned = self._partial_credit(error)
         problems += self.record.changes()
         for trace in self._traces():
@@ -471,11 +485,48 @@ class _Guard:
             changed = before.get(name, _MISSING) is not value
             if changed and name != "__builtins__" and name not in check["pins"]:
                 self.namespace[name] = value
-        result: dict[str, Any] = {"kind": "result", "nonce": nonce, "ename": ename}
-        result["evalue"] = evalue
         if earned:
             result["earned"] = earned
         self.send({**result, "tampering": problems})
+
+    def _failure(self, error: BaseException) -> dict[str, str]:
+        """A failed check's status, name and message, read without running learner code:
+        the name by the exact class, among the course's and Python's (a learner's class
+        named ``CheckFailed`` or ``""``, or whose ``str`` raises, is ``Error``); the message
+        only when the check's own code or the course's raised it with a plain string."""
+        kind = type(error)
+        ename = next((name for cls, name in self.trusted_classes if kind is cls), "")
+        if not ename:
+            name = type.__getattribute__(kind, "__name__")
+            builtin = type(name) is str and self.builtins.get(name) is kind
+            ename = str.__str__(name) if builtin and issubclass(kind, BaseException) else ""
+        if not ename:
+            ename = "Error" if issubclass(kind, Exception) else "Stopped"
+        evalue = ""
+        if ename in ("CheckFailed", "PartialCredit", "AssertionError", "NeedsBeside", "NameError"):
+            args = BaseException.__getattribute__(error, "args")
+            plain_text = type(args) is tuple and len(args) == 1 and type(args[0]) is str
+            if plain_text and self._raised_by_course(error):
+                evalue = str.__str__(args[0])[:_MESSAGE_CHARS]
+        return {"status": "failed", "ename": ename, "evalue": evalue}
+
+    def _raised_by_course(self, error: BaseException) -> bool:
+        """Whether ``error`` was raised by the check's own code or the course's code that
+        it called, with no other code (the learner's) between them."""
+        self.busy = True  # the guard's own walk of the traceback
+        try:
+            tb = BaseException.__getattribute__(error, "__traceback__")
+            seen_check = False
+            while tb is not None:
+                code = id(tb.tb_frame.f_code)
+                if code in self.check_code:
+                    seen_check = True
+                elif seen_check and code not in self.course_code:
+                    return False
+                tb = tb.tb_next
+            return seen_check
+        finally:
+            self.busy = False
 
     def _partial_credit(self, error: BaseException) -> float:
         """The share of the points a check's :class:`PartialCredit` earns: its exact
@@ -514,12 +565,17 @@ class _Guard:
             self.busy = False
         if refused:
             raise PermissionError(f"the grader does not allow this while it grades: {refused}")
-        checking = event == EVENT and args[:1] in (("check",), ("apart",)) and len(args) == 3
-        if checking and self.getframe(1).f_code is self.runner:  # never a learner's audit
-            if args[0] == "apart":
-                self.inspect(str(args[1]))
-            else:
-                self.run_check(str(args[1]), str(args[2]))
+        what = args[0] if event == EVENT and len(args) == 3 else None
+        if what is None or self.getframe(1).f_code is not self.runner:  # a learner's audit
+            return
+        if what == "apart":
+            self.inspect(str(args[1]))
+        elif what == "check":
+            self.run_check(str(args[1]), str(args[2]))
+        elif what == "at":  # where the judge is, signed: a learner's line is a forgery
+            self.send({"kind": "at", "cell": str(args[1])})
+        elif what == "done":
+            self.send({"kind": "done"})
 
     def _event(self, event: str, args: tuple[Any, ...]) -> str:
         """What the event does that is refused ("" when it is allowed); reports it."""

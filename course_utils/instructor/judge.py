@@ -24,7 +24,8 @@ what checks depend on and installs its audit hook; the learner's cells run as pl
 (IPython magics through a bare, grader-owned shell: no input transformer, event or
 exception handler runs anything); each check runs through the hook, which writes its
 signed verdict on the pipe the grader passed (``--fd``). Before each cell the judge says
-where it is (``at``), so the grader can stop a cell that runs too long.
+where it is (``at``, signed by the guard too), so the grader can stop a cell that runs too
+long, and at the end that it is ``done`` (signed): an unsigned line is a forgery.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def run_judge(argv: list[str]) -> None:
     guard.arm(spec, namespace, fd)
     del guard, spec
     for number, cell in enumerate(cells):
-        os.write(fd, f"at {number}\n".encode())
+        sys.audit(event, "at", str(number), "")  # the guard says it, signed
         if cell["kind"] == "check":
             sys.audit(event, "check", cell["grade_id"], cell["nonce"])
             continue
@@ -126,7 +127,7 @@ def run_judge(argv: list[str]) -> None:
             exec(code, namespace)
         except BaseException:  # a cell that raises does not stop the run
             pass
-    os.write(fd, b"done\n")
+    sys.audit(event, "done", "", "")
     sys.stdout.flush()
     os._exit(0)  # threads the learner's code left running do not keep the judge alive
 

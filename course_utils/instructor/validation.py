@@ -67,7 +67,12 @@ def _depth(text: str) -> int:
 
 
 def problem(path: Path, folder: Path) -> str | None:
-    """Why the file at ``path`` (in the learner's ``folder``) is not graded, or None."""
+    """Why the file at ``path`` (in the learner's ``folder``) is not graded, or None. A
+    name that is not UTF-8 is refused (its line shows it with ``?`` for the bad bytes)."""
+    inside = path.relative_to(folder) if _inside(path, folder) else Path(path.name)
+    if not _utf8(str(inside)):
+        shown = readable(str(inside))
+        return f"{shown}: refused: its name is not UTF-8 text (rename it and hand it in again)"
     if path.is_symlink() or any(p.is_symlink() for p in path.parents if _inside(p, folder)):
         return f"{path.name}: refused: a symbolic link (only the learner's own files are graded)"
     real, home = os.path.realpath(path), os.path.realpath(folder)
@@ -100,6 +105,25 @@ def problem(path: Path, folder: Path) -> str | None:
             what = f"cell {number}'s nbgrader metadata is not an object"
             return f"{path.name}: is not a notebook: {what}"
     return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a name's undecodable bytes, kept as surrogates
+        return False
+    return True
+
+
+def readable(text: str) -> str:
+    """``text`` (a file name) with the bytes that were not UTF-8 shown as ``?``: safe to
+    print or write to a UTF-8 file.
+
+    >>> readable(b"caf\\xe9.ipynb".decode("utf-8", "surrogateescape"))
+    'caf?.ipynb'
+    """
+    raw = text.encode("utf-8", "surrogateescape")
+    return raw.decode("utf-8", "replace").replace("\ufffd", "?")
 
 
 def _inside(path: Path, folder: Path) -> bool:
