@@ -18,7 +18,14 @@ import torch
 from notebook_cells import grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.classroom import MESSAGES_04, MESSAGES_04A, CheckFailed, check, check_close, passed
+from course_utils.classroom import (
+    MESSAGES_04,
+    MESSAGES_04A,
+    CheckFailed,
+    check,
+    check_close,
+    passed,
+)
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.techniques import run_amp_step_against_fp32
 
@@ -490,7 +497,9 @@ def test_adam_state_from_the_course_helpers_fails(nb04, answer):
 
 
 def test_one_step_counter_for_the_model_is_named(nb04):
-    with pytest.raises(CheckFailed, match=r"one step counter for the model: Adam keeps one 4-byte step for each parameter tensor"):
+    message = (r"one step counter for the model: "
+               r"Adam keeps one 4-byte step for each parameter tensor")
+    with pytest.raises(CheckFailed, match=message):
         _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_one_counter)
 
 

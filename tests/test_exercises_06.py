@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.classroom import CheckFailed
-from course_utils.distributed import MESSAGES_06
 from course_utils.data import SyntheticImages
+from course_utils.distributed import MESSAGES_06
 from course_utils.models import build_model
 
 NB06 = Path(__file__).resolve().parent.parent / "notebooks" / "06_multi_gpu.ipynb"
