@@ -82,6 +82,7 @@ def copy_without_git(folder: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.rehearsal
 def test_the_record_rehearsed_as_a_lent_machine_runs_it_passes_every_notebook(tmp_path):
     python = machine_python(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTHON"))}
