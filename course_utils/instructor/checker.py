@@ -791,7 +791,8 @@ def start(
                 with contextlib.suppress(OSError):
                     os.close(fd)
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (never closed)
-        user = sandbox.UID_BASE + 2 * 2**22 + grader if os.geteuid() == 0 else None
+        own_user = os.geteuid() == 0 and _others_can_read(sys.prefix, sandbox._PACKAGE_DIR)
+        user = sandbox.UID_BASE + 2 * 2**22 + grader if own_user else None
         os.chdir(folder)
         _isolate(folder, procs, limits, user)
         sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
@@ -812,6 +813,32 @@ def start(
 
 
 _CLONE_NEWUSER, _CLONE_NEWPID = 0x10000000, 0x20000000
+
+
+def _others_can_read(*paths: str | os.PathLike[str]) -> bool:
+    """Whether a user other than the owner can reach each of ``paths`` (every folder above
+    it searchable by others): the checker runs as its own user only then, as root, else it
+    could not import what it needs (an environment under ``/root``, mode 700); it then
+    keeps root's user id in a user namespace of its own, without root's powers.
+
+    >>> _others_can_read("/")
+    True
+    """
+    import stat
+    from pathlib import Path
+
+    for path in paths:
+        current = Path(path).resolve()
+        for folder in (current, *current.parents):
+            try:
+                mode = folder.stat().st_mode
+            except OSError:
+                return False
+            if not mode & stat.S_IXOTH:
+                return False
+    return True
+
+
 _PR_SET_PDEATHSIG = 1
 
 
