@@ -113,8 +113,8 @@ def gpu_claim(
 
 def _show(verdict: ClaimVerdict) -> None:
     try:  # lazy: a Python without Jupyter (a GPU node, the GPU record's checks) prints
-        from IPython import get_ipython
-        from IPython.display import display
+        from IPython import get_ipython  # lazy: as above
+        from IPython.display import display  # lazy: as above
     except ImportError:
         print(verdict.sentence())
         return

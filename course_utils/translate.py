@@ -430,7 +430,9 @@ def check_catalogs(
             stale = stale_problems(catalog, read_english_notebook(notebook_path))
             lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
             for message in catalog:
-                if any(_STALE_COMMENT.match(comment) for comment in message.user_comments):
+                if not message.fuzzy and any(  # a fuzzy entry's #| msgid is the old English
+                    _STALE_COMMENT.match(comment) for comment in message.user_comments
+                ):
                     lines.append(
                         f"{name} {message.context}: a translator comment copies an earlier "
                         "English (# | msgid ...): delete it"

@@ -13,8 +13,8 @@ code and fills a fresh namespace with the names that code reads
 - a name the instructor's imports bind (``pinned``) is the checker's own import; a
   Python built-in is the checker's own built-in;
 - any other name is asked of the learner's runtime (:func:`describe_value` there). Plain
-  data crosses by value, in a format that cannot run code (:func:`encode`,
-  :func:`decode`: a JSON description, then raw tensor bytes, every size checked against
+  data crosses by value, in a format that cannot run code (:func:`encode_reply`,
+  :func:`decode_reply`: a JSON description, then raw tensor bytes, every size checked against
   what was sent before anything is made; never ``pickle`` or ``torch.load``), and the
   checker refuses any value whose type is not exactly plain (:func:`plain`): no learner
   class, no ``__eq__`` that lies, no Tensor subclass. A function or class becomes an
@@ -37,7 +37,7 @@ notebook with :data:`BESIDE` as their first line: they run in the learner's runt
 the guard, as before (:mod:`course_utils.instructor.guard`).
 
 Frames between the two processes: four bytes of length, then the bytes. The runtime's
-replies are a JSON header (and, for data, the bytes of :func:`encode`): the checker never
+replies are a JSON header (and, for data, the bytes of :func:`encode_reply`): the checker never
 unpickles anything the runtime sends.
 """
 
@@ -151,7 +151,7 @@ def _read_exactly(fd: int, size: int) -> bytes:
 
 def describe_value(value: Any, missing: Any) -> tuple[dict[str, Any], bytes | None]:
     """In the learner's runtime: how ``value`` crosses (a header, and the data's bytes in
-    the format of :func:`encode`, which cannot run code when read)."""
+    the format of :func:`encode_reply`, which cannot run code when read)."""
     import torch  # lazy: the doctests of this module run without torch
 
     if value is missing:
@@ -161,7 +161,7 @@ def describe_value(value: Any, missing: Any) -> tuple[dict[str, Any], bytes | No
     if callable(value) and not isinstance(value, torch.Tensor):
         return {"kind": "callable"}, None
     try:
-        blob = encode(value)
+        blob = encode_reply(value)
     except Exception:
         return {"kind": "opaque"}, None
     return {"kind": "data"}, blob
@@ -191,13 +191,13 @@ STRUCTURE_BYTES = 1 << 22  # the largest JSON description of a value (4 MiB)
 _SIZE = struct.Struct(">Q")
 
 
-def encode(value: Any) -> bytes:
+def encode_reply(value: Any) -> bytes:
     """``value`` (plain data of exact types, :func:`plain`) as bytes: the length of a JSON
     description, the description, then the raw bytes of every tensor and ``bytes`` value,
     in order. ``ValueError`` for anything else (a subclass, a learner's class, a sparse
     tensor).
 
-    >>> decode(encode([1, 2.5, ("a", None, True), {"k": b"v"}]), [])
+    >>> decode_reply(encode_reply([1, 2.5, ("a", None, True), {"k": b"v"}]), [])
     [1, 2.5, ('a', None, True), {'k': b'v'}]
     """
     tail: list[bytes] = []
@@ -246,8 +246,8 @@ def _describe(value: Any, tail: list[bytes], depth: int) -> Any:
     raise ValueError("not plain data")
 
 
-def decode(blob: bytes, safe: list[type]) -> Any:
-    """The value :func:`encode` wrote; ``ValueError`` when ``blob`` is not one. Nothing it
+def decode_reply(blob: bytes, safe: list[type]) -> Any:
+    """The value :func:`encode_reply` wrote; ``ValueError`` when ``blob`` is not one. Nothing it
     reads can run code, and what it allocates is bounded by ``blob``'s own size: the
     description is at most :data:`STRUCTURE_BYTES`, checked before it is parsed, and every
     tensor's bytes (its shape times its dtype's size, checked before any allocation) must
@@ -481,14 +481,14 @@ class Channel:
         self.send(("end",))
 
     def load(self, blob: bytes, what: str) -> Any:
-        """The plain data in ``blob`` (:func:`decode`); :class:`AnswerError` for anything
+        """The plain data in ``blob`` (:func:`decode_reply`); :class:`AnswerError` for anything
         else."""
         refused = AnswerError(
             f"{what} a value that is not plain data (a class defined in your notebook, or a "
             "subclass): use a plain int, float, str, list, tuple, dict or torch.Tensor"
         )
         try:
-            value = decode(blob, self.safe)
+            value = decode_reply(blob, self.safe)
         except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError):
             raise refused from None
         if not plain(value):
@@ -824,8 +824,8 @@ def _others_can_read(*paths: str | os.PathLike[str]) -> bool:
     >>> _others_can_read("/")
     True
     """
-    import stat
-    from pathlib import Path
+    import stat  # lazy: only the forked checker, as root, asks
+    from pathlib import Path  # lazy: as above
 
     for path in paths:
         current = Path(path).resolve()
