@@ -616,8 +616,8 @@ def translated_text(language: str, english: str, message: Message | None) -> str
         text = str(message.string)
         return right_to_left(text) if language in RIGHT_TO_LEFT else text
     marker = fallback_marker(language)
-    if language in RIGHT_TO_LEFT:
-        marker = f'<div dir="rtl">\n\n{marker}\n\n</div>'
+    if language in RIGHT_TO_LEFT:  # the marker is in the language: aligned right too
+        marker = right_to_left(marker)
     return f"{marker}\n\n{english}"
 
 

@@ -550,16 +550,31 @@ def test_arabic_paragraphs_align_right_and_tables_read_right_to_left_on_the_site
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", ["01_runtime_and_devices", "06_multi_gpu"])
+@pytest.mark.parametrize("stem", ["01_runtime_and_devices", "06_multi_gpu", "untranslated"])
 def test_built_arabic_notebooks_read_right_to_left_in_jupyterlabs_stylesheet(stem, tmp_path):
     """A built Arabic notebook as nbconvert's ``lab`` template renders it: JupyterLab's own
     stylesheet (``.jp-RenderedHTMLCommon p { text-align: left }``) and markdown cells as
-    JupyterLab shows them, in headless Chromium."""
+    JupyterLab shows them, in headless Chromium. ``untranslated``: 01 with one entry not
+    translated yet, whose Arabic marker ("not yet translated") reads right to left too."""
+    from babel.messages.pofile import read_po, write_po
     from nbconvert import HTMLExporter
 
     from course_utils import translate
 
-    (built,) = translate.build("ar", [ROOT / "notebooks" / f"{stem}.ipynb"], tmp_path / "ar")
+    catalogs = translate.TRANSLATIONS
+    if stem == "untranslated":
+        stem, catalogs = "01_runtime_and_devices", tmp_path / "translations"
+        (catalogs / "ar").mkdir(parents=True)
+        with open(translate.TRANSLATIONS / "ar" / f"{stem}.po", "rb") as po:
+            catalog = read_po(po)
+        entry = next(m for m in catalog if m.id and m.context == "nb01-21")
+        entry.string = ""
+        with open(catalogs / "ar" / f"{stem}.po", "wb") as po:
+            write_po(po, catalog)
+    notebook = ROOT / "notebooks" / f"{stem}.ipynb"
+    (built,) = translate.build("ar", [notebook], tmp_path / "ar", root=catalogs)
+    if catalogs != translate.TRANSLATIONS:  # the entry is shown in English, with the marker
+        assert translate.NOT_YET["ar"] in built.read_text(encoding="utf-8")
     exporter = HTMLExporter(template_name="lab")
     html, _ = exporter.from_notebook_node(nbformat.read(built, as_version=4))
     html = re.sub(r"<script[^>]*src=\"https?://[^\"]*\"[^>]*></script>", "", html)
