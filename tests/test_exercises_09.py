@@ -26,7 +26,8 @@ from course_utils.classroom import CheckFailed
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
 # the cells a check needs, by how they start: imports, knobs, the model
-SETUP = ("import contextlib", "from course_utils.cla", "# the model:",  # claims, classroom
+SETUP = ("import contextlib", "from course_utils.cla", "# GPU memory (MiB) each",  # sized()
+         "# the model:",
          "class CausalSelfAttention", "class Block", "class GPT")
 
 
