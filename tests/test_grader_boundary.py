@@ -97,7 +97,7 @@ def test_a_decompression_bomb_reply_stays_small(tmp_path):
     """The reply torch.load inflated (a deflated zip member): now, whatever its form, the
     checker's peak memory stays near the reply's own size."""
     program = (
-        "import io, json, os, resource, zipfile, torch\n"
+        "import io, json, os, re, zipfile, torch\nfrom pathlib import Path\n"
         "from course_utils.instructor import checker\n"
         "buffer = io.BytesIO()\n"
         "torch.save(torch.zeros(1), buffer)\n"
@@ -113,7 +113,10 @@ def test_a_decompression_bomb_reply_stays_small(tmp_path):
         "        new.writestr(info.filename, data)\n"
         "blob = bomb.getvalue()\n"
         "assert len(blob) < 4 * 2**20, len(blob)\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def hwm():  # this process's own peak RSS in kB (ru_maxrss keeps the parent's)\n"
+        "    status = Path('/proc/self/status').read_text()\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1))\n"
+        "before = hwm()\n"
         "rin, win = os.pipe(); rout, wout = os.pipe()\n"
         "channel = checker.Channel(win, rout, {'torch'})\n"
         "import threading\n"
@@ -122,7 +125,7 @@ def test_a_decompression_bomb_reply_stays_small(tmp_path):
         "    checker.write_frame(wout, blob)\n"
         "threading.Thread(target=send).start()\n"
         "try:\n    channel.call('double', (3,), {})\nexcept checker.AnswerError:\n    pass\n"
-        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "after = hwm()\n"
         "print((after - before) // 1024)\n"
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
@@ -290,11 +293,15 @@ def test_a_cell_printing_200_mib_leaves_the_grading_process_small(cell, tmp_path
     write_notebook(notebook, tmp_path / "loud.ipynb")
     write_notebook(_beside("def double(x):\n    return 2 * x"), tmp_path / "source.ipynb")
     program = (
-        "import json, resource, sys, torch\nfrom pathlib import Path\n"
+        # VmHWM: this process's own peak (ru_maxrss keeps the parent's across exec)
+        "import json, re, sys, torch\nfrom pathlib import Path\n"
         "from course_utils.instructor.grading import grade_submission\n"
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "def hwm():\n"
+        "    status = Path('/proc/self/status').read_text()\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1)) // 1024\n"
+        "before = hwm()\n"
         "report, feedback = grade_submission(Path(sys.argv[1]), Path(sys.argv[2]))\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "peak = hwm()\n"
         "print(json.dumps({'peak': peak, 'grew': peak - before, 'score': report.score,\n"
         "                  'notes': report.notes}))\n"
     )
