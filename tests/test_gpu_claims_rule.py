@@ -134,6 +134,8 @@ def check():
 DOC = ROOT / "docs" / "gpu-claims.md"
 TABLE_TITLE = "## Which check is which in notebooks 05–09"
 LATER = ("05", "06", "07", "08", "09")
+EARLY_TITLE = "## The claims of notebooks 01–04"
+EARLY = ("01", "02", "03", "04")
 
 
 def class_table(text: str) -> list[tuple[str, str, str]]:
@@ -172,10 +174,24 @@ def checks_in_cell(source: str) -> tuple[list[str], list[str]]:
     return claims, asserts
 
 
-def later_cells() -> dict[str, str]:
+def claim_rows(text: str) -> list[tuple[str, str, str]]:
+    """(cell id, claim name, "claim") for each row of the doc's tables of 01-04: the name is
+    the row's text in code font (``\\|`` is a ``|`` inside a cell)."""
+    section = text.split(EARLY_TITLE, 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip())]
+        cells = [cell for cell in cells if cell]
+        found = re.search(r"`([^`]+)`", cells[1]) if len(cells) >= 3 else None
+        if cells and cells[0].startswith("nb") and found:
+            rows.append((cells[0], found.group(1), "claim"))
+    return rows
+
+
+def later_cells(first: tuple[str, ...] = LATER) -> dict[str, str]:
     cells = {}
     for name in NOTEBOOKS:
-        if name.startswith(LATER):
+        if name.startswith(first):
             notebook = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text("utf-8"))
             cells.update(code_cells(notebook))
     return cells
@@ -187,7 +203,7 @@ def disagreements(table: list[tuple[str, str, str]], cells: dict[str, str]) -> l
     named: set[tuple[str, str]] = set()
     for cell, check, kind in table:
         if cell not in cells:
-            found.append(f"{cell}: no such cell in notebooks 05-09")
+            found.append(f"{cell}: no such cell in these notebooks")
             continue
         claims, asserts = checks_in_cell(cells[cell])
         as_claim = [name for name in claims if check in name]
@@ -213,6 +229,14 @@ def test_the_doc_and_notebooks_05_to_09_class_each_check_alike():
     table = class_table(DOC.read_text(encoding="utf-8"))
     assert len(table) >= 30
     assert not disagreements(table, later_cells())
+
+
+def test_the_doc_names_each_claim_of_notebooks_01_to_04_and_nothing_else():
+    """Each gpu_claim of 01-04 has a row (cell id, its name in code font, bound, source) in
+    the doc's tables, and each row a gpu_claim in that cell."""
+    rows = claim_rows(DOC.read_text(encoding="utf-8"))
+    assert len(rows) >= 40
+    assert not disagreements(rows, later_cells(EARLY))
 
 
 def test_a_claim_the_doc_calls_an_assert_is_a_disagreement():
