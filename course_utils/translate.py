@@ -4,19 +4,21 @@
 holds one entry per markdown cell of the English notebook: the cell's id as the context
 (``msgctxt``), its English text as ``msgid``, the translation as ``msgstr``. The catalogs are
 read and written with Babel (:mod:`babel.messages.pofile`), so any gettext tool (Poedit,
-Weblate, Lokalize, ``msgfmt --check``) opens them. Code cells are never translated.
+Weblate, Lokalize, ``msgfmt --check``) opens them. Of a code cell only the explanations it
+prints are translated (context ``<cell id>:print:<k>``, :func:`printed_texts`).
 
 - :func:`update_catalogs` brings the catalogs in step with the English notebooks: a new
   cell is added untranslated, a changed cell keeps its old translation marked *fuzzy* (with
   the old English as ``#| msgid``), a removed cell becomes obsolete (``#~``).
 - :func:`coverage` counts, per language, the cells translated and not fuzzy.
-- :func:`translated_notebook` builds a notebook in a language: code cells byte-identical,
-  each markdown cell translated, or the English with a one-line marker where the
-  translation is missing or fuzzy.
+- :func:`translated_notebook` builds a notebook in a language: code cells as in English but
+  for the texts they print (:func:`translated_code`), each markdown cell translated, or the
+  English with a one-line marker where the translation is missing or fuzzy.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -182,6 +184,8 @@ def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> 
         seen.add(cell_id)
         before = by_context.get(cell_id)
         message = Message(text, context=cell_id)
+        if PRINTED in cell_id:
+            message.auto_comments = [PRINTED_NOTE]
         if before is None:
             result.added += 1
         elif before.id == text:
@@ -247,9 +251,163 @@ def source_text(cell_index: int, text: str) -> str:
 
 
 def english_entries(notebook: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(cell id, msgid)`` of each markdown cell, as the catalogs hold them."""
+    """``(context, msgid)`` of each markdown cell (its cell id) and of each text a code cell
+    prints (:func:`printed_texts`), as the catalogs hold them."""
     index_of = {cell.get("id"): index for index, cell in enumerate(notebook.get("cells", []))}
-    return [(cid, source_text(index_of[cid], text)) for cid, text in markdown_cells(notebook)]
+    entries = [(cid, source_text(index_of[cid], text)) for cid, text in markdown_cells(notebook)]
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "code" and isinstance(cell.get("id"), str):
+            entries += [(p.context, p.template) for p in printed_texts(cell["id"], cell_text(cell))]
+    return entries
+
+
+# --- Texts that code cells print -------------------------------------------------------------
+# A code cell's explanations ("No GPU here: on a GPU this cell would ...") are string
+# literals passed to print(): each is an entry of the notebook's catalog, its context
+# "<cell id>:print:<k>" (the k-th such text of the cell), its msgid the text as a template:
+# an f-string's fields written {expression!conversion:format}, literal braces doubled. A
+# built notebook prints the translation: the literal is replaced, the code around it kept.
+PRINTED = ":print:"
+PRINTED_NOTE = "printed by a code cell: keep each {field} as it is; {{ and }} print one brace"
+#: A printed literal is an explanation to translate when it has this many words or more.
+_PRINT_WORDS = 3
+_WORD = re.compile(r"[^\W\d_]{2,}[,:;.!?)]*")  # a whole token: not `torch.cuda.is_available()`
+_FIELD = re.compile(r"\{\{|\}\}|\{(?:[^{}]|\{[^{}]*\})*\}")
+
+
+@dataclass(frozen=True)
+class PrintedText:
+    """A string a code cell passes to ``print``: where it is, and its text as a template."""
+
+    context: str
+    template: str
+    start: int  # character offsets of the literal in the cell's source
+    end: int
+
+
+def _masked(source: str) -> str:
+    """The cell's source with IPython's ``!`` and ``%`` lines as ``pass`` (same line count)."""
+    lines = source.split("\n")
+    for number, line in enumerate(lines):
+        if line.lstrip().startswith(("!", "%")):
+            lines[number] = line[: len(line) - len(line.lstrip())] + "pass"
+    return "\n".join(lines)
+
+
+def _expression(node: ast.expr, source: str) -> str:
+    """A field's expression as its cell writes it (``1e9``, not ``1000000000.0``) where the
+    parser's position for it is right, else as :func:`ast.unparse` writes it."""
+    written = ast.get_source_segment(source, node)
+    try:
+        if written and ast.dump(ast.parse(written.strip(), mode="eval").body) == ast.dump(node):
+            return written.strip()
+    except SyntaxError:
+        pass
+    return ast.unparse(node)
+
+
+def _template(node: ast.expr, source: str = "") -> str | None:
+    """A str literal or f-string as a template (None: neither)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.replace("{", "{{").replace("}", "}}")
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value).replace("{", "{{").replace("}", "}}"))
+        elif isinstance(value, ast.FormattedValue):
+            field = _expression(value.value, source)
+            if value.conversion != -1:
+                field += "!" + chr(value.conversion)
+            if value.format_spec is not None:
+                field += ":" + (_template(value.format_spec, source) or "")
+            parts.append("{" + field + "}")
+    return "".join(parts)
+
+
+def template_fields(template: str) -> Counter[str]:
+    """The fields (``{...}``) of a template, counted."""
+    return Counter(m for m in _FIELD.findall(template) if m not in ("{{", "}}"))
+
+
+def _words(template: str) -> int:
+    tokens = _FIELD.sub(" ", template).split()
+    return sum(bool(_WORD.fullmatch(token.lstrip("(\"'"))) for token in tokens)
+
+
+def printed_texts(cell_id: str, source: str) -> list[PrintedText]:
+    """The explanations a code cell prints, in the order they appear (none if the cell is
+    not Python, for example a ``%%writefile`` cell)."""
+    if source.lstrip().startswith("%%"):
+        return []
+    masked = _masked(source)
+    try:
+        tree = ast.parse(masked)
+    except SyntaxError:
+        return []
+    line_start = [0]
+    for line in source.split("\n"):
+        line_start.append(line_start[-1] + len(line) + 1)
+
+    def offset(line: int, column: int) -> int:  # ast columns count UTF-8 bytes
+        text = source[line_start[line - 1] : line_start[line]]
+        return line_start[line - 1] + len(text.encode("utf-8")[:column].decode("utf-8"))
+
+    found: list[PrintedText] = []
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    for call in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
+        if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
+            continue
+        for argument in call.args:
+            template = _template(argument, masked)
+            if template is None or _words(template) < _PRINT_WORDS:
+                continue
+            assert argument.end_lineno is not None and argument.end_col_offset is not None
+            start = offset(argument.lineno, argument.col_offset)
+            end = offset(argument.end_lineno, argument.end_col_offset)
+            context = f"{cell_id}{PRINTED}{len(found) + 1}"
+            found.append(PrintedText(context, template, start, end))
+    return found
+
+
+def _escape(text: str) -> str:
+    """Literal text inside a double-quoted f-string."""
+    escaped = repr(text.replace("{", "{{").replace("}", "}}"))[1:-1]
+    return escaped.replace('"', '\\"') if repr(text).startswith("'") else escaped
+
+
+def python_literal(template: str) -> str:
+    """Python source that makes this template's text: an f-string when it has fields."""
+    pieces = _FIELD.split(template)
+    fields = _FIELD.findall(template)
+    if not template_fields(template):
+        return repr(template.replace("{{", "{").replace("}}", "}"))
+    body = _escape(pieces[0])
+    for field, piece in zip(fields, pieces[1:], strict=True):
+        body += (_escape(field[0]) if field in ("{{", "}}") else field) + _escape(piece)
+    return f'f"{body}"'
+
+
+def translated_code(cell_id: str, source: str, catalog: Catalog | None) -> str:
+    """A code cell's source with each printed text whose translation is usable (not fuzzy,
+    the same fields) replaced; the English source where the result would not parse."""
+    if catalog is None:
+        return source
+    result = source
+    for printed in reversed(printed_texts(cell_id, source)):
+        message = catalog.get(printed.template, context=printed.context)
+        if message is None or not message.string or message.fuzzy:
+            continue
+        translation = str(message.string)
+        if template_fields(translation) != template_fields(printed.template):
+            continue
+        result = result[: printed.start] + python_literal(translation) + result[printed.end :]
+    try:
+        ast.parse(_masked(result))
+    except SyntaxError:
+        return source
+    return result
 
 
 # --- Checks ------------------------------------------------------------------------------
@@ -362,9 +520,17 @@ def read_glossary(language: str, root: Path = TRANSLATIONS) -> list[GlossaryTerm
     return terms
 
 
-def entry_problems(english: str, translation: str, glossary: list[GlossaryTerm]) -> list[str]:
-    """What is wrong with one translated entry (empty: nothing)."""
+def entry_problems(
+    english: str, translation: str, glossary: list[GlossaryTerm], printed: bool = False
+) -> list[str]:
+    """What is wrong with one translated entry (empty: nothing); ``printed``: a text a code
+    cell prints, whose fields must all be there (a translation without them is not used)."""
     problems = []
+    if printed and template_fields(english) != template_fields(translation):
+        missing = dict(template_fields(english) - template_fields(translation))
+        extra = dict(template_fields(translation) - template_fields(english))
+        what = [f"missing {missing}" if missing else "", f"extra {extra}" if extra else ""]
+        problems.append(f"fields differ: {' '.join(w for w in what if w)}")
     source, target = protected_parts(english), protected_parts(translation)
     for kind in KINDS:
         missing, extra = dict(source[kind] - target[kind]), dict(target[kind] - source[kind])
@@ -400,10 +566,12 @@ def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
     for cell_id, text in english.items():
         message = entries.get(cell_id)
         if message is None:
-            problems.append(f"{cell_id}: no entry for this markdown cell")
+            problems.append(f"{cell_id}: no entry for this text")
         elif message.id != text:
             problems.append(f"{cell_id}: its English (msgid) is not the notebook's")
-    problems += [f"{cid}: an entry for no markdown cell" for cid in entries if cid not in english]
+    problems += [
+        f"{cid}: an entry for no text of the notebook" for cid in entries if cid not in english
+    ]
     return problems
 
 
@@ -438,7 +606,9 @@ def check_catalogs(
                         "English (# | msgid ...): delete it"
                     )
                 if message.id and message.string and not message.fuzzy:
-                    for problem in entry_problems(str(message.id), str(message.string), glossary):
+                    printed = PRINTED in str(message.context)
+                    english, translation = str(message.id), str(message.string)
+                    for problem in entry_problems(english, translation, glossary, printed):
                         lines.append(f"{name} {message.context}: {problem}")
     return lines
 
@@ -646,6 +816,10 @@ def translated_notebook(
         raise TranslationError(f"unknown language {language!r}: one of {', '.join(LANGUAGES)}")
     built = json.loads(json.dumps(notebook))
     for index, cell in enumerate(built["cells"]):
+        if cell.get("cell_type") == "code" and isinstance(cell.get("id"), str):
+            code = translated_code(cell["id"], cell_text(cell), catalog)
+            if code != cell_text(cell):
+                cell["source"] = code.splitlines(keepends=True)
         if cell.get("cell_type") != "markdown":
             continue
         english = cell_text(cell)
