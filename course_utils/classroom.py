@@ -29,6 +29,7 @@ from torch.utils.data import RandomSampler, TensorDataset
 from course_utils.device import pick_precision, to_device  # the course's own: refused
 from course_utils.fake_nvml import FakeGpu, FakeNvml
 from course_utils.footprint import optimizer_state_bytes
+from course_utils.language import Messages
 from course_utils.smi import sample_output
 
 
@@ -726,52 +727,56 @@ def matching_mistake(
 
 #: Notebook 01's check messages, by a stable name: one sentence each, ``{placeholders}``
 #: for the figures of the case the learner's answer failed.
-MESSAGES_01 = {
-    "time_it raised": "{error} (on repeats that took {shown})",
-    "time_it calls": "call fn warmup + repeats = {warmup} + {repeats} times; it ran {calls} times",
-    "time_it no clock": "your time_it never read a clock: read time.perf_counter() before and "
-    "after each timed fn() call",
-    "time_it not a number": "return the median in seconds, as a float; got {kind}",
-    "time_it mean": "repeats that took {shown} gave {got}, the mean of the repeats; return "
-    "their median (one slow repeat, a page fault or another process, does not move it)",
-    "time_it fastest": "repeats that took {shown} gave {got}, the fastest repeat; return the "
-    "median of the repeats",
-    "time_it slowest": "repeats that took {shown} gave {got}, the slowest repeat; return the "
-    "median of the repeats",
-    "time_it total": "repeats that took {shown} gave {got}, their total; return the median "
-    "of the repeats",
-    "time_it warm-up timed": "repeats that took {shown} gave {got}: the slow warm-up calls "
-    "were timed too; run the warm-up calls first, untimed, then time the repeats",
-    "time_it mean of all": "repeats that took {shown} gave {got}, the mean of all calls, the "
-    "slow warm-up calls timed too: run the warm-up calls untimed, then return the median "
-    "of the repeats",
-    "time_it milliseconds": "repeats that took {shown} gave {got}, the median in "
-    "milliseconds: return seconds",
-    "time_it upper middle": "repeats that took {shown} gave {got}, the upper of the two "
-    "middle values: with an even number of repeats the median is the mean of the two "
-    "middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
-    "time_it lower middle": "repeats that took {shown} gave {got}, the lower of the two "
-    "middle values (what torch.median returns): with an even number of repeats the median "
-    "is the mean of the two middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
-    "time_it unsorted middle": "repeats that took {shown} gave {got}, the repeat in the middle "
-    "of the list as it was timed: sort the times first, or use statistics.median",
-    "time_it duplicates dropped": "repeats that took {shown} gave {got}, the median of the "
-    "distinct times: equal times each count (the median of 1, 1, 1, 5 and 9 ms is 1 ms)",
-    "time_it not the median": "repeats that took {shown} gave {got}, which is not their "
-    "median: time each fn() call alone and return statistics.median of the repeats (3 ms "
-    "for 1, 2, 4 and 9 ms)",
-    "time_it synced a CPU device": "timing a CPU device while CUDA was available, your "
-    "time_it called torch.cuda.synchronize(): synchronize only when the device being timed "
-    "is a GPU, device.type == 'cuda'",
-    "time_it synced because CUDA exists": "timing a CPU device, your time_it synchronized "
-    "CUDA because torch.cuda.is_available() was True: decide by the device being timed, "
-    "device.type == 'cuda', not by whether a GPU exists",
-    "time_it synced another GPU": "timing cuda:1, your time_it synchronized {synced}: "
-    "synchronize the device being timed, torch.cuda.synchronize(device)",
-    "time_it no sync on GPU": "timing cuda:1, your time_it never called "
-    "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
-    "after fn(), torch.cuda.synchronize(device)",
-}
+MESSAGES_01 = Messages(
+    "01",
+    {
+        "time_it raised": "{error} (on repeats that took {shown})",
+        "time_it calls": "call fn warmup + repeats = {warmup} + {repeats} times; it ran "
+        "{calls} times",
+        "time_it no clock": "your time_it never read a clock: read time.perf_counter() before and "
+        "after each timed fn() call",
+        "time_it not a number": "return the median in seconds, as a float; got {kind}",
+        "time_it mean": "repeats that took {shown} gave {got}, the mean of the repeats; return "
+        "their median (one slow repeat, a page fault or another process, does not move it)",
+        "time_it fastest": "repeats that took {shown} gave {got}, the fastest repeat; return the "
+        "median of the repeats",
+        "time_it slowest": "repeats that took {shown} gave {got}, the slowest repeat; return the "
+        "median of the repeats",
+        "time_it total": "repeats that took {shown} gave {got}, their total; return the median "
+        "of the repeats",
+        "time_it warm-up timed": "repeats that took {shown} gave {got}: the slow warm-up calls "
+        "were timed too; run the warm-up calls first, untimed, then time the repeats",
+        "time_it mean of all": "repeats that took {shown} gave {got}, the mean of all calls, the "
+        "slow warm-up calls timed too: run the warm-up calls untimed, then return the median "
+        "of the repeats",
+        "time_it milliseconds": "repeats that took {shown} gave {got}, the median in "
+        "milliseconds: return seconds",
+        "time_it upper middle": "repeats that took {shown} gave {got}, the upper of the two "
+        "middle values: with an even number of repeats the median is the mean of the two "
+        "middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+        "time_it lower middle": "repeats that took {shown} gave {got}, the lower of the two "
+        "middle values (what torch.median returns): with an even number of repeats the median "
+        "is the mean of the two middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+        "time_it unsorted middle": "repeats that took {shown} gave {got}, the repeat in the middle "
+        "of the list as it was timed: sort the times first, or use statistics.median",
+        "time_it duplicates dropped": "repeats that took {shown} gave {got}, the median of the "
+        "distinct times: equal times each count (the median of 1, 1, 1, 5 and 9 ms is 1 ms)",
+        "time_it not the median": "repeats that took {shown} gave {got}, which is not their "
+        "median: time each fn() call alone and return statistics.median of the repeats (3 ms "
+        "for 1, 2, 4 and 9 ms)",
+        "time_it synced a CPU device": "timing a CPU device while CUDA was available, your "
+        "time_it called torch.cuda.synchronize(): synchronize only when the device being timed "
+        "is a GPU, device.type == 'cuda'",
+        "time_it synced because CUDA exists": "timing a CPU device, your time_it synchronized "
+        "CUDA because torch.cuda.is_available() was True: decide by the device being timed, "
+        "device.type == 'cuda', not by whether a GPU exists",
+        "time_it synced another GPU": "timing cuda:1, your time_it synchronized {synced}: "
+        "synchronize the device being timed, torch.cuda.synchronize(device)",
+        "time_it no sync on GPU": "timing cuda:1, your time_it never called "
+        "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
+        "after fn(), torch.cuda.synchronize(device)",
+    },
+)
 
 
 def _time_it_mistakes(warm: list[float], timed: list[float]) -> dict[str, float]:
@@ -935,23 +940,26 @@ RULE_CAPABILITIES = [(3, 7), (6, 0), (6, 1), (7, 0), (7, 2), (7, 5), (8, 0), (8,
 RULE_CAPABILITIES += [(9, 0), (10, 0), (12, 0)]
 
 #: The precision-rule messages of exercises 01 (b) and 05 (b) (one rule, two notebooks).
-MESSAGES_PRECISION_RULE = {
-    "precision as text": "compute capability {capability} got {got}: the capabilities "
-    'were compared as text, where "10.0" < "8.0"; compare tuples of numbers, capability >= '
-    "(8, 0)",
-    "precision after 8.0": "compute capability {capability} got {got}: bf16 starts at 8.0 "
-    "itself (an A100), capability >= (8, 0), not >",
-    "precision from 7.5": "compute capability {capability} got {got}: fp16 tensor cores start "
-    "at 7.0 (Volta, a V100), not at 7.5",
-    "precision named GPUs only": "compute capability {capability} got {got}: the rule is "
-    "ranges of capabilities, not the GPUs named: bf16 from 8.0, fp16 from 7.0, float32 below",
-    "precision fp16 before Volta": "compute capability {capability} got {got}: GPUs below 7.0 "
-    "have no tensor cores, so they run in float32",
-    "precision Ampere only": "compute capability {capability} got {got}: GPUs newer than "
-    "Ampere (9.0 Hopper, 10.0 and 12.0 Blackwell) have bf16 too, capability >= (8, 0)",
-    "precision wrong": "compute capability {capability} got {got}, which breaks the rule: "
-    "bf16 from 8.0, fp16 from 7.0, float32 below",
-}
+MESSAGES_PRECISION_RULE = Messages(
+    "precision rule",
+    {
+        "precision as text": "compute capability {capability} got {got}: the capabilities "
+        'were compared as text, where "10.0" < "8.0"; compare tuples of numbers, capability >= '
+        "(8, 0)",
+        "precision after 8.0": "compute capability {capability} got {got}: bf16 starts at 8.0 "
+        "itself (an A100), capability >= (8, 0), not >",
+        "precision from 7.5": "compute capability {capability} got {got}: fp16 tensor cores start "
+        "at 7.0 (Volta, a V100), not at 7.5",
+        "precision named GPUs only": "compute capability {capability} got {got}: the rule is "
+        "ranges of capabilities, not the GPUs named: bf16 from 8.0, fp16 from 7.0, float32 below",
+        "precision fp16 before Volta": "compute capability {capability} got {got}: GPUs below 7.0 "
+        "have no tensor cores, so they run in float32",
+        "precision Ampere only": "compute capability {capability} got {got}: GPUs newer than "
+        "Ampere (9.0 Hopper, 10.0 and 12.0 Blackwell) have bf16 too, capability >= (8, 0)",
+        "precision wrong": "compute capability {capability} got {got}, which breaks the rule: "
+        "bf16 from 8.0, fp16 from 7.0, float32 below",
+    },
+)
 
 
 def precision_rule_feedback(
@@ -988,32 +996,35 @@ def precision_rule_feedback(
 
 
 #: Notebook 02's check messages, by a stable name (see :data:`MESSAGES_01`).
-MESSAGES_02 = {
-    "run_mfu raised": "{error} (on run_mfu({case}))",
-    "run_mfu not a number": "run_mfu({case}) gave {kind}: return MFU as a number, a fraction "
-    "such as 0.3",
-    "run_mfu tera": "run_mfu({case}) gave {got:.3g}, as if the peak were in FLOP/s: "
-    "peak_tflops is in TFLOP/s, so multiply it by 1e12 before dividing",
-    "run_mfu giga": "run_mfu({case}) gave {got:.3g}, as if a TFLOP were 1e9 FLOPs: "
-    "one TFLOP/s is 1e12 FLOP/s",
-    "run_mfu percentage": "run_mfu({case}) gave {got:.3g}, a percentage: return the "
-    "fraction (0.3 for 30%)",
-    "run_mfu inverted": "run_mfu({case}) gave {got:.3g}, the peak over the achieved rate: "
-    "MFU is the achieved FLOP/s over the peak, a fraction below 1",
-    "run_mfu gpus cancel": "run_mfu({case}) gave {got:.3g}, the same as on one GPU: "
-    "flops_per_step already counts the work of all the GPUs, so divide it by their "
-    "combined peak, gpus × peak, without multiplying the FLOPs by gpus",
-    "run_mfu flops times gpus": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
-    "multiplied by gpus: flops_per_step already counts the work of all the GPUs; divide it "
-    "by their combined peak, gpus × peak",
-    "run_mfu gpus twice": "run_mfu({case}) gave {got:.3g}, as if divided by gpus twice: "
-    "divide the achieved FLOP/s once by the combined peak, gpus × peak",
-    "run_mfu step multiplied": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
-    "multiplied by the step time: the achieved rate is flops_per_step / step_s",
-    "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
-    "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
-    "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
-}
+MESSAGES_02 = Messages(
+    "02",
+    {
+        "run_mfu raised": "{error} (on run_mfu({case}))",
+        "run_mfu not a number": "run_mfu({case}) gave {kind}: return MFU as a number, a fraction "
+        "such as 0.3",
+        "run_mfu tera": "run_mfu({case}) gave {got:.3g}, as if the peak were in FLOP/s: "
+        "peak_tflops is in TFLOP/s, so multiply it by 1e12 before dividing",
+        "run_mfu giga": "run_mfu({case}) gave {got:.3g}, as if a TFLOP were 1e9 FLOPs: "
+        "one TFLOP/s is 1e12 FLOP/s",
+        "run_mfu percentage": "run_mfu({case}) gave {got:.3g}, a percentage: return the "
+        "fraction (0.3 for 30%)",
+        "run_mfu inverted": "run_mfu({case}) gave {got:.3g}, the peak over the achieved rate: "
+        "MFU is the achieved FLOP/s over the peak, a fraction below 1",
+        "run_mfu gpus cancel": "run_mfu({case}) gave {got:.3g}, the same as on one GPU: "
+        "flops_per_step already counts the work of all the GPUs, so divide it by their "
+        "combined peak, gpus × peak, without multiplying the FLOPs by gpus",
+        "run_mfu flops times gpus": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+        "multiplied by gpus: flops_per_step already counts the work of all the GPUs; divide it "
+        "by their combined peak, gpus × peak",
+        "run_mfu gpus twice": "run_mfu({case}) gave {got:.3g}, as if divided by gpus twice: "
+        "divide the achieved FLOP/s once by the combined peak, gpus × peak",
+        "run_mfu step multiplied": "run_mfu({case}) gave {got:.3g}, as if the FLOPs were "
+        "multiplied by the step time: the achieved rate is flops_per_step / step_s",
+        "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
+        "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
+        "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
+    },
+)
 
 #: Exercise 02 (b)'s cases (flops_per_step, step_s, peak_tflops, gpus), not the check
 #: cell's: one GPU and several, so that each usual mistake differs from MFU somewhere.
@@ -1062,33 +1073,36 @@ def check_run_mfu(run_mfu: Callable[..., Any]) -> None:
 
 
 #: Notebook 04's check messages, by a stable name (see :data:`MESSAGES_01`).
-MESSAGES_04 = {
-    "largest_batch raised": "{error} (with {case})",
-    "largest_batch not a whole number": "with {case}, largest_batch gave {got!r}, a "
-    "{kind}: return a whole number of samples, an int",
-    "largest_batch strict": "with {case}, largest_batch gave {got}, one fewer than fit "
-    "exactly: a batch that fills the budget to the byte fits, static + n × per_sample <= "
-    "budget",
-    "largest_batch one too many": "with {case}, largest_batch gave {got}, one more than "
-    "fits: count only batches with static + n × per_sample <= budget",
-    "largest_batch precedence": "with {case}, largest_batch gave {got}, which is budget - "
-    "static // per_sample: // binds tighter than -, so write (budget - static) // per_sample",
-    "largest_batch no static": "with {case}, largest_batch gave {got}, as if there were no "
-    "static part: take static from the budget first, (budget - static) // per_sample",
-    "largest_batch static per sample": "with {case}, largest_batch gave {got}, as if each "
-    "sample needed the static part again: the static bytes are paid once per step",
-    "largest_batch rounded": "with {case}, largest_batch gave {got}, the division rounded to "
-    "the nearest: half a sample does not fit, so floor it, (budget - static) // per_sample",
-    "largest_batch ceiling": "with {case}, largest_batch gave {got}, the division rounded "
-    "up: a part of a sample does not fit, so floor it, (budget - static) // per_sample",
-    "largest_batch floored each": "with {case}, largest_batch gave {got}, budget and static "
-    "each divided by per_sample first: floor (budget - static) / per_sample in one division",
-    "largest_batch negative": "with {case}, largest_batch gave {got}: when the static part "
-    "alone exceeds the budget no batch fits, so return 0, not a negative number",
-    "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
-    "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
-    "none fits: 0)",
-}
+MESSAGES_04 = Messages(
+    "04",
+    {
+        "largest_batch raised": "{error} (with {case})",
+        "largest_batch not a whole number": "with {case}, largest_batch gave {got!r}, a "
+        "{kind}: return a whole number of samples, an int",
+        "largest_batch strict": "with {case}, largest_batch gave {got}, one fewer than fit "
+        "exactly: a batch that fills the budget to the byte fits, static + n × per_sample <= "
+        "budget",
+        "largest_batch one too many": "with {case}, largest_batch gave {got}, one more than "
+        "fits: count only batches with static + n × per_sample <= budget",
+        "largest_batch precedence": "with {case}, largest_batch gave {got}, which is budget - "
+        "static // per_sample: // binds tighter than -, so write (budget - static) // per_sample",
+        "largest_batch no static": "with {case}, largest_batch gave {got}, as if there were no "
+        "static part: take static from the budget first, (budget - static) // per_sample",
+        "largest_batch static per sample": "with {case}, largest_batch gave {got}, as if each "
+        "sample needed the static part again: the static bytes are paid once per step",
+        "largest_batch rounded": "with {case}, largest_batch gave {got}, the division rounded to "
+        "the nearest: half a sample does not fit, so floor it, (budget - static) // per_sample",
+        "largest_batch ceiling": "with {case}, largest_batch gave {got}, the division rounded "
+        "up: a part of a sample does not fit, so floor it, (budget - static) // per_sample",
+        "largest_batch floored each": "with {case}, largest_batch gave {got}, budget and static "
+        "each divided by per_sample first: floor (budget - static) / per_sample in one division",
+        "largest_batch negative": "with {case}, largest_batch gave {got}: when the static part "
+        "alone exceeds the budget no batch fits, so return 0, not a negative number",
+        "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
+        "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
+        "none fits: 0)",
+    },
+)
 
 #: Exercise 04 (b)'s cases (budget, static, per_sample): exact fits, a static part above
 #: the budget, remainders below and above half a sample, room for none and for exactly one.
@@ -1156,28 +1170,31 @@ def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
 
 
 #: Notebook 04's check messages for exercise (a), by a stable name (see :data:`MESSAGES_01`).
-MESSAGES_04A = {
-    "adam_state raised": "{error} (on {model})",
-    "adam_state not a number": "for {model} adam_state_bytes gave {got!r}: return a number "
-    "of bytes",
-    "adam_state no step": "for {model} adam_state_bytes gave {got}, without Adam's step "
-    "counter: add a 4-byte float32 scalar for each parameter tensor",
-    "adam_state one step": "for {model} adam_state_bytes gave {got}, with one step counter "
-    "for the model: Adam keeps one 4-byte step for each parameter tensor",
-    "adam_state four bytes": "for {model} adam_state_bytes gave {got}, as if every element "
-    "took 4 bytes: the averages take the parameter's dtype, p.element_size() bytes each",
-    "adam_state one average": "for {model} adam_state_bytes gave {got}, one average per "
-    "element: Adam keeps two, exp_avg and exp_avg_sq",
-    "adam_state frozen counted": "for {model} adam_state_bytes gave {got}, counting frozen "
-    "parameters: those with requires_grad=False get no Adam state",
-    "adam_state gradients counted": "for {model} adam_state_bytes gave {got}, with the "
-    "gradients counted too: they belong to the parameters, not to Adam's state",
-    "adam_state elements": "for {model} adam_state_bytes gave {got}, a count of numbers, not "
-    "bytes: multiply each by p.element_size()",
-    "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
-    "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
-    "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
-}
+MESSAGES_04A = Messages(
+    "04a",
+    {
+        "adam_state raised": "{error} (on {model})",
+        "adam_state not a number": "for {model} adam_state_bytes gave {got!r}: return a number "
+        "of bytes",
+        "adam_state no step": "for {model} adam_state_bytes gave {got}, without Adam's step "
+        "counter: add a 4-byte float32 scalar for each parameter tensor",
+        "adam_state one step": "for {model} adam_state_bytes gave {got}, with one step counter "
+        "for the model: Adam keeps one 4-byte step for each parameter tensor",
+        "adam_state four bytes": "for {model} adam_state_bytes gave {got}, as if every element "
+        "took 4 bytes: the averages take the parameter's dtype, p.element_size() bytes each",
+        "adam_state one average": "for {model} adam_state_bytes gave {got}, one average per "
+        "element: Adam keeps two, exp_avg and exp_avg_sq",
+        "adam_state frozen counted": "for {model} adam_state_bytes gave {got}, counting frozen "
+        "parameters: those with requires_grad=False get no Adam state",
+        "adam_state gradients counted": "for {model} adam_state_bytes gave {got}, with the "
+        "gradients counted too: they belong to the parameters, not to Adam's state",
+        "adam_state elements": "for {model} adam_state_bytes gave {got}, a count of numbers, not "
+        "bytes: multiply each by p.element_size()",
+        "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
+        "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
+        "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+    },
+)
 
 
 def _adam_models() -> dict[str, nn.Module]:
@@ -1238,27 +1255,30 @@ def check_adam_state(adam_state_bytes: Callable[[nn.Module], Any]) -> None:
 
 
 #: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
-MESSAGES_07 = {
-    "after_empty_cache raised": "{error} (on after_empty_cache({case}))",
-    "after_empty_cache not a pair": "after_empty_cache({case}) gave {got!r}: return a tuple "
-    "of two numbers, (reserved, smi)",
-    "after_empty_cache swapped": "after_empty_cache({case}) gave {got}, the two in the other "
-    "order: return (reserved, smi), reserved first",
-    "after_empty_cache nothing freed": "after_empty_cache({case}) gave {got}, as if "
-    "empty_cache() freed nothing: it gives the cached blocks (reserved but not allocated) "
-    "back to the driver",
-    "after_empty_cache live freed": "after_empty_cache({case}) gave {got}, as if the live "
-    "tensors were freed too: empty_cache() frees only cached blocks that no tensor uses",
-    "after_empty_cache no context": "after_empty_cache({case}) gave {got}, nvidia-smi "
-    "without the CUDA context: nvidia-smi shows what PyTorch reserved plus the context, "
-    "which is never freed",
-    "after_empty_cache old smi": "after_empty_cache({case}) gave {got}: nvidia-smi still "
-    "counts the reserved memory from before empty_cache(); it shows what is reserved after "
-    "it, plus the context",
-    "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
-    "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
-    "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
-}
+MESSAGES_07 = Messages(
+    "07",
+    {
+        "after_empty_cache raised": "{error} (on after_empty_cache({case}))",
+        "after_empty_cache not a pair": "after_empty_cache({case}) gave {got!r}: return a tuple "
+        "of two numbers, (reserved, smi)",
+        "after_empty_cache swapped": "after_empty_cache({case}) gave {got}, the two in the other "
+        "order: return (reserved, smi), reserved first",
+        "after_empty_cache nothing freed": "after_empty_cache({case}) gave {got}, as if "
+        "empty_cache() freed nothing: it gives the cached blocks (reserved but not allocated) "
+        "back to the driver",
+        "after_empty_cache live freed": "after_empty_cache({case}) gave {got}, as if the live "
+        "tensors were freed too: empty_cache() frees only cached blocks that no tensor uses",
+        "after_empty_cache no context": "after_empty_cache({case}) gave {got}, nvidia-smi "
+        "without the CUDA context: nvidia-smi shows what PyTorch reserved plus the context, "
+        "which is never freed",
+        "after_empty_cache old smi": "after_empty_cache({case}) gave {got}: nvidia-smi still "
+        "counts the reserved memory from before empty_cache(); it shows what is reserved after "
+        "it, plus the context",
+        "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
+        "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
+        "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+    },
+)
 
 #: Exercise 07 (a)'s cases (allocated, reserved, context) in MiB.
 AFTER_EMPTY_CACHE_CASES = [(512, 1536, 400), (0, 2048, 300), (700, 1000, 250), (96, 900, 500)]
@@ -1301,55 +1321,58 @@ def check_after_empty_cache(after_empty_cache: Callable[[int, int, int], Any]) -
 
 
 #: Notebook 08's check messages, by a stable name (see :data:`MESSAGES_01`).
-MESSAGES_08 = {
-    "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
-    "read_profile not a pair": "return two things, the bottleneck and the speed-up: "
-    "return bottleneck, max_speedup (got {kind})",
-    "bottleneck not a phase": 'the bottleneck should be "data", "copy" or "compute", not '
-    "{bottleneck}",
-    "bottleneck constant": "read_profile gave {bottleneck!r} for a profile where {phase} took "
-    "most of the step time: compute the answer from the profile argument, not from this run",
-    "bottleneck smallest": "read_profile gave {bottleneck!r}, the phase that took the least "
-    "time, for a profile where {phase} took the most: the bottleneck is the largest phase",
-    "bottleneck wrong": "read_profile gave {bottleneck!r} for a profile where {phase} took "
-    "most of the step time (data {data:.0%}, copy {copy:.0%}, compute {compute:.0%})",
-    "speedup not a number": "the speed-up should be a number, got {kind}",
-    "speedup constant": "read_profile gave the same speed-up, {got:.2f}, for profiles whose "
-    "bottleneck took different shares of the step: compute it from the profile argument",
-    "speedup share": "the speed-up {got:.2f} is the bottleneck's share of the step time; "
-    "removing the phase leaves the rest of the step: total / (total - phase), above 1",
-    "speedup rest share": "the speed-up {got:.2f} is the share of the step left without the "
-    "phase; a speed-up is the old time over the new one: total / (total - phase)",
-    "speedup total over phase": "the speed-up {got:.2f} is the step time over the phase; "
-    "removing the phase leaves the rest of the step: total / (total - phase)",
-    "speedup minus one": "the speed-up {got:.2f} is the time saved over the time left, one "
-    "less than the speed-up: total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
-    "speedup of the data phase": "the speed-up {got:.2f} is what removing the data phase "
-    "gains, for a profile where {phase} took most of the step time: use the bottleneck's time",
-    "fast_loop raised": "{error} (your fast_loop run as on a GPU, device cuda)",
-    "fast_loop no batches": "your fast_loop took no batch from timed(loader) on a GPU "
-    "device: iterate for inputs, targets in timed(loader)",
-    "fast_loop not pinned": "on a GPU your DataLoader does not pin its batches: pass "
-    "pin_memory=True when device.type == 'cuda', so that the copy to the GPU can overlap "
-    "the compute",
-    "fast_loop pinned by CUDA": "on a GPU your DataLoader's pin_memory followed "
-    "torch.cuda.is_available(), not the device you were given: decide with device.type == "
-    "'cuda'",
-    "fast_loop blocking copy": "on a GPU your loop copied {blocking} of {moved} batch "
-    "tensors with .to(device) without non_blocking=True: from pinned memory "
-    "non_blocking=True lets the CPU go on while the copy runs",
-    "fast_loop no autocast": "on a GPU your loop ran the model without torch.autocast: "
-    "wrap the forward pass and the loss in torch.autocast(device.type, "
-    "dtype=torch.float16) (mixed precision)",
-    "fast_loop autocast elsewhere": "on a GPU your loop's autocast was for {devices}, not "
-    "the device the model runs on: write torch.autocast(device.type, dtype=torch.float16)",
-    "fast_loop no scaler": "on a GPU your loop trains in float16 without a gradient "
-    "scaler: small gradients underflow to 0 in float16; scale the loss with "
-    "torch.amp.GradScaler() (scaler.scale(loss).backward(), scaler.step, scaler.update)",
-    "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
-    "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
-    "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
-}
+MESSAGES_08 = Messages(
+    "08",
+    {
+        "read_profile raised": "{error} (on a profile where {phase} took most of the step time)",
+        "read_profile not a pair": "return two things, the bottleneck and the speed-up: "
+        "return bottleneck, max_speedup (got {kind})",
+        "bottleneck not a phase": 'the bottleneck should be "data", "copy" or "compute", not '
+        "{bottleneck}",
+        "bottleneck constant": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+        "most of the step time: compute the answer from the profile argument, not from this run",
+        "bottleneck smallest": "read_profile gave {bottleneck!r}, the phase that took the least "
+        "time, for a profile where {phase} took the most: the bottleneck is the largest phase",
+        "bottleneck wrong": "read_profile gave {bottleneck!r} for a profile where {phase} took "
+        "most of the step time (data {data:.0%}, copy {copy:.0%}, compute {compute:.0%})",
+        "speedup not a number": "the speed-up should be a number, got {kind}",
+        "speedup constant": "read_profile gave the same speed-up, {got:.2f}, for profiles whose "
+        "bottleneck took different shares of the step: compute it from the profile argument",
+        "speedup share": "the speed-up {got:.2f} is the bottleneck's share of the step time; "
+        "removing the phase leaves the rest of the step: total / (total - phase), above 1",
+        "speedup rest share": "the speed-up {got:.2f} is the share of the step left without the "
+        "phase; a speed-up is the old time over the new one: total / (total - phase)",
+        "speedup total over phase": "the speed-up {got:.2f} is the step time over the phase; "
+        "removing the phase leaves the rest of the step: total / (total - phase)",
+        "speedup minus one": "the speed-up {got:.2f} is the time saved over the time left, one "
+        "less than the speed-up: total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+        "speedup of the data phase": "the speed-up {got:.2f} is what removing the data phase "
+        "gains, for a profile where {phase} took most of the step time: use the bottleneck's time",
+        "fast_loop raised": "{error} (your fast_loop run as on a GPU, device cuda)",
+        "fast_loop no batches": "your fast_loop took no batch from timed(loader) on a GPU "
+        "device: iterate for inputs, targets in timed(loader)",
+        "fast_loop not pinned": "on a GPU your DataLoader does not pin its batches: pass "
+        "pin_memory=True when device.type == 'cuda', so that the copy to the GPU can overlap "
+        "the compute",
+        "fast_loop pinned by CUDA": "on a GPU your DataLoader's pin_memory followed "
+        "torch.cuda.is_available(), not the device you were given: decide with device.type == "
+        "'cuda'",
+        "fast_loop blocking copy": "on a GPU your loop copied {blocking} of {moved} batch "
+        "tensors with .to(device) without non_blocking=True: from pinned memory "
+        "non_blocking=True lets the CPU go on while the copy runs",
+        "fast_loop no autocast": "on a GPU your loop ran the model without torch.autocast: "
+        "wrap the forward pass and the loss in torch.autocast(device.type, "
+        "dtype=torch.float16) (mixed precision)",
+        "fast_loop autocast elsewhere": "on a GPU your loop's autocast was for {devices}, not "
+        "the device the model runs on: write torch.autocast(device.type, dtype=torch.float16)",
+        "fast_loop no scaler": "on a GPU your loop trains in float16 without a gradient "
+        "scaler: small gradients underflow to 0 in float16; scale the loss with "
+        "torch.amp.GradScaler() (scaler.scale(loss).backward(), scaler.step, scaler.update)",
+        "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
+        "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
+        "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+    },
+)
 
 
 def _profiles_for_read_profile(own: Any) -> list[Any]:

@@ -534,16 +534,20 @@ def _translate(args: argparse.Namespace) -> int:
         raise ValueError(f"no notebooks in {args.root / 'notebooks'}: is --root the checkout?")
     catalogs = args.root / "translations"
     if args.action == "update":
-        for result in translate.update_catalogs(languages, notebooks, catalogs):
+        updated = translate.update_catalogs(languages, notebooks, catalogs)
+        updated += [translate.update_messages(language, catalogs) for language in languages]
+        for result in updated:
             if result.added or result.changed or result.removed:
                 print(
                     f"{result.path.parent.name}/{result.path.name}: {result.added} new, "
                     f"{result.changed} changed (fuzzy), {result.removed} removed (obsolete)"
                 )
-        print(f"{len(languages) * len(notebooks)} catalog(s) in step with the English")
+        print(f"{len(updated)} catalog(s) in step with the English")
         return 0
     if args.action == "coverage":
         table = translate.coverage(languages, notebooks, catalogs)
+        for language, messages in translate.messages_coverage(languages, catalogs).items():
+            table[language].append(messages)
         if args.json:
             print(json.dumps({lang: [vars(r) for r in rows] for lang, rows in table.items()}))
             return 0
@@ -551,7 +555,7 @@ def _translate(args: argparse.Namespace) -> int:
             whole = translate.total(rows)
             print(
                 f"{language} ({translate.LANGUAGES[language]}): {whole.translated}/"
-                f"{whole.total} cells translated ({whole.percent:.0f} %)"
+                f"{whole.total} entries translated ({whole.percent:.0f} %)"
             )
             for row in rows:
                 fuzzy = f", {row.fuzzy} fuzzy" if row.fuzzy else ""
@@ -565,6 +569,7 @@ def _translate(args: argparse.Namespace) -> int:
         print(f"{len(written)} notebook(s) in {translate.LANGUAGES[args.lang]} written to {out}")
         return 0
     problems = translate.check_catalogs(languages, notebooks, catalogs)
+    problems += translate.check_messages(languages, catalogs)
     for line in problems:
         print(line)
     print(f"{len(problems)} problem(s) in the {', '.join(languages)} catalogs")

@@ -44,6 +44,7 @@ from course_utils.classroom import (
 )
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count, to_device
+from course_utils.language import Messages
 from course_utils.models import build_model
 from course_utils.training import TrainConfig, TrainStep, train
 from course_utils.units import MIB
@@ -674,35 +675,38 @@ def sampler_indices(size: int, world_size: int, rank: int, seed: int, epoch: int
 
 #: Notebook 06's check messages for exercise (a), by a stable name: one sentence each,
 #: ``{placeholders}`` for the case the answer failed (never what the sampler gives there).
-MESSAGES_06 = {
-    "rank_indices raised": "{error} (rank {rank} of {world}, order {order})",
-    "rank_indices not indices": "rank {rank} of {world}: return the indices as a list of "
-    "ints, got {kind}",
-    "rank_indices positions": "rank {rank} of {world}, order {order}: you gave {got}, the "
-    "positions rank, rank + world_size, ...: deal the elements of the order itself, "
-    "order[rank::world_size]",
-    "rank_indices sorted order": "rank {rank} of {world}, order {order}: you gave {got}, the "
-    "sorted order dealt out: the sampler deals the shuffled order as it is, "
-    "order[rank::world_size]",
-    "rank_indices dealt then sorted": "rank {rank} of {world}, order {order}: you gave {got}, "
-    "the right indices but sorted: keep the order they are dealt in, order[rank::world_size]",
-    "rank_indices reordered": "rank {rank} of {world}, order {order}: you gave {got}, the "
-    "right indices in another order: keep the order they are dealt in, "
-    "order[rank::world_size]",
-    "rank_indices block": "rank {rank} of {world}, order {order}: you gave {got}, a "
-    "contiguous block of the order: DistributedSampler deals it like cards, one index to "
-    "each process in turn, order[rank::world_size]",
-    "rank_indices from 1": "rank {rank} of {world}, order {order}: you gave {got}, starting "
-    "one place off: ranks count from 0, and rank r's first index is order[r]",
-    "rank_indices from 1 wrapped": "rank {rank} of {world}, order {order}: you gave {got}, "
-    "the next rank's share: ranks count from 0, and rank r's first index is order[r]",
-    "rank_indices swapped": "rank {rank} of {world}, order {order}: your function read rank "
-    "as the number of processes and world_size as the rank: the arguments come as "
-    "rank_indices(order, rank, world_size)",
-    "rank_indices wrong": "rank {rank} of {world}, order {order}: you gave {got}, which is not "
-    "what DistributedSampler deals that rank: one index to each process in turn, like "
-    "cards (order 7, 3, 9, 1 on 2 processes: rank 1 gets 3 and 1)",
-}
+MESSAGES_06 = Messages(
+    "06",
+    {
+        "rank_indices raised": "{error} (rank {rank} of {world}, order {order})",
+        "rank_indices not indices": "rank {rank} of {world}: return the indices as a list of "
+        "ints, got {kind}",
+        "rank_indices positions": "rank {rank} of {world}, order {order}: you gave {got}, the "
+        "positions rank, rank + world_size, ...: deal the elements of the order itself, "
+        "order[rank::world_size]",
+        "rank_indices sorted order": "rank {rank} of {world}, order {order}: you gave {got}, the "
+        "sorted order dealt out: the sampler deals the shuffled order as it is, "
+        "order[rank::world_size]",
+        "rank_indices dealt then sorted": "rank {rank} of {world}, order {order}: you gave {got}, "
+        "the right indices but sorted: keep the order they are dealt in, order[rank::world_size]",
+        "rank_indices reordered": "rank {rank} of {world}, order {order}: you gave {got}, the "
+        "right indices in another order: keep the order they are dealt in, "
+        "order[rank::world_size]",
+        "rank_indices block": "rank {rank} of {world}, order {order}: you gave {got}, a "
+        "contiguous block of the order: DistributedSampler deals it like cards, one index to "
+        "each process in turn, order[rank::world_size]",
+        "rank_indices from 1": "rank {rank} of {world}, order {order}: you gave {got}, starting "
+        "one place off: ranks count from 0, and rank r's first index is order[r]",
+        "rank_indices from 1 wrapped": "rank {rank} of {world}, order {order}: you gave {got}, "
+        "the next rank's share: ranks count from 0, and rank r's first index is order[r]",
+        "rank_indices swapped": "rank {rank} of {world}, order {order}: your function read rank "
+        "as the number of processes and world_size as the rank: the arguments come as "
+        "rank_indices(order, rank, world_size)",
+        "rank_indices wrong": "rank {rank} of {world}, order {order}: you gave {got}, which is not "
+        "what DistributedSampler deals that rank: one index to each process in turn, like "
+        "cards (order 7, 3, 9, 1 on 2 processes: rank 1 gets 3 and 1)",
+    },
+)
 
 
 def _rank_cases() -> list[tuple[list[int], int, int]]:

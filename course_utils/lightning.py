@@ -44,6 +44,7 @@ from course_utils.classroom import (
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
+from course_utils.language import Messages
 from course_utils.oom import disguised_out_of_memory_as_cuda
 from course_utils.timing import synchronizer
 from course_utils.training import TrainConfig, TrainStep, make_optimizer, train
@@ -647,11 +648,14 @@ _AUTOMATIC = (
 
 #: Notebook 05's check messages for exercise (a), by a stable name (see
 #: ``course_utils.classroom.MESSAGES_01``); (b)'s are ``MESSAGES_PRECISION_RULE`` there.
-MESSAGES_05 = {
-    "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
-    "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
-    "targets)",
-}
+MESSAGES_05 = Messages(
+    "05",
+    {
+        "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
+        "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
+        "targets)",
+    },
+)
 
 
 def _smoothing_used(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> float | None:

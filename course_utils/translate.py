@@ -33,13 +33,19 @@ from babel.messages.catalog import Catalog, Message
 from babel.messages.pofile import normalize, read_po, unescape, write_po
 
 from course_utils.colab import translated_badge_line
+from course_utils.language import (
+    _FIELD,
+    LANGUAGE_VAR,
+    LANGUAGES,
+    MESSAGES_FILE,
+    RIGHT_TO_LEFT,
+    Messages,
+    template_fields,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = ROOT / "translations"
 NOTEBOOKS = ROOT / "notebooks"
-# The languages of the course's source material (see the README): Bengali, Arabic, Nepali.
-LANGUAGES = {"bn": "বাংলা", "ar": "العربية", "ne": "नेपाली"}
-RIGHT_TO_LEFT = {"ar"}
 
 
 class TranslationError(ValueError):
@@ -147,10 +153,10 @@ def write_catalog(catalog: Catalog, path: Path) -> None:
     path.write_bytes("\n".join(written).encode("utf-8"))
 
 
-def new_catalog(language: str, notebook: Path) -> Catalog:
+def new_catalog(language: str, domain: str) -> Catalog:
     return Catalog(
         locale=language,
-        domain=notebook.stem,
+        domain=domain,
         project="Make PyTorch use the GPU",
         version="",
         copyright_holder="the course's authors",
@@ -171,21 +177,28 @@ class UpdateResult:
 
 def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> UpdateResult:
     """Bring ``language``'s catalog of ``notebook`` in step with its English markdown."""
-    path = catalog_path(language, notebook, root)
-    old = read_catalog(path, language) if path.exists() else new_catalog(language, notebook)
+    entries = english_entries(read_english_notebook(notebook))
+    return _update(language, catalog_path(language, notebook, root), notebook.stem, entries)
+
+
+def _update(language: str, path: Path, domain: str, entries: list[tuple[str, str]]) -> UpdateResult:
+    """Bring the catalog at ``path`` in step with ``entries`` (context, English)."""
+    old = read_catalog(path, language) if path.exists() else new_catalog(language, domain)
     by_context = {message.context: message for message in old if message.id and message.context}
-    fresh = new_catalog(language, notebook)
+    fresh = new_catalog(language, domain)
     if path.exists():  # keep the header's dates and translator: no churn without a change
         fresh.creation_date, fresh.revision_date = old.creation_date, old.revision_date
         fresh.last_translator, fresh.language_team = old.last_translator, old.language_team
     result = UpdateResult(path)
     seen = set()
-    for cell_id, text in english_entries(read_english_notebook(notebook)):
+    for cell_id, text in entries:
         seen.add(cell_id)
         before = by_context.get(cell_id)
         message = Message(text, context=cell_id)
         if PRINTED in cell_id:
             message.auto_comments = [PRINTED_NOTE]
+        elif domain == MESSAGES_DOMAIN:
+            message.auto_comments = [MESSAGE_NOTE]
         if before is None:
             result.added += 1
         elif before.id == text:
@@ -207,6 +220,44 @@ def update_catalog(language: str, notebook: Path, root: Path = TRANSLATIONS) -> 
             fresh.obsolete[key] = message
     write_catalog(fresh, path)
     return result
+
+
+# --- The course's messages --------------------------------------------------------------
+# What the package says to a learner (exercise feedback, claim verdicts) is kept in
+# course_utils.language.Messages tables in these modules; their catalog is
+# translations/LANG/messages.po, its contexts "<table>:<name>".
+MESSAGES_DOMAIN = "messages"
+MESSAGE_MODULES = (
+    "course_utils.claims",
+    "course_utils.classroom",
+    "course_utils.distributed",
+    "course_utils.lightning",
+    "course_utils.transformer_checks",
+)
+MESSAGE_NOTE = (
+    "said by the course to a learner: keep each {field} as it is; {{ and }} print one brace"
+)
+
+
+def message_entries() -> list[tuple[str, str]]:
+    """``(context, English template)`` of every message of the course's Messages tables."""
+    import importlib  # the modules import torch: only when the messages are wanted
+
+    entries: list[tuple[str, str]] = []
+    for name in MESSAGE_MODULES:
+        for table in vars(importlib.import_module(name)).values():
+            if isinstance(table, Messages):
+                entries += [(table.context(key), text) for key, text in table.english.items()]
+    return entries
+
+
+def messages_path(language: str, root: Path = TRANSLATIONS) -> Path:
+    return root / language / MESSAGES_FILE
+
+
+def update_messages(language: str, root: Path = TRANSLATIONS) -> UpdateResult:
+    """Bring ``language``'s catalog of the course's messages in step with the English."""
+    return _update(language, messages_path(language, root), MESSAGES_DOMAIN, message_entries())
 
 
 def update_catalogs(
@@ -272,7 +323,6 @@ PRINTED_NOTE = "printed by a code cell: keep each {field} as it is; {{ and }} pr
 #: A printed literal is an explanation to translate when it has this many words or more.
 _PRINT_WORDS = 3
 _WORD = re.compile(r"[^\W\d_]{2,}[,:;.!?)]*")  # a whole token: not `torch.cuda.is_available()`
-_FIELD = re.compile(r"\{\{|\}\}|\{(?:[^{}]|\{[^{}]*\})*\}")
 
 
 @dataclass(frozen=True)
@@ -324,11 +374,6 @@ def _template(node: ast.expr, source: str = "") -> str | None:
                 field += ":" + (_template(value.format_spec, source) or "")
             parts.append("{" + field + "}")
     return "".join(parts)
-
-
-def template_fields(template: str) -> Counter[str]:
-    """The fields (``{...}``) of a template, counted."""
-    return Counter(m for m in _FIELD.findall(template) if m not in ("{{", "}}"))
 
 
 def _words(template: str) -> int:
@@ -560,7 +605,11 @@ def entry_problems(
 
 def stale_problems(catalog: Catalog, notebook: dict[str, Any]) -> list[str]:
     """How ``catalog`` differs from the notebook's markdown (empty: in step)."""
-    english = dict(english_entries(notebook))
+    return _stale(catalog, english_entries(notebook))
+
+
+def _stale(catalog: Catalog, entries_now: list[tuple[str, str]]) -> list[str]:
+    english = dict(entries_now)
     entries = {message.context: message for message in catalog if message.id}
     problems = []
     for cell_id, text in english.items():
@@ -584,32 +633,51 @@ _STALE_COMMENT = re.compile(r'\|\s*(?:msgid\b|")')
 def check_catalogs(
     languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
 ) -> list[str]:
-    """Every problem of the catalogs of ``languages``, one line each (empty: none)."""
+    """Every problem of the notebooks' catalogs of ``languages``, one line each (empty: none)."""
     lines = []
     for language in languages:
         glossary = read_glossary(language, root)
         for notebook_path in notebooks:
             path = catalog_path(language, notebook_path, root)
-            name = f"{language}/{path.name}"
-            if not path.is_file():
-                lines.append(f"{name}: no catalog: {UPDATE_HINT}")
-                continue
-            catalog = read_catalog(path, language)
-            stale = stale_problems(catalog, read_english_notebook(notebook_path))
-            lines += [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in stale]
-            for message in catalog:
-                if not message.fuzzy and any(  # a fuzzy entry's #| msgid is the old English
-                    _STALE_COMMENT.match(comment) for comment in message.user_comments
-                ):
-                    lines.append(
-                        f"{name} {message.context}: a translator comment copies an earlier "
-                        "English (# | msgid ...): delete it"
-                    )
-                if message.id and message.string and not message.fuzzy:
-                    printed = PRINTED in str(message.context)
-                    english, translation = str(message.id), str(message.string)
-                    for problem in entry_problems(english, translation, glossary, printed):
-                        lines.append(f"{name} {message.context}: {problem}")
+            entries = english_entries(read_english_notebook(notebook_path))
+            lines += _catalog_problems(language, path, entries, glossary)
+    return lines
+
+
+def check_messages(languages: list[str], root: Path = TRANSLATIONS) -> list[str]:
+    """Every problem of the catalogs of the course's messages, one line each."""
+    entries = message_entries()
+    return [
+        line
+        for language in languages
+        for line in _catalog_problems(
+            language, messages_path(language, root), entries, read_glossary(language, root)
+        )
+    ]
+
+
+def _catalog_problems(
+    language: str, path: Path, entries: list[tuple[str, str]], glossary: list[GlossaryTerm]
+) -> list[str]:
+    name = f"{language}/{path.name}"
+    if not path.is_file():
+        return [f"{name}: no catalog: {UPDATE_HINT}"]
+    catalog = read_catalog(path, language)
+    lines = [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in _stale(catalog, entries)]
+    messages = path.name == MESSAGES_FILE
+    for message in catalog:
+        if not message.fuzzy and any(  # a fuzzy entry's #| msgid is the old English
+            _STALE_COMMENT.match(comment) for comment in message.user_comments
+        ):
+            lines.append(
+                f"{name} {message.context}: a translator comment copies an earlier "
+                "English (# | msgid ...): delete it"
+            )
+        if message.id and message.string and not message.fuzzy:
+            templated = messages or PRINTED in str(message.context)
+            english, translation = str(message.id), str(message.string)
+            for problem in entry_problems(english, translation, glossary, templated):
+                lines.append(f"{name} {message.context}: {problem}")
     return lines
 
 
@@ -631,22 +699,35 @@ class Coverage:
 def coverage(
     languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
 ) -> dict[str, list[Coverage]]:
-    """Per language, per notebook: the markdown cells whose translation is usable."""
+    """Per language, per notebook: the entries whose translation is usable."""
     result: dict[str, list[Coverage]] = {}
     for language in languages:
         rows = result.setdefault(language, [])
         for notebook_path in notebooks:
             english = english_entries(read_english_notebook(notebook_path))
             path = catalog_path(language, notebook_path, root)
-            catalog = read_catalog(path, language) if path.is_file() else None
-            done = fuzzy = 0
-            for cell_id, text in english:
-                message = catalog.get(text, context=cell_id) if catalog is not None else None
-                if message is not None and message.string:
-                    fuzzy += bool(message.fuzzy)
-                    done += not message.fuzzy
-            rows.append(Coverage(notebook_path.stem, done, len(english), fuzzy))
+            rows.append(_coverage(notebook_path.stem, language, path, english))
     return result
+
+
+def messages_coverage(languages: list[str], root: Path = TRANSLATIONS) -> dict[str, Coverage]:
+    """Per language: the course's messages whose translation is usable."""
+    english = message_entries()
+    return {
+        language: _coverage(MESSAGES_DOMAIN, language, messages_path(language, root), english)
+        for language in languages
+    }
+
+
+def _coverage(name: str, language: str, path: Path, english: list[tuple[str, str]]) -> Coverage:
+    catalog = read_catalog(path, language) if path.is_file() else None
+    done = fuzzy = 0
+    for context, text in english:
+        message = catalog.get(text, context=context) if catalog is not None else None
+        if message is not None and message.string:
+            fuzzy += bool(message.fuzzy)
+            done += not message.fuzzy
+    return Coverage(name, done, len(english), fuzzy)
 
 
 def total(rows: list[Coverage]) -> Coverage:
@@ -832,6 +913,8 @@ def translated_notebook(
         else:
             text = translated_text(language, english, message)
         cell["source"] = text.splitlines(keepends=True)
+    if built["cells"]:
+        built["cells"].insert(1, language_cell(language))
     built["metadata"]["language"] = language
     built["metadata"]["course_translation"] = {
         "language": language,
@@ -840,6 +923,26 @@ def translated_notebook(
         "english": f"notebooks/{name}" if name else "",
     }
     return built
+
+
+LANGUAGE_CELL_ID = "course-language"
+
+
+def language_cell(language: str) -> dict[str, Any]:
+    """The code cell a built notebook gets after its title: the course's messages (exercise
+    feedback, what the package prints) in the notebook's language from there on."""
+    source = (
+        f'# The course\'s messages in {LANGUAGES[language]} ("en": in English)\n'
+        f'import os\n\nos.environ["{LANGUAGE_VAR}"] = "{language}"'
+    )
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": LANGUAGE_CELL_ID,
+        "metadata": {},
+        "outputs": [],
+        "source": source.splitlines(keepends=True),
+    }
 
 
 def build(language: str, notebooks: list[Path], out: Path, root: Path = TRANSLATIONS) -> list[Path]:

@@ -49,6 +49,7 @@ from course_utils.instructor import guard as guards
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
 from course_utils.instructor.student import InputError, nbgrader_role, read_notebook
+from course_utils.language import ENGLISH, LANGUAGE_VAR, LANGUAGES
 
 CELL_TIMEOUT_S = 120  # seconds per cell
 TOTAL_TIMEOUT_S = 900  # seconds for the whole run
@@ -308,10 +309,12 @@ def guard_spec(reference: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class KernelSettings:
-    """Where and how grading kernels run: the sandbox (None: none) and CPU threads."""
+    """Where and how grading kernels run: the sandbox (None: none), CPU threads, and the
+    language of the checks' feedback (the instructor's notebook's ``metadata.language``)."""
 
     sandbox: sandboxes.Sandbox | None = None
     threads: int | None = None
+    language: str = ENGLISH
 
 
 def _kernel_environment(work: Path, control: Path, settings: KernelSettings) -> dict[str, str]:
@@ -320,6 +323,7 @@ def _kernel_environment(work: Path, control: Path, settings: KernelSettings) -> 
     grader made for this process alone; in a sandbox, nothing else of the grader's."""
     env = {"COURSE_WORKLOAD": "small", "CUDA_VISIBLE_DEVICES": "", "COURSE_DEVICE": "cpu"}
     env["MPLBACKEND"] = "Agg"
+    env[LANGUAGE_VAR] = settings.language
     if settings.threads:
         env.update(OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads))
     fresh = {
@@ -699,6 +703,7 @@ def _judge(
     try:
         if apart:
             folder = tempfile.mkdtemp(prefix="checker-", dir=run)
+            os.environ[LANGUAGE_VAR] = settings.language  # the checker is forked from here
             checker_pid, verdicts_fd = checkers.start(
                 apart, list(guard.get("modules", [])), folder, settings.threads,
                 (requests_write, replies_read),
@@ -956,6 +961,9 @@ def grade_submission(
         raise InputError(f"{source} has no check cells (nbgrader grade: true)")
     matches = match_cells(learner, reference)
     cells, checks_at, origin = _assemble(learner, reference, matches)
+    language = reference.metadata.get("language")  # a translated notebook's (translate build)
+    if isinstance(language, str) and language in LANGUAGES:
+        settings = dataclasses.replace(settings, language=language)
     start = time.perf_counter()
     outcomes, notes, tampering = run_cells(
         cells,
