@@ -26,10 +26,28 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from course_utils.language import Messages
+
 CLAIM_MIME = "application/vnd.course-utils.claim+json"
 MODE_VAR = "COURSE_CLAIMS"
 MODES = ("report", "strict")
 REPORT_URL = "the course's issue tracker"
+
+
+#: What a claim's verdict says to a learner.
+MESSAGES_CLAIMS = Messages(
+    "claims",
+    {
+        "held": "Claim held: {name}: measured {figure}, expected {expected}{unit}.",
+        "not held": "This GPU claim did not hold here: {name}.\n"
+        "  measured: {figure} ({label})\n"
+        "  expected: {expected}{unit}, because {why}\n"
+        "  what may differ here: the GPU model, its clocks and power limit, other work on "
+        "the GPU, the driver and PyTorch versions, or a shared (MIG or virtual) GPU.\n"
+        "  The notebook goes on. This is worth reporting ({where}), with the figures above: "
+        "no GPU of this kind may have checked the claim before.",
+    },
+)
 
 
 class ClaimNotHeld(AssertionError):
@@ -52,16 +70,11 @@ class ClaimVerdict:
         """The verdict in plain words, for a learner."""
         unit = f" {self.unit}" if self.unit else ""
         figure = f"{self.measured:.4g}{unit}"
+        fields = {"name": self.name, "figure": figure, "expected": self.expected, "unit": unit}
         if self.held:
-            return f"Claim held: {self.name}: measured {figure}, expected {self.expected}{unit}."
-        return (
-            f"This GPU claim did not hold here: {self.name}.\n"
-            f"  measured: {figure} ({self.label})\n"
-            f"  expected: {self.expected}{unit}, because {self.why}\n"
-            "  what may differ here: the GPU model, its clocks and power limit, other work on "
-            "the GPU, the driver and PyTorch versions, or a shared (MIG or virtual) GPU.\n"
-            f"  The notebook goes on. This is worth reporting ({REPORT_URL}), with the "
-            "figures above: no GPU of this kind may have checked the claim before."
+            return MESSAGES_CLAIMS["held"].format(**fields)
+        return MESSAGES_CLAIMS["not held"].format(
+            **fields, label=self.label, why=self.why, where=REPORT_URL
         )
 
 

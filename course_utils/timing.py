@@ -18,6 +18,8 @@ from unittest import mock
 import numpy as np
 import torch
 
+from course_utils.language import Messages
+
 
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """A function that waits for all queued work on ``device`` (on the CPU: nothing)."""
@@ -27,6 +29,17 @@ def synchronizer(device: torch.device | str) -> Callable[[], None]:
     if device.type == "mps":
         return torch.mps.synchronize
     return lambda: None
+
+
+#: What a timing cell says to a learner.
+MESSAGES_TIMING = Messages(
+    "timing",
+    {
+        "busy": "The machine was busy: this process ran on a core {share:.0%} of the time "
+        "while it measured, so {what} measures the other processes' load, not the code. Not "
+        "asserted: run the cell again when the machine is quieter.",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -166,11 +179,7 @@ class CpuShare:
 
     def advice(self, what: str) -> str:
         """The sentence a cell prints instead of failing on a busy machine."""
-        return (
-            f"The machine was busy: this process ran on a core {self.fraction:.0%} of the "
-            f"time while it measured, so {what} measures the other processes' load, not the "
-            "code. Not asserted: run the cell again when the machine is quieter."
-        )
+        return MESSAGES_TIMING["busy"].format(share=self.fraction, what=what)
 
 
 @contextmanager

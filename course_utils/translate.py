@@ -195,7 +195,7 @@ def _update(language: str, path: Path, domain: str, entries: list[tuple[str, str
         seen.add(cell_id)
         before = by_context.get(cell_id)
         message = Message(text, context=cell_id)
-        if PRINTED in cell_id:
+        if templated(cell_id):
             message.auto_comments = [PRINTED_NOTE]
         elif domain == MESSAGES_DOMAIN:
             message.auto_comments = [MESSAGE_NOTE]
@@ -232,6 +232,7 @@ MESSAGE_MODULES = (
     "course_utils.classroom",
     "course_utils.distributed",
     "course_utils.lightning",
+    "course_utils.timing",
     "course_utils.transformer_checks",
 )
 MESSAGE_NOTE = (
@@ -320,6 +321,16 @@ def english_entries(notebook: dict[str, Any]) -> list[tuple[str, str]]:
 # built notebook prints the translation: the literal is replaced, the code around it kept.
 PRINTED = ":print:"
 PRINTED_NOTE = "printed by a code cell: keep each {field} as it is; {{ and }} print one brace"
+# A check cell's own feedback (the text given to check(...) or to a check_... function) is
+# translated the same way, context "<cell id>:check:<k>", numbered apart from the prints.
+CHECKED = ":check:"
+
+
+def templated(context: str) -> bool:
+    """Whether a notebook catalog's entry is a code cell's text (fields must all be kept)."""
+    return PRINTED in context or CHECKED in context
+
+
 #: A printed literal is an explanation to translate when it has this many words or more.
 _PRINT_WORDS = 3
 _WORD = re.compile(r"[^\W\d_]{2,}[,:;.!?)]*")  # a whole token: not `torch.cuda.is_available()`
@@ -381,6 +392,19 @@ def _words(template: str) -> int:
     return sum(bool(_WORD.fullmatch(token.lstrip("(\"'"))) for token in tokens)
 
 
+def _said_by(call: ast.Call) -> str | None:
+    """:data:`PRINTED` for ``print(...)``, :data:`CHECKED` for ``check(...)`` and the
+    course's ``check_...(...)`` functions (their text arguments are feedback), else None."""
+    name = call.func.id if isinstance(call.func, ast.Name) else None
+    if isinstance(call.func, ast.Attribute):
+        name = call.func.attr
+    if name == "print":
+        return PRINTED
+    if name is not None and (name == "check" or name.startswith("check_")):
+        return CHECKED
+    return None
+
+
 def printed_texts(cell_id: str, source: str) -> list[PrintedText]:
     """The explanations a code cell prints, in the order they appear (none if the cell is
     not Python, for example a ``%%writefile`` cell)."""
@@ -400,9 +424,11 @@ def printed_texts(cell_id: str, source: str) -> list[PrintedText]:
         return line_start[line - 1] + len(text.encode("utf-8")[:column].decode("utf-8"))
 
     found: list[PrintedText] = []
+    counts = {PRINTED: 0, CHECKED: 0}
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     for call in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
-        if not (isinstance(call.func, ast.Name) and call.func.id == "print"):
+        kind = _said_by(call)
+        if kind is None:
             continue
         for argument in call.args:
             template = _template(argument, masked)
@@ -411,8 +437,8 @@ def printed_texts(cell_id: str, source: str) -> list[PrintedText]:
             assert argument.end_lineno is not None and argument.end_col_offset is not None
             start = offset(argument.lineno, argument.col_offset)
             end = offset(argument.end_lineno, argument.end_col_offset)
-            context = f"{cell_id}{PRINTED}{len(found) + 1}"
-            found.append(PrintedText(context, template, start, end))
+            counts[kind] += 1
+            found.append(PrintedText(f"{cell_id}{kind}{counts[kind]}", template, start, end))
     return found
 
 
@@ -674,9 +700,9 @@ def _catalog_problems(
                 "English (# | msgid ...): delete it"
             )
         if message.id and message.string and not message.fuzzy:
-            templated = messages or PRINTED in str(message.context)
+            fields = messages or templated(str(message.context))
             english, translation = str(message.id), str(message.string)
-            for problem in entry_problems(english, translation, glossary, templated):
+            for problem in entry_problems(english, translation, glossary, fields):
                 lines.append(f"{name} {message.context}: {problem}")
     return lines
 
