@@ -140,10 +140,6 @@ def translated(context: str, english: str, language: str | None = None) -> str:
     return _translations(path, modified).get((context, english), english)
 
 
-#: Every message table of the course, by its name (the catalogs' entries come from here).
-TABLES: dict[str, Messages] = {}
-
-
 class Messages(Mapping[str, str]):
     """One part of the course's messages: English templates by a stable name, looked up in
     the learner's language.
@@ -158,7 +154,6 @@ class Messages(Mapping[str, str]):
             raise ValueError(f"a message table's name has no colon: {name!r}")
         self.name = name
         self.english = dict(english)
-        TABLES[name] = self
 
     def context(self, key: str) -> str:
         """The catalogs' context of one message: ``<table>:<name>``."""

@@ -961,7 +961,9 @@ def grade_submission(
         raise InputError(f"{source} has no check cells (nbgrader grade: true)")
     matches = match_cells(learner, reference)
     cells, checks_at, origin = _assemble(learner, reference, matches)
-    language = reference.metadata.get("language")  # a translated notebook's (translate build)
+    # the feedback's language: the instructor notebook's (translate build writes it), else
+    # the one the learner's notebook says (only the wording of the feedback depends on it)
+    language = reference.metadata.get("language") or learner.metadata.get("language")
     if isinstance(language, str) and language in LANGUAGES:
         settings = dataclasses.replace(settings, language=language)
     start = time.perf_counter()
