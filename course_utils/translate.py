@@ -32,7 +32,7 @@ from typing import Any
 from babel.messages.catalog import Catalog, Message
 from babel.messages.pofile import normalize, read_po, unescape, write_po
 
-from course_utils.colab import translated_badge_line
+from course_utils.colab import SETUP_TAG, translated_badge_line
 from course_utils.language import (
     _FIELD,
     LANGUAGE_VAR,
@@ -242,7 +242,7 @@ MESSAGE_NOTE = (
 
 def message_entries() -> list[tuple[str, str]]:
     """``(context, English template)`` of every message of the course's Messages tables."""
-    import importlib  # the modules import torch: only when the messages are wanted
+    import importlib  # lazy: the modules import torch, wanted only for the messages
 
     entries: list[tuple[str, str]] = []
     for name in MESSAGE_MODULES:
@@ -939,8 +939,10 @@ def translated_notebook(
         else:
             text = translated_text(language, english, message)
         cell["source"] = text.splitlines(keepends=True)
-    if built["cells"]:
-        built["cells"].insert(1, language_cell(language))
+    # after the title and the Colab setup cell (which must stay cell 1: course_utils.colab)
+    cells = built["cells"]
+    setup = len(cells) > 1 and SETUP_TAG in cells[1].get("metadata", {}).get("tags", [])
+    cells.insert(2 if setup else 1, language_cell(language))
     built["metadata"]["language"] = language
     built["metadata"]["course_translation"] = {
         "language": language,
@@ -955,8 +957,8 @@ LANGUAGE_CELL_ID = "course-language"
 
 
 def language_cell(language: str) -> dict[str, Any]:
-    """The code cell a built notebook gets after its title: the course's messages (exercise
-    feedback, what the package prints) in the notebook's language from there on."""
+    """The code cell a built notebook gets after its title and setup cell: the course's
+    messages (exercise feedback, what the package prints) in its language from there on."""
     source = (
         f'# The course\'s messages in {LANGUAGES[language]} ("en": in English)\n'
         f'import os\n\nos.environ["{LANGUAGE_VAR}"] = "{language}"'

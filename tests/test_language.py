@@ -125,12 +125,14 @@ def test_every_message_table_is_extracted_and_named_once():
 
 
 def test_a_built_notebook_sets_its_language_first(tmp_path):
-    """The language cell follows the title; run, it makes the package speak the language."""
+    """The language cell follows the title and the Colab setup cell (which publishing
+    keeps as cell 1); run, it makes the package speak the language."""
     notebook = json.loads((ROOT / "notebooks" / "01_runtime_and_devices.ipynb").read_text())
     built = translate.translated_notebook(notebook, None, "bn", "01_runtime_and_devices.ipynb")
-    cell = built["cells"][1]
+    cell = built["cells"][2]
     assert cell["cell_type"] == "code" and cell["id"] == translate.LANGUAGE_CELL_ID
-    assert built["cells"][2]["id"] == notebook["cells"][1]["id"]
+    assert "colab-setup" in str(built["cells"][1]["metadata"])  # the setup cell, still cell 1
+    assert built["cells"][3]["id"] == notebook["cells"][2]["id"]
     assert built["metadata"]["language"] == "bn"
     code = "".join(cell["source"]) + "\nfrom course_utils.language import course_language\n"
     code += "print(course_language())"

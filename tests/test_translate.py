@@ -306,6 +306,8 @@ def test_build_keeps_code_and_grading_metadata_and_marks_what_is_not_translated(
     out = catalogs.parent / "built"
     (built_path,) = translate.build("bn", [NB01], out, catalogs)
     english, built = _notebook(NB01), _notebook(built_path)
+    language = built["cells"].pop(2)  # after the title and setup cells (test_language.py)
+    assert language["id"] == translate.LANGUAGE_CELL_ID
     assert len(english["cells"]) == len(built["cells"])
     marker = translate.fallback_marker("bn")
     for old, new in zip(english["cells"], built["cells"], strict=True):
