@@ -535,7 +535,7 @@ def _translate(args: argparse.Namespace) -> int:
     catalogs = args.root / "translations"
     if args.action == "update":
         updated = translate.update_catalogs(languages, notebooks, catalogs)
-        updated += [translate.update_messages(language, catalogs) for language in languages]
+        updated += [r for lang in languages for r in translate.update_documents(lang, catalogs)]
         for result in updated:
             if result.added or result.changed or result.removed:
                 print(
@@ -546,8 +546,8 @@ def _translate(args: argparse.Namespace) -> int:
         return 0
     if args.action == "coverage":
         table = translate.coverage(languages, notebooks, catalogs)
-        for language, messages in translate.messages_coverage(languages, catalogs).items():
-            table[language].append(messages)
+        for language, rows in translate.documents_coverage(languages, catalogs).items():
+            table[language] += rows
         if args.json:
             print(json.dumps({lang: [vars(r) for r in rows] for lang, rows in table.items()}))
             return 0
@@ -569,7 +569,7 @@ def _translate(args: argparse.Namespace) -> int:
         print(f"{len(written)} notebook(s) in {translate.LANGUAGES[args.lang]} written to {out}")
         return 0
     problems = translate.check_catalogs(languages, notebooks, catalogs)
-    problems += translate.check_messages(languages, catalogs)
+    problems += translate.check_documents(languages, catalogs)
     for line in problems:
         print(line)
     print(f"{len(problems)} problem(s) in the {', '.join(languages)} catalogs")

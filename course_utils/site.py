@@ -190,14 +190,33 @@ def stage_language(
         pages.append({notebook_title(target): f"notebooks/{notebook.name}"})
     name = translate.LANGUAGES[language]
     listing = "\n".join(f"- [{title}]({link})" for page in pages for title, link in page.items())
-    home = f"# {name}\n\n{listing}\n"
+    listing = f"## {name}\n\n{listing}"
     if language in translate.RIGHT_TO_LEFT:
-        home = translate.right_to_left(home)
+        listing = translate.right_to_left(listing)
+    home = "\n\n".join([*_readme_in(language, root), listing]) + "\n"
     (docs / "index.md").write_text(home, encoding="utf-8")
+    _unlink_missing(docs / "index.md")
     for asset in ASSETS:
         (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
     return [{name: "index.md"}, {"Notebooks": pages}]
+
+
+def _readme_in(language: str, root: Path) -> list[str]:
+    """The README's course part in ``language`` (translate.readme_entries), block by block:
+    the translation, or the English under the "not yet translated" marker."""
+    from course_utils import translate  # lazy: Babel
+
+    readme = root / "README.md"
+    if not readme.is_file():
+        return []
+    path = translate.document_path(language, translate.README_DOMAIN, root / "translations")
+    catalog = translate.read_catalog(path, language) if path.is_file() else None
+    blocks = []
+    for context, english in translate.readme_entries(readme.read_text(encoding="utf-8")):
+        message = catalog.get(english, context=context) if catalog is not None else None
+        blocks.append(translate.translated_text(language, english, message))
+    return blocks
 
 
 def _pages(nav: list[NavItem]) -> list[str]:

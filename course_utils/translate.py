@@ -252,19 +252,85 @@ def message_entries() -> list[tuple[str, str]]:
     return entries
 
 
-def messages_path(language: str, root: Path = TRANSLATIONS) -> Path:
-    return root / language / MESSAGES_FILE
-
-
-def update_messages(language: str, root: Path = TRANSLATIONS) -> UpdateResult:
-    """Bring ``language``'s catalog of the course's messages in step with the English."""
-    return _update(language, messages_path(language, root), MESSAGES_DOMAIN, message_entries())
-
-
 def update_catalogs(
     languages: list[str], notebooks: list[Path], root: Path = TRANSLATIONS
 ) -> list[UpdateResult]:
     return [update_catalog(lang, nb, root) for lang in languages for nb in notebooks]
+
+
+# --- The README's course part -----------------------------------------------------------
+# The language sites' home pages show what a learner reads of the README (the introduction
+# before its first "## " heading and the sections named here) translated: one entry per
+# block (paragraph, list, table, heading), context "README:<section>:<k>".
+README_DOMAIN = "README"
+README_COURSE_SECTIONS = ("Google Colab", "Notebooks")
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+def _blocks(text: str) -> Iterator[str]:
+    """A markdown text's blocks: runs of lines between blank lines (a fenced code block,
+    blank lines and all, is one)."""
+    block: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not line.strip() and not fenced:
+            if block:
+                yield "\n".join(block)
+            block = []
+        else:
+            block.append(line)
+    if block:
+        yield "\n".join(block)
+
+
+def readme_entries(text: str) -> list[tuple[str, str]]:
+    """``(context, block)`` of each block of the README's course part (not its Colab line:
+    each site page has its own badge)."""
+    from course_utils.colab import is_badge_line  # lazy: as in _badge_line_index
+
+    entries: list[tuple[str, str]] = []
+    section, kept, count = "intro", True, 0
+    for block in _blocks(text):
+        if block.startswith("## "):
+            title = block.split("\n")[0][3:].strip()
+            section = _SLUG.sub("-", title.lower()).strip("-")
+            kept, count = title in README_COURSE_SECTIONS, 0
+        if kept and not is_badge_line(block):
+            count += 1
+            entries.append((f"{README_DOMAIN}:{section}:{count}", block))
+    return entries
+
+
+# --- Catalogs of documents other than notebooks ------------------------------------------
+#: The catalogs beside the notebooks' in translations/LANG/: the course's messages and the
+#: README's course part (the README's is left out where the checkout has no README).
+DOCUMENTS = (MESSAGES_DOMAIN, README_DOMAIN)
+
+
+def document_entries(domain: str, root: Path = TRANSLATIONS) -> list[tuple[str, str]] | None:
+    """The English entries of a document's catalog (``root``: the translations folder of a
+    checkout); None where the checkout has no such document."""
+    if domain == MESSAGES_DOMAIN:
+        return message_entries()
+    readme = root.parent / "README.md"
+    return readme_entries(readme.read_text(encoding="utf-8")) if readme.is_file() else None
+
+
+def document_path(language: str, domain: str, root: Path = TRANSLATIONS) -> Path:
+    return root / language / f"{domain}.po"
+
+
+def update_documents(language: str, root: Path = TRANSLATIONS) -> list[UpdateResult]:
+    """Bring ``language``'s catalogs of the messages and the README in step with the English."""
+    results = []
+    for domain in DOCUMENTS:
+        entries = document_entries(domain, root)
+        if entries is not None:
+            path = document_path(language, domain, root)
+            results.append(_update(language, path, domain, entries))
+    return results
 
 
 # --- The title cell's badge line -------------------------------------------------------
@@ -670,16 +736,16 @@ def check_catalogs(
     return lines
 
 
-def check_messages(languages: list[str], root: Path = TRANSLATIONS) -> list[str]:
-    """Every problem of the catalogs of the course's messages, one line each."""
-    entries = message_entries()
-    return [
-        line
-        for language in languages
-        for line in _catalog_problems(
-            language, messages_path(language, root), entries, read_glossary(language, root)
-        )
-    ]
+def check_documents(languages: list[str], root: Path = TRANSLATIONS) -> list[str]:
+    """Every problem of the catalogs of the course's messages and README, one line each."""
+    lines = []
+    for domain in DOCUMENTS:
+        entries = document_entries(domain, root)
+        for language in languages if entries is not None else []:
+            glossary = read_glossary(language, root)
+            path = document_path(language, domain, root)
+            lines += _catalog_problems(language, path, entries or [], glossary)
+    return lines
 
 
 def _catalog_problems(
@@ -690,7 +756,7 @@ def _catalog_problems(
         return [f"{name}: no catalog: {UPDATE_HINT}"]
     catalog = read_catalog(path, language)
     lines = [f"{name} {problem}: stale, {UPDATE_HINT}" for problem in _stale(catalog, entries)]
-    messages = path.name == MESSAGES_FILE
+    messages = path.name == MESSAGES_FILE  # templates: their fields must all be kept
     for message in catalog:
         if not message.fuzzy and any(  # a fuzzy entry's #| msgid is the old English
             _STALE_COMMENT.match(comment) for comment in message.user_comments
@@ -736,13 +802,17 @@ def coverage(
     return result
 
 
-def messages_coverage(languages: list[str], root: Path = TRANSLATIONS) -> dict[str, Coverage]:
-    """Per language: the course's messages whose translation is usable."""
-    english = message_entries()
-    return {
-        language: _coverage(MESSAGES_DOMAIN, language, messages_path(language, root), english)
-        for language in languages
-    }
+def documents_coverage(
+    languages: list[str], root: Path = TRANSLATIONS
+) -> dict[str, list[Coverage]]:
+    """Per language: the messages and README entries whose translation is usable."""
+    result: dict[str, list[Coverage]] = {language: [] for language in languages}
+    for domain in DOCUMENTS:
+        english = document_entries(domain, root)
+        for language in languages if english is not None else []:
+            path = document_path(language, domain, root)
+            result[language].append(_coverage(domain, language, path, english or []))
+    return result
 
 
 def _coverage(name: str, language: str, path: Path, english: list[tuple[str, str]]) -> Coverage:

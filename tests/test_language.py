@@ -142,13 +142,44 @@ def test_a_built_notebook_sets_its_language_first(tmp_path):
 
 
 @pytest.mark.parametrize("code", LANGUAGES)
-def test_the_real_messages_catalog_is_in_step_and_passes_the_checker(code):
-    problems = translate.check_messages([code])
+def test_the_real_messages_and_readme_catalogs_are_in_step_and_pass_the_checker(code):
+    problems = translate.check_documents([code])
     assert problems == [], "\n".join(problems[:20])
 
 
 @pytest.mark.parametrize("code", LANGUAGES)
 def test_every_message_is_translated(code):
-    """Every message a check or the package can say has a usable translation."""
-    row = translate.messages_coverage([code])[code]
-    assert row.translated == row.total, f"{code}: {row.translated}/{row.total} messages"
+    """Every message a check or the package can say, and every block of the README's
+    course part, has a usable translation."""
+    rows = translate.documents_coverage([code])[code]
+    assert [row.notebook for row in rows] == ["messages", "README"]
+    for row in rows:
+        assert row.translated == row.total, f"{code}: {row.notebook} {row.translated}/{row.total}"
+
+
+def test_a_language_sites_home_page_is_the_readmes_course_part_translated(tmp_path):
+    """The README's introduction and its Colab and Notebooks sections, block by block: the
+    translation where there is one, the English under the marker where not; not the rest."""
+    from course_utils import site
+    from course_utils.colab import README_BADGE_LINE
+
+    readme = (
+        f"# Course\n\n{README_BADGE_LINE}\n\n"
+        "Intro text.\n\n## Quick start\n\nmake course\n\n## Google Colab\n\n1. Open it.\n"
+    )
+    (tmp_path / "README.md").write_text(readme, encoding="utf-8")
+    entries = translate.readme_entries(readme)
+    assert [text for _, text in entries] == ["# Course", "Intro text.", "## Google Colab",
+                                             "1. Open it."]  # fmt: skip
+    catalogs = tmp_path / "translations"
+    (catalogs / "bn").mkdir(parents=True)
+    translate.update_documents("bn", catalogs)
+    path = translate.document_path("bn", translate.README_DOMAIN, catalogs)
+    catalog = translate.read_catalog(path, "bn")
+    catalog.get("# Course", context="README:intro:1").string = "# কোর্স"
+    catalog.get("1. Open it.", context="README:google-colab:2").string = "1. এটি খুলুন।"
+    translate.write_catalog(catalog, path)
+    blocks = site._readme_in("bn", tmp_path)
+    assert blocks[0] == "# কোর্স" and blocks[3] == "1. এটি খুলুন।"
+    assert blocks[1] == f"{translate.fallback_marker('bn')}\n\nIntro text."
+    assert not any("make course" in block for block in blocks)
