@@ -29,6 +29,101 @@ from course_utils.classroom import (
     uninitialised_memory_filled,
 )
 from course_utils.flops import count_flops  # the course's own counter: refused in (c)
+from course_utils.language import Messages
+
+#: Notebook 09's check messages, by a stable name (see :data:`course_utils.classroom.MESSAGES_01`):
+#: one sentence each, ``{placeholders}`` for the case the learner's answer failed.
+MESSAGES_09 = Messages(
+    "09",
+    {
+        # (a) causal self-attention
+        "causal_attention raised": "with x of shape {shape} and {heads} heads, {error}",
+        "causal_attention not a tensor": "return one tensor (batch, seq, dim); yours returned "
+        "{kind}",
+        "causal_attention shape": "with x of shape {shape} and {heads} heads your output has "
+        "shape {got}: return (batch, seq, dim), the merged heads projected by w_out",
+        "causal_attention NaN": "your output holds NaN: some token may attend to nothing, not "
+        "even itself (a row of scores all -inf has no softmax). Hide only the keys after each "
+        "query; in F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
+        "attend, the opposite of masked_fill's",
+        "causal_attention no mask": "with x of shape {shape} and {heads} heads: there is no "
+        "causal mask: each token also attended to the tokens after it; pass is_causal=True to "
+        "F.scaled_dot_product_attention",
+        "causal_attention mask sees next": "with x of shape {shape} and {heads} heads: the causal "
+        "mask is off by one: each token also saw the next token; hide only the keys after the "
+        "query (torch.ones(T, T).triu(1), or is_causal=True)",
+        "causal_attention mask hides self": "with x of shape {shape} and {heads} heads: the "
+        "causal mask hides the diagonal too: a token must be allowed to attend to itself; hide "
+        "only the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask hides past": "with x of shape {shape} and {heads} heads: the mask "
+        "hides the earlier tokens instead of the later ones: a token may attend to itself and "
+        "the tokens before it; hide the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask inverted": "with x of shape {shape} and {heads} heads: each token "
+        "attended only to the tokens after it: in F.scaled_dot_product_attention a boolean "
+        "attn_mask is True where a token MAY attend, the opposite of masked_fill's (or pass "
+        "is_causal=True)",
+        "causal_attention mask zero": "with x of shape {shape} and {heads} heads: the hidden "
+        "scores were set to 0, and the softmax still gives them weight (e^0 = 1): fill them "
+        "with float('-inf'), or pass is_causal=True",
+        "causal_attention mask after softmax": "with x of shape {shape} and {heads} heads: the "
+        "mask was applied after the softmax, so each row of weights no longer sums to 1: mask "
+        "the scores with -inf before the softmax (or pass is_causal=True)",
+        "causal_attention scaled twice": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/head_dim, not 1/√head_dim: did you divide q by √head_dim and let "
+        "F.scaled_dot_product_attention scale again? It scales for you",
+        "causal_attention not scaled": "with x of shape {shape} and {heads} heads: the scores "
+        "were not scaled: multiply q @ kᵀ by 1/√head_dim (F.scaled_dot_product_attention does "
+        "it for you)",
+        "causal_attention scaled by dim": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/√dim, the model's width: the scale is 1/√head_dim, head_dim = dim // "
+        "heads",
+        "causal_attention softmax dim": "with x of shape {shape} and {heads} heads: the softmax "
+        "ran over the wrong dimension (the queries): each query's weights over the keys must "
+        "sum to 1, softmax(dim=-1)",
+        "causal_attention split heads first": "with x of shape {shape} and {heads} heads: the "
+        "heads were split with .view(batch, heads, seq, head_dim), which mixes tokens into "
+        "heads: split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention split no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were split without .transpose(1, 2): attention ran across the heads instead of "
+        "across the tokens; split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention merge no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were merged with .reshape(batch, seq, dim) straight from (batch, heads, seq, "
+        "head_dim), which mixes tokens: .transpose(1, 2) first, then .reshape(batch, seq, dim)",
+        "causal_attention one head": "with x of shape {shape} and {heads} heads: you attended "
+        "with one head over the whole width: split into `heads` heads of dim // heads numbers "
+        "each",
+        "causal_attention order kqv": "with x of shape {shape} and {heads} heads: queries and "
+        "keys are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, "
+        "v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as keys, queries, values",
+        "causal_attention order qvk": "with x of shape {shape} and {heads} heads: keys and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as queries, values, keys",
+        "causal_attention order vkq": "with x of shape {shape} and {heads} heads: queries and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as values, keys, queries",
+        "causal_attention order kvq": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as keys, values, queries",
+        "causal_attention order vqk": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as values, queries, keys",
+        "causal_attention keys not transposed": "with x of shape {shape} and {heads} heads: the "
+        "scores are q @ k without transposing k: they are q @ k.transpose(-2, -1) (one score "
+        "per query and key)",
+        "causal_attention no projection": "with x of shape {shape} and {heads} heads: the output "
+        "projection is missing: return the merged heads @ w_out.T",
+        "causal_attention projection not transposed": "with x of shape {shape} and {heads} "
+        "heads: the output was projected with @ w_out, not @ w_out.T: a weight is stored (out, "
+        "in) like nn.Linear's, so project with @ w_out.T (or F.linear(merged, w_out))",
+        "causal_attention sees later": "with x of shape {shape} and {heads} heads, changing the "
+        "last token changed earlier outputs: your mask lets tokens see later ones "
+        "(is_causal=True hides them)",
+        "causal_attention wrong": "with x of shape {shape} and {heads} heads your output differs "
+        "from causal self-attention, and not in one of the usual ways alone (mask, scale, "
+        "softmax dimension, head split or merge, projection): check each step against section "
+        "2's CausalSelfAttention",
+    },
+)
 
 # ------------------------------------------------------------- (a) causal self-attention
 
@@ -116,69 +211,32 @@ def attention(
     return merged @ (w_out if how.projection == "w_out" else w_out.T)
 
 
-_SPLIT = ".view(batch, seq, heads, head_dim).transpose(1, 2)"
-_PARTS = {"q": "queries", "k": "keys", "v": "values"}
-
-
-def _order_feedback(order: str) -> str:
-    """Feedback for reading x @ w_qkv.T's three parts in ``order`` (not "qkv")."""
-    moved = [_PARTS[right] for name, right in zip(order, "qkv", strict=True) if name != right]
-    what = f"{moved[0]} and {moved[1]} are swapped" if len(moved) == 2 else "q, k, v are mixed up"
-    return (
-        f"{what}: x @ w_qkv.T holds the queries, then the keys, then the values "
-        f"(q, k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as "
-        f"{', '.join(_PARTS[name] for name in order)}"
-    )
-
-
-#: Each usual mistake of exercise 09 (a), and the feedback that names it.
+#: Each usual mistake of exercise 09 (a), and the name of the feedback that names it in
+#: :data:`MESSAGES_09`.
 ATTENTION_MISTAKES: dict[Attention, str] = {
-    Attention(mask="none"): "there is no causal mask: each token also attended to the tokens "
-    "after it; pass is_causal=True to F.scaled_dot_product_attention",
-    Attention(mask="sees next"): "the causal mask is off by one: each token also saw the next "
-    "token; hide only the keys after the query (torch.ones(T, T).triu(1), or is_causal=True)",
-    Attention(mask="hides self"): "the causal mask hides the diagonal too: a token must be "
-    "allowed to attend to itself; hide only the keys after it (triu(1), or is_causal=True)",
-    Attention(mask="hides past"): "the mask hides the earlier tokens instead of the later "
-    "ones: a token may attend to itself and the tokens before it; hide the keys after it "
-    "(triu(1), or is_causal=True)",
-    Attention(mask="inverted"): "each token attended only to the tokens after it: in "
-    "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY attend, "
-    "the opposite of masked_fill's (or pass is_causal=True)",
-    Attention(mask="zero"): "the hidden scores were set to 0, and the softmax still gives them "
-    "weight (e^0 = 1): fill them with float('-inf'), or pass is_causal=True",
-    Attention(mask="after softmax"): "the mask was applied after the softmax, so each row of "
-    "weights no longer sums to 1: mask the scores with -inf before the softmax (or pass "
-    "is_causal=True)",
-    Attention(scale="head_dim twice"): "the scores were scaled by 1/head_dim, not "
-    "1/√head_dim: did you divide q by √head_dim and let F.scaled_dot_product_attention scale "
-    "again? It scales for you",
-    Attention(scale="none"): "the scores were not scaled: multiply q @ kᵀ by 1/√head_dim "
-    "(F.scaled_dot_product_attention does it for you)",
-    Attention(scale="dim"): "the scores were scaled by 1/√dim, the model's width: the scale "
-    "is 1/√head_dim, head_dim = dim // heads",
-    Attention(softmax_dim=-2): "the softmax ran over the wrong dimension (the queries): each "
-    "query's weights over the keys must sum to 1, softmax(dim=-1)",
-    Attention(split="heads first"): "the heads were split with .view(batch, heads, seq, "
-    f"head_dim), which mixes tokens into heads: split with {_SPLIT}",
-    Attention(split="no transpose"): "the heads were split without .transpose(1, 2): "
-    "attention ran across the heads instead of across the tokens; split with " + _SPLIT,
-    Attention(merge="no transpose"): "the heads were merged with .reshape(batch, seq, dim) "
-    "straight from (batch, heads, seq, head_dim), which mixes tokens: .transpose(1, 2) "
-    "first, then .reshape(batch, seq, dim)",
-    Attention(heads="one"): "you attended with one head over the whole width: split into "
-    "`heads` heads of dim // heads numbers each",
-    **{
-        Attention(order=order): _order_feedback(order)
-        for order in ("kqv", "qvk", "vkq", "kvq", "vqk")
-    },
-    Attention(keys="not transposed"): "the scores are q @ k without transposing k: they "
-    "are q @ k.transpose(-2, -1) (one score per query and key)",
-    Attention(projection="none"): "the output projection is missing: return the merged "
-    "heads @ w_out.T",
-    Attention(projection="w_out"): "the output was projected with @ w_out, not @ w_out.T: "
-    "a weight is stored (out, in) like nn.Linear's, so project with @ w_out.T (or "
-    "F.linear(merged, w_out))",
+    Attention(mask="none"): "causal_attention no mask",
+    Attention(mask="sees next"): "causal_attention mask sees next",
+    Attention(mask="hides self"): "causal_attention mask hides self",
+    Attention(mask="hides past"): "causal_attention mask hides past",
+    Attention(mask="inverted"): "causal_attention mask inverted",
+    Attention(mask="zero"): "causal_attention mask zero",
+    Attention(mask="after softmax"): "causal_attention mask after softmax",
+    Attention(scale="head_dim twice"): "causal_attention scaled twice",
+    Attention(scale="none"): "causal_attention not scaled",
+    Attention(scale="dim"): "causal_attention scaled by dim",
+    Attention(softmax_dim=-2): "causal_attention softmax dim",
+    Attention(split="heads first"): "causal_attention split heads first",
+    Attention(split="no transpose"): "causal_attention split no transpose",
+    Attention(merge="no transpose"): "causal_attention merge no transpose",
+    Attention(heads="one"): "causal_attention one head",
+    Attention(order="kqv"): "causal_attention order kqv",
+    Attention(order="qvk"): "causal_attention order qvk",
+    Attention(order="vkq"): "causal_attention order vkq",
+    Attention(order="kvq"): "causal_attention order kvq",
+    Attention(order="vqk"): "causal_attention order vqk",
+    Attention(keys="not transposed"): "causal_attention keys not transposed",
+    Attention(projection="none"): "causal_attention no projection",
+    Attention(projection="w_out"): "causal_attention projection not transposed",
 }
 
 
@@ -189,7 +247,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def attention_mistake(
     out: torch.Tensor, x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor, heads: int
 ) -> str | None:
-    """The feedback for the usual mistake whose output ``out`` is (``None``: none is)."""
+    """The name in :data:`MESSAGES_09` of the feedback for the usual mistake whose output
+    ``out`` is (``None``: none is)."""
     right = attention(x, w_qkv, w_out, heads)
     for how, feedback in ATTENTION_MISTAKES.items():
         try:
@@ -212,41 +271,35 @@ def check_causal_attention(
     for batch, seq, dim, heads in cases:
         x = torch.randn(batch, seq, dim)
         w_qkv, w_out = torch.randn(3 * dim, dim) / dim**0.5, torch.randn(dim, dim) / dim**0.5
-        shape = f"x of shape {(batch, seq, dim)} and {heads} heads"
+        shape = (batch, seq, dim)
         out = answer_or_error(causal_self_attention, x.clone(), w_qkv, w_out, heads)
-        check(not isinstance(out, str), f"with {shape}, {out}")
+        check(
+            not isinstance(out, str),
+            MESSAGES_09["causal_attention raised"].format(shape=shape, heads=heads, error=out),
+        )
         check(
             type(out) is torch.Tensor,
-            f"return one tensor (batch, seq, dim); yours returned {type(out).__name__}",
+            MESSAGES_09["causal_attention not a tensor"].format(kind=type(out).__name__),
         )
         check(
             out.shape == x.shape,
-            f"with {shape} your output has shape {tuple(out.shape)}: "
-            "return (batch, seq, dim), the merged heads projected by w_out",
+            MESSAGES_09["causal_attention shape"].format(
+                shape=shape, heads=heads, got=tuple(out.shape)
+            ),
         )
-        check(
-            not out.isnan().any(),
-            "your output holds NaN: some token may attend to nothing, not even itself (a row "
-            "of scores all -inf has no softmax). Hide only the keys after each query; in "
-            "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
-            "attend, the opposite of masked_fill's",
-        )
+        check(not out.isnan().any(), MESSAGES_09["causal_attention NaN"])
         if _same(out.detach(), attention(x, w_qkv, w_out, heads)):
             continue
         mistake = attention_mistake(out, x, w_qkv, w_out, heads)
-        check(mistake is None, f"with {shape}: {mistake}")
+        if mistake is not None:
+            raise CheckFailed(MESSAGES_09[mistake].format(shape=shape, heads=heads))
         x[:, -1] += 1  # change the last token only: no earlier output may move
         later = answer_or_error(causal_self_attention, x, w_qkv, w_out, heads)
         check(
             isinstance(later, str) or _same(later[:, :-1].detach(), out[:, :-1].detach()),
-            f"with {shape}, changing the last token changed earlier outputs: your mask lets "
-            "tokens see later ones (is_causal=True hides them)",
+            MESSAGES_09["causal_attention sees later"].format(shape=shape, heads=heads),
         )
-        raise CheckFailed(
-            f"with {shape} your output differs from causal self-attention, and not in one of "
-            "the usual ways alone (mask, scale, softmax dimension, head split or merge, "
-            "projection): check each step against section 2's CausalSelfAttention"
-        )
+        raise CheckFailed(MESSAGES_09["causal_attention wrong"].format(shape=shape, heads=heads))
 
 
 # ------------------------------------------------------------------ (b) pad a vocabulary
