@@ -122,6 +122,51 @@ MESSAGES_09 = Messages(
         "from causal self-attention, and not in one of the usual ways alone (mask, scale, "
         "softmax dimension, head split or merge, projection): check each step against section "
         "2's CausalSelfAttention",
+        # (b) pad a vocabulary
+        "pad_vocabulary raised": "vocabulary {vocab}, multiple {multiple}: {error}",
+        "pad_vocabulary raised, fewer rows": "vocabulary {vocab}, multiple {multiple}: {error} "
+        "(did the new embedding get fewer rows than the {vocab} old ones? Round up: "
+        "math.ceil(vocab / multiple) * multiple)",
+        "pad_vocabulary returned nothing": "return the model (the same one, padded)",
+        "pad_vocabulary not the model": "return the model, a {kind}, not {got}",
+        "pad_vocabulary width": "the embedding is {got} wide, it was {width}: pad the rows (one "
+        "per token), not the embedding width",
+        "pad_vocabulary rows kept": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you kept the old size: make a new "
+        "nn.Embedding with the padded number of rows",
+        "pad_vocabulary rows next multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: a vocabulary that is already a multiple "
+        "keeps its size (round up, not 'the next one')",
+        "pad_vocabulary rows added": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you added a multiple to it: round it up to "
+        "the next multiple instead",
+        "pad_vocabulary rows rounded down": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you rounded down (or to the nearest): "
+        "round up, so that every token keeps a row: math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary rows the multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you used the multiple itself: round the "
+        "vocabulary up to a multiple of it",
+        "pad_vocabulary rows wrong": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: round up to the next multiple: "
+        "math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary untied": "the head is no longer tied to the embedding: after making the "
+        "new embedding, model.head.weight = model.tok.weight",
+        "pad_vocabulary dtype": "a {dtype} model came back with {got} rows: make the new "
+        "embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
+        "dtype=old.dtype, device=old.device)",
+        "pad_vocabulary rows not finite": "the extra rows hold NaN or inf, or were never given "
+        "values: torch.empty (new_empty, empty_like) leaves whatever was in memory; initialize "
+        "them (zeros, or nn.Embedding's own random rows) before copying the old rows in",
+        "pad_vocabulary logits": "the logits have {columns} columns, expected {expected}: the "
+        "head must score every row of the padded embedding",
+        "pad_vocabulary old rows at the end": "the old rows went to the end of the new "
+        "embedding: token i must keep row i, so copy the old rows into the first rows, "
+        "new.weight[:vocab] = old.weight",
+        "pad_vocabulary old rows changed": "the old rows changed slightly: copy them exactly "
+        "(new.weight.data[:vocab] = old.weight), with no arithmetic on them and in the old dtype",
+        "pad_vocabulary logits changed": "the real tokens' logits changed: copy the old rows "
+        "into the first rows of the new embedding (new.weight.data[:vocab] = old.weight), so "
+        "that each token keeps its row",
     },
 )
 
@@ -305,34 +350,20 @@ def check_causal_attention(
 # ------------------------------------------------------------------ (b) pad a vocabulary
 
 
-def _rows_feedback(vocab: int, multiple: int, rows: int) -> str:
-    """Why ``rows`` is not ``vocab`` rounded up to a multiple of ``multiple``."""
-    expected = -(-vocab // multiple) * multiple
-    said = f"a vocabulary of {vocab}, padded to a multiple of {multiple}, has {expected} rows"
+def _rows_mistake(vocab: int, multiple: int, rows: int) -> str:
+    """The name in :data:`MESSAGES_09` of why ``rows`` is not ``vocab`` rounded up to a
+    multiple of ``multiple``."""
     if rows == vocab:
-        why = "you kept the old size: make a new nn.Embedding with the padded number of rows"
-    elif rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
-        why = (
-            "a vocabulary that is already a multiple keeps its size (round up, not 'the next one')"
-        )
-    elif rows == vocab + multiple:
-        why = "you added a multiple to it: round it up to the next multiple instead"
-    elif rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
-        why = (
-            "you rounded down (or to the nearest): round up, so that every token keeps a "
-            "row: math.ceil(vocab / multiple) * multiple"
-        )
-    elif rows == multiple:
-        why = "you used the multiple itself: round the vocabulary up to a multiple of it"
-    else:
-        why = "round up to the next multiple: math.ceil(vocab / multiple) * multiple"
-    return f"{said}, not {rows}: {why}"
-
-
-_FEWER_ROWS = (
-    " (did the new embedding get fewer rows than the {vocab} old ones? Round up: "
-    "math.ceil(vocab / multiple) * multiple)"
-)
+        return "pad_vocabulary rows kept"
+    if rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
+        return "pad_vocabulary rows next multiple"
+    if rows == vocab + multiple:
+        return "pad_vocabulary rows added"
+    if rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
+        return "pad_vocabulary rows rounded down"
+    if rows == multiple:
+        return "pad_vocabulary rows the multiple"
+    return "pad_vocabulary rows wrong"
 
 
 def check_pad_vocabulary(
@@ -356,15 +387,18 @@ def check_pad_vocabulary(
             before, old = model(tokens).detach(), model.tok.weight.detach().clone()
             with uninitialised_memory_filled():  # torch.empty's rows: NaN, not what was there
                 got = answer_or_error(pad_vocabulary, model, multiple)
-            check(
-                not isinstance(got, str),
-                f"vocabulary {vocab}, multiple {multiple}: {got}"
-                + (_FEWER_ROWS.format(vocab=vocab) if str(vocab) in f"{got}" else ""),
-            )
-            check(got is not None, "return the model (the same one, padded)")
+            if isinstance(got, str):
+                fewer = str(vocab) in got  # an error naming the old size: fewer rows, likely
+                raised = "pad_vocabulary raised, fewer rows" if fewer else "pad_vocabulary raised"
+                raise CheckFailed(
+                    MESSAGES_09[raised].format(vocab=vocab, multiple=multiple, error=got)
+                )
+            check(got is not None, MESSAGES_09["pad_vocabulary returned nothing"])
             check(
                 isinstance(got, kind),
-                f"return the model, a {kind.__name__}, not {type(got).__name__}",
+                MESSAGES_09["pad_vocabulary not the model"].format(
+                    kind=kind.__name__, got=type(got).__name__
+                ),
             )
             _check_padded(got, vocab, multiple, old_width, dtype, tokens, before, old)
 
@@ -383,50 +417,39 @@ def _check_padded(
     expected = -(-vocab // multiple) * multiple
     check(
         got_width == width,
-        f"the embedding is {got_width} wide, it was {width}: pad the "
-        "rows (one per token), not the embedding width",
+        MESSAGES_09["pad_vocabulary width"].format(got=got_width, width=width),
     )
-    check(rows == expected, _rows_feedback(vocab, multiple, rows))
     check(
-        model.head.weight is model.tok.weight,
-        "the head is no longer tied to the embedding: after making the new embedding, "
-        "model.head.weight = model.tok.weight",
+        rows == expected,
+        MESSAGES_09[_rows_mistake(vocab, multiple, rows)].format(
+            vocab=vocab, multiple=multiple, expected=expected, rows=rows
+        ),
     )
+    check(model.head.weight is model.tok.weight, MESSAGES_09["pad_vocabulary untied"])
     check(
         model.tok.weight.dtype == dtype,
-        f"a {str(dtype)[6:]} model came back with {str(model.tok.weight.dtype)[6:]} rows: make "
-        "the new embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
-        "dtype=old.dtype, device=old.device)",
+        MESSAGES_09["pad_vocabulary dtype"].format(
+            dtype=str(dtype)[6:], got=str(model.tok.weight.dtype)[6:]
+        ),
     )
     weight = model.tok.weight.detach()
-    check(
-        bool(torch.isfinite(weight[vocab:]).all()),
-        "the extra rows hold NaN or inf, or were never given values: torch.empty (new_empty, "
-        "empty_like) leaves whatever was in memory; initialize them (zeros, or "
-        "nn.Embedding's own random rows) before copying the old rows in",
-    )
+    check(bool(torch.isfinite(weight[vocab:]).all()), MESSAGES_09["pad_vocabulary rows not finite"])
     after = model(tokens).detach()
     check(
         after.shape[-1] == expected,
-        f"the logits have {after.shape[-1]} columns, expected "
-        f"{expected}: the head must score every row of the padded embedding",
+        MESSAGES_09["pad_vocabulary logits"].format(columns=after.shape[-1], expected=expected),
     )
     if torch.equal(weight[:vocab], old) and torch.allclose(after[..., :vocab], before, atol=1e-5):
         return
     check(
         not torch.equal(weight[expected - vocab :], old) or expected == vocab,
-        "the old rows went to the end of the new embedding: token i must keep row i, so copy "
-        "the old rows into the first rows, new.weight[:vocab] = old.weight",
+        MESSAGES_09["pad_vocabulary old rows at the end"],
     )
     check(
         not torch.allclose(weight[:vocab], old, atol=1e-3, rtol=1e-3),
-        "the old rows changed slightly: copy them exactly (new.weight.data[:vocab] = "
-        "old.weight), with no arithmetic on them and in the old dtype",
+        MESSAGES_09["pad_vocabulary old rows changed"],
     )
-    raise CheckFailed(
-        "the real tokens' logits changed: copy the old rows into the first rows of the new "
-        "embedding (new.weight.data[:vocab] = old.weight), so that each token keeps its row"
-    )
+    raise CheckFailed(MESSAGES_09["pad_vocabulary logits changed"])
 
 
 # ---------------------------------------------------- (c) FLOPs, tokens/s, MFU of a step
