@@ -167,6 +167,56 @@ MESSAGES_09 = Messages(
         "pad_vocabulary logits changed": "the real tokens' logits changed: copy the old rows "
         "into the first rows of the new embedding (new.weight.data[:vocab] = old.weight), so "
         "that each token keeps its row",
+        # (c) FLOPs, tokens/s, MFU of a step
+        "step_throughput no peak, raised": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError (yours raised {error})",
+        "step_throughput no peak, returned": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError (yours returned a result)",
+        "step_throughput raised": "a {gpu} in {field}: {error}",
+        "step_throughput not three numbers": "return three numbers: (flops, tokens_per_second, "
+        "mfu)",
+        "step_throughput no counter": "count the step's FLOPs with FlopCounterMode around one "
+        "forward and backward (the exercise is the counter, not a formula)",
+        "step_throughput flops not a number": "the FLOPs should be a number, got {kind}",
+        "step_throughput flops forward only": "you counted the forward pass only: backward costs "
+        "about twice the forward, so call loss.backward() inside the FlopCounterMode block too",
+        "step_throughput flops no attention": "attention's matmuls are missing: PyTorch's CPU "
+        "flash kernel has no FLOP formula, so count under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops forward only, no attention": "you counted the forward pass only, "
+        "without attention's matmuls: count forward and backward, under "
+        "sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops per token": "that is the FLOPs per token: return the FLOPs of the "
+        "whole step (every token of the batch)",
+        "step_throughput flops per sequence": "that is the FLOPs per sequence: return the FLOPs "
+        "of the whole step (every sequence of the batch)",
+        "step_throughput flops two steps": "you counted two steps: count one forward and one "
+        "backward",
+        "step_throughput flops 6N": "that is 6·N·tokens, the rule of thumb, which leaves out "
+        "attention and counts parameters that do no matmul: count the step with FlopCounterMode",
+        "step_throughput flops wrong": "your step counted {flops:.4g} FLOPs, FlopCounterMode "
+        "counts {right:.4g} for one forward and backward under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops constant": "your FLOPs did not change with the model and the "
+        "batch: count them for the model and batch you are given",
+        "step_throughput speed not a number": "tokens per second should be a number, got {kind}",
+        "step_throughput mfu not a number": "MFU should be a number, got {kind}",
+        "step_throughput sequences per second": "that is sequences per second: count tokens, "
+        "batch × sequence length (x.numel()), per second",
+        "step_throughput seconds per token": "that is seconds per token: return tokens per "
+        "second, tokens / seconds",
+        "step_throughput speed wrong": "{tokens} tokens in {seconds:g} s are {right:.6g} tokens "
+        "per second, not {speed:.6g}",
+        "step_throughput mfu percentage": "MFU is a fraction (0.2), not a percentage (20)",
+        "step_throughput mfu in TFLOP/s": "the peaks are in TFLOP/s: multiply them by 1e12 to "
+        "get FLOP/s",
+        "step_throughput mfu per token": "you divided the FLOPs per token by the step time: use "
+        "the FLOPs of the whole step",
+        "step_throughput mfu rounded": "you rounded the MFU: return it unrounded (round only "
+        "when you print it)",
+        "step_throughput mfu other peak": "a {field} run divides by the {field} peak ({peak:g} "
+        "TFLOP/s on a {gpu}), not {other}'s ({other_peak:g})",
+        "step_throughput mfu wrong": "{flops:.4g} FLOPs in {seconds:g} s on a {gpu} in {field} "
+        "({peak:g} TFLOP/s) is an MFU of {right:.6g}, not {mfu:.6g}: FLOPs / seconds / (peak in "
+        "TFLOP/s × 1e12)",
     },
 )
 
@@ -519,58 +569,32 @@ def _call_counting(step_throughput: Callable[..., Any], case: StepCase) -> tuple
     return answer, entered["count"]
 
 
-def _flops_feedback(case: StepCase, flops: float, right: int) -> str | None:
-    """Why ``flops`` is not the step's count ``right`` (``None``: it is)."""
+def _flops_mistake(case: StepCase, flops: float, right: int) -> str | None:
+    """The name in :data:`MESSAGES_09` of why ``flops`` is not the step's count ``right``
+    (``None``: it is)."""
     if math.isclose(flops, right, rel_tol=1e-9):
         return None
     model, x, y = case.model, case.x, case.y
     tokens = x.numel()
     n = sum(p.numel() for p in model.parameters())
     known = [
-        (
-            step_flops(model, x, y, backward=False),
-            "you counted the forward pass only: "
-            "backward costs about twice the forward, so call loss.backward() inside the "
-            "FlopCounterMode block too",
-        ),
-        (
-            step_flops(model, x, y, math_kernel=False),
-            "attention's matmuls are missing: "
-            "PyTorch's CPU flash kernel has no FLOP formula, so count under "
-            "sdpa_kernel(SDPBackend.MATH)",
-        ),
+        (step_flops(model, x, y, backward=False), "step_throughput flops forward only"),
+        (step_flops(model, x, y, math_kernel=False), "step_throughput flops no attention"),
         (
             step_flops(model, x, y, backward=False, math_kernel=False),
-            "you counted the forward "
-            "pass only, without attention's matmuls: count forward and backward, under "
-            "sdpa_kernel(SDPBackend.MATH)",
+            "step_throughput flops forward only, no attention",
         ),
-        (
-            right / tokens,
-            "that is the FLOPs per token: return the FLOPs of the whole step "
-            "(every token of the batch)",
-        ),
-        (
-            right / x.shape[0],
-            "that is the FLOPs per sequence: return the FLOPs of the whole "
-            "step (every sequence of the batch)",
-        ),
-        (2 * right, "you counted two steps: count one forward and one backward"),
-        (
-            6 * n * tokens,
-            "that is 6·N·tokens, the rule of thumb, which leaves out attention and "
-            "counts parameters that do no matmul: count the step with FlopCounterMode",
-        ),
+        (right / tokens, "step_throughput flops per token"),
+        (right / x.shape[0], "step_throughput flops per sequence"),
+        (2 * right, "step_throughput flops two steps"),
+        (6 * n * tokens, "step_throughput flops 6N"),
     ]
-    for value, feedback in known:
+    for value, mistake in known:
         if not math.isclose(value, right, rel_tol=1e-9) and math.isclose(
             flops, value, rel_tol=1e-6
         ):
-            return feedback
-    return (
-        f"your step counted {flops:.4g} FLOPs, FlopCounterMode counts {right:.4g} for one "
-        "forward and backward under sdpa_kernel(SDPBackend.MATH)"
-    )
+            return mistake
+    return "step_throughput flops wrong"
 
 
 def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[StepCase]) -> None:
@@ -584,39 +608,40 @@ def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[S
     for case in cases:
         field = _PEAK_FIELDS[case.dtype]
         peak_tflops = getattr(case.gpu, field)
-        what = f"a {case.gpu.name} in {field}"
+        gpu = case.gpu.name
         answer, counters = _call_counting(step_throughput, case)
         if peak_tflops is None:
+            raised = isinstance(answer, str)
+            no_peak = (
+                "step_throughput no peak, raised" if raised else "step_throughput no peak, returned"
+            )
             check(
-                isinstance(answer, str) and "ValueError" in answer,
-                f"{what}: a {case.gpu.name} has no {field} peak (gpu.{field} is None): raise "
-                f"ValueError (yours {'raised' if isinstance(answer, str) else 'returned'} "
-                f"{answer if isinstance(answer, str) else 'a result'})",
+                raised and "ValueError" in answer,
+                MESSAGES_09[no_peak].format(gpu=gpu, field=field, error=answer),
             )
             continue
-        check(not isinstance(answer, str), f"{what}: {answer}")
+        check(
+            not isinstance(answer, str),
+            MESSAGES_09["step_throughput raised"].format(gpu=gpu, field=field, error=answer),
+        )
         check(
             isinstance(answer, tuple) and len(answer) == 3,
-            "return three numbers: (flops, tokens_per_second, mfu)",
+            MESSAGES_09["step_throughput not three numbers"],
         )
         flops, speed, utilization = answer
-        check(
-            counters > 0,
-            "count the step's FLOPs with FlopCounterMode around one forward "
-            "and backward (the exercise is the counter, not a formula)",
-        )
+        check(counters > 0, MESSAGES_09["step_throughput no counter"])
         check(
             isinstance(flops, int | float) and not isinstance(flops, bool),
-            f"the FLOPs should be a number, got {type(flops).__name__}",
+            MESSAGES_09["step_throughput flops not a number"].format(kind=type(flops).__name__),
         )
         right = step_flops(case.model, case.x, case.y)
-        check((mistake := _flops_feedback(case, flops, right)) is None, f"{mistake}")
+        mistake = _flops_mistake(case, flops, right)
+        if mistake is not None:
+            raise CheckFailed(MESSAGES_09[mistake].format(flops=flops, right=right))
         answers.append((flops, speed, utilization))
         _check_speed_and_mfu(case, right, speed, utilization, peak_tflops)
     check(
-        len({a[0] for a in answers}) == len(answers),
-        "your FLOPs did not change with the "
-        "model and the batch: count them for the model and batch you are given",
+        len({a[0] for a in answers}) == len(answers), MESSAGES_09["step_throughput flops constant"]
     )
 
 
@@ -625,52 +650,61 @@ def _check_speed_and_mfu(
 ) -> None:
     tokens, sequences, seconds = case.x.numel(), case.x.shape[0], case.seconds
     field = _PEAK_FIELDS[case.dtype]
-    for name, value in (("tokens per second", speed), ("MFU", utilization)):
+    for key, value in (
+        ("step_throughput speed not a number", speed),
+        ("step_throughput mfu not a number", utilization),
+    ):
         check(
             isinstance(value, int | float) and not isinstance(value, bool),
-            f"{name} should be a number, got {type(value).__name__}",
+            MESSAGES_09[key].format(kind=type(value).__name__),
         )
     check(
         not math.isclose(speed, sequences / seconds, rel_tol=1e-6),
-        "that is sequences "
-        "per second: count tokens, batch × sequence length (x.numel()), per second",
+        MESSAGES_09["step_throughput sequences per second"],
     )
     check(
         not math.isclose(speed, seconds / tokens, rel_tol=1e-6),
-        "that is seconds per token: return tokens per second, tokens / seconds",
+        MESSAGES_09["step_throughput seconds per token"],
     )
     check(
         math.isclose(speed, tokens / seconds, rel_tol=1e-6),
-        f"{tokens} tokens in "
-        f"{seconds:g} s are {tokens / seconds:.6g} tokens per second, not {speed:.6g}",
+        MESSAGES_09["step_throughput speed wrong"].format(
+            tokens=tokens, seconds=seconds, right=tokens / seconds, speed=speed
+        ),
     )
     right = flops / seconds / (peak_tflops * 1e12)
     if math.isclose(utilization, right, rel_tol=1e-9):
         return
     peaks = {f: getattr(case.gpu, f) for f in ("fp32", "fp16", "bf16", "tf32")}
     known = {
-        100 * right: "MFU is a fraction (0.2), not a percentage (20)",
-        flops / seconds / peak_tflops: "the peaks are in TFLOP/s: multiply them by 1e12 to "
-        "get FLOP/s",
-        flops / tokens / seconds / (peak_tflops * 1e12): "you divided the FLOPs per token by "
-        "the step time: use the FLOPs of the whole step",
-        round(right, 2): "you rounded the MFU: return it unrounded (round only when you print it)",
-        round(right, 3): "you rounded the MFU: return it unrounded (round only when you print it)",
+        100 * right: MESSAGES_09["step_throughput mfu percentage"],
+        flops / seconds / peak_tflops: MESSAGES_09["step_throughput mfu in TFLOP/s"],
+        flops / tokens / seconds / (peak_tflops * 1e12): MESSAGES_09[
+            "step_throughput mfu per token"
+        ],
+        round(right, 2): MESSAGES_09["step_throughput mfu rounded"],
+        round(right, 3): MESSAGES_09["step_throughput mfu rounded"],
     }
     for other, tflops in peaks.items():
         if other != field and tflops:
             known.setdefault(
                 flops / seconds / (tflops * 1e12),
-                f"a {field} run divides by "
-                f"the {field} peak ({peak_tflops:g} TFLOP/s on a "
-                f"{case.gpu.name}), not {other}'s ({tflops:g})",
+                MESSAGES_09["step_throughput mfu other peak"].format(
+                    field=field, peak=peak_tflops, gpu=case.gpu.name, other=other, other_peak=tflops
+                ),
             )
     for value, feedback in known.items():
         check(not math.isclose(utilization, value, rel_tol=1e-9), feedback)
     raise CheckFailed(
-        f"{flops:.4g} FLOPs in {seconds:g} s on a {case.gpu.name} in {field} "
-        f"({peak_tflops:g} TFLOP/s) is an MFU of {right:.6g}, not {utilization:.6g}: FLOPs / "
-        "seconds / (peak in TFLOP/s × 1e12)"
+        MESSAGES_09["step_throughput mfu wrong"].format(
+            flops=flops,
+            seconds=seconds,
+            gpu=case.gpu.name,
+            field=field,
+            peak=peak_tflops,
+            right=right,
+            mfu=utilization,
+        )
     )
 
 
