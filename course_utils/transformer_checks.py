@@ -29,6 +29,196 @@ from course_utils.classroom import (
     uninitialised_memory_filled,
 )
 from course_utils.flops import count_flops  # the course's own counter: refused in (c)
+from course_utils.language import Messages
+
+#: Notebook 09's check messages, by a stable name (see :data:`course_utils.classroom.MESSAGES_01`):
+#: one sentence each, ``{placeholders}`` for the case the learner's answer failed.
+MESSAGES_09 = Messages(
+    "09",
+    {
+        # (a) causal self-attention
+        "causal_attention raised": "with x of shape {shape} and {heads} heads, {error}",
+        "causal_attention not a tensor": "return one tensor (batch, seq, dim); yours returned "
+        "{kind}",
+        "causal_attention shape": "with x of shape {shape} and {heads} heads your output has "
+        "shape {got}: return (batch, seq, dim), the merged heads projected by w_out",
+        "causal_attention NaN": "your output holds NaN: some token may attend to nothing, not "
+        "even itself (a row of scores all -inf has no softmax). Hide only the keys after each "
+        "query; in F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
+        "attend, the opposite of masked_fill's",
+        "causal_attention no mask": "with x of shape {shape} and {heads} heads: there is no "
+        "causal mask: each token also attended to the tokens after it; pass is_causal=True to "
+        "F.scaled_dot_product_attention",
+        "causal_attention mask sees next": "with x of shape {shape} and {heads} heads: the causal "
+        "mask is off by one: each token also saw the next token; hide only the keys after the "
+        "query (torch.ones(T, T).triu(1), or is_causal=True)",
+        "causal_attention mask hides self": "with x of shape {shape} and {heads} heads: the "
+        "causal mask hides the diagonal too: a token must be allowed to attend to itself; hide "
+        "only the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask hides past": "with x of shape {shape} and {heads} heads: the mask "
+        "hides the earlier tokens instead of the later ones: a token may attend to itself and "
+        "the tokens before it; hide the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask inverted": "with x of shape {shape} and {heads} heads: each token "
+        "attended only to the tokens after it: in F.scaled_dot_product_attention a boolean "
+        "attn_mask is True where a token MAY attend, the opposite of masked_fill's (or pass "
+        "is_causal=True)",
+        "causal_attention mask zero": "with x of shape {shape} and {heads} heads: the hidden "
+        "scores were set to 0, and the softmax still gives them weight (e^0 = 1): fill them "
+        "with float('-inf'), or pass is_causal=True",
+        "causal_attention mask after softmax": "with x of shape {shape} and {heads} heads: the "
+        "mask was applied after the softmax, so each row of weights no longer sums to 1: mask "
+        "the scores with -inf before the softmax (or pass is_causal=True)",
+        "causal_attention scaled twice": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/head_dim, not 1/√head_dim: did you divide q by √head_dim and let "
+        "F.scaled_dot_product_attention scale again? It scales for you",
+        "causal_attention not scaled": "with x of shape {shape} and {heads} heads: the scores "
+        "were not scaled: multiply q @ kᵀ by 1/√head_dim (F.scaled_dot_product_attention does "
+        "it for you)",
+        "causal_attention scaled by dim": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/√dim, the model's width: the scale is 1/√head_dim, head_dim = dim // "
+        "heads",
+        "causal_attention softmax dim": "with x of shape {shape} and {heads} heads: the softmax "
+        "ran over the wrong dimension (the queries): each query's weights over the keys must "
+        "sum to 1, softmax(dim=-1)",
+        "causal_attention split heads first": "with x of shape {shape} and {heads} heads: the "
+        "heads were split with .view(batch, heads, seq, head_dim), which mixes tokens into "
+        "heads: split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention split no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were split without .transpose(1, 2): attention ran across the heads instead of "
+        "across the tokens; split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention merge no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were merged with .reshape(batch, seq, dim) straight from (batch, heads, seq, "
+        "head_dim), which mixes tokens: .transpose(1, 2) first, then .reshape(batch, seq, dim)",
+        "causal_attention one head": "with x of shape {shape} and {heads} heads: you attended "
+        "with one head over the whole width: split into `heads` heads of dim // heads numbers "
+        "each",
+        "causal_attention order kqv": "with x of shape {shape} and {heads} heads: queries and "
+        "keys are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, "
+        "v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as keys, queries, values",
+        "causal_attention order qvk": "with x of shape {shape} and {heads} heads: keys and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as queries, values, keys",
+        "causal_attention order vkq": "with x of shape {shape} and {heads} heads: queries and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as values, keys, queries",
+        "causal_attention order kvq": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as keys, values, queries",
+        "causal_attention order vqk": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as values, queries, keys",
+        "causal_attention keys not transposed": "with x of shape {shape} and {heads} heads: the "
+        "scores are q @ k without transposing k: they are q @ k.transpose(-2, -1) (one score "
+        "per query and key)",
+        "causal_attention no projection": "with x of shape {shape} and {heads} heads: the output "
+        "projection is missing: return the merged heads @ w_out.T",
+        "causal_attention projection not transposed": "with x of shape {shape} and {heads} "
+        "heads: the output was projected with @ w_out, not @ w_out.T: a weight is stored (out, "
+        "in) like nn.Linear's, so project with @ w_out.T (or F.linear(merged, w_out))",
+        "causal_attention sees later": "with x of shape {shape} and {heads} heads, changing the "
+        "last token changed earlier outputs: your mask lets tokens see later ones "
+        "(is_causal=True hides them)",
+        "causal_attention wrong": "with x of shape {shape} and {heads} heads your output differs "
+        "from causal self-attention, and not in one of the usual ways alone (mask, scale, "
+        "softmax dimension, head split or merge, projection): check each step against section "
+        "2's CausalSelfAttention",
+        # (b) pad a vocabulary
+        "pad_vocabulary raised": "vocabulary {vocab}, multiple {multiple}: {error}",
+        "pad_vocabulary raised, fewer rows": "vocabulary {vocab}, multiple {multiple}: {error} "
+        "(did the new embedding get fewer rows than the {vocab} old ones? Round up: "
+        "math.ceil(vocab / multiple) * multiple)",
+        "pad_vocabulary returned nothing": "return the model (the same one, padded)",
+        "pad_vocabulary not the model": "return the model, a {kind}, not {got}",
+        "pad_vocabulary width": "the embedding is {got} wide, it was {width}: pad the rows (one "
+        "per token), not the embedding width",
+        "pad_vocabulary rows kept": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you kept the old size: make a new "
+        "nn.Embedding with the padded number of rows",
+        "pad_vocabulary rows next multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: a vocabulary that is already a multiple "
+        "keeps its size (round up, not 'the next one')",
+        "pad_vocabulary rows added": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you added a multiple to it: round it up to "
+        "the next multiple instead",
+        "pad_vocabulary rows rounded down": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you rounded down (or to the nearest): "
+        "round up, so that every token keeps a row: math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary rows the multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you used the multiple itself: round the "
+        "vocabulary up to a multiple of it",
+        "pad_vocabulary rows wrong": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: round up to the next multiple: "
+        "math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary untied": "the head is no longer tied to the embedding: after making the "
+        "new embedding, model.head.weight = model.tok.weight",
+        "pad_vocabulary dtype": "a {dtype} model came back with {got} rows: make the new "
+        "embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
+        "dtype=old.dtype, device=old.device)",
+        "pad_vocabulary rows not finite": "the extra rows hold NaN or inf, or were never given "
+        "values: torch.empty (new_empty, empty_like) leaves whatever was in memory; initialize "
+        "them (zeros, or nn.Embedding's own random rows) before copying the old rows in",
+        "pad_vocabulary logits": "the logits have {columns} columns, expected {expected}: the "
+        "head must score every row of the padded embedding",
+        "pad_vocabulary old rows at the end": "the old rows went to the end of the new "
+        "embedding: token i must keep row i, so copy the old rows into the first rows, "
+        "new.weight[:vocab] = old.weight",
+        "pad_vocabulary old rows changed": "the old rows changed slightly: copy them exactly "
+        "(new.weight.data[:vocab] = old.weight), with no arithmetic on them and in the old dtype",
+        "pad_vocabulary logits changed": "the real tokens' logits changed: copy the old rows "
+        "into the first rows of the new embedding (new.weight.data[:vocab] = old.weight), so "
+        "that each token keeps its row",
+        # (c) FLOPs, tokens/s, MFU of a step
+        "step_throughput no peak, raised": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError (yours raised {error})",
+        "step_throughput no peak, returned": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError (yours returned a result)",
+        "step_throughput raised": "a {gpu} in {field}: {error}",
+        "step_throughput not three numbers": "return three numbers: (flops, tokens_per_second, "
+        "mfu)",
+        "step_throughput no counter": "count the step's FLOPs with FlopCounterMode around one "
+        "forward and backward (the exercise is the counter, not a formula)",
+        "step_throughput flops not a number": "the FLOPs should be a number, got {kind}",
+        "step_throughput flops forward only": "you counted the forward pass only: backward costs "
+        "about twice the forward, so call loss.backward() inside the FlopCounterMode block too",
+        "step_throughput flops no attention": "attention's matmuls are missing: PyTorch's CPU "
+        "flash kernel has no FLOP formula, so count under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops forward only, no attention": "you counted the forward pass only, "
+        "without attention's matmuls: count forward and backward, under "
+        "sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops per token": "that is the FLOPs per token: return the FLOPs of the "
+        "whole step (every token of the batch)",
+        "step_throughput flops per sequence": "that is the FLOPs per sequence: return the FLOPs "
+        "of the whole step (every sequence of the batch)",
+        "step_throughput flops two steps": "you counted two steps: count one forward and one "
+        "backward",
+        "step_throughput flops 6N": "that is 6·N·tokens, the rule of thumb, which leaves out "
+        "attention and counts parameters that do no matmul: count the step with FlopCounterMode",
+        "step_throughput flops wrong": "your step counted {flops:.4g} FLOPs, FlopCounterMode "
+        "counts {right:.4g} for one forward and backward under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops constant": "your FLOPs did not change with the model and the "
+        "batch: count them for the model and batch you are given",
+        "step_throughput speed not a number": "tokens per second should be a number, got {kind}",
+        "step_throughput mfu not a number": "MFU should be a number, got {kind}",
+        "step_throughput sequences per second": "that is sequences per second: count tokens, "
+        "batch × sequence length (x.numel()), per second",
+        "step_throughput seconds per token": "that is seconds per token: return tokens per "
+        "second, tokens / seconds",
+        "step_throughput speed wrong": "{tokens} tokens in {seconds:g} s are {right:.6g} tokens "
+        "per second, not {speed:.6g}",
+        "step_throughput mfu percentage": "MFU is a fraction (0.2), not a percentage (20)",
+        "step_throughput mfu in TFLOP/s": "the peaks are in TFLOP/s: multiply them by 1e12 to "
+        "get FLOP/s",
+        "step_throughput mfu per token": "you divided the FLOPs per token by the step time: use "
+        "the FLOPs of the whole step",
+        "step_throughput mfu rounded": "you rounded the MFU: return it unrounded (round only "
+        "when you print it)",
+        "step_throughput mfu other peak": "a {field} run divides by the {field} peak ({peak:g} "
+        "TFLOP/s on a {gpu}), not {other}'s ({other_peak:g})",
+        "step_throughput mfu wrong": "{flops:.4g} FLOPs in {seconds:g} s on a {gpu} in {field} "
+        "({peak:g} TFLOP/s) is an MFU of {right:.6g}, not {mfu:.6g}: FLOPs / seconds / (peak in "
+        "TFLOP/s × 1e12)",
+    },
+)
 
 # ------------------------------------------------------------- (a) causal self-attention
 
@@ -116,69 +306,32 @@ def attention(
     return merged @ (w_out if how.projection == "w_out" else w_out.T)
 
 
-_SPLIT = ".view(batch, seq, heads, head_dim).transpose(1, 2)"
-_PARTS = {"q": "queries", "k": "keys", "v": "values"}
-
-
-def _order_feedback(order: str) -> str:
-    """Feedback for reading x @ w_qkv.T's three parts in ``order`` (not "qkv")."""
-    moved = [_PARTS[right] for name, right in zip(order, "qkv", strict=True) if name != right]
-    what = f"{moved[0]} and {moved[1]} are swapped" if len(moved) == 2 else "q, k, v are mixed up"
-    return (
-        f"{what}: x @ w_qkv.T holds the queries, then the keys, then the values "
-        f"(q, k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as "
-        f"{', '.join(_PARTS[name] for name in order)}"
-    )
-
-
-#: Each usual mistake of exercise 09 (a), and the feedback that names it.
+#: Each usual mistake of exercise 09 (a), and the name of the feedback that names it in
+#: :data:`MESSAGES_09`.
 ATTENTION_MISTAKES: dict[Attention, str] = {
-    Attention(mask="none"): "there is no causal mask: each token also attended to the tokens "
-    "after it; pass is_causal=True to F.scaled_dot_product_attention",
-    Attention(mask="sees next"): "the causal mask is off by one: each token also saw the next "
-    "token; hide only the keys after the query (torch.ones(T, T).triu(1), or is_causal=True)",
-    Attention(mask="hides self"): "the causal mask hides the diagonal too: a token must be "
-    "allowed to attend to itself; hide only the keys after it (triu(1), or is_causal=True)",
-    Attention(mask="hides past"): "the mask hides the earlier tokens instead of the later "
-    "ones: a token may attend to itself and the tokens before it; hide the keys after it "
-    "(triu(1), or is_causal=True)",
-    Attention(mask="inverted"): "each token attended only to the tokens after it: in "
-    "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY attend, "
-    "the opposite of masked_fill's (or pass is_causal=True)",
-    Attention(mask="zero"): "the hidden scores were set to 0, and the softmax still gives them "
-    "weight (e^0 = 1): fill them with float('-inf'), or pass is_causal=True",
-    Attention(mask="after softmax"): "the mask was applied after the softmax, so each row of "
-    "weights no longer sums to 1: mask the scores with -inf before the softmax (or pass "
-    "is_causal=True)",
-    Attention(scale="head_dim twice"): "the scores were scaled by 1/head_dim, not "
-    "1/√head_dim: did you divide q by √head_dim and let F.scaled_dot_product_attention scale "
-    "again? It scales for you",
-    Attention(scale="none"): "the scores were not scaled: multiply q @ kᵀ by 1/√head_dim "
-    "(F.scaled_dot_product_attention does it for you)",
-    Attention(scale="dim"): "the scores were scaled by 1/√dim, the model's width: the scale "
-    "is 1/√head_dim, head_dim = dim // heads",
-    Attention(softmax_dim=-2): "the softmax ran over the wrong dimension (the queries): each "
-    "query's weights over the keys must sum to 1, softmax(dim=-1)",
-    Attention(split="heads first"): "the heads were split with .view(batch, heads, seq, "
-    f"head_dim), which mixes tokens into heads: split with {_SPLIT}",
-    Attention(split="no transpose"): "the heads were split without .transpose(1, 2): "
-    "attention ran across the heads instead of across the tokens; split with " + _SPLIT,
-    Attention(merge="no transpose"): "the heads were merged with .reshape(batch, seq, dim) "
-    "straight from (batch, heads, seq, head_dim), which mixes tokens: .transpose(1, 2) "
-    "first, then .reshape(batch, seq, dim)",
-    Attention(heads="one"): "you attended with one head over the whole width: split into "
-    "`heads` heads of dim // heads numbers each",
-    **{
-        Attention(order=order): _order_feedback(order)
-        for order in ("kqv", "qvk", "vkq", "kvq", "vqk")
-    },
-    Attention(keys="not transposed"): "the scores are q @ k without transposing k: they "
-    "are q @ k.transpose(-2, -1) (one score per query and key)",
-    Attention(projection="none"): "the output projection is missing: return the merged "
-    "heads @ w_out.T",
-    Attention(projection="w_out"): "the output was projected with @ w_out, not @ w_out.T: "
-    "a weight is stored (out, in) like nn.Linear's, so project with @ w_out.T (or "
-    "F.linear(merged, w_out))",
+    Attention(mask="none"): "causal_attention no mask",
+    Attention(mask="sees next"): "causal_attention mask sees next",
+    Attention(mask="hides self"): "causal_attention mask hides self",
+    Attention(mask="hides past"): "causal_attention mask hides past",
+    Attention(mask="inverted"): "causal_attention mask inverted",
+    Attention(mask="zero"): "causal_attention mask zero",
+    Attention(mask="after softmax"): "causal_attention mask after softmax",
+    Attention(scale="head_dim twice"): "causal_attention scaled twice",
+    Attention(scale="none"): "causal_attention not scaled",
+    Attention(scale="dim"): "causal_attention scaled by dim",
+    Attention(softmax_dim=-2): "causal_attention softmax dim",
+    Attention(split="heads first"): "causal_attention split heads first",
+    Attention(split="no transpose"): "causal_attention split no transpose",
+    Attention(merge="no transpose"): "causal_attention merge no transpose",
+    Attention(heads="one"): "causal_attention one head",
+    Attention(order="kqv"): "causal_attention order kqv",
+    Attention(order="qvk"): "causal_attention order qvk",
+    Attention(order="vkq"): "causal_attention order vkq",
+    Attention(order="kvq"): "causal_attention order kvq",
+    Attention(order="vqk"): "causal_attention order vqk",
+    Attention(keys="not transposed"): "causal_attention keys not transposed",
+    Attention(projection="none"): "causal_attention no projection",
+    Attention(projection="w_out"): "causal_attention projection not transposed",
 }
 
 
@@ -189,7 +342,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def attention_mistake(
     out: torch.Tensor, x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor, heads: int
 ) -> str | None:
-    """The feedback for the usual mistake whose output ``out`` is (``None``: none is)."""
+    """The name in :data:`MESSAGES_09` of the feedback for the usual mistake whose output
+    ``out`` is (``None``: none is)."""
     right = attention(x, w_qkv, w_out, heads)
     for how, feedback in ATTENTION_MISTAKES.items():
         try:
@@ -212,74 +366,54 @@ def check_causal_attention(
     for batch, seq, dim, heads in cases:
         x = torch.randn(batch, seq, dim)
         w_qkv, w_out = torch.randn(3 * dim, dim) / dim**0.5, torch.randn(dim, dim) / dim**0.5
-        shape = f"x of shape {(batch, seq, dim)} and {heads} heads"
+        shape = (batch, seq, dim)
         out = answer_or_error(causal_self_attention, x.clone(), w_qkv, w_out, heads)
-        check(not isinstance(out, str), f"with {shape}, {out}")
+        check(
+            not isinstance(out, str),
+            MESSAGES_09["causal_attention raised"].format(shape=shape, heads=heads, error=out),
+        )
         check(
             type(out) is torch.Tensor,
-            f"return one tensor (batch, seq, dim); yours returned {type(out).__name__}",
+            MESSAGES_09["causal_attention not a tensor"].format(kind=type(out).__name__),
         )
         check(
             out.shape == x.shape,
-            f"with {shape} your output has shape {tuple(out.shape)}: "
-            "return (batch, seq, dim), the merged heads projected by w_out",
+            MESSAGES_09["causal_attention shape"].format(
+                shape=shape, heads=heads, got=tuple(out.shape)
+            ),
         )
-        check(
-            not out.isnan().any(),
-            "your output holds NaN: some token may attend to nothing, not even itself (a row "
-            "of scores all -inf has no softmax). Hide only the keys after each query; in "
-            "F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
-            "attend, the opposite of masked_fill's",
-        )
+        check(not out.isnan().any(), MESSAGES_09["causal_attention NaN"])
         if _same(out.detach(), attention(x, w_qkv, w_out, heads)):
             continue
         mistake = attention_mistake(out, x, w_qkv, w_out, heads)
-        check(mistake is None, f"with {shape}: {mistake}")
+        if mistake is not None:
+            raise CheckFailed(MESSAGES_09[mistake].format(shape=shape, heads=heads))
         x[:, -1] += 1  # change the last token only: no earlier output may move
         later = answer_or_error(causal_self_attention, x, w_qkv, w_out, heads)
         check(
             isinstance(later, str) or _same(later[:, :-1].detach(), out[:, :-1].detach()),
-            f"with {shape}, changing the last token changed earlier outputs: your mask lets "
-            "tokens see later ones (is_causal=True hides them)",
+            MESSAGES_09["causal_attention sees later"].format(shape=shape, heads=heads),
         )
-        raise CheckFailed(
-            f"with {shape} your output differs from causal self-attention, and not in one of "
-            "the usual ways alone (mask, scale, softmax dimension, head split or merge, "
-            "projection): check each step against section 2's CausalSelfAttention"
-        )
+        raise CheckFailed(MESSAGES_09["causal_attention wrong"].format(shape=shape, heads=heads))
 
 
 # ------------------------------------------------------------------ (b) pad a vocabulary
 
 
-def _rows_feedback(vocab: int, multiple: int, rows: int) -> str:
-    """Why ``rows`` is not ``vocab`` rounded up to a multiple of ``multiple``."""
-    expected = -(-vocab // multiple) * multiple
-    said = f"a vocabulary of {vocab}, padded to a multiple of {multiple}, has {expected} rows"
+def _rows_mistake(vocab: int, multiple: int, rows: int) -> str:
+    """The name in :data:`MESSAGES_09` of why ``rows`` is not ``vocab`` rounded up to a
+    multiple of ``multiple``."""
     if rows == vocab:
-        why = "you kept the old size: make a new nn.Embedding with the padded number of rows"
-    elif rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
-        why = (
-            "a vocabulary that is already a multiple keeps its size (round up, not 'the next one')"
-        )
-    elif rows == vocab + multiple:
-        why = "you added a multiple to it: round it up to the next multiple instead"
-    elif rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
-        why = (
-            "you rounded down (or to the nearest): round up, so that every token keeps a "
-            "row: math.ceil(vocab / multiple) * multiple"
-        )
-    elif rows == multiple:
-        why = "you used the multiple itself: round the vocabulary up to a multiple of it"
-    else:
-        why = "round up to the next multiple: math.ceil(vocab / multiple) * multiple"
-    return f"{said}, not {rows}: {why}"
-
-
-_FEWER_ROWS = (
-    " (did the new embedding get fewer rows than the {vocab} old ones? Round up: "
-    "math.ceil(vocab / multiple) * multiple)"
-)
+        return "pad_vocabulary rows kept"
+    if rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
+        return "pad_vocabulary rows next multiple"
+    if rows == vocab + multiple:
+        return "pad_vocabulary rows added"
+    if rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
+        return "pad_vocabulary rows rounded down"
+    if rows == multiple:
+        return "pad_vocabulary rows the multiple"
+    return "pad_vocabulary rows wrong"
 
 
 def check_pad_vocabulary(
@@ -303,15 +437,18 @@ def check_pad_vocabulary(
             before, old = model(tokens).detach(), model.tok.weight.detach().clone()
             with uninitialised_memory_filled():  # torch.empty's rows: NaN, not what was there
                 got = answer_or_error(pad_vocabulary, model, multiple)
-            check(
-                not isinstance(got, str),
-                f"vocabulary {vocab}, multiple {multiple}: {got}"
-                + (_FEWER_ROWS.format(vocab=vocab) if str(vocab) in f"{got}" else ""),
-            )
-            check(got is not None, "return the model (the same one, padded)")
+            if isinstance(got, str):
+                fewer = str(vocab) in got  # an error naming the old size: fewer rows, likely
+                raised = "pad_vocabulary raised, fewer rows" if fewer else "pad_vocabulary raised"
+                raise CheckFailed(
+                    MESSAGES_09[raised].format(vocab=vocab, multiple=multiple, error=got)
+                )
+            check(got is not None, MESSAGES_09["pad_vocabulary returned nothing"])
             check(
                 isinstance(got, kind),
-                f"return the model, a {kind.__name__}, not {type(got).__name__}",
+                MESSAGES_09["pad_vocabulary not the model"].format(
+                    kind=kind.__name__, got=type(got).__name__
+                ),
             )
             _check_padded(got, vocab, multiple, old_width, dtype, tokens, before, old)
 
@@ -330,50 +467,39 @@ def _check_padded(
     expected = -(-vocab // multiple) * multiple
     check(
         got_width == width,
-        f"the embedding is {got_width} wide, it was {width}: pad the "
-        "rows (one per token), not the embedding width",
+        MESSAGES_09["pad_vocabulary width"].format(got=got_width, width=width),
     )
-    check(rows == expected, _rows_feedback(vocab, multiple, rows))
     check(
-        model.head.weight is model.tok.weight,
-        "the head is no longer tied to the embedding: after making the new embedding, "
-        "model.head.weight = model.tok.weight",
+        rows == expected,
+        MESSAGES_09[_rows_mistake(vocab, multiple, rows)].format(
+            vocab=vocab, multiple=multiple, expected=expected, rows=rows
+        ),
     )
+    check(model.head.weight is model.tok.weight, MESSAGES_09["pad_vocabulary untied"])
     check(
         model.tok.weight.dtype == dtype,
-        f"a {str(dtype)[6:]} model came back with {str(model.tok.weight.dtype)[6:]} rows: make "
-        "the new embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
-        "dtype=old.dtype, device=old.device)",
+        MESSAGES_09["pad_vocabulary dtype"].format(
+            dtype=str(dtype)[6:], got=str(model.tok.weight.dtype)[6:]
+        ),
     )
     weight = model.tok.weight.detach()
-    check(
-        bool(torch.isfinite(weight[vocab:]).all()),
-        "the extra rows hold NaN or inf, or were never given values: torch.empty (new_empty, "
-        "empty_like) leaves whatever was in memory; initialize them (zeros, or "
-        "nn.Embedding's own random rows) before copying the old rows in",
-    )
+    check(bool(torch.isfinite(weight[vocab:]).all()), MESSAGES_09["pad_vocabulary rows not finite"])
     after = model(tokens).detach()
     check(
         after.shape[-1] == expected,
-        f"the logits have {after.shape[-1]} columns, expected "
-        f"{expected}: the head must score every row of the padded embedding",
+        MESSAGES_09["pad_vocabulary logits"].format(columns=after.shape[-1], expected=expected),
     )
     if torch.equal(weight[:vocab], old) and torch.allclose(after[..., :vocab], before, atol=1e-5):
         return
     check(
         not torch.equal(weight[expected - vocab :], old) or expected == vocab,
-        "the old rows went to the end of the new embedding: token i must keep row i, so copy "
-        "the old rows into the first rows, new.weight[:vocab] = old.weight",
+        MESSAGES_09["pad_vocabulary old rows at the end"],
     )
     check(
         not torch.allclose(weight[:vocab], old, atol=1e-3, rtol=1e-3),
-        "the old rows changed slightly: copy them exactly (new.weight.data[:vocab] = "
-        "old.weight), with no arithmetic on them and in the old dtype",
+        MESSAGES_09["pad_vocabulary old rows changed"],
     )
-    raise CheckFailed(
-        "the real tokens' logits changed: copy the old rows into the first rows of the new "
-        "embedding (new.weight.data[:vocab] = old.weight), so that each token keeps its row"
-    )
+    raise CheckFailed(MESSAGES_09["pad_vocabulary logits changed"])
 
 
 # ---------------------------------------------------- (c) FLOPs, tokens/s, MFU of a step
@@ -443,58 +569,32 @@ def _call_counting(step_throughput: Callable[..., Any], case: StepCase) -> tuple
     return answer, entered["count"]
 
 
-def _flops_feedback(case: StepCase, flops: float, right: int) -> str | None:
-    """Why ``flops`` is not the step's count ``right`` (``None``: it is)."""
+def _flops_mistake(case: StepCase, flops: float, right: int) -> str | None:
+    """The name in :data:`MESSAGES_09` of why ``flops`` is not the step's count ``right``
+    (``None``: it is)."""
     if math.isclose(flops, right, rel_tol=1e-9):
         return None
     model, x, y = case.model, case.x, case.y
     tokens = x.numel()
     n = sum(p.numel() for p in model.parameters())
     known = [
-        (
-            step_flops(model, x, y, backward=False),
-            "you counted the forward pass only: "
-            "backward costs about twice the forward, so call loss.backward() inside the "
-            "FlopCounterMode block too",
-        ),
-        (
-            step_flops(model, x, y, math_kernel=False),
-            "attention's matmuls are missing: "
-            "PyTorch's CPU flash kernel has no FLOP formula, so count under "
-            "sdpa_kernel(SDPBackend.MATH)",
-        ),
+        (step_flops(model, x, y, backward=False), "step_throughput flops forward only"),
+        (step_flops(model, x, y, math_kernel=False), "step_throughput flops no attention"),
         (
             step_flops(model, x, y, backward=False, math_kernel=False),
-            "you counted the forward "
-            "pass only, without attention's matmuls: count forward and backward, under "
-            "sdpa_kernel(SDPBackend.MATH)",
+            "step_throughput flops forward only, no attention",
         ),
-        (
-            right / tokens,
-            "that is the FLOPs per token: return the FLOPs of the whole step "
-            "(every token of the batch)",
-        ),
-        (
-            right / x.shape[0],
-            "that is the FLOPs per sequence: return the FLOPs of the whole "
-            "step (every sequence of the batch)",
-        ),
-        (2 * right, "you counted two steps: count one forward and one backward"),
-        (
-            6 * n * tokens,
-            "that is 6·N·tokens, the rule of thumb, which leaves out attention and "
-            "counts parameters that do no matmul: count the step with FlopCounterMode",
-        ),
+        (right / tokens, "step_throughput flops per token"),
+        (right / x.shape[0], "step_throughput flops per sequence"),
+        (2 * right, "step_throughput flops two steps"),
+        (6 * n * tokens, "step_throughput flops 6N"),
     ]
-    for value, feedback in known:
+    for value, mistake in known:
         if not math.isclose(value, right, rel_tol=1e-9) and math.isclose(
             flops, value, rel_tol=1e-6
         ):
-            return feedback
-    return (
-        f"your step counted {flops:.4g} FLOPs, FlopCounterMode counts {right:.4g} for one "
-        "forward and backward under sdpa_kernel(SDPBackend.MATH)"
-    )
+            return mistake
+    return "step_throughput flops wrong"
 
 
 def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[StepCase]) -> None:
@@ -508,39 +608,40 @@ def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[S
     for case in cases:
         field = _PEAK_FIELDS[case.dtype]
         peak_tflops = getattr(case.gpu, field)
-        what = f"a {case.gpu.name} in {field}"
+        gpu = case.gpu.name
         answer, counters = _call_counting(step_throughput, case)
         if peak_tflops is None:
+            raised = isinstance(answer, str)
+            no_peak = (
+                "step_throughput no peak, raised" if raised else "step_throughput no peak, returned"
+            )
             check(
-                isinstance(answer, str) and "ValueError" in answer,
-                f"{what}: a {case.gpu.name} has no {field} peak (gpu.{field} is None): raise "
-                f"ValueError (yours {'raised' if isinstance(answer, str) else 'returned'} "
-                f"{answer if isinstance(answer, str) else 'a result'})",
+                raised and "ValueError" in answer,
+                MESSAGES_09[no_peak].format(gpu=gpu, field=field, error=answer),
             )
             continue
-        check(not isinstance(answer, str), f"{what}: {answer}")
+        check(
+            not isinstance(answer, str),
+            MESSAGES_09["step_throughput raised"].format(gpu=gpu, field=field, error=answer),
+        )
         check(
             isinstance(answer, tuple) and len(answer) == 3,
-            "return three numbers: (flops, tokens_per_second, mfu)",
+            MESSAGES_09["step_throughput not three numbers"],
         )
         flops, speed, utilization = answer
-        check(
-            counters > 0,
-            "count the step's FLOPs with FlopCounterMode around one forward "
-            "and backward (the exercise is the counter, not a formula)",
-        )
+        check(counters > 0, MESSAGES_09["step_throughput no counter"])
         check(
             isinstance(flops, int | float) and not isinstance(flops, bool),
-            f"the FLOPs should be a number, got {type(flops).__name__}",
+            MESSAGES_09["step_throughput flops not a number"].format(kind=type(flops).__name__),
         )
         right = step_flops(case.model, case.x, case.y)
-        check((mistake := _flops_feedback(case, flops, right)) is None, f"{mistake}")
+        mistake = _flops_mistake(case, flops, right)
+        if mistake is not None:
+            raise CheckFailed(MESSAGES_09[mistake].format(flops=flops, right=right))
         answers.append((flops, speed, utilization))
         _check_speed_and_mfu(case, right, speed, utilization, peak_tflops)
     check(
-        len({a[0] for a in answers}) == len(answers),
-        "your FLOPs did not change with the "
-        "model and the batch: count them for the model and batch you are given",
+        len({a[0] for a in answers}) == len(answers), MESSAGES_09["step_throughput flops constant"]
     )
 
 
@@ -549,52 +650,61 @@ def _check_speed_and_mfu(
 ) -> None:
     tokens, sequences, seconds = case.x.numel(), case.x.shape[0], case.seconds
     field = _PEAK_FIELDS[case.dtype]
-    for name, value in (("tokens per second", speed), ("MFU", utilization)):
+    for key, value in (
+        ("step_throughput speed not a number", speed),
+        ("step_throughput mfu not a number", utilization),
+    ):
         check(
             isinstance(value, int | float) and not isinstance(value, bool),
-            f"{name} should be a number, got {type(value).__name__}",
+            MESSAGES_09[key].format(kind=type(value).__name__),
         )
     check(
         not math.isclose(speed, sequences / seconds, rel_tol=1e-6),
-        "that is sequences "
-        "per second: count tokens, batch × sequence length (x.numel()), per second",
+        MESSAGES_09["step_throughput sequences per second"],
     )
     check(
         not math.isclose(speed, seconds / tokens, rel_tol=1e-6),
-        "that is seconds per token: return tokens per second, tokens / seconds",
+        MESSAGES_09["step_throughput seconds per token"],
     )
     check(
         math.isclose(speed, tokens / seconds, rel_tol=1e-6),
-        f"{tokens} tokens in "
-        f"{seconds:g} s are {tokens / seconds:.6g} tokens per second, not {speed:.6g}",
+        MESSAGES_09["step_throughput speed wrong"].format(
+            tokens=tokens, seconds=seconds, right=tokens / seconds, speed=speed
+        ),
     )
     right = flops / seconds / (peak_tflops * 1e12)
     if math.isclose(utilization, right, rel_tol=1e-9):
         return
     peaks = {f: getattr(case.gpu, f) for f in ("fp32", "fp16", "bf16", "tf32")}
     known = {
-        100 * right: "MFU is a fraction (0.2), not a percentage (20)",
-        flops / seconds / peak_tflops: "the peaks are in TFLOP/s: multiply them by 1e12 to "
-        "get FLOP/s",
-        flops / tokens / seconds / (peak_tflops * 1e12): "you divided the FLOPs per token by "
-        "the step time: use the FLOPs of the whole step",
-        round(right, 2): "you rounded the MFU: return it unrounded (round only when you print it)",
-        round(right, 3): "you rounded the MFU: return it unrounded (round only when you print it)",
+        100 * right: MESSAGES_09["step_throughput mfu percentage"],
+        flops / seconds / peak_tflops: MESSAGES_09["step_throughput mfu in TFLOP/s"],
+        flops / tokens / seconds / (peak_tflops * 1e12): MESSAGES_09[
+            "step_throughput mfu per token"
+        ],
+        round(right, 2): MESSAGES_09["step_throughput mfu rounded"],
+        round(right, 3): MESSAGES_09["step_throughput mfu rounded"],
     }
     for other, tflops in peaks.items():
         if other != field and tflops:
             known.setdefault(
                 flops / seconds / (tflops * 1e12),
-                f"a {field} run divides by "
-                f"the {field} peak ({peak_tflops:g} TFLOP/s on a "
-                f"{case.gpu.name}), not {other}'s ({tflops:g})",
+                MESSAGES_09["step_throughput mfu other peak"].format(
+                    field=field, peak=peak_tflops, gpu=case.gpu.name, other=other, other_peak=tflops
+                ),
             )
     for value, feedback in known.items():
         check(not math.isclose(utilization, value, rel_tol=1e-9), feedback)
     raise CheckFailed(
-        f"{flops:.4g} FLOPs in {seconds:g} s on a {case.gpu.name} in {field} "
-        f"({peak_tflops:g} TFLOP/s) is an MFU of {right:.6g}, not {utilization:.6g}: FLOPs / "
-        "seconds / (peak in TFLOP/s × 1e12)"
+        MESSAGES_09["step_throughput mfu wrong"].format(
+            flops=flops,
+            seconds=seconds,
+            gpu=case.gpu.name,
+            field=field,
+            peak=peak_tflops,
+            right=right,
+            mfu=utilization,
+        )
     )
 
 
