@@ -55,6 +55,7 @@ from course_utils.instructor.grading import (
     guard_spec,
 )
 from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
+from course_utils.instructor.paths import under
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -180,12 +181,13 @@ def result_key(task: Task, options: Options) -> str:
 
 
 def _result_path(out: Path, task: Task) -> Path:
-    return out / "results" / task.learner / f"{Path(task.notebook).stem}.json"
+    """``results/LEARNER/NOTEBOOK.json``, the learner's name made safe (:mod:`.paths`)."""
+    return under(out, "results", task.learner, f"{Path(task.notebook).stem}.json")
 
 
 def _graded_path(out: Path, task: Task) -> Path:
     """The grader's own feedback notebook (``feedback/`` gets it with the adjustments)."""
-    return out / "results" / task.learner / f"{Path(task.notebook).stem}.ipynb"
+    return under(out, "results", task.learner, f"{Path(task.notebook).stem}.ipynb")
 
 
 def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]:
@@ -572,7 +574,7 @@ def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
         if report is None or not graded.is_file():
             continue
         notebook, text = _feedback_text(graded, report)
-        target = out / "feedback" / task.learner / task.notebook
+        target = under(out, "feedback", task.learner, task.notebook)
         html = target.with_suffix(".html")
         if target.is_file() and html.is_file() and target.read_text(encoding="utf-8") == text:
             continue

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from course_utils.instructor import validation
+from course_utils.instructor.paths import inside
 from course_utils.instructor.student import InputError
 
 #: Canvas's name for a file of a submission (an attachment): ``name[_late]_USER_FILE_NAME``.
@@ -181,7 +182,7 @@ def unpack_zip(
                     notes.append(f"{member.filename}: ignored (a second file of that name)")
                 else:
                     written.add(str(path).lower())
-                    total += _copy_member(zipped, member, dest / path, max_file_bytes,
+                    total += _copy_member(zipped, member, inside(dest, dest / path), max_file_bytes,
                                           max_total_bytes - total)  # fmt: skip
     except zipfile.BadZipFile as error:
         raise InputError(f"{archive} is not a zip file Canvas wrote ({error})") from None

@@ -1,0 +1,116 @@
+"""One learner's input stays that learner's problem (issue 43): an identifier used as a
+path writes nothing outside ``--out``, a name that is not UTF-8 or a bad zip member is a
+note for its learner, and the rest of the class is graded. The grading itself is faked
+here (``grade_submission``): what is tested is intake and output."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grader import _instructor
+
+from course_utils.cli import main
+from course_utils.instructor import gradebook
+from course_utils.instructor.grading import CheckResult, GradeReport
+from course_utils.instructor.paths import OutsideOutput, safe_name, under
+from course_utils.instructor.student import read_notebook, write_notebook
+
+
+def _fake_grade(submission: Path, source: Path, **_: object) -> tuple[GradeReport, object]:
+    """Every check passed, in no time: the feedback notebook is the submission itself."""
+    notebook = read_notebook(submission)
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell("summary"))
+    checks = [
+        CheckResult("t-double-check", 1, 1, True, ""),
+        CheckResult("t-greet-check", 2, 2, True, ""),
+    ]
+    return GradeReport(str(submission), str(source), checks, 0.0), notebook
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gradebook, "grade_submission", _fake_grade)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _files(root: Path) -> set[Path]:
+    return {path for path in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "identifier", ["../../x", "/abs", "a/b", "..", ".", "", "a\x00b", "a\nb", "-rf", ".hidden"]
+)
+def test_a_safe_name_is_one_plain_file_name_and_distinct(identifier):
+    name = safe_name(identifier)
+    assert name not in ("", ".", "..") and "/" not in name and "\x00" not in name
+    assert name.isprintable() and not name.startswith((".", "-"))
+    assert safe_name(identifier) == name  # stable across runs
+    assert safe_name("alice") == "alice" and safe_name("José") == "José"
+
+
+def test_distinct_identifiers_stay_distinct():
+    identifiers = ["a/b", "a_b", "a\\b", "a b", "../../x", "x", "..", ".", ""]
+    assert len({safe_name(i) for i in identifiers}) == len(identifiers)
+
+
+def test_a_link_planted_in_the_output_folder_is_refused(tmp_path):
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    (out / "results" / "bob").symlink_to(tmp_path)
+    with pytest.raises(OutsideOutput):
+        under(out, "results", "bob", "01_ex.json")
+    assert under(out, "results", "../../bob", "01_ex.json").parent.parent == out / "results"
+
+
+ROSTER = (
+    "Student,ID,SIS User ID,SIS Login ID,Section\n"
+    "    Points Possible,,,,\n"
+    '"Lee, Ann",101,s-1,ann,A\n'
+    '"Evil, Eve",102,s-2,../../x,A\n'
+    '"Slash, Sam",103,s-3,{absolute},A\n'
+    '"Dot, Dan",104,s-4,..,A\n'
+)
+
+
+@pytest.mark.slow
+def test_a_roster_id_like_a_path_writes_nothing_outside_out(tmp_path, fake, capsys):
+    source = tmp_path / "work" / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    archive = tmp_path / "work" / "submissions.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for user in (101, 102, 103, 104):
+            write_notebook(_instructor(), tmp_path / "nb.ipynb")
+            zipped.write(tmp_path / "nb.ipynb", f"learner_{user}_{9000 + user}_01_ex.ipynb")
+    roster = tmp_path / "work" / "roster.csv"
+    absolute = str(tmp_path / "abs")  # an absolute path, but one inside the test's folder
+    roster.write_text(ROSTER.format(absolute=absolute), encoding="utf-8")
+    out = tmp_path / "work" / "deep" / "out"
+    out.mkdir(parents=True)
+    before = _files(tmp_path) - _files(out)
+    args = ["grade-class", str(archive), "--source", str(source), "--roster", str(roster),
+            "--out", str(out), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr()
+    after = _files(tmp_path) - _files(out)
+    assert after - before == set()  # nothing written outside --out
+    assert not (tmp_path / "work" / "x").exists() and not (tmp_path / "abs").exists()
+    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    assert {learner: row["total"] for learner, row in book.items()} == {
+        "ann": "3",
+        "../../x": "3",
+        absolute: "3",
+        "..": "3",
+    }
+    assert (out / "feedback" / "ann" / "01_ex.ipynb").is_file()
+    for login in ("../../x", absolute, ".."):
+        assert (out / "feedback" / safe_name(login) / "01_ex.html").is_file()
+        assert (out / "results" / safe_name(login) / "01_ex.json").is_file()
+    canvas = {row["SIS Login ID"]: row for row in _rows(out / "canvas.csv")[1:]}
+    assert canvas["../../x"]["01_ex"] == "3"
