@@ -6,6 +6,7 @@ here (``grade_submission``): what is tested is intake and output."""
 from __future__ import annotations
 
 import csv
+import os
 import zipfile
 from pathlib import Path
 
@@ -114,3 +115,54 @@ def test_a_roster_id_like_a_path_writes_nothing_outside_out(tmp_path, fake, caps
         assert (out / "results" / safe_name(login) / "01_ex.json").is_file()
     canvas = {row["SIS Login ID"]: row for row in _rows(out / "canvas.csv")[1:]}
     assert canvas["../../x"]["01_ex"] == "3"
+
+
+@pytest.mark.slow
+def test_names_that_are_not_utf8_are_a_note_for_their_learner(tmp_path, fake, capsys):
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    klass = tmp_path / "class"
+    write_notebook(_instructor(), klass / "alice" / "01_ex.ipynb")
+    os.mkdir(os.fsencode(klass) + b"/caf\xe9")  # a folder whose name is not UTF-8
+    write_notebook(_instructor(), Path(os.fsdecode(os.fsencode(klass) + b"/caf\xe9/01_ex.ipynb")))
+    bad = os.fsencode(klass) + b"/alice/caf\xe9 01_ex.ipynb"  # a file's name, too
+    Path(os.fsdecode(bad)).write_bytes((klass / "alice" / "01_ex.ipynb").read_bytes())
+    out = tmp_path / "out"
+    args = ["grade-class", str(klass), "--source", str(source), "--out", str(out),
+            "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    assert book["alice"]["total"] == "3"
+    assert "caf? 01_ex.ipynb: refused: its name is not UTF-8" in book["alice"]["notes"]
+    assert book["caf?"]["total"] == "3"  # graded, under its name as it can be shown
+    assert "its folder's name is not UTF-8" in book["caf?"]["notes"]
+    for name in ("checks.csv", "canvas.csv", "submissions.csv", "similarity.csv"):
+        (out / name).read_text(encoding="utf-8")  # every file is UTF-8 text
+
+
+@pytest.mark.slow
+def test_a_canvas_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path, fake, capsys):
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    flat = tmp_path / "download"
+    write_notebook(_instructor(), flat / "leeann_101_9001_01_ex.ipynb")
+    bad = os.fsencode(flat) + b"/roebob_102_9002_01_ex caf\xe9.ipynb"
+    Path(os.fsdecode(bad)).write_bytes((flat / "leeann_101_9001_01_ex.ipynb").read_bytes())
+    roster = tmp_path / "roster.csv"
+    roster.write_text(
+        "Student,ID,SIS User ID,SIS Login ID,Section\n"
+        '"Lee, Ann",101,s-1,ann,A\n"Roe, Bob",102,s-2,bob,A\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    args = ["grade-class", str(flat), "--source", str(source), "--out", str(out),
+            "--roster", str(roster), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    assert book["ann"]["total"] == "3"
+    assert (
+        "roebob_102_9002_01_ex caf?.ipynb: refused: its name is not UTF-8" in book["bob"]["notes"]
+    )

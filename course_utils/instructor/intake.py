@@ -23,6 +23,7 @@ the bytes written are counted against caps, whatever the zip's headers say.
 from __future__ import annotations
 
 import csv
+import hashlib
 import re
 import shutil
 import stat
@@ -366,32 +367,55 @@ def learner_folders(root: Path, notes: dict[str, list[str]] | None = None) -> di
         root = root / "submitted"  # an nbgrader course folder
     said = notes if notes is not None else {}
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.name[0] != "."):
+    folders = sorted(p for p in root.iterdir() if p.name[0] != ".")
+    names = _learner_names([folder.name for folder in folders])
+    for folder in folders:
+        learner = names[folder.name]
         if folder.is_symlink():
-            said.setdefault(folder.name, []).append("refused: the learner's folder is a link")
+            said.setdefault(learner, []).append("refused: the learner's folder is a link")
             continue
         if not folder.is_dir():
             continue
+        if learner != folder.name:
+            said.setdefault(learner, []).append(
+                f"its folder's name is not UTF-8 text: graded as {learner!r} (rename the "
+                "folder to match the roster)"
+            )
         found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
         kept: dict[str, list[Path]] = {}
         for path in sorted(found):
             why = validation.problem(path, folder)
             if why is not None and "refused" in why:
-                said.setdefault(folder.name, []).append(why)
+                said.setdefault(learner, []).append(why)
             else:  # graded, or a row that says why it could not be
                 kept.setdefault(path.name, []).append(path)
         notebooks = []
         for name, paths in kept.items():
             if len(paths) > 1:
                 where = ", ".join(str(p.relative_to(folder)) for p in paths)
-                said.setdefault(folder.name, []).append(
+                said.setdefault(learner, []).append(
                     f"{name}: refused: handed in {len(paths)} times ({where}); hand in one"
                 )
             else:
                 notebooks += paths
         if notebooks:
-            learners[folder.name] = sorted(notebooks)
+            learners[learner] = sorted(notebooks)
     return learners
+
+
+def _learner_names(names: list[str]) -> dict[str, str]:
+    """Each folder's name as a learner's: itself, or for a name that is not UTF-8 the name
+    with ``?`` for its bad bytes (:func:`validation.readable`), a short hash added if that
+    is another folder's name (so the learner's rows can be written as text)."""
+    taken = set(names)
+    chosen: dict[str, str] = {}
+    for name in names:
+        shown = validation.readable(name)
+        if shown != name and (shown in taken or shown in chosen.values()):
+            raw = name.encode("utf-8", "surrogateescape")
+            shown = f"{shown}-{hashlib.sha256(raw).hexdigest()[:8]}"
+        chosen[name] = shown
+    return chosen
 
 
 def _canvas_files(
@@ -406,7 +430,17 @@ def _canvas_files(
     for path in sorted(folder.iterdir()):
         if not path.is_file() or path.suffix.lower() != ".ipynb":
             if path.name[:1] != ".":
-                intake.ignored.append(f"{path.name}: ignored (not a notebook)")
+                intake.ignored.append(f"{validation.readable(path.name)}: ignored (not a notebook)")
+            continue
+        shown = validation.readable(path.name)
+        if shown != path.name:  # not UTF-8: a note for its learner, if the name says who
+            why = f"{shown}: refused: its name is not UTF-8 text (rename it, hand it in again)"
+            found = CANVAS_NAME.match(shown)
+            row = by_id.get(found["user"]) if found else None
+            if row is None:
+                intake.ignored.append(why)
+            else:
+                intake.note(row.get("SIS Login ID") or row["ID"], why)
             continue
         name = CANVAS_NAME.match(path.name)
         anon = CANVAS_ANONYMOUS_NAME.match(path.name) if name is None else None
