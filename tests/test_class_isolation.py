@@ -17,6 +17,7 @@ from test_grader import _instructor
 from course_utils.cli import main
 from course_utils.instructor import gradebook
 from course_utils.instructor.grading import CheckResult, GradeReport
+from course_utils.instructor.intake import unpack_zip
 from course_utils.instructor.paths import OutsideOutput, safe_name, under
 from course_utils.instructor.student import read_notebook, write_notebook
 
@@ -165,4 +166,66 @@ def test_a_canvas_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path,
     assert book["ann"]["total"] == "3"
     assert (
         "roebob_102_9002_01_ex caf?.ipynb: refused: its name is not UTF-8" in book["bob"]["notes"]
+    )
+
+
+def _lying_zip(path: Path, name: str, data: bytes, claimed: int) -> Path:
+    """A zip whose member's headers (local and central) claim ``claimed`` bytes."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zipped:
+        zipped.writestr(name, data)
+    raw = bytearray(path.read_bytes())
+    size = len(data).to_bytes(4, "little")
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        at = raw.index(signature)
+        assert raw[at + offset : at + offset + 4] == size
+        raw[at + offset : at + offset + 4] = claimed.to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_member_whose_header_lies_is_a_note_and_the_rest_is_unpacked(tmp_path):
+    archive = _lying_zip(tmp_path / "lie.zip", "a_1_2_x.ipynb", b"0" * 3_000_000, 1000)
+    with zipfile.ZipFile(archive, "a") as zipped:
+        zipped.writestr("b_3_4_x.ipynb", b"{}")
+    assert zipfile.ZipFile(archive).getinfo("a_1_2_x.ipynb").file_size == 1000
+    notes = unpack_zip(archive, tmp_path / "d")
+    assert len(notes) == 1 and notes[0].startswith("a_1_2_x.ipynb: not graded: not unpacked (")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["b_3_4_x.ipynb"]
+
+
+@pytest.mark.slow
+def test_one_oversize_or_lying_zip_member_is_a_note_and_the_class_is_graded(
+    tmp_path, fake, capsys, monkeypatch
+):
+    monkeypatch.setitem(unpack_zip.__kwdefaults__, "max_file_bytes", 2_000_000)
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    write_notebook(_instructor(), tmp_path / "nb.ipynb")
+    archive = _lying_zip(
+        tmp_path / "sub.zip", "roebob_102_9002_01_ex.ipynb", b" " * 3_000_000, 2000
+    )
+    with zipfile.ZipFile(archive, "a", zipfile.ZIP_DEFLATED) as zipped:
+        zipped.write(tmp_path / "nb.ipynb", "leeann_101_9001_01_ex.ipynb")
+        zipped.writestr("doedan_103_9003_01_ex.ipynb", b" " * 5_000_000)  # a bomb, honest header
+    roster = tmp_path / "roster.csv"
+    roster.write_text(
+        "Student,ID,SIS User ID,SIS Login ID,Section\n"
+        '"Lee, Ann",101,s-1,ann,A\n"Roe, Bob",102,s-2,bob,A\n"Doe, Dan",103,s-3,dan,A\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "out"
+    args = ["grade-class", str(archive), "--source", str(source), "--out", str(out),
+            "--roster", str(roster), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    assert book["ann"]["total"] == "3"
+    assert book["bob"]["total"] == book["dan"]["total"] == "0"
+    assert (
+        "roebob_102_9002_01_ex.ipynb: not graded: not unpacked (it cannot be read"
+        in (book["bob"]["notes"])
+    )
+    assert (
+        "doedan_103_9003_01_ex.ipynb: not graded: not unpacked (it inflates past"
+        in (book["dan"]["notes"])
     )

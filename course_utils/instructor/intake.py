@@ -28,6 +28,7 @@ import re
 import shutil
 import stat
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -183,33 +184,57 @@ def unpack_zip(
                     notes.append(f"{member.filename}: ignored (a second file of that name)")
                 else:
                     written.add(str(path).lower())
-                    total += _copy_member(zipped, member, inside(dest, dest / path), max_file_bytes,
-                                          max_total_bytes - total)  # fmt: skip
+                    target = inside(dest, dest / path)
+                    try:
+                        total += _copy_member(zipped, member, target, max_file_bytes,
+                                              max_total_bytes - total)  # fmt: skip
+                    except _MemberError as error:  # this member only: a note, not the run
+                        target.unlink(missing_ok=True)
+                        notes.append(f"{member.filename}{UNPACK_FAILED}{error})")
     except zipfile.BadZipFile as error:
         raise InputError(f"{archive} is not a zip file Canvas wrote ({error})") from None
-    except (OSError, RuntimeError, NotImplementedError) as error:  # unsupported compression
+    except (OSError, RuntimeError, NotImplementedError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read {archive}: {error}") from None
     return notes
+
+
+#: What a note on a member that could not be unpacked says after its name.
+UNPACK_FAILED = ": not graded: not unpacked ("
+
+
+class _MemberError(Exception):
+    """One member of a zip cannot be unpacked (too big, broken, lying header)."""
 
 
 def _copy_member(
     zipped: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, most: int, left: int
 ) -> int:
-    """Copy one member, counting the bytes it really inflates to; return that count."""
+    """Copy one member, counting the bytes it really inflates to (never trusting the
+    header's sizes); return that count. :class:`_MemberError` when it inflates past
+    ``most`` (one file's cap) or cannot be read (a bad CRC, a header that lies about its
+    size, an unsupported compression); :class:`InputError` past ``left`` (the whole
+    download's cap)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with zipped.open(member) as source, target.open("wb") as sink:
-        while chunk := source.read(1 << 20):
-            count += len(chunk)
-            if count > most or count > left:
-                sink.close()
-                target.unlink()
-                what = "one file" if count > most else "the whole download"
-                raise InputError(
-                    f"{member.filename} inflates past the cap for {what}: a zip bomb, or "
-                    "not a download of notebooks"
-                )
-            sink.write(chunk)
+    try:
+        with zipped.open(member) as source, target.open("wb") as sink:
+            while chunk := source.read(1 << 20):
+                count += len(chunk)
+                if count > most:
+                    raise _MemberError(
+                        f"it inflates past {most / 2**20:.3g} MiB, the cap for one file: a zip "
+                        "bomb, or not a notebook"
+                    )
+                if count > left:
+                    sink.close()
+                    target.unlink()
+                    raise InputError(
+                        f"{member.filename} inflates past the cap for the whole download: a "
+                        "zip bomb, or not a download of notebooks"
+                    )
+                sink.write(chunk)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as error:
+        raise _MemberError(f"it cannot be read from the zip: {error}") from None
     return count
 
 
@@ -470,6 +495,28 @@ def _canvas_files(
     return learners
 
 
+def _notes_to_learners(intake: Intake, canvas: bool, students: dict[str, dict[str, str]]) -> None:
+    """A zip member that could not be unpacked is its learner's note (by Canvas's user id
+    in its name, or its learner's folder), so that learner gets a row; other notes stay
+    the run's."""
+    by_id = {row["ID"]: row for row in students.values() if row.get("ID")}
+    kept = []
+    for line in intake.ignored:
+        name = line.split(UNPACK_FAILED)[0] if UNPACK_FAILED in line else None
+        learner = None
+        if name is not None and canvas:
+            found = CANVAS_NAME.match(PurePosixPath(name).name)
+            row = by_id.get(found["user"]) if found else None
+            learner = (row.get("SIS Login ID") or row["ID"]) if row else None
+        elif name is not None and len(PurePosixPath(name).parts) > 1:
+            learner = PurePosixPath(name).parts[0]
+        if learner:
+            intake.note(learner, line)
+        else:
+            kept.append(line)
+    intake.ignored = kept
+
+
 def _keys_of(learner: str, students: dict[str, dict[str, str]]) -> list[str]:
     """Every identifier of a learner (their name, and the roster's IDs)."""
     row = students.get(learner, {})
@@ -499,6 +546,7 @@ def collect(
         raise InputError(f"no such folder or zip: {submissions}")
     canvas = is_canvas_download(folder)
     intake = Intake("canvas" if canvas else "folders", ignored=notes)
+    _notes_to_learners(intake, canvas, students or {})
     files: dict[str, list[tuple[Path, str, bool | None]]] = {}
     if canvas:
         if not students:
