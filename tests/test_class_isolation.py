@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -229,3 +230,45 @@ def test_one_oversize_or_lying_zip_member_is_a_note_and_the_class_is_graded(
         "doedan_103_9003_01_ex.ipynb: not graded: not unpacked (it inflates past"
         in (book["dan"]["notes"])
     )
+
+
+HOSTILE = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(2)>",
+    "[click](javascript:alert(3))",
+    '<a href="javascript:alert(4)">click</a>',
+    "<iframe src=javascript:alert(5)></iframe>",
+]
+
+
+@pytest.mark.slow
+def test_learner_html_is_inert_in_feedback_pages(tmp_path, fake, capsys):
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    learner = _instructor()
+    learner.cells.append(nbformat.v4.new_markdown_cell("\n\n".join(HOSTILE)))
+    learner.cells.append(nbformat.v4.new_raw_cell(HOSTILE[0], metadata={"format": "text/html"}))
+    html_output = nbformat.v4.new_output(
+        "display_data", data={"text/html": "".join(HOSTILE), "text/plain": "x"}
+    )
+    stream = nbformat.v4.new_output("stream", name="stdout", text="".join(HOSTILE))
+    learner.cells.append(
+        nbformat.v4.new_code_cell(f"print({HOSTILE[0]!r})", outputs=[stream, html_output])
+    )
+    write_notebook(learner, tmp_path / "class" / "eve" / "01_ex.ipynb")
+    out = tmp_path / "out"
+    overrides = tmp_path / "overrides.csv"  # a page rendered again after the grading too
+    overrides.write_text("learner,check,points,comment\neve,t-greet-check,1,<script>x</script>\n")
+    for extra in ([], ["--overrides", str(overrides)]):
+        args = ["grade-class", str(tmp_path / "class"), "--source", str(source), "--out",
+                str(out), "--jobs", "1", "--sandbox", "none", *extra]  # fmt: skip
+        assert main(args) == 0, capsys.readouterr()
+        page = (out / "feedback" / "eve" / "01_ex.html").read_text(encoding="utf-8")
+        assert "alert(1)" in page  # the learner's text is there, as text
+        assert re.search(r"<script[^>]*>\s*(alert|x<)", page) is None
+        assert re.search(r"<[a-z]+[^<>]*\son[a-z]+\s*=", page, re.IGNORECASE) is None
+        assert (
+            re.search(r"<[a-z]+[^<>]*(href|src)\s*=\s*[\"']?\s*javascript:", page, re.IGNORECASE)
+            is None
+        )
+        assert "<iframe" not in page

@@ -513,14 +513,18 @@ def write_gradebook(
 @functools.cache
 def _html_exporter() -> Any:
     """nbconvert's HTML exporter (its templates found also from a virtual environment that
-    reuses another's packages)."""
+    reuses another's packages), sanitizing: a learner's Markdown, raw or HTML output
+    (``<script>``, ``onerror=``, ``javascript:`` links) is escaped or stripped, so nothing
+    of theirs runs in a feedback page."""
     import nbconvert  # lazy: slow to import, and only the class's feedback needs it
     from nbconvert import HTMLExporter  # lazy: as above
 
     shared = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
     templates = shared / "nbconvert" / "templates"
     extra = [str(templates)] if templates.is_dir() else []
-    return HTMLExporter(extra_template_basedirs=extra, extra_template_paths=extra)
+    return HTMLExporter(
+        extra_template_basedirs=extra, extra_template_paths=extra, sanitize_html=True
+    )
 
 
 def _feedback_text(graded: Path, report: Mapping[str, Any]) -> tuple[Any, str]:
