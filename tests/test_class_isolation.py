@@ -20,6 +20,7 @@ from course_utils.instructor import gradebook
 from course_utils.instructor.grading import CheckResult, GradeReport
 from course_utils.instructor.intake import unpack_zip
 from course_utils.instructor.paths import OutsideOutput, safe_name, under
+from course_utils.instructor.similarity import OWN_CODE, RUNS_TEXT, runs_text, similar_pairs
 from course_utils.instructor.student import read_notebook, write_notebook
 
 
@@ -272,3 +273,26 @@ def test_learner_html_is_inert_in_feedback_pages(tmp_path, fake, capsys):
             is None
         )
         assert "<iframe" not in page
+
+
+HIDDEN = (
+    "import base64\n"
+    "exec(base64.b64decode('ZGVmIGRvdWJsZSh4KTogcmV0dXJuIDIgKiB4'))  # def double(x): ...\n"
+)
+
+
+def test_an_answer_that_runs_text_as_code_is_flagged_for_review():
+    answers = {
+        "eve": {"01_ex.ipynb": {"t-double": HIDDEN, OWN_CODE: HIDDEN + "\nx = 1\n"}},
+        "mia": {"01_ex.ipynb": {"t-double": "m = torch.compile(model)\nmodel.eval()\n"}},
+        "raj": {"01_ex.ipynb": {OWN_CODE: "f = __import__('mar' + 'shal').loads\n"}},
+    }
+    given = {"01_ex.ipynb": {"t-double": "def double(x):\n    return 2 * x\n"}}
+    pairs = similar_pairs(answers, given)
+    flagged = [(p.learner_a, p.exercise, p.shared_lines) for p in pairs if p.learner_b == RUNS_TEXT]
+    assert flagged == [
+        ("eve", "t-double", "import base64\n" + HIDDEN.splitlines()[1]),
+        ("raj", OWN_CODE, "f = __import__('mar' + 'shal').loads"),
+    ]  # eve once (her own code repeats the answer); torch.compile and .eval() are not flagged
+    assert runs_text("%timeit eval(s)") == ["%timeit eval(s)"]
+    assert runs_text("x = (") == [] and runs_text("compile(s, 'f', 'exec')  # ((") != []
