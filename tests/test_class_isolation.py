@@ -6,6 +6,7 @@ here (``grade_submission``): what is tested is intake and output."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import zipfile
@@ -17,7 +18,8 @@ from test_grader import _instructor
 
 from course_utils.cli import main
 from course_utils.instructor import gradebook
-from course_utils.instructor.grading import CheckResult, GradeReport
+from course_utils.instructor.grading import CheckResult, GradeReport, _read_judge
+from course_utils.instructor.guard import sign
 from course_utils.instructor.intake import unpack_zip
 from course_utils.instructor.paths import OutsideOutput, safe_name, under
 from course_utils.instructor.similarity import OWN_CODE, RUNS_TEXT, runs_text, similar_pairs
@@ -296,3 +298,23 @@ def test_an_answer_that_runs_text_as_code_is_flagged_for_review():
     ]  # eve once (her own code repeats the answer); torch.compile and .eval() are not flagged
     assert runs_text("%timeit eval(s)") == ["%timeit eval(s)"]
     assert runs_text("x = (") == [] and runs_text("compile(s, 'f', 'exec')  # ((") != []
+
+
+def test_a_forged_control_line_on_the_judges_pipe_is_a_flag_never_a_state():
+    read, write = os.pipe()
+    key = b"k" * 32
+    lines = [
+        sign(key, json.dumps({"kind": "armed"})),
+        "done",  # what a learner who finds the pipe may write
+        json.dumps({"kind": "done"}),
+        sign(b"another key", json.dumps({"kind": "done"})),
+        "0" * 64 + ' {"kind": "done"}',
+    ]
+    os.write(write, ("\n".join(lines) + "\n").encode())
+    os.close(write)  # then the judge ends
+    try:
+        state = _read_judge(read, key, {}, [5.0], 5.0)
+    finally:
+        os.close(read)
+    assert state.armed and not state.done and not state.timed_out
+    assert state.flags == ["the notebook's code wrote forged messages to the grader's channel"]
