@@ -318,3 +318,25 @@ def test_a_forged_control_line_on_the_judges_pipe_is_a_flag_never_a_state():
         os.close(read)
     assert state.armed and not state.done and not state.timed_out
     assert state.flags == ["the notebook's code wrote forged messages to the grader's channel"]
+
+
+class _Broken:
+    def from_notebook_node(self, notebook: object) -> tuple[str, dict]:
+        raise ValueError("<b>no</b> such template")
+
+
+@pytest.mark.slow
+def test_a_page_nbconvert_cannot_render_is_a_plain_page_not_a_stopped_run(
+    tmp_path, fake, capsys, monkeypatch
+):
+    monkeypatch.setattr(gradebook, "_html_exporter", _Broken)
+    source = tmp_path / "instructor"
+    write_notebook(_instructor(), source / "01_ex.ipynb")
+    write_notebook(_instructor(), tmp_path / "class" / "ann" / "01_ex.ipynb")
+    out = tmp_path / "out"
+    args = ["grade-class", str(tmp_path / "class"), "--source", str(source), "--out",
+            str(out), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr()
+    page = (out / "feedback" / "ann" / "01_ex.html").read_text(encoding="utf-8")
+    assert "could not be shown as a page (ValueError: &lt;b&gt;no&lt;/b&gt;" in page
+    assert (out / "feedback" / "ann" / "01_ex.ipynb").is_file()

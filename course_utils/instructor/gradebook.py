@@ -15,6 +15,7 @@ import contextlib
 import csv
 import functools
 import hashlib
+import html
 import io
 import json
 import logging
@@ -546,10 +547,25 @@ def _render_page(out: Path, task: Task, report: Mapping[str, Any]) -> None:
     pages are made in parallel, not one after another at the end of the run. The first
     line is the hash of the notebook text the page shows."""
     notebook, text = _feedback_text(_graded_path(out, task), report)
-    page, _ = _html_exporter().from_notebook_node(notebook)
+    page = _page(_html_exporter(), notebook)
     partial = _page_path(out, task).with_suffix(".partial")
     partial.write_text(_digest(text) + "\n" + page, encoding="utf-8")
     partial.replace(_page_path(out, task))
+
+
+def _page(exporter: Any, notebook: Any) -> str:
+    """The feedback page; a notebook nbconvert cannot render (whatever a learner put in
+    it) gets a plain page saying so, never an error for the run."""
+    try:
+        page, _ = exporter.from_notebook_node(notebook)
+    except Exception as error:  # one learner's page, not the class run
+        why = html.escape(f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+        return (
+            "<!doctype html>\n<html lang=en><meta charset=utf-8><title>Feedback</title>\n"
+            f"<p>This feedback could not be shown as a page ({why}): open the notebook "
+            "beside it (.ipynb).</p>\n"
+        )
+    return str(page)
 
 
 def _digest(text: str) -> str:
@@ -579,15 +595,15 @@ def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
             continue
         notebook, text = _feedback_text(graded, report)
         target = under(out, "feedback", task.learner, task.notebook)
-        html = target.with_suffix(".html")
-        if target.is_file() and html.is_file() and target.read_text(encoding="utf-8") == text:
+        shown = target.with_suffix(".html")
+        if target.is_file() and shown.is_file() and target.read_text(encoding="utf-8") == text:
             continue
         page = _rendered(out, task, text)
         if page is None:  # an override or a late penalty changed the report
             exporter = exporter or _html_exporter()
-            page, _ = exporter.from_notebook_node(notebook)
+            page = _page(exporter, notebook)
         target.parent.mkdir(parents=True, exist_ok=True)
-        for path, content in ((html, page), (target, text)):  # the notebook last
+        for path, content in ((shown, page), (target, text)):  # the notebook last
             partial = path.with_suffix(".partial")
             partial.write_text(content, encoding="utf-8")
             partial.replace(path)
