@@ -15,6 +15,7 @@ import contextlib
 import csv
 import functools
 import hashlib
+import html
 import io
 import json
 import logging
@@ -55,6 +56,7 @@ from course_utils.instructor.grading import (
     guard_spec,
 )
 from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
+from course_utils.instructor.paths import under
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -180,12 +182,13 @@ def result_key(task: Task, options: Options) -> str:
 
 
 def _result_path(out: Path, task: Task) -> Path:
-    return out / "results" / task.learner / f"{Path(task.notebook).stem}.json"
+    """``results/LEARNER/NOTEBOOK.json``, the learner's name made safe (:mod:`.paths`)."""
+    return under(out, "results", task.learner, f"{Path(task.notebook).stem}.json")
 
 
 def _graded_path(out: Path, task: Task) -> Path:
     """The grader's own feedback notebook (``feedback/`` gets it with the adjustments)."""
-    return out / "results" / task.learner / f"{Path(task.notebook).stem}.ipynb"
+    return under(out, "results", task.learner, f"{Path(task.notebook).stem}.ipynb")
 
 
 def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]:
@@ -511,14 +514,18 @@ def write_gradebook(
 @functools.cache
 def _html_exporter() -> Any:
     """nbconvert's HTML exporter (its templates found also from a virtual environment that
-    reuses another's packages)."""
+    reuses another's packages), sanitizing: a learner's Markdown, raw or HTML output
+    (``<script>``, ``onerror=``, ``javascript:`` links) is escaped or stripped, so nothing
+    of theirs runs in a feedback page."""
     import nbconvert  # lazy: slow to import, and only the class's feedback needs it
     from nbconvert import HTMLExporter  # lazy: as above
 
     shared = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
     templates = shared / "nbconvert" / "templates"
     extra = [str(templates)] if templates.is_dir() else []
-    return HTMLExporter(extra_template_basedirs=extra, extra_template_paths=extra)
+    return HTMLExporter(
+        extra_template_basedirs=extra, extra_template_paths=extra, sanitize_html=True
+    )
 
 
 def _feedback_text(graded: Path, report: Mapping[str, Any]) -> tuple[Any, str]:
@@ -540,10 +547,25 @@ def _render_page(out: Path, task: Task, report: Mapping[str, Any]) -> None:
     pages are made in parallel, not one after another at the end of the run. The first
     line is the hash of the notebook text the page shows."""
     notebook, text = _feedback_text(_graded_path(out, task), report)
-    page, _ = _html_exporter().from_notebook_node(notebook)
+    page = _page(_html_exporter(), notebook)
     partial = _page_path(out, task).with_suffix(".partial")
     partial.write_text(_digest(text) + "\n" + page, encoding="utf-8")
     partial.replace(_page_path(out, task))
+
+
+def _page(exporter: Any, notebook: Any) -> str:
+    """The feedback page; a notebook nbconvert cannot render (whatever a learner put in
+    it) gets a plain page saying so, never an error for the run."""
+    try:
+        page, _ = exporter.from_notebook_node(notebook)
+    except Exception as error:  # one learner's page, not the class run
+        why = html.escape(f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
+        return (
+            "<!doctype html>\n<html lang=en><meta charset=utf-8><title>Feedback</title>\n"
+            f"<p>This feedback could not be shown as a page ({why}): open the notebook "
+            "beside it (.ipynb).</p>\n"
+        )
+    return str(page)
 
 
 def _digest(text: str) -> str:
@@ -572,16 +594,16 @@ def write_feedback(out: Path, results: Sequence[dict[str, Any]]) -> int:
         if report is None or not graded.is_file():
             continue
         notebook, text = _feedback_text(graded, report)
-        target = out / "feedback" / task.learner / task.notebook
-        html = target.with_suffix(".html")
-        if target.is_file() and html.is_file() and target.read_text(encoding="utf-8") == text:
+        target = under(out, "feedback", task.learner, task.notebook)
+        shown = target.with_suffix(".html")
+        if target.is_file() and shown.is_file() and target.read_text(encoding="utf-8") == text:
             continue
         page = _rendered(out, task, text)
         if page is None:  # an override or a late penalty changed the report
             exporter = exporter or _html_exporter()
-            page, _ = exporter.from_notebook_node(notebook)
+            page = _page(exporter, notebook)
         target.parent.mkdir(parents=True, exist_ok=True)
-        for path, content in ((html, page), (target, text)):  # the notebook last
+        for path, content in ((shown, page), (target, text)):  # the notebook last
             partial = path.with_suffix(".partial")
             partial.write_text(content, encoding="utf-8")
             partial.replace(path)

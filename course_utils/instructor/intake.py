@@ -23,10 +23,12 @@ the bytes written are counted against caps, whatever the zip's headers say.
 from __future__ import annotations
 
 import csv
+import hashlib
 import re
 import shutil
 import stat
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from course_utils.instructor import validation
+from course_utils.instructor.paths import inside
 from course_utils.instructor.student import InputError
 
 #: Canvas's name for a file of a submission (an attachment): ``name[_late]_USER_FILE_NAME``.
@@ -181,33 +184,57 @@ def unpack_zip(
                     notes.append(f"{member.filename}: ignored (a second file of that name)")
                 else:
                     written.add(str(path).lower())
-                    total += _copy_member(zipped, member, dest / path, max_file_bytes,
-                                          max_total_bytes - total)  # fmt: skip
+                    target = inside(dest, dest / path)
+                    try:
+                        total += _copy_member(zipped, member, target, max_file_bytes,
+                                              max_total_bytes - total)  # fmt: skip
+                    except _MemberError as error:  # this member only: a note, not the run
+                        target.unlink(missing_ok=True)
+                        notes.append(f"{member.filename}{UNPACK_FAILED}{error})")
     except zipfile.BadZipFile as error:
         raise InputError(f"{archive} is not a zip file Canvas wrote ({error})") from None
-    except (OSError, RuntimeError, NotImplementedError) as error:  # unsupported compression
+    except (OSError, RuntimeError, NotImplementedError, UnicodeDecodeError) as error:
         raise InputError(f"cannot read {archive}: {error}") from None
     return notes
+
+
+#: What a note on a member that could not be unpacked says after its name.
+UNPACK_FAILED = ": not graded: not unpacked ("
+
+
+class _MemberError(Exception):
+    """One member of a zip cannot be unpacked (too big, broken, lying header)."""
 
 
 def _copy_member(
     zipped: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, most: int, left: int
 ) -> int:
-    """Copy one member, counting the bytes it really inflates to; return that count."""
+    """Copy one member, counting the bytes it really inflates to (never trusting the
+    header's sizes); return that count. :class:`_MemberError` when it inflates past
+    ``most`` (one file's cap) or cannot be read (a bad CRC, a header that lies about its
+    size, an unsupported compression); :class:`InputError` past ``left`` (the whole
+    download's cap)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with zipped.open(member) as source, target.open("wb") as sink:
-        while chunk := source.read(1 << 20):
-            count += len(chunk)
-            if count > most or count > left:
-                sink.close()
-                target.unlink()
-                what = "one file" if count > most else "the whole download"
-                raise InputError(
-                    f"{member.filename} inflates past the cap for {what}: a zip bomb, or "
-                    "not a download of notebooks"
-                )
-            sink.write(chunk)
+    try:
+        with zipped.open(member) as source, target.open("wb") as sink:
+            while chunk := source.read(1 << 20):
+                count += len(chunk)
+                if count > most:
+                    raise _MemberError(
+                        f"it inflates past {most / 2**20:.3g} MiB, the cap for one file: a zip "
+                        "bomb, or not a notebook"
+                    )
+                if count > left:
+                    sink.close()
+                    target.unlink()
+                    raise InputError(
+                        f"{member.filename} inflates past the cap for the whole download: a "
+                        "zip bomb, or not a download of notebooks"
+                    )
+                sink.write(chunk)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError) as error:
+        raise _MemberError(f"it cannot be read from the zip: {error}") from None
     return count
 
 
@@ -365,32 +392,55 @@ def learner_folders(root: Path, notes: dict[str, list[str]] | None = None) -> di
         root = root / "submitted"  # an nbgrader course folder
     said = notes if notes is not None else {}
     learners: dict[str, list[Path]] = {}
-    for folder in sorted(p for p in root.iterdir() if p.name[0] != "."):
+    folders = sorted(p for p in root.iterdir() if p.name[0] != ".")
+    names = _learner_names([folder.name for folder in folders])
+    for folder in folders:
+        learner = names[folder.name]
         if folder.is_symlink():
-            said.setdefault(folder.name, []).append("refused: the learner's folder is a link")
+            said.setdefault(learner, []).append("refused: the learner's folder is a link")
             continue
         if not folder.is_dir():
             continue
+        if learner != folder.name:
+            said.setdefault(learner, []).append(
+                f"its folder's name is not UTF-8 text: graded as {learner!r} (rename the "
+                "folder to match the roster)"
+            )
         found = [*folder.glob("*.ipynb"), *folder.glob("[!.]*/*.ipynb")]  # ASSIGNMENT/ too
         kept: dict[str, list[Path]] = {}
         for path in sorted(found):
             why = validation.problem(path, folder)
             if why is not None and "refused" in why:
-                said.setdefault(folder.name, []).append(why)
+                said.setdefault(learner, []).append(why)
             else:  # graded, or a row that says why it could not be
                 kept.setdefault(path.name, []).append(path)
         notebooks = []
         for name, paths in kept.items():
             if len(paths) > 1:
                 where = ", ".join(str(p.relative_to(folder)) for p in paths)
-                said.setdefault(folder.name, []).append(
+                said.setdefault(learner, []).append(
                     f"{name}: refused: handed in {len(paths)} times ({where}); hand in one"
                 )
             else:
                 notebooks += paths
         if notebooks:
-            learners[folder.name] = sorted(notebooks)
+            learners[learner] = sorted(notebooks)
     return learners
+
+
+def _learner_names(names: list[str]) -> dict[str, str]:
+    """Each folder's name as a learner's: itself, or for a name that is not UTF-8 the name
+    with ``?`` for its bad bytes (:func:`validation.readable`), a short hash added if that
+    is another folder's name (so the learner's rows can be written as text)."""
+    taken = set(names)
+    chosen: dict[str, str] = {}
+    for name in names:
+        shown = validation.readable(name)
+        if shown != name and (shown in taken or shown in chosen.values()):
+            raw = name.encode("utf-8", "surrogateescape")
+            shown = f"{shown}-{hashlib.sha256(raw).hexdigest()[:8]}"
+        chosen[name] = shown
+    return chosen
 
 
 def _canvas_files(
@@ -405,7 +455,17 @@ def _canvas_files(
     for path in sorted(folder.iterdir()):
         if not path.is_file() or path.suffix.lower() != ".ipynb":
             if path.name[:1] != ".":
-                intake.ignored.append(f"{path.name}: ignored (not a notebook)")
+                intake.ignored.append(f"{validation.readable(path.name)}: ignored (not a notebook)")
+            continue
+        shown = validation.readable(path.name)
+        if shown != path.name:  # not UTF-8: a note for its learner, if the name says who
+            why = f"{shown}: refused: its name is not UTF-8 text (rename it, hand it in again)"
+            found = CANVAS_NAME.match(shown)
+            row = by_id.get(found["user"]) if found else None
+            if row is None:
+                intake.ignored.append(why)
+            else:
+                intake.note(row.get("SIS Login ID") or row["ID"], why)
             continue
         name = CANVAS_NAME.match(path.name)
         anon = CANVAS_ANONYMOUS_NAME.match(path.name) if name is None else None
@@ -433,6 +493,28 @@ def _canvas_files(
             "export the gradebook again (Grades → Export) after the last enrolment"
         )
     return learners
+
+
+def _notes_to_learners(intake: Intake, canvas: bool, students: dict[str, dict[str, str]]) -> None:
+    """A zip member that could not be unpacked is its learner's note (by Canvas's user id
+    in its name, or its learner's folder), so that learner gets a row; other notes stay
+    the run's."""
+    by_id = {row["ID"]: row for row in students.values() if row.get("ID")}
+    kept = []
+    for line in intake.ignored:
+        name = line.split(UNPACK_FAILED)[0] if UNPACK_FAILED in line else None
+        learner = None
+        if name is not None and canvas:
+            found = CANVAS_NAME.match(PurePosixPath(name).name)
+            row = by_id.get(found["user"]) if found else None
+            learner = (row.get("SIS Login ID") or row["ID"]) if row else None
+        elif name is not None and len(PurePosixPath(name).parts) > 1:
+            learner = PurePosixPath(name).parts[0]
+        if learner:
+            intake.note(learner, line)
+        else:
+            kept.append(line)
+    intake.ignored = kept
 
 
 def _keys_of(learner: str, students: dict[str, dict[str, str]]) -> list[str]:
@@ -464,6 +546,7 @@ def collect(
         raise InputError(f"no such folder or zip: {submissions}")
     canvas = is_canvas_download(folder)
     intake = Intake("canvas" if canvas else "folders", ignored=notes)
+    _notes_to_learners(intake, canvas, students or {})
     files: dict[str, list[tuple[Path, str, bool | None]]] = {}
     if canvas:
         if not students:

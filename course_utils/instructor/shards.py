@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_utils.instructor.paths import under
 from course_utils.instructor.student import InputError
 
 RECORD = "run.json"
@@ -86,10 +87,10 @@ def read_results(out: Path, tasks: Sequence[tuple[str, str]]) -> list[dict[str, 
     """The stored result of each task (a missing or broken file: not graded)."""
     results = []
     for learner, notebook in tasks:
-        path = out / "results" / learner / f"{Path(notebook).stem}.json"
         try:
+            path = under(out, "results", learner, f"{Path(notebook).stem}.json")
             results.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # OutsideOutput is a ValueError too
             error = f"no result in {out} (the shard did not finish: grade it again)"
             results.append({"learner": learner, "notebook": notebook, "error": error})
     return results

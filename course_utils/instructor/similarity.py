@@ -181,6 +181,71 @@ def _shared_lines(code: str, slices: Any) -> str:
     return "\n".join(lines[n] for n in sorted(keep) if lines[n] != _CELL_BREAK.strip())
 
 
+#: learner_b of a row whose answer runs text as code (``exec(base64...)`` hides code
+#: from the comparison): read that answer.
+RUNS_TEXT = "(needs review: runs text as code)"
+#: Built-ins that run or build code from text, called by their bare name.
+_RUNNERS = frozenset({"exec", "eval", "compile", "__import__"})
+#: Modules that decode or load code (or reach the built-ins another way).
+_DECODERS = frozenset({"base64", "marshal", "codecs", "importlib", "builtins", "__builtins__"})
+
+
+#: The same, by words, for a cell that does not tokenize.
+_WORDS = re.compile(
+    r"(?<![.\w])(?:exec|eval|compile|__import__)\b|"
+    r"\b(?:base64|marshal|codecs|importlib|builtins|__builtins__)\b"
+)
+
+
+def runs_text(code: str) -> list[str]:
+    r"""The lines of ``code`` that run text as code or decode it: a bare ``exec``,
+    ``eval``, ``compile`` or ``__import__`` (not ``torch.compile``), or a use of
+    ``base64``, ``marshal``, ``codecs``, ``importlib``, ``builtins``.
+
+    >>> runs_text("import base64\nexec(base64.b64decode(s))\nm = torch.compile(m)")
+    ['import base64', 'exec(base64.b64decode(s))']
+    """
+    import tokenize  # lazy: only for this check
+
+    found: set[int] = set()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        tokens = []
+    before = ""
+    for token in tokens:
+        if token.type == tokenize.NAME:
+            bare = before != "."
+            if (token.string in _RUNNERS and bare) or token.string in _DECODERS:
+                found.add(token.start[0])
+        if token.type not in (tokenize.NL, tokenize.COMMENT):
+            before = token.string
+    if not tokens:  # not Python (a magic, a broken cell): by words
+        found = {n for n, line in enumerate(code.splitlines(), 1) if _WORDS.search(line)}
+    lines = code.splitlines()
+    return [lines[n - 1].strip() for n in sorted(found) if n <= len(lines)]
+
+
+def _runs_text_rows(answers: Answers, given: Mapping[str, Mapping[str, str]]) -> list[SimilarPair]:
+    """One row per learner and exercise whose answer runs text as code (what the
+    instructor's own code for it does not), under :data:`RUNS_TEXT`; a notebook's
+    :data:`OWN_CODE` only when none of its exercises was flagged already."""
+    rows: list[SimilarPair] = []
+    for learner in sorted(answers):
+        for notebook, cells in sorted(answers[learner].items()):
+            flagged = False
+            for gid in sorted(cells, key=lambda g: g == OWN_CODE):
+                if gid == OWN_CODE and flagged:
+                    continue
+                theirs = set(runs_text(given.get(notebook, {}).get(gid, "")))
+                lines = [line for line in runs_text(cells[gid]) if line not in theirs]
+                if lines:
+                    flagged = True
+                    rows.append(SimilarPair(notebook, gid, learner, RUNS_TEXT, 0.0, 0.0,
+                                            "\n".join(lines)))  # fmt: skip
+    return rows
+
+
 def similar_pairs(
     answers: Answers,
     given: Mapping[str, Mapping[str, str]],
@@ -189,7 +254,9 @@ def similar_pairs(
 ) -> list[SimilarPair]:
     """The pairs of answers alike beyond ``threshold`` (see the module's documentation),
     per notebook and exercise, most alike first. ``given[notebook][grade_id]`` is the
-    instructor's code for that exercise."""
+    instructor's code for that exercise. Then one row per answer that runs text as code
+    (:func:`runs_text`, learner_b :data:`RUNS_TEXT`): such an answer can hide its code
+    from the comparison, so it is flagged for review whatever its similarity."""
     import numpy as np  # lazy: with copydetect
     from copydetect import compare_files
 
@@ -221,9 +288,8 @@ def similar_pairs(
                 continue
             lines = _shared_lines(prints[a].raw_code, slices_a)
             pairs.append(SimilarPair(notebook, gid, a, b, float(share_a), float(share_b), lines))
-    return sorted(
-        pairs, key=lambda p: (-p.similarity, p.notebook, p.exercise, p.learner_a, p.learner_b)
-    )
+    pairs.sort(key=lambda p: (-p.similarity, p.notebook, p.exercise, p.learner_a, p.learner_b))
+    return pairs + _runs_text_rows(answers, given)  # evidence of another kind: last
 
 
 def _solution_part(given: str) -> str:
@@ -260,7 +326,10 @@ def write_similarity(out: Path, pairs: list[SimilarPair], threshold: float) -> t
         f"<h1>Similar answers</h1>\n<p>{len(pairs)} pair(s) of answers share at least "
         f"{threshold:.0%} of one answer's code beyond what the instructor gave (names, "
         "strings, comments and layout ignored). This is evidence to look at, not a verdict: "
-        "read both notebooks before you conclude anything.</p>\n"
+        "read both notebooks before you conclude anything. Rows whose second learner is "
+        f"{html.escape(RUNS_TEXT)} are answers that build code from text (exec, eval, "
+        "compile, base64, marshal...): what they run is hidden from this comparison, so "
+        "read them.</p>\n"
         "<table><tr><th>notebook</th><th>exercise</th><th>learner</th><th>learner</th>"
         f"<th>similarity</th><th>shared lines ({'first learner'})</th></tr>\n{rows}</table>\n"
     )

@@ -33,7 +33,7 @@ def cell(value: Any, numeric: bool = False) -> Any:
     """
     if isinstance(value, int | float) and not isinstance(value, bool):
         return value
-    text = "" if value is None else str(value)
+    text = "" if value is None else readable(str(value))  # a name that is not UTF-8 too
     if numeric and _NUMBER.match(text):
         return text
     return "'" + text if text.startswith(_FORMULA_START) else text
