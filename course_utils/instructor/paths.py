@@ -49,9 +49,10 @@ def safe_name(identifier: str) -> str:
 
 
 def under(out: Path, *parts: str) -> Path:
-    """``out/PART/...`` with every part a :func:`safe_name`; :class:`OutsideOutput` when
-    the resolved path (links followed) is not inside ``out``."""
-    path = out.joinpath(*(safe_name(part) for part in parts))
+    """``out/PART/...`` with every part a :func:`safe_name` (a part ``.``, the learner of
+    ``grade FILE`` in the current folder, is left out, as it always was); :class:`OutsideOutput`
+    when the resolved path (links followed) is not inside ``out``."""
+    path = out.joinpath(*(safe_name(part) for part in parts if part != "."))
     return inside(out, path)
 
 
