@@ -160,7 +160,11 @@ class Messages(Mapping[str, str]):
         return f"{self.name}:{key}"
 
     def __getitem__(self, key: str) -> str:
-        return translated(self.context(key), self.english[key])
+        return self.text(key)
+
+    def text(self, key: str, language: str | None = None) -> str:
+        """The template ``key`` in ``language`` (default: :func:`course_language`)."""
+        return translated(self.context(key), self.english[key], language)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.english)

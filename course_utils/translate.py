@@ -231,6 +231,7 @@ MESSAGE_MODULES = (
     "course_utils.claims",
     "course_utils.classroom",
     "course_utils.distributed",
+    "course_utils.instructor.grading",
     "course_utils.lightning",
     "course_utils.timing",
     "course_utils.transformer_checks",

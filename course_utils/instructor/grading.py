@@ -49,7 +49,7 @@ from course_utils.instructor import guard as guards
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
 from course_utils.instructor.student import InputError, nbgrader_role, read_notebook
-from course_utils.language import ENGLISH, LANGUAGE_VAR, LANGUAGES
+from course_utils.language import ENGLISH, LANGUAGE_VAR, LANGUAGES, Messages
 
 CELL_TIMEOUT_S = 120  # seconds per cell
 TOTAL_TIMEOUT_S = 900  # seconds for the whole run
@@ -701,9 +701,9 @@ def _judge(
     checker_pid, verdicts_fd = -1, -1
     ends = [requests_read, requests_write, replies_read, replies_write]
     try:
+        os.environ[LANGUAGE_VAR] = settings.language  # the checker is forked from here
         if apart:
             folder = tempfile.mkdtemp(prefix="checker-", dir=run)
-            os.environ[LANGUAGE_VAR] = settings.language  # the checker is forked from here
             checker_pid, verdicts_fd = checkers.start(
                 apart, list(guard.get("modules", [])), folder, settings.threads,
                 (requests_write, replies_read),
@@ -905,40 +905,85 @@ def _read_judge(
     return state
 
 
-def _reason(outcome: CellOutcome, cell_timeout_s: float) -> str:
-    return {
-        "timeout": f"timed out (each cell may run {cell_timeout_s:g} s; the whole run has a limit)",
+#: What the grader tells a learner about a check that did not pass (beside the check's own
+#: message), in the notebook's language (course_utils.language).
+MESSAGES_GRADING = Messages(
+    "grading",
+    {
+        "timeout": "timed out (each cell may run {seconds:g} s; the whole run has a limit)",
         "dead": "kernel died: the code before or in this check ended the Python process",
         "not-run": "not run: the time limit was reached or the kernel could not be restored",
-    }.get(outcome.status) or {
-        "Tampering": "scored 0, tampering: " + "; ".join(outcome.tampering),
-        "GuardMissing": "scored 0: " + "; ".join(outcome.tampering),
-        "AnswerError": outcome.evalue or _GENERIC_REASON,
-        "NeedsBeside": outcome.evalue or _GENERIC_REASON,
-        "NotImplementedError": "not answered yet: the solution still raises NotImplementedError",
-        "AssertionError": outcome.evalue or "an assert in the check failed",
-        "CheckFailed": outcome.evalue or _GENERIC_REASON,
-        "PartialCredit": outcome.evalue or _GENERIC_REASON,
-        "NameError": f"NameError: {outcome.evalue}" if outcome.evalue else _GENERIC_REASON,
-        "Error": _GENERIC_REASON,
-        "Stopped": _GENERIC_REASON,
-    }.get(outcome.ename, f"the check raised {outcome.ename} (in your code or because of it)")
+        "tampering": "scored 0, tampering: {what}",
+        "guard missing": "scored 0: {what}",
+        "not answered": "not answered yet: the solution still raises NotImplementedError",
+        "assert": "an assert in the check failed",
+        "name error": "NameError: {error}",
+        "generic": "the check raised an error (in your code or because of it)",
+        "other error": "the check raised {name} (in your code or because of it)",
+        "solution failed": "{reason} (your solution cell above failed first: {what})",
+        "solution timed out": "it timed out",
+        "solution killed": "it killed the kernel",
+        "solution not run": "it did not run",
+        "partial": "partial credit, {share:.0%} of the points: {reason}",
+        "missing": "cell missing: deleted from the submission (no cell has its grade_id or is "
+        "like it)",
+    },
+)
+
+
+def _said(key: str, language: str, **fields: Any) -> str:
+    """One of :data:`MESSAGES_GRADING` in ``language``, filled in."""
+    return MESSAGES_GRADING.text(key, language).format(**fields)
+
+
+def _reason(outcome: CellOutcome, cell_timeout_s: float, language: str = ENGLISH) -> str:
+    def say(key: str, **fields: Any) -> str:
+        return _said(key, language, **fields)
+
+    if outcome.status in ("timeout", "dead", "not-run"):
+        return say(outcome.status, seconds=cell_timeout_s)
+    generic = say("generic")
+    told = {  # the instructor's own messages (the checks'), else a fixed sentence
+        "AnswerError": outcome.evalue or generic,
+        "NeedsBeside": outcome.evalue or generic,
+        "AssertionError": outcome.evalue or say("assert"),
+        "CheckFailed": outcome.evalue or generic,
+        "PartialCredit": outcome.evalue or generic,
+    }
+    if outcome.ename in told:
+        return told[outcome.ename]
+    if outcome.ename == "Tampering":
+        return say("tampering", what="; ".join(outcome.tampering))
+    if outcome.ename == "GuardMissing":
+        return say("guard missing", what="; ".join(outcome.tampering))
+    if outcome.ename == "NotImplementedError":
+        return say("not answered")
+    if outcome.ename == "NameError":
+        return say("name error", error=outcome.evalue) if outcome.evalue else generic
+    if outcome.ename in ("Error", "Stopped"):
+        return generic
+    return say("other error", name=outcome.ename)
 
 
 #: The reason of a failed check whose error the instructor's code did not raise (a
 #: learner's exception, anything unknown): its text is never shown.
-_GENERIC_REASON = "the check raised an error (in your code or because of it)"
+_GENERIC_REASON = MESSAGES_GRADING.english["generic"]
 
 
-def _solution_failure(cells: list[Any], outcomes: list[CellOutcome], position: int) -> str:
-    """How the last solution cell before the check cell at ``position`` failed, or ""."""
+def _solution_failure(
+    cells: list[Any], outcomes: list[CellOutcome], position: int, reason: str, language: str
+) -> str:
+    """``reason``, with how the last solution cell before the check cell at ``position``
+    failed where it did."""
     solutions = [i for i in range(position) if nbgrader_role(cells[i]) == "solution"]
     outcome = outcomes[solutions[-1]] if solutions else CellOutcome("ok")
     if outcome.status == "ok":
-        return ""
-    error = f"{outcome.ename}: {outcome.evalue}".strip(": ")
-    what = {"error": error, "timeout": "it timed out", "dead": "it killed the kernel"}
-    return f" (your solution cell above failed first: {what.get(outcome.status, 'it did not run')})"
+        return reason
+    keys = {"timeout": "solution timed out", "dead": "solution killed"}
+    what = f"{outcome.ename}: {outcome.evalue}".strip(": ")
+    if outcome.status != "error":
+        what = _said(keys.get(outcome.status, "solution not run"), language)
+    return _said("solution failed", language, reason=reason, what=what)
 
 
 def grade_submission(
@@ -976,24 +1021,26 @@ def grade_submission(
     )
     seconds = round(time.perf_counter() - start, 2)
     position = {gid: index for index, gid in checks_at.items()}
+
+    def say(key: str, **fields: Any) -> str:
+        return _said(key, settings.language, **fields)
+
     results = []
     for gid, cell in expected.items():
         most = float(cell.metadata["nbgrader"].get("points", 0) or 0)
         how = matches[gid].how if gid in matches else ""
         if gid not in position:
-            reason = (
-                "cell missing: deleted from the submission (no cell has its grade_id or is like it)"
-            )
+            reason = say("missing")
             results.append(CheckResult(gid, 0.0, most, False, reason))
         elif outcomes[position[gid]].status == "ok":
             results.append(CheckResult(gid, most, most, True, "", how))
         else:
             outcome = outcomes[position[gid]]
-            reason = _reason(outcome, cell_timeout_s)
-            reason += _solution_failure(cells, outcomes, position[gid])
+            reason = _reason(outcome, cell_timeout_s, settings.language)
+            reason = _solution_failure(cells, outcomes, position[gid], reason, settings.language)
             points = round(most * outcome.earned, 2)
             if points:
-                reason = f"partial credit, {outcome.earned:.0%} of the points: {reason}"
+                reason = say("partial", share=outcome.earned, reason=reason)
             results.append(CheckResult(gid, points, most, False, reason, how))
     matched = [
         f"{match.grade_id}: cell {match.index + 1}, {match.how}"
