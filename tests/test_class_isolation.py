@@ -155,22 +155,30 @@ def test_a_canvas_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path,
     write_notebook(_instructor(), flat / "leeann_101_9001_01_ex.ipynb")
     bad = os.fsencode(flat) + b"/roebob_102_9002_01_ex caf\xe9.ipynb"
     Path(os.fsdecode(bad)).write_bytes((flat / "leeann_101_9001_01_ex.ipynb").read_bytes())
-    roster = tmp_path / "roster.csv"
-    roster.write_text(
-        "Student,ID,SIS User ID,SIS Login ID,Section\n"
-        '"Lee, Ann",101,s-1,ann,A\n"Roe, Bob",102,s-2,bob,A\n',
-        encoding="utf-8",
-    )
-    out = tmp_path / "out"
-    args = ["grade-class", str(flat), "--source", str(source), "--out", str(out),
-            "--roster", str(roster), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
-    assert main(args) == 0
-    assert "Traceback" not in capsys.readouterr().err
-    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    book = _graded_class(tmp_path, flat, source, capsys, ["Lee, Ann", "Roe, Bob"])
     assert book["ann"]["total"] == "3"
     assert (
         "roebob_102_9002_01_ex caf?.ipynb: refused: its name is not UTF-8" in book["bob"]["notes"]
     )
+
+
+def _graded_class(
+    tmp_path: Path, submissions: Path, source: Path, capsys, students: list[str]
+) -> dict[str, dict[str, str]]:
+    """Grade ``submissions`` with a roster of ``students`` ("Last, First", IDs 101, 102...,
+    login IDs the first names in lower case); the gradebook's rows by login ID."""
+    rows = "".join(
+        f'"{name}",{101 + i},s-{i + 1},{name.split(", ")[1].lower()},A\n'
+        for i, name in enumerate(students)
+    )
+    roster = tmp_path / "roster.csv"
+    roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n" + rows, encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["grade-class", str(submissions), "--source", str(source), "--out", str(out),
+            "--roster", str(roster), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
+    assert main(args) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    return {row["learner"]: row for row in _rows(out / "gradebook.csv")}
 
 
 def _lying_zip(path: Path, name: str, data: bytes, claimed: int) -> Path:
@@ -211,18 +219,7 @@ def test_one_oversize_or_lying_zip_member_is_a_note_and_the_class_is_graded(
     with zipfile.ZipFile(archive, "a", zipfile.ZIP_DEFLATED) as zipped:
         zipped.write(tmp_path / "nb.ipynb", "leeann_101_9001_01_ex.ipynb")
         zipped.writestr("doedan_103_9003_01_ex.ipynb", b" " * 5_000_000)  # a bomb, honest header
-    roster = tmp_path / "roster.csv"
-    roster.write_text(
-        "Student,ID,SIS User ID,SIS Login ID,Section\n"
-        '"Lee, Ann",101,s-1,ann,A\n"Roe, Bob",102,s-2,bob,A\n"Doe, Dan",103,s-3,dan,A\n',
-        encoding="utf-8",
-    )
-    out = tmp_path / "out"
-    args = ["grade-class", str(archive), "--source", str(source), "--out", str(out),
-            "--roster", str(roster), "--jobs", "1", "--sandbox", "none"]  # fmt: skip
-    assert main(args) == 0
-    assert "Traceback" not in capsys.readouterr().err
-    book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
+    book = _graded_class(tmp_path, archive, source, capsys, ["Lee, Ann", "Roe, Bob", "Doe, Dan"])
     assert book["ann"]["total"] == "3"
     assert book["bob"]["total"] == book["dan"]["total"] == "0"
     assert (
