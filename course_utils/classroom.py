@@ -46,6 +46,38 @@ class PartialCredit(CheckFailed):
         self.earned = earned
 
 
+#: The messages of the check helpers several notebooks share (:func:`check_close`,
+#: :func:`check_parts`, :func:`exact_tensor`, :func:`first_difference`, the refusal of the
+#: course's own helpers), by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_CHECKS = Messages(
+    "checks",
+    {
+        "parts right": "{right} of {total} parts right; {wrong}",
+        "part raised": "your code raised {kind}: {error}",
+        "close shape": "{what} has shape {shape}, expected {expected}",
+        "close values": "{what} differs from the expected values by up to {worst:.3g}",
+        "close text": "{what} is the text {actual!r}, a str: write the number itself, without "
+        "quotes",
+        "close not a number": "{what} should be a number, got {kind}",
+        "close number": "{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
+        "not a tensor": "{what} should be a tensor, but it is {kind}",
+        "tensor subclass": "{what} is a {kind}, a subclass of torch.Tensor: return a plain "
+        "torch.Tensor",
+        "refused": "your function called the course's own {name}(), the reference the check "
+        "compares with: the exercise is to write that part yourself, in PyTorch",
+        "difference not a tensor": "{where} should be a tensor, but it is {kind} {got!r}",
+        "difference device": "{where} is a tensor on {got}; it should be on {want}",
+        "difference shape": "{where} should keep its shape and dtype {shape}, {dtype}",
+        "difference type": "{where} should be a {want}, but it is a {got}",
+        "difference namedtuple": "{where} should be a {want}, but it is a {got} (a namedtuple "
+        "takes its fields as separate arguments: type(batch)(*values))",
+        "difference keys": "{where} should have the keys {want}, not {got}",
+        "difference length": "{where} should have {want} items, not {got}",
+        "difference value": "{where} should stay {want!r}, but it is {got!r}",
+    },
+)
+
+
 def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
     """Run each part of an exercise (``name: check``; a check raises :class:`CheckFailed`
     when that part is wrong); each part is worth the same share of the points.
@@ -71,11 +103,14 @@ def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
         except CheckFailed as failure:
             wrong.append(f"{name}: {failure}")
         except Exception as error:  # the learner's code raised: that part is wrong
-            wrong.append(f"{name}: your code raised {type(error).__name__}: {error}")
+            raised = MESSAGES_CHECKS["part raised"].format(kind=type(error).__name__, error=error)
+            wrong.append(f"{name}: {raised}")
     if not wrong:
         return
     right = len(parts) - len(wrong)
-    feedback = f"{right} of {len(parts)} parts right; " + "; ".join(wrong)
+    feedback = MESSAGES_CHECKS["parts right"].format(
+        right=right, total=len(parts), wrong="; ".join(wrong)
+    )
     if right == 0:
         raise CheckFailed(feedback)
     raise PartialCredit(feedback, right / len(parts))
@@ -124,26 +159,28 @@ def check_close(
         expected_t = torch.as_tensor(expected).detach().cpu().double()
         check(
             actual_t.shape == expected_t.shape,
-            f"{what} has shape {tuple(actual_t.shape)}, expected {tuple(expected_t.shape)}",
+            MESSAGES_CHECKS["close shape"].format(
+                what=what, shape=tuple(actual_t.shape), expected=tuple(expected_t.shape)
+            ),
         )
         worst = (actual_t - expected_t).abs().max().item() if actual_t.numel() else 0.0
         check(
             torch.allclose(actual_t, expected_t, rtol=rtol, atol=atol),
-            f"{what} differs from the expected values by up to {worst:.3g}",
+            MESSAGES_CHECKS["close values"].format(what=what, worst=worst),
         )
         return
     if isinstance(actual, str) and _is_number_text(actual):
-        raise CheckFailed(
-            f"{what} is the text {actual!r}, a str: write the number itself, without quotes"
-        )
+        raise CheckFailed(MESSAGES_CHECKS["close text"].format(what=what, actual=actual))
     check(
         isinstance(actual, int | float) and not isinstance(actual, bool),
-        f"{what} should be a number, got {type(actual).__name__}",
+        MESSAGES_CHECKS["close not a number"].format(what=what, kind=type(actual).__name__),
     )
-    check(
-        math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol),
-        f"{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
-    )
+    if not math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol):
+        raise CheckFailed(
+            MESSAGES_CHECKS["close number"].format(
+                what=what, actual=actual, expected=expected, rtol=rtol
+            )
+        )
 
 
 def passed(exercise: str) -> None:
@@ -399,29 +436,36 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     >>> first_difference((1, "a"), (1, "a")) is None
     True
     """
+    said = MESSAGES_CHECKS
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"{where} should be a tensor, but it is {_kind(got)} {got!r}"
+            return said["difference not a tensor"].format(where=where, kind=_kind(got), got=got)
         if got.device.type != want.device.type:
-            return f"{where} is a tensor on {got.device.type}; it should be on {want.device.type}"
+            return said["difference device"].format(
+                where=where, got=got.device.type, want=want.device.type
+            )
         if got.shape != want.shape or got.dtype != want.dtype:
-            return f"{where} should keep its shape and dtype {tuple(want.shape)}, {want.dtype}"
+            return said["difference shape"].format(
+                where=where, shape=tuple(want.shape), dtype=want.dtype
+            )
         return None
     if type(got) is not type(want):
-        hint = ""
-        if isinstance(want, tuple) and hasattr(want, "_fields"):
-            hint = " (a namedtuple takes its fields as separate arguments: type(batch)(*values))"
-        return f"{where} should be a {_kind(want)}, but it is a {_kind(got)}{hint}"
+        named = isinstance(want, tuple) and hasattr(want, "_fields")
+        return said["difference namedtuple" if named else "difference type"].format(
+            where=where, want=_kind(want), got=_kind(got)
+        )
     if isinstance(want, dict):
         if list(got) != list(want):
-            return f"{where} should have the keys {list(want)}, not {list(got)}"
+            return said["difference keys"].format(where=where, want=list(want), got=list(got))
         pairs = [(got[key], want[key], f"{where}[{key!r}]") for key in want]
     elif isinstance(want, list | tuple):
         if len(got) != len(want):
-            return f"{where} should have {len(want)} items, not {len(got)}"
+            return said["difference length"].format(where=where, want=len(want), got=len(got))
         pairs = [(g, w, f"{where}[{i}]") for i, (g, w) in enumerate(zip(got, want, strict=True))]
     else:
-        return None if got == want else f"{where} should stay {want!r}, but it is {got!r}"
+        if got == want:
+            return None
+        return said["difference value"].format(where=where, want=want, got=got)
     for got_item, want_item, place in pairs:
         if (difference := first_difference(got_item, want_item, place)) is not None:
             return difference
@@ -510,21 +554,17 @@ def exact_tensor(value: Any, what: str) -> torch.Tensor:
     """
     check(
         isinstance(value, torch.Tensor),
-        f"{what} should be a tensor, but it is {_kind(value)}",
+        MESSAGES_CHECKS["not a tensor"].format(what=what, kind=_kind(value)),
     )
     check(
         type(value) in (torch.Tensor, torch.nn.Parameter),
-        f"{what} is a {type(value).__name__}, a subclass of torch.Tensor: return a plain "
-        "torch.Tensor",
+        MESSAGES_CHECKS["tensor subclass"].format(what=what, kind=type(value).__name__),
     )
     return value
 
 
 def _refused(name: str) -> CheckFailed:
-    return CheckFailed(
-        f"your function called the course's own {name}(), the reference the check compares "
-        "with: the exercise is to write that part yourself, in PyTorch"
-    )
+    return CheckFailed(MESSAGES_CHECKS["refused"].format(name=name))
 
 
 def _refusing(*args: Any, **kwargs: Any) -> Any:
