@@ -280,24 +280,116 @@ def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+#: Notebook 03's check messages, by a stable name (see :data:`MESSAGES_01`). Exercise (b)'s
+#: feedback on one tensor of the batch has one message per tensor of the check's batch
+#: (``"to_gpu <tensor> <mistake>"``, the tensors of :data:`TO_GPU_TENSORS`).
+MESSAGES_03 = Messages(
+    "03",
+    {
+        "to_gpu pinned itself": "to_gpu pinned the tensors itself (.pin_memory()): the "
+        "DataLoader's pin_memory=True has already pinned them, and pinning a pageable tensor "
+        "in the loop costs one more copy of the batch; call .to(device, non_blocking=True) on "
+        "the batch's own tensors",
+        "to_gpu not a tensor": "to_gpu called a tensor method on a value that is not a tensor "
+        "({error}): go inside tuples, lists and dicts, copy only the tensors, return other "
+        "values as they are",
+        "to_gpu raised": "to_gpu(batch, device) raised {kind}: {error}",
+        "to_gpu changed the dict": "to_gpu changed the dict inside the batch it was given: "
+        "build a new dict instead",
+        "to_gpu shape": "return the batch in its own shape: here a sequence of 4 items whose "
+        "second item is a dict with the same keys ('label', 'mask') and whose last is a list "
+        "of 4 tensors",
+        "to_gpu names": "the file names (batch[2]) are not tensors: return them as they are",
+        "to_gpu images rebuilt": "the images tensor (batch[0]) was not copied: you copied a "
+        "new tensor made from it (clone, contiguous, torch.tensor...), which is in pageable "
+        "memory, so that copy cannot be asynchronous: call .to(device, non_blocking=True) on "
+        "the batch's own tensor",
+        "to_gpu images not copied": "the images tensor (batch[0]) was not copied: copy every "
+        "tensor of the batch, also those inside dicts, lists and tuples, with .to(device)",
+        "to_gpu images blocking": "the images tensor (batch[0]) is in pinned memory but was "
+        "copied with non_blocking=False (the default), so the host waits for each copy: pass "
+        "non_blocking=True (or non_blocking=tensor.is_pinned())",
+        "to_gpu images not its copy": "to_gpu returned the images tensor (batch[0]) itself, "
+        "not its copy: .to returns a new tensor on the device, it does not move the tensor in "
+        "place",
+        "to_gpu labels rebuilt": "the labels tensor (batch[1]['label']) was not copied: you "
+        "copied a new tensor made from it (clone, contiguous, torch.tensor...), which is in "
+        "pageable memory, so that copy cannot be asynchronous: call .to(device, "
+        "non_blocking=True) on the batch's own tensor",
+        "to_gpu labels not copied": "the labels tensor (batch[1]['label']) was not copied: "
+        "copy every tensor of the batch, also those inside dicts, lists and tuples, with "
+        ".to(device)",
+        "to_gpu labels blocking": "the labels tensor (batch[1]['label']) is in pinned memory "
+        "but was copied with non_blocking=False (the default), so the host waits for each "
+        "copy: pass non_blocking=True (or non_blocking=tensor.is_pinned())",
+        "to_gpu labels not its copy": "to_gpu returned the labels tensor (batch[1]['label']) "
+        "itself, not its copy: .to returns a new tensor on the device, it does not move the "
+        "tensor in place",
+        "to_gpu mask rebuilt": "the mask tensor (batch[1]['mask']) was not copied: you copied "
+        "a new tensor made from it (clone, contiguous, torch.tensor...), which is in pageable "
+        "memory, so that copy cannot be asynchronous: call .to(device, non_blocking=True) on "
+        "the batch's own tensor",
+        "to_gpu mask not copied": "the mask tensor (batch[1]['mask']) was not copied: copy "
+        "every tensor of the batch, also those inside dicts, lists and tuples, with "
+        ".to(device)",
+        "to_gpu mask not its copy": "to_gpu returned the mask tensor (batch[1]['mask']) "
+        "itself, not its copy: .to returns a new tensor on the device, it does not move the "
+        "tensor in place",
+        "to_gpu first boxes rebuilt": "the boxes of the first image (batch[3][0], in a list) "
+        "was not copied: you copied a new tensor made from it (clone, contiguous, "
+        "torch.tensor...), which is in pageable memory, so that copy cannot be asynchronous: "
+        "call .to(device, non_blocking=True) on the batch's own tensor",
+        "to_gpu first boxes not copied": "the boxes of the first image (batch[3][0], in a "
+        "list) was not copied: copy every tensor of the batch, also those inside dicts, lists "
+        "and tuples, with .to(device)",
+        "to_gpu first boxes blocking": "the boxes of the first image (batch[3][0], in a list) "
+        "is in pinned memory but was copied with non_blocking=False (the default), so the "
+        "host waits for each copy: pass non_blocking=True (or "
+        "non_blocking=tensor.is_pinned())",
+        "to_gpu first boxes not its copy": "to_gpu returned the boxes of the first image "
+        "(batch[3][0], in a list) itself, not its copy: .to returns a new tensor on the "
+        "device, it does not move the tensor in place",
+        "to_gpu last boxes rebuilt": "the boxes of the last image (batch[3][3], in a list) "
+        "was not copied: you copied a new tensor made from it (clone, contiguous, "
+        "torch.tensor...), which is in pageable memory, so that copy cannot be asynchronous: "
+        "call .to(device, non_blocking=True) on the batch's own tensor",
+        "to_gpu last boxes not copied": "the boxes of the last image (batch[3][3], in a list) "
+        "was not copied: copy every tensor of the batch, also those inside dicts, lists and "
+        "tuples, with .to(device)",
+        "to_gpu last boxes blocking": "the boxes of the last image (batch[3][3], in a list) "
+        "is in pinned memory but was copied with non_blocking=False (the default), so the "
+        "host waits for each copy: pass non_blocking=True (or "
+        "non_blocking=tensor.is_pinned())",
+        "to_gpu last boxes not its copy": "to_gpu returned the boxes of the last image "
+        "(batch[3][3], in a list) itself, not its copy: .to returns a new tensor on the "
+        "device, it does not move the tensor in place",
+        "to_gpu container types": "keep each container's type: the batch is a tuple and its "
+        "boxes a list, but you returned a {outer} holding a {inner}: build each one with "
+        "type(batch)(...)",
+        "gpu_loader failed": "gpu_loader(..., workers=0) failed: {error}",
+        "gpu_loader not pinned": "without pin_memory=True the batches stay in pageable memory, "
+        "where .to(device, non_blocking=True) is an ordinary blocking copy",
+        "gpu_loader setting": "gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
+        "gpu_loader no shuffle": "the loader should shuffle (shuffle=True)",
+        "gpu_loader not pinned on the GPU": "on this GPU machine the batches should arrive "
+        "pinned",
+    },
+)
+
+#: The tensors of exercise 03 (b)'s batch, each by the name its messages have in
+#: :data:`MESSAGES_03`.
+TO_GPU_TENSORS = ("images", "labels", "mask", "first boxes", "last boxes")
+
+
 def _copy_failure(error: Exception) -> str:
     """Feedback for a ``to_gpu`` that raised ``error``."""
     if isinstance(error, RuntimeError) and any(
         words in str(error) for words in ("pin", "NVIDIA driver", "accelerator")
     ):
-        return (
-            "to_gpu pinned the tensors itself (.pin_memory()): the DataLoader's "
-            "pin_memory=True has already pinned them, and pinning a pageable tensor in the "
-            "loop costs one more copy of the batch; call .to(device, non_blocking=True) on "
-            "the batch's own tensors"
-        )
+        return MESSAGES_03["to_gpu pinned itself"]
     if isinstance(error, AttributeError) and "attribute" in str(error):
-        return (
-            f"to_gpu called a tensor method on a value that is not a tensor ({error}): go "
-            "inside tuples, lists and dicts, copy only the tensors, return other values as "
-            "they are"
-        )
-    return f"to_gpu(batch, device) raised {type(error).__name__}: {error}"
+        return MESSAGES_03["to_gpu not a tensor"].format(error=error)
+    return MESSAGES_03["to_gpu raised"].format(kind=type(error).__name__, error=error)
 
 
 def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
@@ -318,13 +410,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     boxes = [_pretend_pinned(torch.rand(n, 4)) for n in (2, 1, 3, 1)]  # a list: n per image
     inner = {"label": labels, "mask": mask}
     batch = (images, inner, names, boxes)
-    where = {
-        "the images tensor (batch[0])": images,
-        "the labels tensor (batch[1]['label'])": labels,
-        "the mask tensor (batch[1]['mask'])": mask,
-        "the boxes of the first image (batch[3][0], in a list)": boxes[0],
-        "the boxes of the last image (batch[3][3], in a list)": boxes[3],
-    }
+    where = dict(zip(TO_GPU_TENSORS, (images, labels, mask, boxes[0], boxes[3]), strict=True))
     with (
         record_tensor_to(pretend_cuda=True) as moves,
         course_helpers_refused({"to_device": to_device}, "to_device"),
@@ -337,7 +423,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             raise CheckFailed(_copy_failure(error)) from None
     check(
         set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
-        "to_gpu changed the dict inside the batch it was given: build a new dict instead",
+        MESSAGES_03["to_gpu changed the dict"],
     )
     check(
         isinstance(result, Sequence)
@@ -346,45 +432,30 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
         and set(result[1]) == {"label", "mask"}
         and isinstance(result[3], Sequence)
         and len(result[3]) == 4,
-        "return the batch in its own shape: here a sequence of 4 items whose second item is "
-        "a dict with the same keys ('label', 'mask') and whose last is a list of 4 tensors",
+        MESSAGES_03["to_gpu shape"],
     )
-    check(
-        list(result[2]) == names,
-        "the file names (batch[2]) are not tensors: return them as they are",
+    check(list(result[2]) == names, MESSAGES_03["to_gpu names"])
+    returned = dict(
+        zip(
+            TO_GPU_TENSORS,
+            (result[0], result[1]["label"], result[1]["mask"], result[3][0], result[3][3]),
+            strict=True,
+        )
     )
-    returned = {
-        "the images tensor (batch[0])": result[0],
-        "the labels tensor (batch[1]['label'])": result[1]["label"],
-        "the mask tensor (batch[1]['mask'])": result[1]["mask"],
-        "the boxes of the first image (batch[3][0], in a list)": result[3][0],
-        "the boxes of the last image (batch[3][3], in a list)": result[3][3],
-    }
     for name, tensor in where.items():
         copies = [m for m in moves if m.source_id == id(tensor) and is_cuda_target(m.target)]
-        rebuilt = "you copied a new tensor made from it (clone, contiguous, torch.tensor...), "
-        rebuilt += "which is in pageable memory, so that copy cannot be asynchronous: call "
-        rebuilt += ".to(device, non_blocking=True) on the batch's own tensor"
-        left = "copy every tensor of the batch, also those inside dicts, lists and tuples, with "
-        left += ".to(device)"
         made = returned[name] is not tensor
-        check(copies, f"{name} was not copied: " + (rebuilt if made else left))
-        check(
-            not (tensor.is_pinned() and not all(m.non_blocking for m in copies)),
-            f"{name} is in pinned memory but was copied with non_blocking=False (the "
-            "default), so the host waits for each copy: pass non_blocking=True (or "
-            "non_blocking=tensor.is_pinned())",
-        )
-        check(
-            id(returned[name]) in {m.result_id for m in copies},
-            f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
-            "the device, it does not move the tensor in place",
-        )
+        if not copies:
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} {'rebuilt' if made else 'not copied'}"])
+        if tensor.is_pinned() and not all(m.non_blocking for m in copies):
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} blocking"])
+        if id(returned[name]) not in {m.result_id for m in copies}:
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} not its copy"])
     check(
         type(result) is tuple and type(result[3]) is list,
-        f"keep each container's type: the batch is a tuple and its boxes a list, but you "
-        f"returned a {type(result).__name__} holding a {type(result[3]).__name__}: build "
-        "each one with type(batch)(...)",
+        MESSAGES_03["to_gpu container types"].format(
+            outer=type(result).__name__, inner=type(result[3]).__name__
+        ),
     )
 
 
@@ -1652,12 +1723,8 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
             plain = gpu_loader(dataset, 4, workers=0)
             batch = next(iter(plain))
         except ValueError as error:
-            raise CheckFailed(f"gpu_loader(..., workers=0) failed: {error}") from None
-    check(
-        loader.pin_memory and plain.pin_memory,
-        "without pin_memory=True the batches stay in pageable memory, where "
-        ".to(device, non_blocking=True) is an ordinary blocking copy",
-    )
+            raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error)) from None
+    check(loader.pin_memory and plain.pin_memory, MESSAGES_03["gpu_loader not pinned"])
     wanted_settings = {
         "batch_size": 4,
         "num_workers": 2,
@@ -1667,15 +1734,15 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     for setting, wanted in wanted_settings.items():
         check(
             getattr(loader, setting, None) == wanted,
-            f"gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
+            MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
         )
     check(
         isinstance(loader.sampler, RandomSampler) and isinstance(plain.sampler, RandomSampler),
-        "the loader should shuffle (shuffle=True)",
+        MESSAGES_03["gpu_loader no shuffle"],
     )
     check(
         not torch.cuda.is_available() or all(t.is_pinned() for t in batch),
-        "on this GPU machine the batches should arrive pinned",
+        MESSAGES_03["gpu_loader not pinned on the GPU"],
     )
 
 
