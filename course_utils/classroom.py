@@ -74,6 +74,10 @@ MESSAGES_CHECKS = Messages(
         "difference keys": "{where} should have the keys {want}, not {got}",
         "difference length": "{where} should have {want} items, not {got}",
         "difference value": "{where} should stay {want!r}, but it is {got!r}",
+        "function raised": "your function raised {kind}: {error}",
+        "autocast left on": "a previous run left autocast on: restart the kernel (Kernel > "
+        "Restart) and run the notebook again; this check turned it off to judge your function "
+        "alone",
     },
 )
 
@@ -103,8 +107,8 @@ def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
         except CheckFailed as failure:
             wrong.append(f"{name}: {failure}")
         except Exception as error:  # the learner's code raised: that part is wrong
-            raised = MESSAGES_CHECKS["part raised"].format(kind=type(error).__name__, error=error)
-            wrong.append(f"{name}: {raised}")
+            said = MESSAGES_CHECKS["part raised"].format(kind=type(error).__name__, error=error)
+            wrong.append(f"{name}: {said}")
     if not wrong:
         return
     right = len(parts) - len(wrong)
@@ -371,8 +375,7 @@ MESSAGES_03 = Messages(
         "where .to(device, non_blocking=True) is an ordinary blocking copy",
         "gpu_loader setting": "gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
         "gpu_loader no shuffle": "the loader should shuffle (shuffle=True)",
-        "gpu_loader not pinned on the GPU": "on this GPU machine the batches should arrive "
-        "pinned",
+        "gpu_loader not pinned on the GPU": "on this GPU machine the batches should arrive pinned",
     },
 )
 
@@ -459,6 +462,27 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     )
 
 
+class RaisedText(str):
+    """The sentence :func:`answer_or_error` gives for a learner's function that raised (a
+    ``str``, in the learner's language): :func:`raised` tells it from an answer that is
+    text."""
+
+
+def raised(value: Any) -> bool:
+    """Whether ``value`` is :func:`answer_or_error`'s sentence for a function that raised.
+
+    >>> raised(answer_or_error(int, "seven")), raised("your function raised")
+    (True, False)
+    """
+    return isinstance(value, RaisedText)
+
+
+def _raised_text(error: Exception) -> RaisedText:
+    return RaisedText(
+        MESSAGES_CHECKS["function raised"].format(kind=type(error).__name__, error=error)
+    )
+
+
 def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, or, if it raises, a sentence saying what it raised
     (so that a check's feedback can quote it instead of stopping with a traceback). An
@@ -473,7 +497,7 @@ def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
     except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
         raise
     except Exception as error:  # any mistake of the learner's: report it in words
-        return f"your function raised {type(error).__name__}: {error}"
+        return _raised_text(error)
 
 
 def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
@@ -488,7 +512,7 @@ def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
     except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
         raise
     except Exception as error:  # any mistake of the learner's: report it in words
-        return None, f"your function raised {type(error).__name__}: {error}"
+        return None, _raised_text(error)
 
 
 def _kind(value: Any) -> str:
@@ -567,10 +591,7 @@ def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
     """
     state = AutocastState(on_before=torch.is_autocast_enabled(device_type))
     if state.on_before:
-        print(
-            "a previous run left autocast on: restart the kernel (Kernel > Restart) and run "
-            "the notebook again; this check turned it off to judge your function alone"
-        )
+        print(MESSAGES_CHECKS["autocast left on"])
         torch.set_autocast_enabled(device_type, False)
     try:
         yield state
@@ -886,6 +907,23 @@ MESSAGES_01 = Messages(
         "time_it no sync on GPU": "timing cuda:1, your time_it never called "
         "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
         "after fn(), torch.cuda.synchronize(device)",
+        "to_device raised": "{error}, given {what}",
+        "to_device wrong": "in what your function returned, {difference}, given {what}",
+        "to_device changed the batch": "your function changed the batch it was given "
+        "(afterwards, {difference}): build new containers and leave the old ones as they were",
+        "mixed_forward shape": "give back the output of model(x), of shape (8, 4)",
+        "mixed_forward autocast device": "x is on {device}, but you ran autocast for {devices}: "
+        "write torch.autocast(x.device.type, ...), which follows x",
+        "mixed_forward no autograd": "a training step's forward pass must keep autograd on: no "
+        "torch.no_grad() or .detach()",
+        "mixed_forward autocast": "for {gpu}, run model(x) under torch.autocast(x.device.type, "
+        "dtype=torch.{dtype})",
+        "mixed_forward float32": "{gpu} has no tensor cores: run model(x) in float32, without "
+        "autocast",
+        "mixed_forward converted": "autocast casts inside each operation (the output for {gpu} "
+        "is {dtype}): do not convert the model, x or the output yourself",
+        "mixed_forward left on": "autocast is still on after your function returned: use it as "
+        "a context manager, `with torch.autocast(...):`",
     },
 )
 
@@ -1134,6 +1172,19 @@ MESSAGES_02 = Messages(
         "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
         "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
         "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
+        "parse other line": "for {line!r} expected {expected}, got {got}: keep the number "
+        "before any unit (MHz, C, MiB, W, %), None only where there is no number",
+        "parse nounits": "values printed with nounits have no unit",
+        "parse H200 line": "recorded H200 line: {got}",
+        "parse H200 field": "recorded H200 line: {field} should be {value}, got {got!r} (a value "
+        "is a number only where it starts with one)",
+        "read_gpu MIG": "under MIG the utilization call raises nvml.NVMLError_NotSupported: "
+        "return None for it, and still read the memory ({got})",
+        "read_gpu MIG raised": "under MIG the utilization call raises "
+        "nvml.NVMLError_NotSupported: return None for it, and still read the memory ({error} "
+        "raised)",
+        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads "
+        "2047 (bytes // 2**20, an int), not {got!r}",
     },
 )
 
@@ -1304,6 +1355,8 @@ MESSAGES_04A = Messages(
         "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
         "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
         "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+        "adam_state dtype": "a {dtype} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
+        "{got}: its averages take p.element_size() bytes per element, not always 4",
     },
 )
 
@@ -1388,6 +1441,33 @@ MESSAGES_07 = Messages(
         "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
         "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
         "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+        "retry not down to 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave {got})",
+        "retry raised before 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave a RuntimeError)",
+        "retry raised OOM": "raise your own RuntimeError, not the OOM error",
+        "retry did not raise": "when not even a batch of 1 fits, raise RuntimeError",
+        "drop changed size": "{error}: you deleted from the dict while looping over it; loop "
+        "over a copy, list(history.items())",
+        "drop replaced Out": "IPython keeps the output history in one dict named both Out and "
+        "_oh: delete the tensor entries from it, do not replace it",
+        "drop parameter kept": "an nn.Parameter is a tensor too (a subclass): test "
+        "isinstance(value, torch.Tensor), not type(value) == torch.Tensor",
+        "drop Out left": "{left} still hold tensors: delete them from Out",
+        "drop twins left": "{twins} still hold the tensors of Out: each Out[N] has a twin "
+        "variable _N; delete it too (namespace.pop(f'_{{N}}', None))",
+        "drop string removed": "Out[5] and _5 held a string: keep history entries that hold no "
+        "tensor",
+        "drop underscore deleted": '{name} held a tensor: set it to "", do not delete it '
+        "(IPython sets _, __ and ___ after each output; a deleted one is a NameError until "
+        "then)",
+        "drop underscore kept": '{name} held a tensor: set it to ""',
+        "drop underscore string": '{name} held a string: leave it as it is (set it to "" only '
+        "when it holds a tensor)",
+        "drop still referenced": "the tensor of {place} is still referenced somewhere: keep no "
+        "reference to the tensors you remove",
+        "drop parameter still referenced": "the tensor of {place}, an nn.Parameter is still "
+        "referenced somewhere: keep no reference to the tensors you remove",
     },
 )
 
@@ -1767,14 +1847,16 @@ on cpu; it should be on meta, given a nested batch
     before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
     with course_helpers_refused(namespace, "to_device"):  # yours must not call it
         out = answer_or_error(my_to_device, batch, "meta")
-    check(not isinstance(out, str), f"{out}, given {what}")
+    check(not isinstance(out, str), MESSAGES_01["to_device raised"].format(error=out, what=what))
     difference = first_difference(out, want)
-    check(difference is None, f"in what your function returned, {difference}, given {what}")
+    check(
+        difference is None,
+        MESSAGES_01["to_device wrong"].format(difference=difference, what=what),
+    )
     difference = first_difference(batch, before)
     check(
         difference is None,
-        f"your function changed the batch it was given (afterwards, {difference}): "
-        "build new containers and leave the old ones as they were",
+        MESSAGES_01["to_device changed the batch"].format(difference=difference),
     )
 
 
@@ -1833,16 +1915,12 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
     name = str(want.dtype)[6:]
     check(not isinstance(out, str), f"{out}")
     out = out if on_gpu else exact_tensor(out, "the output of model(x)")
-    check(out.shape == (8, 4), "give back the output of model(x), of shape (8, 4)")
+    check(out.shape == (8, 4), MESSAGES_01["mixed_forward shape"])
     check(
         all(device == x.device.type for device in devices),
-        f"x is on {x.device.type}, but you ran autocast for {devices}: write "
-        "torch.autocast(x.device.type, ...), which follows x",
+        MESSAGES_01["mixed_forward autocast device"].format(device=x.device.type, devices=devices),
     )
-    check(
-        out.requires_grad,
-        "a training step's forward pass must keep autograd on: no torch.no_grad() or .detach()",
-    )
+    check(out.requires_grad, MESSAGES_01["mixed_forward no autograd"])
     if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
         picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
         shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
@@ -1850,20 +1928,15 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         check(rule is None, str(rule))
     check(
         seen[-1:] == [want.dtype if want.autocast else None],
-        f"for {gpu}, run model(x) under torch.autocast(x.device.type, dtype=torch.{name})"
-        if want.autocast
-        else f"{gpu} has no tensor cores: run model(x) in float32, without autocast",
+        MESSAGES_01["mixed_forward autocast" if want.autocast else "mixed_forward float32"].format(
+            gpu=gpu, dtype=name
+        ),
     )
     check(
         all(p.dtype == torch.float32 for p in model.parameters()) and out.dtype == want.dtype,
-        f"autocast casts inside each operation (the output for {gpu} is {name}): do not "
-        "convert the model, x or the output yourself",
+        MESSAGES_01["mixed_forward converted"].format(gpu=gpu, dtype=name),
     )
-    check(
-        not autocast.on_after,
-        "autocast is still on after your function returned: use it as a context manager, "
-        "`with torch.autocast(...):`",
-    )
+    check(not autocast.on_after, MESSAGES_01["mixed_forward left on"])
 
 
 def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
@@ -1888,16 +1961,15 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
         got = answer_or_error(parse_query_line, line)
         check(
             type(got) is list and got == expected,
-            f"for {line!r} expected {expected}, got {got}: keep the number before any unit "
-            "(MHz, C, MiB, W, %), None only where there is no number",
+            MESSAGES_02["parse other line"].format(line=line, expected=expected, got=got),
         )
     check(
         answer_or_error(parse_query_line, "1024, 35") == [1024.0, 35.0],
-        "values printed with nounits have no unit",
+        MESSAGES_02["parse nounits"],
     )
     header, line = sample_output("h200_query_gpu_csv_load")[1].strip().splitlines()
     got = answer_or_error(parse_query_line, line)  # a line recorded on an H200
-    check(isinstance(got, list), f"recorded H200 line: {got}")
+    check(isinstance(got, list), MESSAGES_02["parse H200 line"].format(got=got))
     recorded = dict(zip(header.split(", "), got, strict=False))
     expected_fields: list[tuple[str, float | None]] = [
         ("memory.used [MiB]", 1011),
@@ -1910,8 +1982,9 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
     for field, value in expected_fields:
         check(
             recorded.get(field) == value,
-            f"recorded H200 line: {field} should be {value}, got {recorded.get(field)!r} "
-            "(a value is a number only where it starts with one)",
+            MESSAGES_02["parse H200 field"].format(
+                field=field, value=value, got=recorded.get(field)
+            ),
         )
 
 
@@ -1931,18 +2004,15 @@ used reads 2047 (bytes // 2**20, an int), not 512
     try:
         got = read_gpu(mig, 0)  # a MIG instance (constructed): utilization is not supported
     except FakeNvml.NVMLError as error:
-        got = f"{type(error).__name__} raised"
-    check(
-        got == (None, 512, 19968),
-        "under MIG the utilization call raises nvml.NVMLError_NotSupported: return None for "
-        f"it, and still read the memory ({got})",
-    )
+        raise CheckFailed(
+            MESSAGES_02["read_gpu MIG raised"].format(error=type(error).__name__)
+        ) from None
+    check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
     odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
     got = read_gpu(odd, 0)  # byte counts that are not whole MiB: used 2047.5, total 15363 MiB
     check(
         got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
-        "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads 2047 "
-        f"(bytes // 2**20, an int), not {got[1]!r}",
+        MESSAGES_02["read_gpu whole MiB"].format(got=got[1]),
     )
 
 
@@ -1957,21 +2027,14 @@ def check_retry_halving_down_to_one(
     try:
         got = retry_halving(limited(1.5, [], []), 24)  # only a batch of 1 fits
     except RuntimeError:
-        got = "a RuntimeError"
-    check(
-        got == 1,
-        "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and try that too "
-        f"(your function gave {got})",
-    )
+        raise CheckFailed(MESSAGES_07["retry raised before 1"]) from None
+    check(got == 1, MESSAGES_07["retry not down to 1"].format(got=got))
     try:
         retry_halving(limited(0.5, [], []), 8)
     except RuntimeError as error:  # its words may say "out of memory": its type must not be OOM
-        check(
-            not isinstance(error, torch.cuda.OutOfMemoryError),
-            "raise your own RuntimeError, not the OOM error",
-        )
+        check(not isinstance(error, torch.cuda.OutOfMemoryError), MESSAGES_07["retry raised OOM"])
     else:
-        raise CheckFailed("when not even a batch of 1 fits, raise RuntimeError")
+        raise CheckFailed(MESSAGES_07["retry did not raise"])
 
 
 def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) -> None:
@@ -1984,66 +2047,47 @@ def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) 
         first, second = torch.ones(1000), torch.zeros(1000)
         third = torch.nn.Parameter(torch.ones(9))
         watch = {"Out[4]": weakref.ref(first), "Out[7]": weakref.ref(second)}
-        watch["Out[9], an nn.Parameter"] = weakref.ref(third)
+        watch["Out[9]"] = weakref.ref(third)  # an nn.Parameter
         out: dict[int, Any] = {4: first, 5: "a string", 7: second, 9: third}
         fake: dict[str, Any] = {"Out": out, "_oh": out, "_5": "a string"}
         fake.update(_4=first, _7=second, _9=third)
         held = {"_": second, "__": third, "___": first}
         fake.update({n: held[n] if n in tensor_at else f"text {n}" for n in ("_", "__", "___")})
         del first, second, third, held
-        raised = answer_or_error(drop_from_history, fake)
-        check(
-            not (isinstance(raised, str) and raised.startswith("your function raised")),
-            f"{raised}"
-            + (
-                ": you deleted from the dict while looping over it; loop over a copy, "
-                "list(history.items())"
-                if "changed size during iteration" in f"{raised}"
-                else ""
-            ),
-        )
+        answer = answer_or_error(drop_from_history, fake)
+        if raised(answer) and "changed size during iteration" in answer:
+            raise CheckFailed(MESSAGES_07["drop changed size"].format(error=answer))
+        check(not raised(answer), str(answer))  # what it raised, in the learner's language
         check(
             fake.get("Out") is out and fake.get("_oh") is out,
-            "IPython keeps the output history in one dict named both Out and _oh: delete the "
-            "tensor entries from it, do not replace it",
+            MESSAGES_07["drop replaced Out"],
         )
-        check(
-            9 not in out or 4 in out,
-            "an nn.Parameter is a tensor too (a subclass): test isinstance(value, torch.Tensor), "
-            "not type(value) == torch.Tensor",
-        )
+        check(9 not in out or 4 in out, MESSAGES_07["drop parameter kept"])
         left = [f"Out[{key}]" for key in (4, 7, 9) if key in out]
-        check(not left, f"{', '.join(left)} still hold tensors: delete them from Out")
+        check(not left, MESSAGES_07["drop Out left"].format(left=", ".join(left)))
         twins = [name for name in ("_4", "_7", "_9") if name in fake]
-        check(
-            not twins,
-            f"{', '.join(twins)} still hold the tensors of Out: each Out[N] has a twin "
-            "variable _N; delete it too (namespace.pop(f'_{N}', None))",
-        )
+        check(not twins, MESSAGES_07["drop twins left"].format(twins=", ".join(twins)))
         check(
             out.get(5) == "a string" and fake.get("_5") == "a string",
-            "Out[5] and _5 held a string: keep history entries that hold no tensor",
+            MESSAGES_07["drop string removed"],
         )
         for name in ("_", "__", "___"):
             if name in tensor_at:
-                check(
-                    name in fake,
-                    f'{name} held a tensor: set it to "", do not delete it (IPython sets _, '
-                    "__ and ___ after each output; a deleted one is a NameError until then)",
-                )
-                check(fake[name] == "", f'{name} held a tensor: set it to ""')
+                check(name in fake, MESSAGES_07["drop underscore deleted"].format(name=name))
+                check(fake[name] == "", MESSAGES_07["drop underscore kept"].format(name=name))
             else:
                 check(
                     fake.get(name) == f"text {name}",
-                    f'{name} held a string: leave it as it is (set it to "" only when it '
-                    "holds a tensor)",
+                    MESSAGES_07["drop underscore string"].format(name=name),
                 )
         alive = [place for place, ref in watch.items() if ref() is not None]
-        check(
-            not alive,
-            f"the tensor of {alive[0] if alive else ''} is still referenced somewhere: keep no "
-            "reference to the tensors you remove",
-        )
+        if alive:
+            which = (
+                "drop parameter still referenced"
+                if alive[0] == "Out[9]"
+                else "drop still referenced"
+            )
+            raise CheckFailed(MESSAGES_07[which].format(place=alive[0]))
 
 
 def check_same_parameters(
@@ -2088,6 +2132,5 @@ def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module],
         want, got = optimizer_state_bytes(real), answer_or_error(adam_state_bytes, layer)
         check(
             got == want,
-            f"a {str(dtype)[6:]} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
-            f"{got}: its averages take p.element_size() bytes per element, not always 4",
+            MESSAGES_04A["adam_state dtype"].format(dtype=str(dtype)[6:], want=want, got=got),
         )
