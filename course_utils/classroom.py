@@ -75,6 +75,7 @@ MESSAGES_CHECKS = Messages(
         "difference length": "{where} should have {want} items, not {got}",
         "difference value": "{where} should stay {want!r}, but it is {got!r}",
         "function raised": "your function raised {kind}: {error}",
+        "passed": "✓ {exercise}: all checks passed",
         "autocast left on": "a previous run left autocast on: restart the kernel (Kernel > "
         "Restart) and run the notebook again; this check turned it off to judge your function "
         "alone",
@@ -189,7 +190,7 @@ def check_close(
 
 def passed(exercise: str) -> None:
     """Print the success line of a check cell."""
-    print(f"✓ {exercise}: all checks passed")
+    print(MESSAGES_CHECKS["passed"].format(exercise=exercise))
 
 
 @dataclass(frozen=True)
