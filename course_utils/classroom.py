@@ -1264,6 +1264,33 @@ MESSAGES_04 = Messages(
         "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
         "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
         "none fits: 0)",
+        "amp_step scale is None": "call backward on scaler.scale(loss), not on the loss itself "
+        "(PyTorch raised: {error})",
+        "amp_step no inf checks": "the scaler's step found no gradients: clear them at the "
+        "start of the step or after scaler.step, never between backward and step (PyTorch "
+        "raised: {error})",
+        "amp_step update before step": "step through the scaler, scaler.step(optimizer), "
+        "before scaler.update(): never optimizer.step() itself (PyTorch raised: {error})",
+        "amp_step unscaled twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer), and unscale_ at most once per step (PyTorch raised: {error})",
+        "amp_step stepped twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer) (PyTorch raised: {error})",
+        "amp_step unscale after step": "call scaler.update() once per step, after "
+        "scaler.step(optimizer): the next step's unscale_ needs it (PyTorch raised: {error})",
+        "amp_step raised": "your step raised {kind}: {error}",
+        "amp_step no clipping": "the weights moved as a step without clipping: after "
+        "scaler.unscale_(optimizer), call clip_grad_norm_(model.parameters(), max_norm) with "
+        "the max_norm you were given",
+        "amp_step clipped scaled": "the weights moved as if you had clipped the scaled gradients "
+        "(scale times the true ones) to max_norm, which cuts them to max_norm / scale: call "
+        "scaler.unscale_(optimizer) before clip_grad_norm_",
+        "amp_step clipped values": "the weights moved as a step that clips each gradient's "
+        "values (clip_grad_value_): clip their norm, clip_grad_norm_(model.parameters(), "
+        "max_norm)",
+        "amp_step update off": "the weights moved {error:.0%} away from a float32 step with "
+        "clipping: backward on the scaled loss, then unscale_ the gradients before "
+        "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step through the "
+        "scaler",
     },
 )
 
@@ -1563,6 +1590,17 @@ MESSAGES_08 = Messages(
         "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
         "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
         "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+        "loop reads the loss": "your loop read the loss on the CPU {reads} times in {steps} "
+        "steps (.item() or float()): each read makes the CPU wait for the GPU; keep the losses "
+        "as tensors, or log every 10th step",
+        "loop empties the cache": "you call torch.cuda.empty_cache() in the loop: it gives the "
+        "cache back and the next step allocates it again; drop it",
+        "loop labels left": "your loop moved the images to the device but left the labels on "
+        "the CPU in {left} of {steps} steps: move them too, labels.to(device, "
+        "non_blocking=True); on a GPU, cross_entropy of GPU logits and CPU labels fails",
+        "loop images left": "your loop moved the labels to the device but not the images in "
+        "{left} of {steps} steps: move them with images.to(device, non_blocking=True) before "
+        "the model",
     },
 )
 
