@@ -532,36 +532,41 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     >>> first_difference((1, "a"), (1, "a")) is None
     True
     """
-    said = MESSAGES_CHECKS
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return said["difference not a tensor"].format(where=where, kind=_kind(got), got=got)
+            return MESSAGES_CHECKS["difference not a tensor"].format(
+                where=where, kind=_kind(got), got=got
+            )
         if got.device.type != want.device.type:
-            return said["difference device"].format(
+            return MESSAGES_CHECKS["difference device"].format(
                 where=where, got=got.device.type, want=want.device.type
             )
         if got.shape != want.shape or got.dtype != want.dtype:
-            return said["difference shape"].format(
+            return MESSAGES_CHECKS["difference shape"].format(
                 where=where, shape=tuple(want.shape), dtype=want.dtype
             )
         return None
     if type(got) is not type(want):
         named = isinstance(want, tuple) and hasattr(want, "_fields")
-        return said["difference namedtuple" if named else "difference type"].format(
+        return MESSAGES_CHECKS["difference namedtuple" if named else "difference type"].format(
             where=where, want=_kind(want), got=_kind(got)
         )
     if isinstance(want, dict):
         if list(got) != list(want):
-            return said["difference keys"].format(where=where, want=list(want), got=list(got))
+            return MESSAGES_CHECKS["difference keys"].format(
+                where=where, want=list(want), got=list(got)
+            )
         pairs = [(got[key], want[key], f"{where}[{key!r}]") for key in want]
     elif isinstance(want, list | tuple):
         if len(got) != len(want):
-            return said["difference length"].format(where=where, want=len(want), got=len(got))
+            return MESSAGES_CHECKS["difference length"].format(
+                where=where, want=len(want), got=len(got)
+            )
         pairs = [(g, w, f"{where}[{i}]") for i, (g, w) in enumerate(zip(got, want, strict=True))]
     else:
         if got == want:
             return None
-        return said["difference value"].format(where=where, want=want, got=got)
+        return MESSAGES_CHECKS["difference value"].format(where=where, want=want, got=got)
     for got_item, want_item, place in pairs:
         if (difference := first_difference(got_item, want_item, place)) is not None:
             return difference
