@@ -20,7 +20,7 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from course_utils.classroom import TensorMove, check, record_tensor_to
+from course_utils.classroom import MESSAGES_08, TensorMove, check, record_tensor_to
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
@@ -362,26 +362,16 @@ def check_loop_habits(run: LoopRun) -> None:
     labels (or images) were left on the CPU: invisible on a CPU grader, fatal on a GPU."""
     check(
         run.item_calls <= 1 + run.steps // 10,
-        f"your loop read the loss on the CPU {run.item_calls} times in {run.steps} steps "
-        "(.item() or float()): each read makes the CPU wait for the GPU; keep the losses as "
-        "tensors, or log every 10th step",
+        MESSAGES_08["loop reads the loss"].format(reads=run.item_calls, steps=run.steps),
     )
-    check(
-        run.empty_cache_calls == 0,
-        "you call torch.cuda.empty_cache() in the loop: it gives the cache back and the next "
-        "step allocates it again; drop it",
-    )
+    check(run.empty_cache_calls == 0, MESSAGES_08["loop empties the cache"])
     check(
         run.unmoved_labels == 0,
-        f"your loop moved the images to the device but left the labels on the CPU in "
-        f"{run.unmoved_labels} of {run.steps} steps: move them too, labels.to(device, "
-        "non_blocking=True); on a GPU, cross_entropy of GPU logits and CPU labels fails",
+        MESSAGES_08["loop labels left"].format(left=run.unmoved_labels, steps=run.steps),
     )
     check(
         run.unmoved_inputs == 0,
-        f"your loop moved the labels to the device but not the images in "
-        f"{run.unmoved_inputs} of {run.steps} steps: move them with images.to(device, "
-        "non_blocking=True) before the model",
+        MESSAGES_08["loop images left"].format(left=run.unmoved_inputs, steps=run.steps),
     )
 
 

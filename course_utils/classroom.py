@@ -46,6 +46,43 @@ class PartialCredit(CheckFailed):
         self.earned = earned
 
 
+#: The messages of the check helpers several notebooks share (:func:`check_close`,
+#: :func:`check_parts`, :func:`exact_tensor`, :func:`first_difference`, the refusal of the
+#: course's own helpers), by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_CHECKS = Messages(
+    "checks",
+    {
+        "parts right": "{right} of {total} parts right; {wrong}",
+        "part raised": "your code raised {kind}: {error}",
+        "close shape": "{what} has shape {shape}, expected {expected}",
+        "close values": "{what} differs from the expected values by up to {worst:.3g}",
+        "close text": "{what} is the text {actual!r}, a str: write the number itself, without "
+        "quotes",
+        "close not a number": "{what} should be a number, got {kind}",
+        "close number": "{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
+        "not a tensor": "{what} should be a tensor, but it is {kind}",
+        "tensor subclass": "{what} is a {kind}, a subclass of torch.Tensor: return a plain "
+        "torch.Tensor",
+        "refused": "your function called the course's own {name}(), the reference the check "
+        "compares with: the exercise is to write that part yourself, in PyTorch",
+        "difference not a tensor": "{where} should be a tensor, but it is {kind} {got!r}",
+        "difference device": "{where} is a tensor on {got}; it should be on {want}",
+        "difference shape": "{where} should keep its shape and dtype {shape}, {dtype}",
+        "difference type": "{where} should be a {want}, but it is a {got}",
+        "difference namedtuple": "{where} should be a {want}, but it is a {got} (a namedtuple "
+        "takes its fields as separate arguments: type(batch)(*values))",
+        "difference keys": "{where} should have the keys {want}, not {got}",
+        "difference length": "{where} should have {want} items, not {got}",
+        "difference value": "{where} should stay {want!r}, but it is {got!r}",
+        "function raised": "your function raised {kind}: {error}",
+        "passed": "✓ {exercise}: all checks passed",
+        "autocast left on": "a previous run left autocast on: restart the kernel (Kernel > "
+        "Restart) and run the notebook again; this check turned it off to judge your function "
+        "alone",
+    },
+)
+
+
 def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
     """Run each part of an exercise (``name: check``; a check raises :class:`CheckFailed`
     when that part is wrong); each part is worth the same share of the points.
@@ -71,11 +108,14 @@ def check_parts(parts: Mapping[str, Callable[[], None]]) -> None:
         except CheckFailed as failure:
             wrong.append(f"{name}: {failure}")
         except Exception as error:  # the learner's code raised: that part is wrong
-            wrong.append(f"{name}: your code raised {type(error).__name__}: {error}")
+            said = MESSAGES_CHECKS["part raised"].format(kind=type(error).__name__, error=error)
+            wrong.append(f"{name}: {said}")
     if not wrong:
         return
     right = len(parts) - len(wrong)
-    feedback = f"{right} of {len(parts)} parts right; " + "; ".join(wrong)
+    feedback = MESSAGES_CHECKS["parts right"].format(
+        right=right, total=len(parts), wrong="; ".join(wrong)
+    )
     if right == 0:
         raise CheckFailed(feedback)
     raise PartialCredit(feedback, right / len(parts))
@@ -124,31 +164,33 @@ def check_close(
         expected_t = torch.as_tensor(expected).detach().cpu().double()
         check(
             actual_t.shape == expected_t.shape,
-            f"{what} has shape {tuple(actual_t.shape)}, expected {tuple(expected_t.shape)}",
+            MESSAGES_CHECKS["close shape"].format(
+                what=what, shape=tuple(actual_t.shape), expected=tuple(expected_t.shape)
+            ),
         )
         worst = (actual_t - expected_t).abs().max().item() if actual_t.numel() else 0.0
         check(
             torch.allclose(actual_t, expected_t, rtol=rtol, atol=atol),
-            f"{what} differs from the expected values by up to {worst:.3g}",
+            MESSAGES_CHECKS["close values"].format(what=what, worst=worst),
         )
         return
     if isinstance(actual, str) and _is_number_text(actual):
-        raise CheckFailed(
-            f"{what} is the text {actual!r}, a str: write the number itself, without quotes"
-        )
+        raise CheckFailed(MESSAGES_CHECKS["close text"].format(what=what, actual=actual))
     check(
         isinstance(actual, int | float) and not isinstance(actual, bool),
-        f"{what} should be a number, got {type(actual).__name__}",
+        MESSAGES_CHECKS["close not a number"].format(what=what, kind=type(actual).__name__),
     )
-    check(
-        math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol),
-        f"{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
-    )
+    if not math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol):
+        raise CheckFailed(
+            MESSAGES_CHECKS["close number"].format(
+                what=what, actual=actual, expected=expected, rtol=rtol
+            )
+        )
 
 
 def passed(exercise: str) -> None:
     """Print the success line of a check cell."""
-    print(f"✓ {exercise}: all checks passed")
+    print(MESSAGES_CHECKS["passed"].format(exercise=exercise))
 
 
 @dataclass(frozen=True)
@@ -243,24 +285,115 @@ def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+#: Notebook 03's check messages, by a stable name (see :data:`MESSAGES_01`). Exercise (b)'s
+#: feedback on one tensor of the batch has one message per tensor of the check's batch
+#: (``"to_gpu <tensor> <mistake>"``, the tensors of :data:`TO_GPU_TENSORS`).
+MESSAGES_03 = Messages(
+    "03",
+    {
+        "to_gpu pinned itself": "to_gpu pinned the tensors itself (.pin_memory()): the "
+        "DataLoader's pin_memory=True has already pinned them, and pinning a pageable tensor "
+        "in the loop costs one more copy of the batch; call .to(device, non_blocking=True) on "
+        "the batch's own tensors",
+        "to_gpu not a tensor": "to_gpu called a tensor method on a value that is not a tensor "
+        "({error}): go inside tuples, lists and dicts, copy only the tensors, return other "
+        "values as they are",
+        "to_gpu raised": "to_gpu(batch, device) raised {kind}: {error}",
+        "to_gpu changed the dict": "to_gpu changed the dict inside the batch it was given: "
+        "build a new dict instead",
+        "to_gpu shape": "return the batch in its own shape: here a sequence of 4 items whose "
+        "second item is a dict with the same keys ('label', 'mask') and whose last is a list "
+        "of 4 tensors",
+        "to_gpu names": "the file names (batch[2]) are not tensors: return them as they are",
+        "to_gpu images rebuilt": "the images tensor (batch[0]) was not copied: you copied a "
+        "new tensor made from it (clone, contiguous, torch.tensor...), which is in pageable "
+        "memory, so that copy cannot be asynchronous: call .to(device, non_blocking=True) on "
+        "the batch's own tensor",
+        "to_gpu images not copied": "the images tensor (batch[0]) was not copied: copy every "
+        "tensor of the batch, also those inside dicts, lists and tuples, with .to(device)",
+        "to_gpu images blocking": "the images tensor (batch[0]) is in pinned memory but was "
+        "copied with non_blocking=False (the default), so the host waits for each copy: pass "
+        "non_blocking=True (or non_blocking=tensor.is_pinned())",
+        "to_gpu images not its copy": "to_gpu returned the images tensor (batch[0]) itself, "
+        "not its copy: .to returns a new tensor on the device, it does not move the tensor in "
+        "place",
+        "to_gpu labels rebuilt": "the labels tensor (batch[1]['label']) was not copied: you "
+        "copied a new tensor made from it (clone, contiguous, torch.tensor...), which is in "
+        "pageable memory, so that copy cannot be asynchronous: call .to(device, "
+        "non_blocking=True) on the batch's own tensor",
+        "to_gpu labels not copied": "the labels tensor (batch[1]['label']) was not copied: "
+        "copy every tensor of the batch, also those inside dicts, lists and tuples, with "
+        ".to(device)",
+        "to_gpu labels blocking": "the labels tensor (batch[1]['label']) is in pinned memory "
+        "but was copied with non_blocking=False (the default), so the host waits for each "
+        "copy: pass non_blocking=True (or non_blocking=tensor.is_pinned())",
+        "to_gpu labels not its copy": "to_gpu returned the labels tensor (batch[1]['label']) "
+        "itself, not its copy: .to returns a new tensor on the device, it does not move the "
+        "tensor in place",
+        "to_gpu mask rebuilt": "the mask tensor (batch[1]['mask']) was not copied: you copied "
+        "a new tensor made from it (clone, contiguous, torch.tensor...), which is in pageable "
+        "memory, so that copy cannot be asynchronous: call .to(device, non_blocking=True) on "
+        "the batch's own tensor",
+        "to_gpu mask not copied": "the mask tensor (batch[1]['mask']) was not copied: copy "
+        "every tensor of the batch, also those inside dicts, lists and tuples, with "
+        ".to(device)",
+        "to_gpu mask not its copy": "to_gpu returned the mask tensor (batch[1]['mask']) "
+        "itself, not its copy: .to returns a new tensor on the device, it does not move the "
+        "tensor in place",
+        "to_gpu first boxes rebuilt": "the boxes of the first image (batch[3][0], in a list) "
+        "was not copied: you copied a new tensor made from it (clone, contiguous, "
+        "torch.tensor...), which is in pageable memory, so that copy cannot be asynchronous: "
+        "call .to(device, non_blocking=True) on the batch's own tensor",
+        "to_gpu first boxes not copied": "the boxes of the first image (batch[3][0], in a "
+        "list) was not copied: copy every tensor of the batch, also those inside dicts, lists "
+        "and tuples, with .to(device)",
+        "to_gpu first boxes blocking": "the boxes of the first image (batch[3][0], in a list) "
+        "is in pinned memory but was copied with non_blocking=False (the default), so the "
+        "host waits for each copy: pass non_blocking=True (or "
+        "non_blocking=tensor.is_pinned())",
+        "to_gpu first boxes not its copy": "to_gpu returned the boxes of the first image "
+        "(batch[3][0], in a list) itself, not its copy: .to returns a new tensor on the "
+        "device, it does not move the tensor in place",
+        "to_gpu last boxes rebuilt": "the boxes of the last image (batch[3][3], in a list) "
+        "was not copied: you copied a new tensor made from it (clone, contiguous, "
+        "torch.tensor...), which is in pageable memory, so that copy cannot be asynchronous: "
+        "call .to(device, non_blocking=True) on the batch's own tensor",
+        "to_gpu last boxes not copied": "the boxes of the last image (batch[3][3], in a list) "
+        "was not copied: copy every tensor of the batch, also those inside dicts, lists and "
+        "tuples, with .to(device)",
+        "to_gpu last boxes blocking": "the boxes of the last image (batch[3][3], in a list) "
+        "is in pinned memory but was copied with non_blocking=False (the default), so the "
+        "host waits for each copy: pass non_blocking=True (or "
+        "non_blocking=tensor.is_pinned())",
+        "to_gpu last boxes not its copy": "to_gpu returned the boxes of the last image "
+        "(batch[3][3], in a list) itself, not its copy: .to returns a new tensor on the "
+        "device, it does not move the tensor in place",
+        "to_gpu container types": "keep each container's type: the batch is a tuple and its "
+        "boxes a list, but you returned a {outer} holding a {inner}: build each one with "
+        "type(batch)(...)",
+        "gpu_loader failed": "gpu_loader(..., workers=0) failed: {error}",
+        "gpu_loader not pinned": "without pin_memory=True the batches stay in pageable memory, "
+        "where .to(device, non_blocking=True) is an ordinary blocking copy",
+        "gpu_loader setting": "gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
+        "gpu_loader no shuffle": "the loader should shuffle (shuffle=True)",
+        "gpu_loader not pinned on the GPU": "on this GPU machine the batches should arrive pinned",
+    },
+)
+
+#: The tensors of exercise 03 (b)'s batch, each by the name its messages have in
+#: :data:`MESSAGES_03`.
+TO_GPU_TENSORS = ("images", "labels", "mask", "first boxes", "last boxes")
+
+
 def _copy_failure(error: Exception) -> str:
     """Feedback for a ``to_gpu`` that raised ``error``."""
     if isinstance(error, RuntimeError) and any(
         words in str(error) for words in ("pin", "NVIDIA driver", "accelerator")
     ):
-        return (
-            "to_gpu pinned the tensors itself (.pin_memory()): the DataLoader's "
-            "pin_memory=True has already pinned them, and pinning a pageable tensor in the "
-            "loop costs one more copy of the batch; call .to(device, non_blocking=True) on "
-            "the batch's own tensors"
-        )
+        return MESSAGES_03["to_gpu pinned itself"]
     if isinstance(error, AttributeError) and "attribute" in str(error):
-        return (
-            f"to_gpu called a tensor method on a value that is not a tensor ({error}): go "
-            "inside tuples, lists and dicts, copy only the tensors, return other values as "
-            "they are"
-        )
-    return f"to_gpu(batch, device) raised {type(error).__name__}: {error}"
+        return MESSAGES_03["to_gpu not a tensor"].format(error=error)
+    return MESSAGES_03["to_gpu raised"].format(kind=type(error).__name__, error=error)
 
 
 def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
@@ -281,13 +414,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
     boxes = [_pretend_pinned(torch.rand(n, 4)) for n in (2, 1, 3, 1)]  # a list: n per image
     inner = {"label": labels, "mask": mask}
     batch = (images, inner, names, boxes)
-    where = {
-        "the images tensor (batch[0])": images,
-        "the labels tensor (batch[1]['label'])": labels,
-        "the mask tensor (batch[1]['mask'])": mask,
-        "the boxes of the first image (batch[3][0], in a list)": boxes[0],
-        "the boxes of the last image (batch[3][3], in a list)": boxes[3],
-    }
+    where = dict(zip(TO_GPU_TENSORS, (images, labels, mask, boxes[0], boxes[3]), strict=True))
     with (
         record_tensor_to(pretend_cuda=True) as moves,
         course_helpers_refused({"to_device": to_device}, "to_device"),
@@ -300,7 +427,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             raise CheckFailed(_copy_failure(error)) from None
     check(
         set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
-        "to_gpu changed the dict inside the batch it was given: build a new dict instead",
+        MESSAGES_03["to_gpu changed the dict"],
     )
     check(
         isinstance(result, Sequence)
@@ -309,45 +436,51 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
         and set(result[1]) == {"label", "mask"}
         and isinstance(result[3], Sequence)
         and len(result[3]) == 4,
-        "return the batch in its own shape: here a sequence of 4 items whose second item is "
-        "a dict with the same keys ('label', 'mask') and whose last is a list of 4 tensors",
+        MESSAGES_03["to_gpu shape"],
     )
-    check(
-        list(result[2]) == names,
-        "the file names (batch[2]) are not tensors: return them as they are",
+    check(list(result[2]) == names, MESSAGES_03["to_gpu names"])
+    returned = dict(
+        zip(
+            TO_GPU_TENSORS,
+            (result[0], result[1]["label"], result[1]["mask"], result[3][0], result[3][3]),
+            strict=True,
+        )
     )
-    returned = {
-        "the images tensor (batch[0])": result[0],
-        "the labels tensor (batch[1]['label'])": result[1]["label"],
-        "the mask tensor (batch[1]['mask'])": result[1]["mask"],
-        "the boxes of the first image (batch[3][0], in a list)": result[3][0],
-        "the boxes of the last image (batch[3][3], in a list)": result[3][3],
-    }
     for name, tensor in where.items():
         copies = [m for m in moves if m.source_id == id(tensor) and is_cuda_target(m.target)]
-        rebuilt = "you copied a new tensor made from it (clone, contiguous, torch.tensor...), "
-        rebuilt += "which is in pageable memory, so that copy cannot be asynchronous: call "
-        rebuilt += ".to(device, non_blocking=True) on the batch's own tensor"
-        left = "copy every tensor of the batch, also those inside dicts, lists and tuples, with "
-        left += ".to(device)"
         made = returned[name] is not tensor
-        check(copies, f"{name} was not copied: " + (rebuilt if made else left))
-        check(
-            not (tensor.is_pinned() and not all(m.non_blocking for m in copies)),
-            f"{name} is in pinned memory but was copied with non_blocking=False (the "
-            "default), so the host waits for each copy: pass non_blocking=True (or "
-            "non_blocking=tensor.is_pinned())",
-        )
-        check(
-            id(returned[name]) in {m.result_id for m in copies},
-            f"to_gpu returned {name} itself, not its copy: .to returns a new tensor on "
-            "the device, it does not move the tensor in place",
-        )
+        if not copies:
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} {'rebuilt' if made else 'not copied'}"])
+        if tensor.is_pinned() and not all(m.non_blocking for m in copies):
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} blocking"])
+        if id(returned[name]) not in {m.result_id for m in copies}:
+            raise CheckFailed(MESSAGES_03[f"to_gpu {name} not its copy"])
     check(
         type(result) is tuple and type(result[3]) is list,
-        f"keep each container's type: the batch is a tuple and its boxes a list, but you "
-        f"returned a {type(result).__name__} holding a {type(result[3]).__name__}: build "
-        "each one with type(batch)(...)",
+        MESSAGES_03["to_gpu container types"].format(
+            outer=type(result).__name__, inner=type(result[3]).__name__
+        ),
+    )
+
+
+class RaisedText(str):
+    """The sentence :func:`answer_or_error` gives for a learner's function that raised (a
+    ``str``, in the learner's language): :func:`raised` tells it from an answer that is
+    text."""
+
+
+def raised(value: Any) -> bool:
+    """Whether ``value`` is :func:`answer_or_error`'s sentence for a function that raised.
+
+    >>> raised(answer_or_error(int, "seven")), raised("your function raised")
+    (True, False)
+    """
+    return isinstance(value, RaisedText)
+
+
+def _raised_text(error: Exception) -> RaisedText:
+    return RaisedText(
+        MESSAGES_CHECKS["function raised"].format(kind=type(error).__name__, error=error)
     )
 
 
@@ -365,7 +498,7 @@ def answer_or_error(function: Any, *args: Any, **kwargs: Any) -> Any:
     except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
         raise
     except Exception as error:  # any mistake of the learner's: report it in words
-        return f"your function raised {type(error).__name__}: {error}"
+        return _raised_text(error)
 
 
 def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
@@ -380,7 +513,7 @@ def answer_and_error(function: Any, *args: Any) -> tuple[Any, str | None]:
     except (NotImplementedError, CheckFailed):  # not answered; a check's spy caught a mistake
         raise
     except Exception as error:  # any mistake of the learner's: report it in words
-        return None, f"your function raised {type(error).__name__}: {error}"
+        return None, _raised_text(error)
 
 
 def _kind(value: Any) -> str:
@@ -401,27 +534,39 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     """
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"{where} should be a tensor, but it is {_kind(got)} {got!r}"
+            return MESSAGES_CHECKS["difference not a tensor"].format(
+                where=where, kind=_kind(got), got=got
+            )
         if got.device.type != want.device.type:
-            return f"{where} is a tensor on {got.device.type}; it should be on {want.device.type}"
+            return MESSAGES_CHECKS["difference device"].format(
+                where=where, got=got.device.type, want=want.device.type
+            )
         if got.shape != want.shape or got.dtype != want.dtype:
-            return f"{where} should keep its shape and dtype {tuple(want.shape)}, {want.dtype}"
+            return MESSAGES_CHECKS["difference shape"].format(
+                where=where, shape=tuple(want.shape), dtype=want.dtype
+            )
         return None
     if type(got) is not type(want):
-        hint = ""
-        if isinstance(want, tuple) and hasattr(want, "_fields"):
-            hint = " (a namedtuple takes its fields as separate arguments: type(batch)(*values))"
-        return f"{where} should be a {_kind(want)}, but it is a {_kind(got)}{hint}"
+        named = isinstance(want, tuple) and hasattr(want, "_fields")
+        return MESSAGES_CHECKS["difference namedtuple" if named else "difference type"].format(
+            where=where, want=_kind(want), got=_kind(got)
+        )
     if isinstance(want, dict):
         if list(got) != list(want):
-            return f"{where} should have the keys {list(want)}, not {list(got)}"
+            return MESSAGES_CHECKS["difference keys"].format(
+                where=where, want=list(want), got=list(got)
+            )
         pairs = [(got[key], want[key], f"{where}[{key!r}]") for key in want]
     elif isinstance(want, list | tuple):
         if len(got) != len(want):
-            return f"{where} should have {len(want)} items, not {len(got)}"
+            return MESSAGES_CHECKS["difference length"].format(
+                where=where, want=len(want), got=len(got)
+            )
         pairs = [(g, w, f"{where}[{i}]") for i, (g, w) in enumerate(zip(got, want, strict=True))]
     else:
-        return None if got == want else f"{where} should stay {want!r}, but it is {got!r}"
+        if got == want:
+            return None
+        return MESSAGES_CHECKS["difference value"].format(where=where, want=want, got=got)
     for got_item, want_item, place in pairs:
         if (difference := first_difference(got_item, want_item, place)) is not None:
             return difference
@@ -452,10 +597,7 @@ def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
     """
     state = AutocastState(on_before=torch.is_autocast_enabled(device_type))
     if state.on_before:
-        print(
-            "a previous run left autocast on: restart the kernel (Kernel > Restart) and run "
-            "the notebook again; this check turned it off to judge your function alone"
-        )
+        print(MESSAGES_CHECKS["autocast left on"])
         torch.set_autocast_enabled(device_type, False)
     try:
         yield state
@@ -510,21 +652,17 @@ def exact_tensor(value: Any, what: str) -> torch.Tensor:
     """
     check(
         isinstance(value, torch.Tensor),
-        f"{what} should be a tensor, but it is {_kind(value)}",
+        MESSAGES_CHECKS["not a tensor"].format(what=what, kind=_kind(value)),
     )
     check(
         type(value) in (torch.Tensor, torch.nn.Parameter),
-        f"{what} is a {type(value).__name__}, a subclass of torch.Tensor: return a plain "
-        "torch.Tensor",
+        MESSAGES_CHECKS["tensor subclass"].format(what=what, kind=type(value).__name__),
     )
     return value
 
 
 def _refused(name: str) -> CheckFailed:
-    return CheckFailed(
-        f"your function called the course's own {name}(), the reference the check compares "
-        "with: the exercise is to write that part yourself, in PyTorch"
-    )
+    return CheckFailed(MESSAGES_CHECKS["refused"].format(name=name))
 
 
 def _refusing(*args: Any, **kwargs: Any) -> Any:
@@ -775,6 +913,23 @@ MESSAGES_01 = Messages(
         "time_it no sync on GPU": "timing cuda:1, your time_it never called "
         "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
         "after fn(), torch.cuda.synchronize(device)",
+        "to_device raised": "{error}, given {what}",
+        "to_device wrong": "in what your function returned, {difference}, given {what}",
+        "to_device changed the batch": "your function changed the batch it was given "
+        "(afterwards, {difference}): build new containers and leave the old ones as they were",
+        "mixed_forward shape": "give back the output of model(x), of shape (8, 4)",
+        "mixed_forward autocast device": "x is on {device}, but you ran autocast for {devices}: "
+        "write torch.autocast(x.device.type, ...), which follows x",
+        "mixed_forward no autograd": "a training step's forward pass must keep autograd on: no "
+        "torch.no_grad() or .detach()",
+        "mixed_forward autocast": "for {gpu}, run model(x) under torch.autocast(x.device.type, "
+        "dtype=torch.{dtype})",
+        "mixed_forward float32": "{gpu} has no tensor cores: run model(x) in float32, without "
+        "autocast",
+        "mixed_forward converted": "autocast casts inside each operation (the output for {gpu} "
+        "is {dtype}): do not convert the model, x or the output yourself",
+        "mixed_forward left on": "autocast is still on after your function returned: use it as "
+        "a context manager, `with torch.autocast(...):`",
     },
 )
 
@@ -1023,6 +1178,19 @@ MESSAGES_02 = Messages(
         "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
         "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
         "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
+        "parse other line": "for {line!r} expected {expected}, got {got}: keep the number "
+        "before any unit (MHz, C, MiB, W, %), None only where there is no number",
+        "parse nounits": "values printed with nounits have no unit",
+        "parse H200 line": "recorded H200 line: {got}",
+        "parse H200 field": "recorded H200 line: {field} should be {value}, got {got!r} (a value "
+        "is a number only where it starts with one)",
+        "read_gpu MIG": "under MIG the utilization call raises nvml.NVMLError_NotSupported: "
+        "return None for it, and still read the memory ({got})",
+        "read_gpu MIG raised": "under MIG the utilization call raises "
+        "nvml.NVMLError_NotSupported: return None for it, and still read the memory ({error} "
+        "raised)",
+        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads "
+        "2047 (bytes // 2**20, an int), not {got!r}",
     },
 )
 
@@ -1101,6 +1269,33 @@ MESSAGES_04 = Messages(
         "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
         "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
         "none fits: 0)",
+        "amp_step scale is None": "call backward on scaler.scale(loss), not on the loss itself "
+        "(PyTorch raised: {error})",
+        "amp_step no inf checks": "the scaler's step found no gradients: clear them at the "
+        "start of the step or after scaler.step, never between backward and step (PyTorch "
+        "raised: {error})",
+        "amp_step update before step": "step through the scaler, scaler.step(optimizer), "
+        "before scaler.update(): never optimizer.step() itself (PyTorch raised: {error})",
+        "amp_step unscaled twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer), and unscale_ at most once per step (PyTorch raised: {error})",
+        "amp_step stepped twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer) (PyTorch raised: {error})",
+        "amp_step unscale after step": "call scaler.update() once per step, after "
+        "scaler.step(optimizer): the next step's unscale_ needs it (PyTorch raised: {error})",
+        "amp_step raised": "your step raised {kind}: {error}",
+        "amp_step no clipping": "the weights moved as a step without clipping: after "
+        "scaler.unscale_(optimizer), call clip_grad_norm_(model.parameters(), max_norm) with "
+        "the max_norm you were given",
+        "amp_step clipped scaled": "the weights moved as if you had clipped the scaled gradients "
+        "(scale times the true ones) to max_norm, which cuts them to max_norm / scale: call "
+        "scaler.unscale_(optimizer) before clip_grad_norm_",
+        "amp_step clipped values": "the weights moved as a step that clips each gradient's "
+        "values (clip_grad_value_): clip their norm, clip_grad_norm_(model.parameters(), "
+        "max_norm)",
+        "amp_step update off": "the weights moved {error:.0%} away from a float32 step with "
+        "clipping: backward on the scaled loss, then unscale_ the gradients before "
+        "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step through the "
+        "scaler",
     },
 )
 
@@ -1193,6 +1388,8 @@ MESSAGES_04A = Messages(
         "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
         "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
         "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+        "adam_state dtype": "a {dtype} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
+        "{got}: its averages take p.element_size() bytes per element, not always 4",
     },
 )
 
@@ -1277,6 +1474,33 @@ MESSAGES_07 = Messages(
         "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
         "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
         "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+        "retry not down to 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave {got})",
+        "retry raised before 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave a RuntimeError)",
+        "retry raised OOM": "raise your own RuntimeError, not the OOM error",
+        "retry did not raise": "when not even a batch of 1 fits, raise RuntimeError",
+        "drop changed size": "{error}: you deleted from the dict while looping over it; loop "
+        "over a copy, list(history.items())",
+        "drop replaced Out": "IPython keeps the output history in one dict named both Out and "
+        "_oh: delete the tensor entries from it, do not replace it",
+        "drop parameter kept": "an nn.Parameter is a tensor too (a subclass): test "
+        "isinstance(value, torch.Tensor), not type(value) == torch.Tensor",
+        "drop Out left": "{left} still hold tensors: delete them from Out",
+        "drop twins left": "{twins} still hold the tensors of Out: each Out[N] has a twin "
+        "variable _N; delete it too (namespace.pop(f'_{{N}}', None))",
+        "drop string removed": "Out[5] and _5 held a string: keep history entries that hold no "
+        "tensor",
+        "drop underscore deleted": '{name} held a tensor: set it to "", do not delete it '
+        "(IPython sets _, __ and ___ after each output; a deleted one is a NameError until "
+        "then)",
+        "drop underscore kept": '{name} held a tensor: set it to ""',
+        "drop underscore string": '{name} held a string: leave it as it is (set it to "" only '
+        "when it holds a tensor)",
+        "drop still referenced": "the tensor of {place} is still referenced somewhere: keep no "
+        "reference to the tensors you remove",
+        "drop parameter still referenced": "the tensor of {place}, an nn.Parameter is still "
+        "referenced somewhere: keep no reference to the tensors you remove",
     },
 )
 
@@ -1371,6 +1595,17 @@ MESSAGES_08 = Messages(
         "speedup wrong": "read_profile gave a speed-up of {got:.2f} for a profile where {phase} "
         "took {share:.0%} of the step time: without the phase the step takes the rest, so the "
         "most it can gain is total / (total - phase) (1 s steps with 0.75 s of data: 4x)",
+        "loop reads the loss": "your loop read the loss on the CPU {reads} times in {steps} "
+        "steps (.item() or float()): each read makes the CPU wait for the GPU; keep the losses "
+        "as tensors, or log every 10th step",
+        "loop empties the cache": "you call torch.cuda.empty_cache() in the loop: it gives the "
+        "cache back and the next step allocates it again; drop it",
+        "loop labels left": "your loop moved the images to the device but left the labels on "
+        "the CPU in {left} of {steps} steps: move them too, labels.to(device, "
+        "non_blocking=True); on a GPU, cross_entropy of GPU logits and CPU labels fails",
+        "loop images left": "your loop moved the labels to the device but not the images in "
+        "{left} of {steps} steps: move them with images.to(device, non_blocking=True) before "
+        "the model",
     },
 )
 
@@ -1612,12 +1847,8 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
             plain = gpu_loader(dataset, 4, workers=0)
             batch = next(iter(plain))
         except ValueError as error:
-            raise CheckFailed(f"gpu_loader(..., workers=0) failed: {error}") from None
-    check(
-        loader.pin_memory and plain.pin_memory,
-        "without pin_memory=True the batches stay in pageable memory, where "
-        ".to(device, non_blocking=True) is an ordinary blocking copy",
-    )
+            raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error)) from None
+    check(loader.pin_memory and plain.pin_memory, MESSAGES_03["gpu_loader not pinned"])
     wanted_settings = {
         "batch_size": 4,
         "num_workers": 2,
@@ -1627,15 +1858,15 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     for setting, wanted in wanted_settings.items():
         check(
             getattr(loader, setting, None) == wanted,
-            f"gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
+            MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
         )
     check(
         isinstance(loader.sampler, RandomSampler) and isinstance(plain.sampler, RandomSampler),
-        "the loader should shuffle (shuffle=True)",
+        MESSAGES_03["gpu_loader no shuffle"],
     )
     check(
         not torch.cuda.is_available() or all(t.is_pinned() for t in batch),
-        "on this GPU machine the batches should arrive pinned",
+        MESSAGES_03["gpu_loader not pinned on the GPU"],
     )
 
 
@@ -1660,14 +1891,16 @@ on cpu; it should be on meta, given a nested batch
     before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
     with course_helpers_refused(namespace, "to_device"):  # yours must not call it
         out = answer_or_error(my_to_device, batch, "meta")
-    check(not isinstance(out, str), f"{out}, given {what}")
+    check(not isinstance(out, str), MESSAGES_01["to_device raised"].format(error=out, what=what))
     difference = first_difference(out, want)
-    check(difference is None, f"in what your function returned, {difference}, given {what}")
+    check(
+        difference is None,
+        MESSAGES_01["to_device wrong"].format(difference=difference, what=what),
+    )
     difference = first_difference(batch, before)
     check(
         difference is None,
-        f"your function changed the batch it was given (afterwards, {difference}): "
-        "build new containers and leave the old ones as they were",
+        MESSAGES_01["to_device changed the batch"].format(difference=difference),
     )
 
 
@@ -1726,16 +1959,12 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
     name = str(want.dtype)[6:]
     check(not isinstance(out, str), f"{out}")
     out = out if on_gpu else exact_tensor(out, "the output of model(x)")
-    check(out.shape == (8, 4), "give back the output of model(x), of shape (8, 4)")
+    check(out.shape == (8, 4), MESSAGES_01["mixed_forward shape"])
     check(
         all(device == x.device.type for device in devices),
-        f"x is on {x.device.type}, but you ran autocast for {devices}: write "
-        "torch.autocast(x.device.type, ...), which follows x",
+        MESSAGES_01["mixed_forward autocast device"].format(device=x.device.type, devices=devices),
     )
-    check(
-        out.requires_grad,
-        "a training step's forward pass must keep autograd on: no torch.no_grad() or .detach()",
-    )
+    check(out.requires_grad, MESSAGES_01["mixed_forward no autograd"])
     if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
         picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
         shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
@@ -1743,20 +1972,15 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         check(rule is None, str(rule))
     check(
         seen[-1:] == [want.dtype if want.autocast else None],
-        f"for {gpu}, run model(x) under torch.autocast(x.device.type, dtype=torch.{name})"
-        if want.autocast
-        else f"{gpu} has no tensor cores: run model(x) in float32, without autocast",
+        MESSAGES_01["mixed_forward autocast" if want.autocast else "mixed_forward float32"].format(
+            gpu=gpu, dtype=name
+        ),
     )
     check(
         all(p.dtype == torch.float32 for p in model.parameters()) and out.dtype == want.dtype,
-        f"autocast casts inside each operation (the output for {gpu} is {name}): do not "
-        "convert the model, x or the output yourself",
+        MESSAGES_01["mixed_forward converted"].format(gpu=gpu, dtype=name),
     )
-    check(
-        not autocast.on_after,
-        "autocast is still on after your function returned: use it as a context manager, "
-        "`with torch.autocast(...):`",
-    )
+    check(not autocast.on_after, MESSAGES_01["mixed_forward left on"])
 
 
 def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
@@ -1781,16 +2005,15 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
         got = answer_or_error(parse_query_line, line)
         check(
             type(got) is list and got == expected,
-            f"for {line!r} expected {expected}, got {got}: keep the number before any unit "
-            "(MHz, C, MiB, W, %), None only where there is no number",
+            MESSAGES_02["parse other line"].format(line=line, expected=expected, got=got),
         )
     check(
         answer_or_error(parse_query_line, "1024, 35") == [1024.0, 35.0],
-        "values printed with nounits have no unit",
+        MESSAGES_02["parse nounits"],
     )
     header, line = sample_output("h200_query_gpu_csv_load")[1].strip().splitlines()
     got = answer_or_error(parse_query_line, line)  # a line recorded on an H200
-    check(isinstance(got, list), f"recorded H200 line: {got}")
+    check(isinstance(got, list), MESSAGES_02["parse H200 line"].format(got=got))
     recorded = dict(zip(header.split(", "), got, strict=False))
     expected_fields: list[tuple[str, float | None]] = [
         ("memory.used [MiB]", 1011),
@@ -1803,8 +2026,9 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
     for field, value in expected_fields:
         check(
             recorded.get(field) == value,
-            f"recorded H200 line: {field} should be {value}, got {recorded.get(field)!r} "
-            "(a value is a number only where it starts with one)",
+            MESSAGES_02["parse H200 field"].format(
+                field=field, value=value, got=recorded.get(field)
+            ),
         )
 
 
@@ -1824,18 +2048,15 @@ used reads 2047 (bytes // 2**20, an int), not 512
     try:
         got = read_gpu(mig, 0)  # a MIG instance (constructed): utilization is not supported
     except FakeNvml.NVMLError as error:
-        got = f"{type(error).__name__} raised"
-    check(
-        got == (None, 512, 19968),
-        "under MIG the utilization call raises nvml.NVMLError_NotSupported: return None for "
-        f"it, and still read the memory ({got})",
-    )
+        raise CheckFailed(
+            MESSAGES_02["read_gpu MIG raised"].format(error=type(error).__name__)
+        ) from None
+    check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
     odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
     got = read_gpu(odd, 0)  # byte counts that are not whole MiB: used 2047.5, total 15363 MiB
     check(
         got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
-        "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads 2047 "
-        f"(bytes // 2**20, an int), not {got[1]!r}",
+        MESSAGES_02["read_gpu whole MiB"].format(got=got[1]),
     )
 
 
@@ -1850,21 +2071,14 @@ def check_retry_halving_down_to_one(
     try:
         got = retry_halving(limited(1.5, [], []), 24)  # only a batch of 1 fits
     except RuntimeError:
-        got = "a RuntimeError"
-    check(
-        got == 1,
-        "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and try that too "
-        f"(your function gave {got})",
-    )
+        raise CheckFailed(MESSAGES_07["retry raised before 1"]) from None
+    check(got == 1, MESSAGES_07["retry not down to 1"].format(got=got))
     try:
         retry_halving(limited(0.5, [], []), 8)
     except RuntimeError as error:  # its words may say "out of memory": its type must not be OOM
-        check(
-            not isinstance(error, torch.cuda.OutOfMemoryError),
-            "raise your own RuntimeError, not the OOM error",
-        )
+        check(not isinstance(error, torch.cuda.OutOfMemoryError), MESSAGES_07["retry raised OOM"])
     else:
-        raise CheckFailed("when not even a batch of 1 fits, raise RuntimeError")
+        raise CheckFailed(MESSAGES_07["retry did not raise"])
 
 
 def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) -> None:
@@ -1877,66 +2091,47 @@ def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) 
         first, second = torch.ones(1000), torch.zeros(1000)
         third = torch.nn.Parameter(torch.ones(9))
         watch = {"Out[4]": weakref.ref(first), "Out[7]": weakref.ref(second)}
-        watch["Out[9], an nn.Parameter"] = weakref.ref(third)
+        watch["Out[9]"] = weakref.ref(third)  # an nn.Parameter
         out: dict[int, Any] = {4: first, 5: "a string", 7: second, 9: third}
         fake: dict[str, Any] = {"Out": out, "_oh": out, "_5": "a string"}
         fake.update(_4=first, _7=second, _9=third)
         held = {"_": second, "__": third, "___": first}
         fake.update({n: held[n] if n in tensor_at else f"text {n}" for n in ("_", "__", "___")})
         del first, second, third, held
-        raised = answer_or_error(drop_from_history, fake)
-        check(
-            not (isinstance(raised, str) and raised.startswith("your function raised")),
-            f"{raised}"
-            + (
-                ": you deleted from the dict while looping over it; loop over a copy, "
-                "list(history.items())"
-                if "changed size during iteration" in f"{raised}"
-                else ""
-            ),
-        )
+        answer = answer_or_error(drop_from_history, fake)
+        if raised(answer) and "changed size during iteration" in answer:
+            raise CheckFailed(MESSAGES_07["drop changed size"].format(error=answer))
+        check(not raised(answer), str(answer))  # what it raised, in the learner's language
         check(
             fake.get("Out") is out and fake.get("_oh") is out,
-            "IPython keeps the output history in one dict named both Out and _oh: delete the "
-            "tensor entries from it, do not replace it",
+            MESSAGES_07["drop replaced Out"],
         )
-        check(
-            9 not in out or 4 in out,
-            "an nn.Parameter is a tensor too (a subclass): test isinstance(value, torch.Tensor), "
-            "not type(value) == torch.Tensor",
-        )
+        check(9 not in out or 4 in out, MESSAGES_07["drop parameter kept"])
         left = [f"Out[{key}]" for key in (4, 7, 9) if key in out]
-        check(not left, f"{', '.join(left)} still hold tensors: delete them from Out")
+        check(not left, MESSAGES_07["drop Out left"].format(left=", ".join(left)))
         twins = [name for name in ("_4", "_7", "_9") if name in fake]
-        check(
-            not twins,
-            f"{', '.join(twins)} still hold the tensors of Out: each Out[N] has a twin "
-            "variable _N; delete it too (namespace.pop(f'_{N}', None))",
-        )
+        check(not twins, MESSAGES_07["drop twins left"].format(twins=", ".join(twins)))
         check(
             out.get(5) == "a string" and fake.get("_5") == "a string",
-            "Out[5] and _5 held a string: keep history entries that hold no tensor",
+            MESSAGES_07["drop string removed"],
         )
         for name in ("_", "__", "___"):
             if name in tensor_at:
-                check(
-                    name in fake,
-                    f'{name} held a tensor: set it to "", do not delete it (IPython sets _, '
-                    "__ and ___ after each output; a deleted one is a NameError until then)",
-                )
-                check(fake[name] == "", f'{name} held a tensor: set it to ""')
+                check(name in fake, MESSAGES_07["drop underscore deleted"].format(name=name))
+                check(fake[name] == "", MESSAGES_07["drop underscore kept"].format(name=name))
             else:
                 check(
                     fake.get(name) == f"text {name}",
-                    f'{name} held a string: leave it as it is (set it to "" only when it '
-                    "holds a tensor)",
+                    MESSAGES_07["drop underscore string"].format(name=name),
                 )
         alive = [place for place, ref in watch.items() if ref() is not None]
-        check(
-            not alive,
-            f"the tensor of {alive[0] if alive else ''} is still referenced somewhere: keep no "
-            "reference to the tensors you remove",
-        )
+        if alive:
+            which = (
+                "drop parameter still referenced"
+                if alive[0] == "Out[9]"
+                else "drop still referenced"
+            )
+            raise CheckFailed(MESSAGES_07[which].format(place=alive[0]))
 
 
 def check_same_parameters(
@@ -1981,6 +2176,5 @@ def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module],
         want, got = optimizer_state_bytes(real), answer_or_error(adam_state_bytes, layer)
         check(
             got == want,
-            f"a {str(dtype)[6:]} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
-            f"{got}: its averages take p.element_size() bytes per element, not always 4",
+            MESSAGES_04A["adam_state dtype"].format(dtype=str(dtype)[6:], want=want, got=got),
         )

@@ -369,49 +369,29 @@ def check_ddp_weights(
         return
     ranks = range(world_size)
     steps = config.steps  # in all, over the epochs
-    said = f"your weights differ from one process on the combined batch by {gap:.1e}: "
     if run.wrapped_in_ddp != list(ranks):
-        raise CheckFailed(
-            said + "wrap the model in DDP(model) in every process: without it "
-            "each process trains its own copy on its shard, and backward never "
-            "averages the gradients across processes"
-        )
+        raise CheckFailed(MESSAGES_06["ddp no wrapper"].format(gap=gap))
     settings = sorted({s for rank in ranks for s in run.sampler_settings.get(rank, [])})
     if any(not shuffle for shuffle, _ in settings):
-        raise CheckFailed(
-            said + "your DistributedSampler does not shuffle: "
-            "DistributedSampler(dataset, shuffle=True, seed=0)"
-        )
+        raise CheckFailed(MESSAGES_06["ddp no shuffle"].format(gap=gap))
     if any(seed != config.seed for _, seed in settings):
         raise CheckFailed(
-            said + f"your DistributedSampler's seed is {settings[0][1]}: give "
-            f"every process the same seed, {config.seed}, so that they deal "
-            "out one shuffled order"
+            MESSAGES_06["ddp seed"].format(gap=gap, got=settings[0][1], seed=config.seed)
         )
     sizes = sorted({b for rank in ranks for b in run.batch_sizes.get(rank, []) if b})
     if sizes and sizes != [config.batch_size]:
         raise CheckFailed(
-            said + f"your DataLoader's batch_size is {sizes[0]}: use the "
-            f"batch_size argument ({config.batch_size} per process)"
+            MESSAGES_06["ddp batch size"].format(
+                gap=gap, got=sizes[0], batch_size=config.batch_size
+            )
         )
     taken = sorted({run.optimizer_steps.get(rank, 0) for rank in ranks})
     if taken != [steps]:
-        raise CheckFailed(
-            said + f"each process should take {steps} optimizer steps (epochs "
-            f"× batches per epoch); yours took {taken[0]}: loop over "
-            "range(epochs), and over the whole loader in each"
-        )
+        raise CheckFailed(MESSAGES_06["ddp steps"].format(gap=gap, steps=steps, got=taken[0]))
     divided = RunConfig(**{**asdict(config), "lr": config.lr / world_size})
     if max_parameter_difference(saved, reference_model(divided, world_size)) < TOLERANCE:
-        raise CheckFailed(
-            said + "you divided the loss by the world size: DDP already "
-            "averages the gradients across processes, so each step was "
-            f"{world_size} times too small"
-        )
-    raise CheckFailed(
-        said + "wrap the model in DDP, give the loader the DistributedSampler, "
-        "and take one optimizer step per batch after zero_grad and backward"
-    )
+        raise CheckFailed(MESSAGES_06["ddp loss divided"].format(gap=gap, world=world_size))
+    raise CheckFailed(MESSAGES_06["ddp wrong"].format(gap=gap))
 
 
 def split_batch_gradient_difference(
@@ -705,6 +685,47 @@ MESSAGES_06 = Messages(
         "rank_indices wrong": "rank {rank} of {world}, order {order}: you gave {got}, which is not "
         "what DistributedSampler deals that rank: one index to each process in turn, like "
         "cards (order 7, 3, 9, 1 on 2 processes: rank 1 gets 3 and 1)",
+        "average not a gradient": "return one tensor with the gradient's shape (or change it "
+        "in place)",
+        "average own": "each process kept its own gradient: combine them across processes with "
+        "dist.all_reduce(gradient), which sums the tensor in place on every process (it returns "
+        "None, not the sum), then divide it",
+        "average own divided": "each process divided its own gradient by the world size, but "
+        "never got the others': combine them across processes with dist.all_reduce(gradient), "
+        "which sums the tensor in place on every process (it returns None, not the sum), then "
+        "divide it",
+        "average summed": "you summed the gradients: DDP averages them (divide by "
+        "dist.get_world_size())",
+        "average by 2": "you divided by 2, but {world} processes ran: divide by "
+        "dist.get_world_size(), not by a number you know",
+        "average floor": "you divided with // (floor division), which rounds each value down: "
+        "divide with /",
+        "average max": "each value is the largest of the processes' (op=ReduceOp.MAX): sum them, "
+        "the default op=ReduceOp.SUM, then divide by dist.get_world_size()",
+        "average rank 0 only": "rank 0 has the average but ranks {ranks} do not: dist.reduce "
+        "sends the sum to one process only; dist.all_reduce gives it to every process",
+        "ddp no wrapper": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}: wrap the model in DDP(model) in every process: without it each process "
+        "trains its own copy on its shard, and backward never averages the gradients across "
+        "processes",
+        "ddp no shuffle": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}: your DistributedSampler does not shuffle: DistributedSampler(dataset, "
+        "shuffle=True, seed=0)",
+        "ddp seed": "your weights differ from one process on the combined batch by {gap:.1e}: "
+        "your DistributedSampler's seed is {got}: give every process the same seed, {seed}, so "
+        "that they deal out one shuffled order",
+        "ddp batch size": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}: your DataLoader's batch_size is {got}: use the batch_size argument "
+        "({batch_size} per process)",
+        "ddp steps": "your weights differ from one process on the combined batch by {gap:.1e}: "
+        "each process should take {steps} optimizer steps (epochs × batches per epoch); yours "
+        "took {got}: loop over range(epochs), and over the whole loader in each",
+        "ddp loss divided": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}: you divided the loss by the world size: DDP already averages the gradients "
+        "across processes, so each step was {world} times too small",
+        "ddp wrong": "your weights differ from one process on the combined batch by {gap:.1e}: "
+        "wrap the model in DDP, give the loader the DistributedSampler, and take one optimizer "
+        "step per batch after zero_grad and backward",
     },
 )
 
@@ -822,47 +843,27 @@ def check_averaged_gradients(ranks: Sequence[dict[str, torch.Tensor]], full: tor
     results = [r["result"] for r in ranks]
     owns = torch.stack([r["own"] for r in ranks])
     if not all(isinstance(t, torch.Tensor) and t.shape == full.shape for t in results):
-        raise CheckFailed("return one tensor with the gradient's shape (or change it in place)")
+        raise CheckFailed(MESSAGES_06["average not a gradient"])
 
     def everywhere(expected: list[torch.Tensor] | torch.Tensor) -> bool:
         wanted = expected if isinstance(expected, list) else [expected] * world
         return all(torch.allclose(t, w, atol=1e-6) for t, w in zip(results, wanted, strict=True))
 
-    combine = (
-        "combine them across processes with dist.all_reduce(gradient), which sums the "
-        "tensor in place on every process (it returns None, not the sum), then divide it"
-    )
     if everywhere([r["own"] for r in ranks]):
-        raise CheckFailed(f"each process kept its own gradient: {combine}")
+        raise CheckFailed(MESSAGES_06["average own"])
     if everywhere([r["own"] / world for r in ranks]):
-        raise CheckFailed(
-            f"each process divided its own gradient by the world size, but never got the "
-            f"others': {combine}"
-        )
+        raise CheckFailed(MESSAGES_06["average own divided"])
     if everywhere(world * full):
-        raise CheckFailed(
-            "you summed the gradients: DDP averages them (divide by dist.get_world_size())"
-        )
+        raise CheckFailed(MESSAGES_06["average summed"])
     if world != 2 and everywhere(world / 2 * full):
-        raise CheckFailed(
-            f"you divided by 2, but {world} processes ran: divide by dist.get_world_size(), "
-            "not by a number you know"
-        )
+        raise CheckFailed(MESSAGES_06["average by 2"].format(world=world))
     if everywhere(torch.div(owns.sum(0), world, rounding_mode="floor")):
-        raise CheckFailed(
-            "you divided with // (floor division), which rounds each value down: divide with /"
-        )
+        raise CheckFailed(MESSAGES_06["average floor"])
     if everywhere(owns.max(0).values):
-        raise CheckFailed(
-            "each value is the largest of the processes' (op=ReduceOp.MAX): sum them, the "
-            "default op=ReduceOp.SUM, then divide by dist.get_world_size()"
-        )
+        raise CheckFailed(MESSAGES_06["average max"])
     wrong = [rank for rank, t in enumerate(results) if not torch.allclose(t, full, atol=1e-6)]
     if wrong and 0 not in wrong:
-        raise CheckFailed(
-            f"rank 0 has the average but ranks {wrong} do not: dist.reduce sends the sum to "
-            "one process only; dist.all_reduce gives it to every process"
-        )
+        raise CheckFailed(MESSAGES_06["average rank 0 only"].format(ranks=wrong))
     for rank, result in enumerate(results):
         check_close(result, full, f"rank {rank}'s average (vs one process on the whole batch)")
 

@@ -40,6 +40,7 @@ from course_utils.classroom import (
     answer_or_error,
     course_helpers_refused,
     precision_rule_feedback,
+    raised,
 )
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
@@ -639,21 +640,65 @@ def saved_step(path: Path | str) -> int:
 # ------------------------------------------------------------ exercise 05 (a) feedback
 
 
-_AUTOMATIC = (
-    "with automatic optimization (the default) the Trainer runs backward, "
-    "optimizer.step() and zero_grad() itself on the loss training_step returns: compute the "
-    "loss, log it and return it"
-)
-
-
-#: Notebook 05's check messages for exercise (a), by a stable name (see
-#: ``course_utils.classroom.MESSAGES_01``); (b)'s are ``MESSAGES_PRECISION_RULE`` there.
+#: Notebook 05's check messages, by a stable name (see
+#: ``course_utils.classroom.MESSAGES_01``); (b)'s rule's are ``MESSAGES_PRECISION_RULE`` there.
 MESSAGES_05 = Messages(
     "05",
     {
         "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
         "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
         "targets)",
+        "training_step optimizers": "your training_step calls self.optimizers(): with automatic "
+        "optimization (the default) the Trainer runs backward, optimizer.step() and zero_grad() "
+        "itself on the loss training_step returns: compute the loss, log it and return it",
+        "training_step backward": "your training_step calls backward() itself: with automatic "
+        "optimization (the default) the Trainer runs backward, optimizer.step() and zero_grad() "
+        "itself on the loss training_step returns: compute the loss, log it and return it",
+        "training_step returns nothing": "your training_step returns nothing: end it with "
+        "`return loss` (the Trainer needs the loss to run backward)",
+        "training_step not a tensor": "training_step should return the loss tensor itself (one "
+        "number that backward can use); yours returned {kind} (loss.item() or .detach() cut it "
+        "off from backward)",
+        "training_step cut off": "training_step should return the loss tensor itself (one "
+        "number that backward can use); yours returned a tensor (loss.item() or .detach() cut "
+        "it off from backward)",
+        "log the loss": 'log the loss: self.log("{name}", loss)',
+        "logged loss": "the logged {name} is {value:.6g}, but the batch's cross-entropy is "
+        "{last:.6g}: log the batch's cross-entropy, the loss training_step returns",
+        "logged loss not the mean": "the logged {name} is {value:.6g}, but the batch's "
+        "cross-entropy is {last:.6g} (the mean of the {steps} steps' losses: {mean:.6g}): log "
+        "the batch's cross-entropy, the loss training_step returns",
+        "optimizer count": "configure_optimizers should give one optimizer, not {count}",
+        "optimizer not SGD": "configure_optimizers should use torch.optim.SGD, not {kind}",
+        "optimizer lr": "the optimizer's learning rate is {used}, but self.lr is {lr}: pass "
+        "lr=self.lr",
+        "optimizer momentum": "plain SGD here: leave out momentum (the check compares with plain "
+        "SGD)",
+        "optimizer weight decay": "plain SGD here: leave out weight_decay (yours is {decay:g}; "
+        "the check compares with SGD without it)",
+        "precision_flag raised": "compute capability {capability}: {error}",
+        "resume raised": "resume_step({every}, {lost_at}): {error}",
+        "resume not a number": "resume_step({every}, {lost_at}) gave {got!r}: return a step "
+        "number (an int)",
+        "resume lost step": "resume_step({every}, {lost_at}) gave {got!r}: step {lost_at} would "
+        "have been saved at the end of step {lost_at}, but the disconnect came first: training "
+        "resumes from step {want}",
+        "resume after": "resume_step({every}, {lost_at}) gave {got!r}: a run resumes from a "
+        "checkpoint saved before the disconnect, not after",
+        "resume nothing saved": "resume_step({every}, {lost_at}) gave {got!r}: nothing was "
+        "saved before step {lost_at}: start again from 0",
+        "resume not a multiple": "resume_step({every}, {lost_at}) gave {got!r}: checkpoints are "
+        "saved only at multiples of {every} ({every}, {twice}, {thrice}...): {got} is not one",
+        "resume older": "resume_step({every}, {lost_at}) gave {got!r}: the checkpoint of step "
+        "{want} was saved before the disconnect: resume from the newest one",
+        "wasted raised": "wasted({every}, {lost_at}): {error}",
+        "wasted at a checkpoint": "lost at {lost_at}, just before the checkpoint of step "
+        "{lost_at} was written: training resumes from {start}, so {want} steps are trained "
+        "again, not {got!r}",
+        "wasted since a checkpoint": "saved at {start}, lost at {lost_at}: {want} steps are "
+        "trained again, not {got!r} (the steps since the last checkpoint, lost_at - resume_step)",
+        "wasted nothing saved": "nothing saved yet, lost at {lost_at}: {want} steps are trained "
+        "again, not {got!r} (the steps since the last checkpoint, lost_at - resume_step)",
     },
 )
 
@@ -697,24 +742,19 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
             out = module.training_step(batch, 0)
         except RuntimeError as error:
             if "not attached to a `Trainer`" in str(error) and "optimizers" in _called_from(error):
-                return f"your training_step calls self.optimizers(): {_AUTOMATIC}"
+                return MESSAGES_05["training_step optimizers"]
             raise
         finally:
             torch.autograd.backward = original
     if backwards:
-        return f"your training_step calls backward() itself: {_AUTOMATIC}"
+        return MESSAGES_05["training_step backward"]
     if out is None:
-        return (
-            "your training_step returns nothing: end it with `return loss` (the Trainer "
-            "needs the loss to run backward)"
-        )
+        return MESSAGES_05["training_step returns nothing"]
     loss = out.get("loss") if isinstance(out, dict) else out
-    if not isinstance(loss, torch.Tensor) or not loss.requires_grad or loss.numel() != 1:
-        kind = type(loss).__name__ if not isinstance(loss, torch.Tensor) else "a tensor"
-        return (
-            f"training_step should return the loss tensor itself (one number that backward "
-            f"can use); yours returned {kind} (loss.item() or .detach() cut it off from backward)"
-        )
+    if not isinstance(loss, torch.Tensor):
+        return MESSAGES_05["training_step not a tensor"].format(kind=type(loss).__name__)
+    if not loss.requires_grad or loss.numel() != 1:
+        return MESSAGES_05["training_step cut off"]
     smoothing = _smoothing_used(module, batch, loss)
     if smoothing is not None:  # else a later check says what the logged loss shows
         return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
@@ -741,15 +781,17 @@ def logged_loss_mistake(
     step = metrics.get(f"{name}_step", metrics.get(name))
     epoch = metrics.get(f"{name}_epoch")
     if step is None:
-        return f'log the loss: self.log("{name}", loss)'
+        return MESSAGES_05["log the loss"].format(name=name)
     value, last, mean = float(step), losses[-1], sum(losses) / len(losses)
-    said = f"the logged {name} is {value:.6g}, but the batch's cross-entropy is {last:.6g}"
-    log = ": log the batch's cross-entropy, the loss training_step returns"
     if f"{name}_step" in metrics or epoch is not None:  # on_step=True (on_epoch too, or not)
-        return None if math.isclose(value, last, rel_tol=1e-4) else said + log
+        if math.isclose(value, last, rel_tol=1e-4):
+            return None
+        return MESSAGES_05["logged loss"].format(name=name, value=value, last=last)
     if math.isclose(value, last, rel_tol=1e-4) or math.isclose(value, mean, rel_tol=1e-4):
         return None  # each step's value, or (on_step=False, on_epoch=True) their mean
-    return said + f" (the mean of the {len(losses)} steps' losses: {mean:.6g})" + log
+    return MESSAGES_05["logged loss not the mean"].format(
+        name=name, value=value, last=last, steps=len(losses), mean=mean
+    )
 
 
 def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> None:
@@ -767,8 +809,12 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
     with course_helpers_refused(helpers, *helpers):
         got = {c: answer_or_error(precision_flag, c) for c in RULE_CAPABILITIES}
     for capability, flag in got.items():
-        if isinstance(flag, str) and flag.startswith("your function raised"):
-            raise CheckFailed(f"compute capability {capability[0]}.{capability[1]}: {flag}")
+        if raised(flag):
+            raise CheckFailed(
+                MESSAGES_05["precision_flag raised"].format(
+                    capability=f"{capability[0]}.{capability[1]}", error=flag
+                )
+            )
     names = {flag: name for name, flag in LIGHTNING_PRECISION.items()}
     feedback = precision_rule_feedback(
         {c: names.get(flag) if isinstance(flag, str) else None for c, flag in got.items()},
@@ -784,30 +830,24 @@ def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
     want = (lost_at - 1) // every * every
     if got == want and isinstance(got, int | float) and not isinstance(got, bool):
         return None
-    said = f"resume_step({every}, {lost_at}) gave {got!r}: "
-    if isinstance(got, str) and got.startswith("your function raised"):
-        return f"resume_step({every}, {lost_at}): {got}"
+    case = {"every": every, "lost_at": lost_at, "got": got}
+    if raised(got):
+        return MESSAGES_05["resume raised"].format(every=every, lost_at=lost_at, error=got)
     if not isinstance(got, int | float) or isinstance(got, bool):
-        return said + "return a step number (an int)"
+        return MESSAGES_05["resume not a number"].format(**case)
     if got == lost_at:
-        return said + (
-            f"step {lost_at} would have been saved at the end of step {lost_at}, but the "
-            f"disconnect came first: training resumes from step {want}"
-        )
+        return MESSAGES_05["resume lost step"].format(want=want, **case)
     if got > lost_at:
-        return said + "a run resumes from a checkpoint saved before the disconnect, not after"
+        return MESSAGES_05["resume after"].format(**case)
     if got < 0:
-        return said + f"nothing was saved before step {lost_at}: start again from 0"
+        return MESSAGES_05["resume nothing saved"].format(**case)
     if got % every:
-        return said + (
-            f"checkpoints are saved only at multiples of {every} ({every}, {2 * every}, "
-            f"{3 * every}...): {got} is not one"
+        return MESSAGES_05["resume not a multiple"].format(
+            twice=2 * every, thrice=3 * every, **case
         )
     if want == 0:
-        return said + f"nothing was saved before step {lost_at}: start again from 0"
-    return said + (
-        f"the checkpoint of step {want} was saved before the disconnect: resume from the newest one"
-    )
+        return MESSAGES_05["resume nothing saved"].format(**case)
+    return MESSAGES_05["resume older"].format(want=want, **case)
 
 
 def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
@@ -816,17 +856,13 @@ def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
     want = lost_at - start
     if got == want and not isinstance(got, bool):
         return None
-    if isinstance(got, str) and got.startswith("your function raised"):
-        return f"wasted({every}, {lost_at}): {got}"
+    if raised(got):
+        return MESSAGES_05["wasted raised"].format(every=every, lost_at=lost_at, error=got)
+    case = {"start": start, "lost_at": lost_at, "want": want, "got": got}
     if lost_at % every == 0:
-        return (
-            f"lost at {lost_at}, just before the checkpoint of step {lost_at} was written: "
-            f"training resumes from {start}, so {want} steps are trained again, not {got!r}"
-        )
-    saved = f"saved at {start}" if start else "nothing saved yet"
-    return (
-        f"{saved}, lost at {lost_at}: {want} steps are trained again, not {got!r} (the steps "
-        "since the last checkpoint, lost_at - resume_step)"
+        return MESSAGES_05["wasted at a checkpoint"].format(**case)
+    return MESSAGES_05["wasted since a checkpoint" if start else "wasted nothing saved"].format(
+        **case
     )
 
 
@@ -857,19 +893,16 @@ def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) ->
     (``None``: one ``torch.optim.SGD``, no momentum or weight decay, learning rate ``lr``
     before any scheduler changed it)."""
     if len(optimizers) != 1:
-        return f"configure_optimizers should give one optimizer, not {len(optimizers)}"
+        return MESSAGES_05["optimizer count"].format(count=len(optimizers))
     optimizer = optimizers[0]
     if type(optimizer) is not torch.optim.SGD:
-        return f"configure_optimizers should use torch.optim.SGD, not {type(optimizer).__name__}"
+        return MESSAGES_05["optimizer not SGD"].format(kind=type(optimizer).__name__)
     group = optimizer.param_groups[0]
     used = group.get("initial_lr", group["lr"])  # a scheduler keeps the starting rate here
     if not math.isclose(used, lr, rel_tol=1e-9):
-        return f"the optimizer's learning rate is {used}, but self.lr is {lr}: pass lr=self.lr"
+        return MESSAGES_05["optimizer lr"].format(used=used, lr=lr)
     if group.get("momentum", 0.0) or group.get("nesterov"):
-        return "plain SGD here: leave out momentum (the check compares with plain SGD)"
+        return MESSAGES_05["optimizer momentum"]
     if group.get("weight_decay", 0.0):
-        return (
-            f"plain SGD here: leave out weight_decay (yours is {group['weight_decay']:g}; the "
-            "check compares with SGD without it)"
-        )
+        return MESSAGES_05["optimizer weight decay"].format(decay=group["weight_decay"])
     return None

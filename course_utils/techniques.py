@@ -21,7 +21,7 @@ from torch import nn
 
 from course_utils import progress
 from course_utils.batch import find_max_batch_size
-from course_utils.classroom import CheckFailed
+from course_utils.classroom import MESSAGES_04, CheckFailed
 from course_utils.device import PrecisionName, autocast, pick_precision
 from course_utils.flops import PeakFlops, device_peak_flops, mfu
 from course_utils.footprint import (
@@ -378,7 +378,8 @@ class AmpStepRun:
     leftover_gradients: bool  # the second call's backward found the first call's gradients
     autocast_in_backward: bool  # backward ran inside torch.autocast
     loss_detached: bool  # the returned loss holds no autograd graph
-    # the float32 update of each usual clipping mistake, by the feedback that names it
+    # the float32 update of each usual clipping mistake, by the name of its message in
+    # course_utils.classroom.MESSAGES_04
     mistaken_updates: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -389,15 +390,10 @@ class AmpStepRun:
     def update_feedback(self) -> str:
         """What the first step's update says about the step: the usual mistake whose
         float32 update it matches (within 5 %), or how far it is from the right one."""
-        for feedback, update in self.mistaken_updates.items():
+        for mistake, update in self.mistaken_updates.items():
             if _relative_distance(self.update, update) < 0.05:
-                return f"the weights moved as {feedback}"
-        return (
-            f"the weights moved {self.update_error:.0%} away from a float32 step with "
-            "clipping: backward on the scaled loss, then unscale_ the gradients before "
-            "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step "
-            "through the scaler"
-        )
+                return MESSAGES_04[mistake]
+        return MESSAGES_04["amp_step update off"].format(error=self.update_error)
 
 
 def _relative_distance(update: torch.Tensor, reference: torch.Tensor) -> float:
@@ -405,18 +401,12 @@ def _relative_distance(update: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 #: The usual clipping mistakes of a mixed-precision step: how each clips a float32 step's
-#: gradients (given the scale the learner's scaled gradients had), and the feedback.
+#: gradients (given the scale the learner's scaled gradients had), by the name of the
+#: feedback that names it in ``course_utils.classroom.MESSAGES_04``.
 _CLIPPING_MISTAKES: dict[str, Callable[[nn.Module, float, float], None]] = {
-    "a step without clipping: after scaler.unscale_(optimizer), call "
-    "clip_grad_norm_(model.parameters(), max_norm) with the max_norm you were given": (
-        lambda net, max_norm, scale: None
-    ),
-    "if you had clipped the scaled gradients (scale times the true ones) to max_norm, which "
-    "cuts them to max_norm / scale: call scaler.unscale_(optimizer) before clip_grad_norm_": (
-        lambda net, max_norm, scale: _clip_scaled(net, max_norm, scale)
-    ),
-    "a step that clips each gradient's values (clip_grad_value_): clip their norm, "
-    "clip_grad_norm_(model.parameters(), max_norm)": (
+    "amp_step no clipping": lambda net, max_norm, scale: None,
+    "amp_step clipped scaled": lambda net, max_norm, scale: _clip_scaled(net, max_norm, scale),
+    "amp_step clipped values": (
         lambda net, max_norm, scale: nn.utils.clip_grad_value_(net.parameters(), max_norm)
     ),
 }
@@ -455,19 +445,15 @@ def _fp32_update(
     return torch.cat([(p - s).detach().flatten().float().cpu() for p, s in pairs])
 
 
-# PyTorch's own errors for a wrongly ordered step, and the mistake each one means
+# PyTorch's own errors for a wrongly ordered step, and the name of the message (in
+# course_utils.classroom.MESSAGES_04) of the mistake each one means
 _AMP_STEP_ERRORS = {
-    "_scale is None": "call backward on scaler.scale(loss), not on the loss itself",
-    "No inf checks were recorded for this optimizer": "the scaler's step found no gradients: "
-    "clear them at the start of the step or after scaler.step, never between backward and step",
-    "No inf checks were recorded prior to update": "step through the scaler, "
-    "scaler.step(optimizer), before scaler.update(): never optimizer.step() itself",
-    "already been called on this optimizer since the last update": "call scaler.update() "
-    "once per step, after scaler.step(optimizer), and unscale_ at most once per step",
-    "step() has already been called since the last update": "call scaler.update() once per "
-    "step, after scaler.step(optimizer)",
-    "unscale_() is being called after step()": "call scaler.update() once per step, after "
-    "scaler.step(optimizer): the next step's unscale_ needs it",
+    "_scale is None": "amp_step scale is None",
+    "No inf checks were recorded for this optimizer": "amp_step no inf checks",
+    "No inf checks were recorded prior to update": "amp_step update before step",
+    "already been called on this optimizer since the last update": "amp_step unscaled twice",
+    "step() has already been called since the last update": "amp_step stepped twice",
+    "unscale_() is being called after step()": "amp_step unscale after step",
 }
 
 
@@ -480,8 +466,10 @@ def _call_learner_step(amp_step: Callable[..., Any], *args: Any) -> Any:
     except Exception as error:
         for text, mistake in _AMP_STEP_ERRORS.items():
             if text in str(error):
-                raise CheckFailed(f"{mistake} (PyTorch raised: {error})") from error
-        raise CheckFailed(f"your step raised {type(error).__name__}: {error}") from error
+                raise CheckFailed(MESSAGES_04[mistake].format(error=error)) from error
+        raise CheckFailed(
+            MESSAGES_04["amp_step raised"].format(kind=type(error).__name__, error=error)
+        ) from error
 
 
 def run_amp_step_against_fp32(
@@ -548,7 +536,7 @@ def run_amp_step_against_fp32(
         autocast_in_backward=any(in_autocast),
         loss_detached=not (isinstance(loss, torch.Tensor) and loss.requires_grad),
         mistaken_updates={
-            feedback: _fp32_update(start, batches[0], lr, _clipping(clip, max_norm, init_scale))
-            for feedback, clip in _CLIPPING_MISTAKES.items()
+            mistake: _fp32_update(start, batches[0], lr, _clipping(clip, max_norm, init_scale))
+            for mistake, clip in _CLIPPING_MISTAKES.items()
         },
     )
