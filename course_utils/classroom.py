@@ -469,10 +469,10 @@ class RaisedText(str):
     text."""
 
 
-def raised(value: Any) -> bool:
+def is_raised(value: Any) -> bool:
     """Whether ``value`` is :func:`answer_or_error`'s sentence for a function that raised.
 
-    >>> raised(answer_or_error(int, "seven")), raised("your function raised")
+    >>> is_raised(answer_or_error(int, "seven")), is_raised("your function raised")
     (True, False)
     """
     return isinstance(value, RaisedText)
@@ -2099,9 +2099,9 @@ def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) 
         fake.update({n: held[n] if n in tensor_at else f"text {n}" for n in ("_", "__", "___")})
         del first, second, third, held
         answer = answer_or_error(drop_from_history, fake)
-        if raised(answer) and "changed size during iteration" in answer:
+        if is_raised(answer) and "changed size during iteration" in answer:
             raise CheckFailed(MESSAGES_07["drop changed size"].format(error=answer))
-        check(not raised(answer), str(answer))  # what it raised, in the learner's language
+        check(not is_raised(answer), str(answer))  # what it raised, in the learner's language
         check(
             fake.get("Out") is out and fake.get("_oh") is out,
             MESSAGES_07["drop replaced Out"],

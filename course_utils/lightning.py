@@ -39,8 +39,8 @@ from course_utils.classroom import (
     CheckFailed,
     answer_or_error,
     course_helpers_refused,
+    is_raised,
     precision_rule_feedback,
-    raised,
 )
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
 from course_utils.env import where_am_i
@@ -809,7 +809,7 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
     with course_helpers_refused(helpers, *helpers):
         got = {c: answer_or_error(precision_flag, c) for c in RULE_CAPABILITIES}
     for capability, flag in got.items():
-        if raised(flag):
+        if is_raised(flag):
             raise CheckFailed(
                 MESSAGES_05["precision_flag raised"].format(
                     capability=f"{capability[0]}.{capability[1]}", error=flag
@@ -831,7 +831,7 @@ def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
     if got == want and isinstance(got, int | float) and not isinstance(got, bool):
         return None
     case = {"every": every, "lost_at": lost_at, "got": got}
-    if raised(got):
+    if is_raised(got):
         return MESSAGES_05["resume raised"].format(every=every, lost_at=lost_at, error=got)
     if not isinstance(got, int | float) or isinstance(got, bool):
         return MESSAGES_05["resume not a number"].format(**case)
@@ -856,7 +856,7 @@ def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
     want = lost_at - start
     if got == want and not isinstance(got, bool):
         return None
-    if raised(got):
+    if is_raised(got):
         return MESSAGES_05["wasted raised"].format(every=every, lost_at=lost_at, error=got)
     case = {"start": start, "lost_at": lost_at, "want": want, "got": got}
     if lost_at % every == 0:

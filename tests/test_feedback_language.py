@@ -4,6 +4,7 @@ in that language; the CPU branch's explanations of 01 print in the notebook's la
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import nbformat
 import pytest
 
 from course_utils import translate
-from course_utils.language import LANGUAGES
+from course_utils.language import LANGUAGE_VAR, LANGUAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = {
@@ -69,7 +70,9 @@ def test_a_wrong_answer_gets_its_feedback_in_the_notebooks_language(tmp_path, pa
 
     (built,) = translate.build(language, [NOTEBOOK[part]], tmp_path / language)
     submission = _wrong_submission(built, tmp_path / "wrong.ipynb")
+    before = os.environ.get(LANGUAGE_VAR)
     report, feedback = grade_submission(submission, built)
+    assert os.environ.get(LANGUAGE_VAR) == before  # the grader's own environment untouched
     checks = [check for check in report.checks if check.grade_id.startswith(part)]
     assert len(checks) == 3, report.format()
     for check in checks:

@@ -232,7 +232,7 @@ def test_a_wrong_answer_gets_the_translated_message(table, tmp_path, monkeypatch
 def test_an_answer_that_raised_is_told_in_the_language_and_still_counts_as_raised(
     tmp_path, monkeypatch
 ):
-    """answer_or_error's sentence is translated; the checks tell it by raised(), not by its
+    """answer_or_error's sentence is translated; the checks tell it by is_raised(), not by its
     English words, so what they decide does not depend on the language."""
     monkeypatch.setattr(language, "_PACKAGED", tmp_path)
     resume = "ত্রুটি resume_step({every}, {lost_at}): {error}"
@@ -246,8 +246,8 @@ def test_an_answer_that_raised_is_told_in_the_language_and_still_counts_as_raise
     )
     monkeypatch.setenv(LANGUAGE_VAR, "bn")
     said = classroom.answer_or_error(int, "seven")
-    assert said.startswith("আপনার ফাংশন ValueError তুলেছে") and classroom.raised(said)
-    assert not classroom.raised("your function raised ValueError: no")  # an answer's text
+    assert said.startswith("আপনার ফাংশন ValueError তুলেছে") and classroom.is_raised(said)
+    assert not classroom.is_raised("your function raised ValueError: no")  # an answer's text
     with pytest.raises(classroom.CheckFailed) as failed:
         lightning.check_resume_step(_raising_step, _raising_step, [(5, 7)])
     assert str(failed.value) == (

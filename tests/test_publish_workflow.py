@@ -232,8 +232,8 @@ def check_translations(branch: Path, name: str, sha: str, sha256: str, english: 
             english_code = [c for c in source["cells"] if c["cell_type"] == "code"]
             assert [c["id"] for c in code] == [c["id"] for c in english_code], shown
             for built_cell, english_cell in zip(code, english_code, strict=True):
-                text = "".join(english_cell["source"])
-                if not translate.printed_texts(english_cell["id"], text):
+                english_text = "".join(english_cell["source"])
+                if not translate.printed_texts(english_cell["id"], english_text):
                     assert built_cell["source"] == english_cell["source"], shown
             setup = "".join(notebook["cells"][1]["source"])
             assert setup == colab.setup_cell_source(REPOSITORY, sha, sha256)

@@ -621,6 +621,21 @@ def _judge_command(control: Path, work: Path, settings: KernelSettings, fd: int)
     return settings.sandbox.command(argv, work, control)
 
 
+@contextlib.contextmanager
+def _variable(name: str, value: str) -> Any:
+    """The environment variable ``name`` set to ``value`` inside the block only (a process
+    forked inside inherits it; the grader's own environment is left as it was)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def _judge_settings(settings: KernelSettings) -> KernelSettings:
     """The judge's sandbox: the kernel's, under a user id of its own (as root), so that
     nothing the kernel left running counts against the judge's process limit."""
@@ -701,14 +716,14 @@ def _judge(
     checker_pid, verdicts_fd = -1, -1
     ends = [requests_read, requests_write, replies_read, replies_write]
     try:
-        os.environ[LANGUAGE_VAR] = settings.language  # the checker is forked from here
         if apart:
             folder = tempfile.mkdtemp(prefix="checker-", dir=run)
-            checker_pid, verdicts_fd = checkers.start(
-                apart, list(guard.get("modules", [])), folder, settings.threads,
-                (requests_write, replies_read),
-                settings.sandbox.limits if settings.sandbox is not None else None,
-            )  # fmt: skip
+            with _variable(LANGUAGE_VAR, settings.language):  # the checker is forked here
+                checker_pid, verdicts_fd = checkers.start(
+                    apart, list(guard.get("modules", [])), folder, settings.threads,
+                    (requests_write, replies_read),
+                    settings.sandbox.limits if settings.sandbox is not None else None,
+                )  # fmt: skip
         os.close(requests_write)
         os.close(replies_read)
         ends = [requests_read, replies_write]
