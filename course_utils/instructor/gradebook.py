@@ -519,13 +519,18 @@ def _html_exporter() -> Any:
     of theirs runs in a feedback page."""
     import nbconvert  # lazy: slow to import, and only the class's feedback needs it
     from nbconvert import HTMLExporter  # lazy: as above
+    from nbconvert.preprocessors.sanitize import SanitizeHTML  # lazy: as above
 
     shared = Path(nbconvert.__file__).resolve().parents[4] / "share" / "jupyter"
     templates = shared / "nbconvert" / "templates"
     extra = [str(templates)] if templates.is_dir() else []
-    return HTMLExporter(
+    exporter = HTMLExporter(
         extra_template_basedirs=extra, extra_template_paths=extra, sanitize_html=True
     )
+    # and the notebook itself cleaned before any template sees it: the templates' own
+    # sanitizing is a second line (a template found elsewhere may not have it)
+    exporter.register_preprocessor(SanitizeHTML(), enabled=True)
+    return exporter
 
 
 def _feedback_text(graded: Path, report: Mapping[str, Any]) -> tuple[Any, str]:

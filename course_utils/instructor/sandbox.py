@@ -23,6 +23,7 @@ from pathlib import Path
 
 if __name__ != "__main__":  # the launcher, run as a script in the sandbox, needs none of it
     from course_utils.instructor import cgroups
+    from course_utils.language import catalog_folders
 
 UID_BASE = 2_000_000_000
 #: The course package (course_utils/), bound read-only into the sandbox.
@@ -127,14 +128,16 @@ class Sandbox:
 
 
 def _read_only_binds() -> list[tuple[str, str]]:
-    """(host path, path inside) for the Python installation, the environment and the
-    course package: the kernel sees them at the paths the grader uses."""
+    """(host path, path inside) for the Python installation, the environment, the course
+    package and its messages' catalogs: the kernel sees them at the paths the grader uses."""
     pairs: list[tuple[str, str]] = []
     user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
     python = (sys.base_prefix, sys.base_exec_prefix, sys.prefix, os.path.realpath(sys.executable))
     # site folders another environment lends this one (a .pth file pointing there)
     lent = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    for path in (*python, user_site, *lent, str(_PACKAGE_DIR)):
+    # the messages' catalogs too: a check's feedback in the notebook's language
+    catalogs = [str(folder) for folder in catalog_folders()]
+    for path in (*python, user_site, *lent, str(_PACKAGE_DIR), *catalogs):
         real = os.path.realpath(path)
         if path and os.path.exists(real) and not real.startswith(("/usr/", "/etc/")):
             seen_as = dict.fromkeys([(real, real), (real, os.path.abspath(path))])
