@@ -662,6 +662,12 @@ MESSAGES_05 = Messages(
         "training_step cut off": "training_step should return the loss tensor itself (one "
         "number that backward can use); yours returned a tensor (loss.item() or .detach() cut "
         "it off from backward)",
+        "loss nll on logits": "your training_step's loss is nn.functional.nll_loss of the raw "
+        "logits, without log_softmax (nll_loss expects log-probabilities): use "
+        "nn.functional.cross_entropy(logits, targets), which applies log_softmax itself",
+        "loss not cross-entropy": "your training_step returned a loss of {value:.6g}, which is "
+        "not the batch's cross-entropy: compute the loss with "
+        "nn.functional.cross_entropy(logits, targets) on the model's raw logits",
         "log the loss": 'log the loss: self.log("{name}", loss)',
         "logged loss": "the logged {name} is {value:.6g}, but the batch's cross-entropy is "
         "{last:.6g}: log the batch's cross-entropy, the loss training_step returns",
@@ -703,22 +709,36 @@ MESSAGES_05 = Messages(
 )
 
 
-def _smoothing_used(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> float | None:
-    """The label smoothing (0.01 to 0.2) whose cross-entropy ``loss`` is on ``batch``, when
-    it is not the plain cross-entropy (``None``: plain, or none of those)."""
+def _loss_mistake(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> str | None:
+    """What is wrong with ``loss``, the loss training_step returned on ``batch``, when it is
+    not the batch's plain cross-entropy: label smoothing (0.01 to 0.2), nll_loss of the raw
+    logits, or another value (``None``: the plain cross-entropy, or the model's logits could
+    not be computed again, alike, to tell)."""
     network = getattr(module, "model", module)
     try:
         with torch.no_grad():
             logits, targets = network(batch[0]), batch[1]
             value = float(loss.detach())
 
-            def close(smoothing: float) -> bool:
-                wanted = nn.functional.cross_entropy(logits, targets, label_smoothing=smoothing)
+            def close(wanted: torch.Tensor) -> bool:
                 return math.isclose(value, float(wanted), rel_tol=1e-5)
 
-            if close(0.0):
+            def cross_entropy(smoothing: float = 0.0) -> torch.Tensor:
+                return nn.functional.cross_entropy(logits, targets, label_smoothing=smoothing)
+
+            if close(cross_entropy()):
                 return None
-            return next((s for s in (0.1, 0.05, 0.2, 0.15, 0.01) if close(s)), None)
+            smoothing = next(
+                (s for s in (0.1, 0.05, 0.2, 0.15, 0.01) if close(cross_entropy(s))), None
+            )
+            if smoothing is not None:
+                return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
+            if close(nn.functional.nll_loss(logits, targets)):
+                return MESSAGES_05["loss nll on logits"]
+            again = network(batch[0])  # a model that is not deterministic cannot tell
+            if not isinstance(logits, torch.Tensor) or not torch.equal(logits, again):
+                return None
+            return MESSAGES_05["loss not cross-entropy"].format(value=value)
     except (RuntimeError, TypeError, ValueError, IndexError):  # not a classifier's batch
         return None
 
@@ -727,7 +747,8 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
     """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
     (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``). A
     training_step that runs backward itself, or asks for the Trainer's optimizers, is told
-    that the Trainer does that part."""
+    that the Trainer does that part; a loss that is not the batch's cross-entropy is told
+    here, before :func:`logged_loss_mistake` looks at what was logged."""
     backwards: list[int] = []
     original = torch.autograd.backward
 
@@ -755,10 +776,8 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
         return MESSAGES_05["training_step not a tensor"].format(kind=type(loss).__name__)
     if not loss.requires_grad or loss.numel() != 1:
         return MESSAGES_05["training_step cut off"]
-    smoothing = _smoothing_used(module, batch, loss)
-    if smoothing is not None:  # else a later check says what the logged loss shows
-        return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
-    return None
+    # the loss itself before what is logged: a logged loss that is the returned one is right
+    return _loss_mistake(module, batch, loss)
 
 
 def _called_from(error: BaseException) -> list[str]:

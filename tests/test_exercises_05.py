@@ -150,7 +150,7 @@ def test_right_answers_pass(nb05, answer, capsys):
         (ReturnsItem, "loss tensor itself"),
         (ReturnsDetached, "loss tensor itself"),
         (NoLog, 'self.log("train_loss"'),
-        (WrongLoss, "train_loss"),
+        (WrongLoss, "nll_loss of the raw logits, without log_softmax"),
         (WeightDecay, "leave out weight_decay (yours is 0.0001"),
     ],
 )
@@ -412,4 +412,28 @@ def test_label_smoothing_is_named_not_told_as_a_logging_problem(nb05):
     with pytest.raises(CheckFailed) as failure:
         _check(nb05, LabelSmoothing)
     assert messages_matching(str(failure.value), MESSAGES_05) == ["label smoothing"]
+    assert "the logged" not in str(failure.value)
+
+
+class SummedLoss(Right):  # not the batch's cross-entropy, and logged as returned
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = nn.functional.cross_entropy(self.model(inputs), targets, reduction="sum")
+        self.log("train_loss", loss)
+        return loss
+
+
+@pytest.mark.parametrize(
+    ("answer", "name"),
+    [(WrongLoss, "loss nll on logits"), (SummedLoss, "loss not cross-entropy")],
+    ids=["nll-on-logits", "summed"],
+)
+def test_a_wrong_loss_logged_as_returned_is_named_not_told_as_a_logging_problem(
+    nb05, answer, name
+):
+    """Issue 45: a training_step that logs exactly the loss it returns, a loss that is not
+    the batch's cross-entropy, is told about the loss, never about what it logs."""
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb05, answer)
+    assert messages_matching(str(failure.value), MESSAGES_05) == [name], str(failure.value)
     assert "the logged" not in str(failure.value)
