@@ -686,9 +686,9 @@ MESSAGES_05 = Messages(
         "resume raised": "resume_step({every}, {lost_at}): {error}",
         "resume not a number": "resume_step({every}, {lost_at}) gave {got!r}: return a step "
         "number (an int)",
-        "resume lost step": "resume_step({every}, {lost_at}) gave {got!r}: step {lost_at} would "
-        "have been saved at the end of step {lost_at}, but the disconnect came first: training "
-        "resumes from step {want}",
+        "resume lost step": "resume_step({every}, {lost_at}) gave {got!r}: the checkpoint of "
+        "step {lost_at} would have been saved at the end of step {lost_at}, but the disconnect "
+        "came first, so it was never written",
         "resume after": "resume_step({every}, {lost_at}) gave {got!r}: a run resumes from a "
         "checkpoint saved before the disconnect, not after",
         "resume nothing saved": "resume_step({every}, {lost_at}) gave {got!r}: nothing was "
@@ -854,13 +854,13 @@ def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
         return MESSAGES_05["resume raised"].format(every=every, lost_at=lost_at, error=got)
     if not isinstance(got, int | float) or isinstance(got, bool):
         return MESSAGES_05["resume not a number"].format(**case)
-    if got == lost_at:
-        return MESSAGES_05["resume lost step"].format(want=want, **case)
+    if got == lost_at and lost_at % every == 0:  # else no checkpoint was due at lost_at
+        return MESSAGES_05["resume lost step"].format(**case)
     if got > lost_at:
         return MESSAGES_05["resume after"].format(**case)
     if got < 0:
         return MESSAGES_05["resume nothing saved"].format(**case)
-    if got % every:
+    if got % every:  # lost_at itself too, when it is not a multiple
         return MESSAGES_05["resume not a multiple"].format(
             twice=2 * every, thrice=3 * every, **case
         )

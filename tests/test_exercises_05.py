@@ -437,3 +437,24 @@ def test_a_wrong_loss_logged_as_returned_is_named_not_told_as_a_logging_problem(
         _check(nb05, answer)
     assert messages_matching(str(failure.value), MESSAGES_05) == [name], str(failure.value)
     assert "the logged" not in str(failure.value)
+
+
+def test_lost_at_itself_is_told_a_checkpoint_comes_only_every_n_steps(nb05):
+    """Issue 45: resume_step(4, 6) giving 6 is told that 6 is no multiple of 4 (no checkpoint
+    was due at step 6), not that step 6's checkpoint was lost, and never the step to resume."""
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, lambda every, lost_at: lost_at)
+    message = str(failure.value)
+    named = set(messages_matching(message, MESSAGES_05)) - {"resume raised"}  # matches any
+    assert named == {"resume not a multiple"}, message
+    assert "resume_step(4, 6) gave 6" in message and "multiples of 4" in message, message
+    assert "step 4" not in message, message
+
+
+def test_the_lost_step_message_never_gives_the_step_to_resume(nb05):
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, lambda every, lost_at: lost_at // every * every)
+    message = str(failure.value)
+    assert set(messages_matching(message, MESSAGES_05)) - {"resume raised"} == {
+        "resume lost step"}, message
+    assert "resume_step(4, 8) gave 8" in message and "from step 4" not in message, message
