@@ -374,10 +374,16 @@ def check_ddp_weights(
     settings = sorted({s for rank in ranks for s in run.sampler_settings.get(rank, [])})
     if any(not shuffle for shuffle, _ in settings):
         raise CheckFailed(MESSAGES_06["ddp no shuffle"].format(gap=gap))
-    if any(seed != config.seed for _, seed in settings):
-        raise CheckFailed(
-            MESSAGES_06["ddp seed"].format(gap=gap, got=settings[0][1], seed=config.seed)
+    seeds = sorted({seed for _, seed in settings})
+    if len(seeds) > 1:  # the processes disagree: quote each one's, not rank 0's
+        by_rank = ", ".join(
+            f"rank {rank}: {'/'.join(str(s) for s in sorted({s for _, s in seen}))}"
+            for rank in ranks
+            if (seen := run.sampler_settings.get(rank, []))
         )
+        raise CheckFailed(MESSAGES_06["ddp seeds differ"].format(gap=gap, seeds=by_rank))
+    if seeds and seeds[0] != config.seed:
+        raise CheckFailed(MESSAGES_06["ddp seed"].format(gap=gap, got=seeds[0], seed=config.seed))
     sizes = sorted({b for rank in ranks for b in run.batch_sizes.get(rank, []) if b})
     if sizes and sizes != [config.batch_size]:
         raise CheckFailed(
@@ -714,6 +720,9 @@ MESSAGES_06 = Messages(
         "ddp seed": "your weights differ from one process on the combined batch by {gap:.1e}: "
         "your DistributedSampler's seed is {got}: give every process the same seed, {seed}, so "
         "that they deal out one shuffled order",
+        "ddp seeds differ": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}: your processes' DistributedSamplers have different seeds ({seeds}): every "
+        "process must use the same seed, so that they deal out one shuffled order",
         "ddp batch size": "your weights differ from one process on the combined batch by "
         "{gap:.1e}: your DataLoader's batch_size is {got}: use the batch_size argument "
         "({batch_size} per process)",

@@ -273,7 +273,7 @@ def test_ddp_setup_passes_the_right_answer(nb06, capsys):
         (left_open_main, "destroy_process_group"),
         (unwrapped_main, "wrap the model in DDP(model) in every process"),
         (unshuffled_main, "your DistributedSampler does not shuffle"),
-        (seed_per_rank_main, "your DistributedSampler's seed is 0: give every process the same"),
+        (seed_per_rank_main, "have different seeds (rank 0: 0, rank 1: 1): every process must"),
         (hard_coded_batch_main, "your DataLoader's batch_size is 4"),
         (loss_divided_main, "you divided the loss by the world size"),
         (no_zero_grad_main, "take one optimizer step per batch after zero_grad"),
@@ -281,3 +281,22 @@ def test_ddp_setup_passes_the_right_answer(nb06, capsys):
 )
 def test_ddp_setup_names_the_mistake(nb06, answer, feedback):
     _fails_with(nb06, "06-ddp-setup-check", "ddp_main", answer, feedback)
+
+
+def test_seeds_that_differ_by_rank_are_quoted_by_rank(nb06):
+    """Issue 45: each rank seeding its sampler with its rank is told the seeds by rank, not
+    rank 0's seed (the right one) as if it were the mistake."""
+    with pytest.raises(CheckFailed) as failure:
+        _check(nb06, "06-ddp-setup-check", "ddp_main", seed_per_rank_main)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_06) == ["ddp seeds differ"], message
+    assert "rank 1: 1" in message and "seed is 0" not in message, message
+
+
+def same_other_seed_main(out_dir, epochs=2, batch_size=8):
+    _ddp_main(out_dir, epochs, batch_size, seed=7)
+
+
+def test_one_seed_shared_by_all_ranks_but_not_the_course_one_is_still_told_its_seed(nb06):
+    _fails_with(nb06, "06-ddp-setup-check", "ddp_main", same_other_seed_main,
+                "your DistributedSampler's seed is 7: give every process the same seed, 0")
