@@ -69,8 +69,9 @@ MESSAGES_09 = Messages(
         "mask was applied after the softmax, so each row of weights no longer sums to 1: mask "
         "the scores with -inf before the softmax (or pass is_causal=True)",
         "causal_attention scaled twice": "with x of shape {shape} and {heads} heads: the scores "
-        "were scaled by 1/head_dim, not 1/√head_dim: did you divide q by √head_dim and let "
-        "F.scaled_dot_product_attention scale again? It scales for you",
+        "were scaled by 1/head_dim, not 1/√head_dim (as when q @ kᵀ is divided by head_dim, or "
+        "when q is divided by √head_dim before F.scaled_dot_product_attention, which scales by "
+        "1/√head_dim itself): scale them once, by 1/√head_dim",
         "causal_attention not scaled": "with x of shape {shape} and {heads} heads: the scores "
         "were not scaled: multiply q @ kᵀ by 1/√head_dim (F.scaled_dot_product_attention does "
         "it for you)",

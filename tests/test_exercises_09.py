@@ -287,7 +287,7 @@ def test_causal_attention_check_passes_right_answers(namespace, solution, capsys
     [
         (not_causal, "there is no causal mask"),
         (scaled_by_d, "scaled by 1/head_dim, not 1/√head_dim"),
-        (scaled_twice, "let F.scaled_dot_product_attention scale again"),
+        (scaled_twice, "before F.scaled_dot_product_attention, which scales by 1/√head_dim"),
         (not_scaled, "the scores were not scaled"),
         (scaled_by_width, "scaled by 1/√dim, the model's width"),
         (sees_the_next_token, "the causal mask is off by one"),
@@ -705,3 +705,16 @@ def test_the_instructor_solutions_pass_their_checks(namespace, capsys):
         exec(solution.source, names)
         exec(_check_cell(grade_id + "-check"), names)
     assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+@pytest.mark.parametrize("solution", [scaled_by_d, scaled_twice])
+def test_a_scale_of_one_over_head_dim_is_described_not_guessed(namespace, solution):
+    """Issue 45: scaling by 1/head_dim by hand and scaling q before SDPA give one output, so
+    the message says what the scores were scaled by and both ways to get there, asking about
+    neither as if it were the answer's."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-causal-attention-check", "causal_self_attention", solution)
+    message = str(failure.value)
+    assert "scaled by 1/head_dim, not 1/√head_dim" in message, message
+    assert "divided by head_dim" in message and "q is divided by √head_dim" in message, message
+    assert "did you" not in message and "?" not in message, message
