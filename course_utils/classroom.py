@@ -61,16 +61,16 @@ MESSAGES_CHECKS = Messages(
         "close not a number": "{what} should be a number, got {kind}",
         "close number": "{what} is {actual:.6g}, expected {expected:.6g} (within rtol={rtol:g})",
         "not a tensor": "{what} should be a tensor, but it is {kind}",
-        "tensor subclass": "{what} is a {kind}, a subclass of torch.Tensor: return a plain "
+        "tensor subclass": "{what} is of type {kind}, a subclass of torch.Tensor: return a plain "
         "torch.Tensor",
         "refused": "your function called the course's own {name}(), the reference the check "
         "compares with: the exercise is to write that part yourself, in PyTorch",
         "difference not a tensor": "{where} should be a tensor, but it is {kind} {got!r}",
         "difference device": "{where} is a tensor on {got}; it should be on {want}",
         "difference shape": "{where} should keep its shape and dtype {shape}, {dtype}",
-        "difference type": "{where} should be a {want}, but it is a {got}",
-        "difference namedtuple": "{where} should be a {want}, but it is a {got} (a namedtuple "
-        "takes its fields as separate arguments: type(batch)(*values))",
+        "difference type": "{where} should be of type {want}, but it is of type {got}",
+        "difference namedtuple": "{where} should be of type {want}, but it is of type {got} (a "
+        "namedtuple takes its fields as separate arguments: type(batch)(*values))",
         "difference keys": "{where} should have the keys {want}, not {got}",
         "difference length": "{where} should have {want} items, not {got}",
         "difference value": "{where} should stay {want!r}, but it is {got!r}",
@@ -526,7 +526,7 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     and dtype; other values: equal; containers: the same type).
 
     >>> first_difference({"x": [torch.ones(1)]}, {"x": (torch.ones(1),)})
-    "batch['x'] should be a tuple, but it is a list"
+    "batch['x'] should be of type tuple, but it is of type list"
     >>> first_difference([torch.ones(1)], [torch.ones(1, device="meta")])
     'batch[0] is a tensor on cpu; it should be on meta'
     >>> first_difference((1, "a"), (1, "a")) is None

@@ -9,6 +9,7 @@ defined in the same namespace. Exercise (c) is tested in tests/test_exercise_che
 from __future__ import annotations
 
 import copy
+import re
 from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,13 +232,14 @@ def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
         (in_place_to_device, "changed the batch it was given"),
         (in_place_lists_only, "changed the batch it was given"),
         (no_namedtuple_to_device, "raised TypeError.*namedtuple Pair"),
-        (plain_tuple_to_device, "should be a Pair, but it is a tuple"),
-        (list_for_tuple_to_device, "should be a tuple, but it is a list"),
+        (plain_tuple_to_device, "should be of type Pair, but it is of type tuple"),
+        (list_for_tuple_to_device, "should be of type tuple, but it is of type list"),
         (top_level_only, r"batch\['extra'\]\[0\] is a tensor on cpu; it should be on meta"),
         (drops_numbers, "should have 2 items, not 1"),
         (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
         (course_to_device, r"called the course's own to_device\(\)"),
-        (plain_dict_to_device, "should be a OrderedDict, but it is a dict, given an OrderedDict"),
+        (plain_dict_to_device,
+         "should be of type OrderedDict, but it is of type dict, given an OrderedDict"),
     ],
 )
 def test_my_to_device_check_names_the_mistake(namespace, solution, feedback):
@@ -442,7 +444,7 @@ def test_first_difference_names_the_place_and_the_kind_of_mistake():
     assert first_difference({"x": [torch.ones(1), Pair(1, "s")]}, want) == (
         "batch['x'][0] is a tensor on cpu; it should be on meta"
     )
-    assert "should be a Pair, but it is a tuple" in first_difference(
+    assert "should be of type Pair, but it is of type tuple" in first_difference(
         {"x": [torch.ones(1, device="meta"), (1, "s")]}, want
     )
     assert first_difference({"y": []}, want) == "batch should have the keys ['x'], not ['y']"
@@ -530,3 +532,21 @@ def test_mixed_forward_feedback_names_each_rule_mistake_and_no_other(namespace, 
              _forward_rule(MIXED_FORWARD_RULES[name]))
     assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
         failed.value)
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "name", "solution"),
+    [
+        ("01-my-to-device-check", "my_to_device", plain_dict_to_device),
+        ("01-mixed-forward-check", "mixed_forward", agreeable_forward),
+    ],
+    ids=["OrderedDict", "Agreeable"],
+)
+def test_a_type_name_is_not_given_an_article_of_its_own(namespace, grade_id, name, solution):
+    """Issue 45: "a OrderedDict", "a Agreeable": the messages name a type without an article
+    (the article cannot follow a type name the code fills in, in every language)."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, grade_id, name, solution)
+    message = str(failure.value)
+    assert "of type" in message, message
+    assert not re.search(r"\ba [AEIOUaeiou]", message), message
