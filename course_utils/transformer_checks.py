@@ -170,7 +170,7 @@ MESSAGES_09 = Messages(
         "that each token keeps its row",
         # (c) FLOPs, tokens/s, MFU of a step
         "step_throughput no peak, raised": "a {gpu} in {field}: a {gpu} has no {field} peak "
-        "(gpu.{field} is None): raise ValueError (yours raised {error})",
+        "(gpu.{field} is None): raise ValueError ({error})",
         "step_throughput no peak, returned": "a {gpu} in {field}: a {gpu} has no {field} peak "
         "(gpu.{field} is None): raise ValueError (yours returned a result)",
         "step_throughput raised": "a {gpu} in {field}: {error}",

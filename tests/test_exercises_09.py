@@ -686,7 +686,7 @@ def test_step_throughput_check_passes_right_answers(namespace, solution, capsys)
         (step_mfu_per_token, "you divided the FLOPs per token by the step time"),
         (step_rounded, "you rounded the MFU"),
         (step_no_refusal, "raise ValueError (yours returned a result)"),
-        (step_type_error, "raise ValueError (yours raised your function raised TypeError"),
+        (step_type_error, "raise ValueError (your function raised TypeError"),
         (step_two_numbers, "return three numbers"),
     ],
 )
@@ -718,3 +718,13 @@ def test_a_scale_of_one_over_head_dim_is_described_not_guessed(namespace, soluti
     assert "scaled by 1/head_dim, not 1/√head_dim" in message, message
     assert "divided by head_dim" in message and "q is divided by √head_dim" in message, message
     assert "did you" not in message and "?" not in message, message
+
+
+def test_an_error_raised_instead_of_value_error_is_quoted_in_one_sentence(namespace):
+    """Issue 45: "raise ValueError (yours raised your function raised TypeError: ...)" nested
+    answer_or_error's sentence into another: the sentence is quoted as it is."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-step-throughput-check", "step_throughput", step_type_error)
+    message = str(failure.value)
+    assert "raise ValueError (your function raised TypeError" in message, message
+    assert "yours raised" not in message and message.count("raised") == 1, message
