@@ -71,7 +71,7 @@ MESSAGES_09 = Messages(
         "causal_attention scaled twice": "with x of shape {shape} and {heads} heads: the scores "
         "were scaled by 1/head_dim, not 1/√head_dim (as when q @ kᵀ is divided by head_dim, or "
         "when q is divided by √head_dim before F.scaled_dot_product_attention, which scales by "
-        "1/√head_dim itself): scale them once, by 1/√head_dim",
+        "1/√head_dim itself): the scale is 1/√head_dim, applied once",
         "causal_attention not scaled": "with x of shape {shape} and {heads} heads: the scores "
         "were not scaled: multiply q @ kᵀ by 1/√head_dim (F.scaled_dot_product_attention does "
         "it for you)",
