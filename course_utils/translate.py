@@ -203,12 +203,12 @@ def _update(language: str, path: Path, domain: str, entries: list[tuple[str, str
             result.added += 1
         elif before.id == text:
             message.string = before.string
-            message.flags = set(before.flags)
+            message.flags |= set(before.flags)  # and the format flags Babel gives it
             message.previous_id = before.previous_id
         else:
             result.changed += 1
             message.string = before.string
-            message.flags = {"fuzzy"} if before.string else set()
+            message.flags |= {"fuzzy"} if before.string else set()
             message.previous_id = [str(before.id)] if before.string else []
         fresh[text] = message
     for context, message in by_context.items():

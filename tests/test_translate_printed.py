@@ -131,3 +131,27 @@ def test_update_adds_a_code_cell_s_explanations_to_the_catalog(tmp_path):
     assert result.added == 2
     catalog = translate.read_catalog(result.path, "bn")
     assert [m.context for m in catalog if m.id] == ["a", "c1:print:1"]
+
+
+def test_a_changed_text_keeps_its_format_flag_beside_fuzzy(tmp_path):
+    """msgfmt --check compares a translation's {fields} only where the entry says
+    python-brace-format: an English edit marks the entry fuzzy without dropping that."""
+    def write(text: str) -> Path:
+        cell = {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [],
+                "execution_count": None, "source": f'print(f"{text}")'}  # fmt: skip
+        notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        path = tmp_path / "notebooks" / "01_tiny.ipynb"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(notebook), encoding="utf-8")
+        return path
+
+    root = tmp_path / "translations"
+    first = translate.update_catalog("bn", write("the batch took {ms} ms here"), root)
+    catalog = translate.read_catalog(first.path, "bn")
+    entry = catalog.get("the batch took {ms} ms here", context="c1:print:1")
+    entry.string = "ব্যাচে {ms} ms লেগেছে"
+    translate.write_catalog(catalog, first.path)
+    again = translate.update_catalog("bn", write("each batch took {ms} ms here"), root)
+    assert again.changed == 1
+    text = again.path.read_text(encoding="utf-8")  # as msgfmt reads it (Babel adds the flag)
+    assert "#, fuzzy, python-brace-format\n" in text
