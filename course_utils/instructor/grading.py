@@ -933,6 +933,8 @@ MESSAGES_GRADING = Messages(
         "not answered": "not answered yet: the solution still raises NotImplementedError",
         "assert": "an assert in the check failed",
         "name error": "NameError: {error}",
+        # a failed check whose error the instructor's code did not raise (a learner's
+        # exception, anything unknown): its text is never shown
         "generic": "the check raised an error (in your code or because of it)",
         "other error": "the check raised {name} (in your code or because of it)",
         "solution failed": "{reason} (your solution cell above failed first: {what})",
@@ -978,11 +980,6 @@ def _reason(outcome: CellOutcome, cell_timeout_s: float, language: str = ENGLISH
     if outcome.ename in ("Error", "Stopped"):
         return generic
     return say("other error", name=outcome.ename)
-
-
-#: The reason of a failed check whose error the instructor's code did not raise (a
-#: learner's exception, anything unknown): its text is never shown.
-_GENERIC_REASON = MESSAGES_GRADING.english["generic"]
 
 
 def _solution_failure(
