@@ -337,3 +337,19 @@ def test_a_page_nbconvert_cannot_render_is_a_plain_page_not_a_stopped_run(
     page = (out / "feedback" / "ann" / "01_ex.html").read_text(encoding="utf-8")
     assert "could not be shown as a page (ValueError: &lt;b&gt;no&lt;/b&gt;" in page
     assert (out / "feedback" / "ann" / "01_ex.ipynb").is_file()
+
+
+def test_a_page_is_inert_even_where_the_template_does_not_sanitize():
+    """A full make test once rendered feedback pages through a template that did not clean
+    (the cause not found): the notebook is cleaned before any template (SanitizeHTML), and
+    a link that would run script is blocked after it."""
+    exporter = gradebook._html_exporter.__wrapped__()  # a fresh one, not the cached one
+    exporter.sanitize_html = False  # as if the template found had no sanitizing of its own
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells.append(nbformat.v4.new_markdown_cell("\n\n".join(HOSTILE)))
+    page = gradebook._page(exporter, notebook)
+    assert "alert(1)" in page and "click" in page  # the learner's text, as text
+    assert re.search(r"<script[^>]*>\s*alert", page) is None
+    assert re.search(r"<[a-z]+[^<>]*\son[a-z]+\s*=", page, re.IGNORECASE) is None
+    assert re.search(r"(href|src)\s*=\s*[\"']?\s*javascript:", page, re.IGNORECASE) is None
+    assert "<iframe" not in page

@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -570,7 +571,17 @@ def _page(exporter: Any, notebook: Any) -> str:
             f"<p>This feedback could not be shown as a page ({why}): open the notebook "
             "beside it (.ipynb).</p>\n"
         )
-    return str(page)
+    return _SCRIPT_URL.sub(r"\1#blocked:", str(page))
+
+
+#: A link or source that would run script when followed (``[x](javascript:...)`` in a
+#: learner's Markdown becomes one after sanitizing, which cleans HTML, not Markdown): the
+#: last line of defence, whatever template rendered the page.
+_SCRIPT_URL = re.compile(
+    r"""(\b(?:href|src|action|formaction|xlink:href)\s*=\s*["']?)\s*"""
+    r"(?:javascript|vbscript|data:text/html)(?=[:;,])",
+    re.IGNORECASE,
+)
 
 
 def _digest(text: str) -> str:
