@@ -1,12 +1,13 @@
 """The learner's language: the course's messages (exercise feedback, claim verdicts, notes)
 in the language the notebook is read in, English where a translation is missing.
 
-A notebook built in a language (``python -m course_utils translate build``) sets it in its
-first cell, ``os.environ["COURSE_LANGUAGE"] = "bn"``; a learner can set it the same way, or
-call :func:`use_language`. The messages of each part of the course are kept in one place,
-a :class:`Messages` table (``MESSAGES_01 = Messages("01", {...})``): each English template
-has a stable name, and ``MESSAGES_01["time_it mean"]`` is the template in the learner's
-language, to be filled in with ``.format(...)`` as the English one is.
+A notebook built in a language (``python -m course_utils translate build``) sets it in the
+cell after its setup cell, ``os.environ["COURSE_LANGUAGE"] = "bn"``; a learner can set it
+the same way, or call :func:`use_language`. The messages of each part of the course are
+kept in one place, a :class:`Messages` table (``MESSAGES_01 = Messages("01", {...})``):
+each English template has a stable name, and ``MESSAGES_01["time_it mean"]`` is the
+template in the learner's language, to be filled in with ``.format(...)`` as the English
+one is.
 
 The translations are gettext catalogs, ``translations/LANG/messages.po`` (the context is
 ``<table>:<name>``, the msgid the English template), written by ``python -m course_utils
@@ -120,14 +121,14 @@ def _entries(text: str) -> Iterator[tuple[str, str, str, bool]]:
 
 @functools.lru_cache(maxsize=8)
 def _translations(path: Path, modified: float) -> dict[tuple[str, str], str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return {}
     usable = {}
-    for context, english, translation, fuzzy in _entries(text):
-        if translation and not fuzzy and template_fields(translation) == template_fields(english):
-            usable[context, english] = translation
+    try:
+        for context, english, translation, fuzzy in _entries(path.read_text(encoding="utf-8")):
+            same = template_fields(translation) == template_fields(english)
+            if translation and not fuzzy and same:
+                usable[context, english] = translation
+    except (OSError, UnicodeDecodeError, ValueError, SyntaxError):  # garbled: English
+        return {}
     return usable
 
 

@@ -88,6 +88,9 @@ def test_a_garbled_catalog_is_english_not_an_error(fake_catalogs, monkeypatch):
     (fake_catalogs / "ar" / language.MESSAGES_FILE).write_bytes(b"\xff\xfe msgid")
     monkeypatch.setenv(LANGUAGE_VAR, "ar")
     assert translated("01:time_it mean", "median please") == "median please"
+    bad_escape = 'msgctxt "01:time_it mean"\nmsgid "median please"\nmsgstr "\\x"\n'
+    (fake_catalogs / "ar" / language.MESSAGES_FILE).write_text(bad_escape, encoding="utf-8")
+    assert translated("01:time_it mean", "median please") == "median please"
 
 
 def test_a_check_says_its_feedback_in_the_learners_language(fake_catalogs, monkeypatch):
