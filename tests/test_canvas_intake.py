@@ -4,6 +4,7 @@ hostile zips refused; overrides and late penalties in every output."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import shutil
@@ -338,3 +339,38 @@ def test_an_interrupted_class_run_leaves_no_scratch_folder(how, tmp_path):
     assert "Traceback" not in err
     assert not list(scratch.glob("course-grade*")), list(scratch.rglob("*"))
     assert not (tmp_path / "out" / "gradebook.csv").exists()
+
+
+WORKER = """
+import subprocess, sys, time
+from course_utils.instructor.gradebook import _worker_start
+_worker_start()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                         start_new_session=True)  # as a kernel or the judge starts
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stopped_worker_ends_what_it_started_before_it_exits(signum):
+    """A grading worker's kernel and judge run in sessions of their own, so the signal
+    that stops the worker does not reach them: the worker ends them and waits for them
+    before it exits, so none writes into the scratch folder the main process removes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    child = int(worker.stdout.readline())
+    try:
+        worker.send_signal(getattr(signal, signum))
+        assert worker.wait(60) == -getattr(signal, signum)  # it died of the signal
+        with pytest.raises(ProcessLookupError):  # ended and reaped, not left running
+            os.kill(child, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        worker.kill()

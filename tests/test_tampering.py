@@ -85,6 +85,10 @@ def _grade(tmp_path: Path, notebooks: dict[str, nbformat.NotebookNode], **limits
         tasks.append(Task(name, "ex.ipynb", str(path), str(source)))
     options = Options(sandbox="none", jobs=2, threads=1, **limits)
     results = grade_tasks(tasks, options, None, io.StringIO(), resume=False)
+    pairs = list(zip(tasks, results, strict=True))
+    ungraded = {task.learner: result.get("error") for task, result in pairs
+                if "report" not in result}
+    assert not ungraded, ungraded  # the grader's own error for each submission it did not grade
     return {task.learner: result["report"] for task, result in zip(tasks, results, strict=True)}
 
 

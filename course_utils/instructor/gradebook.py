@@ -232,12 +232,39 @@ def grade_task(task: Task, options: Options, out: Path | None) -> dict[str, Any]
 
 
 def _worker_start(scratch: str | None = None) -> None:
-    """Ctrl-C ends a worker at once, quietly: its kernel dies with it and results are
-    written atomically, so the next run resumes cleanly. Its scratch folders go in the
-    run's ``scratch`` folder, which the main process removes (:func:`_scratch`)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """Ctrl-C or SIGTERM ends a worker at once, quietly: its kernel dies with it
+    (:func:`_end_worker`) and results are written atomically, so the next run resumes
+    cleanly. Its scratch folders go in the run's ``scratch`` folder, which the main process
+    removes (:func:`_scratch`)."""
+    signal.signal(signal.SIGINT, _end_worker)
+    signal.signal(signal.SIGTERM, _end_worker)
     if scratch is not None:
         tempfile.tempdir = scratch
+
+
+def _end_worker(signum: int, frame: Any) -> None:
+    """A worker stopped by a signal first ends what it started (its kernel, judge and
+    checker run in sessions of their own, so the signal did not reach them) and waits for
+    them, so nothing writes into the scratch folder after the main process removes it;
+    then it dies of the same signal."""
+    children = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                status = Path("/proc", entry, "stat").read_text()
+                if int(status.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    children.append(int(entry))
+    for child in children:
+        with contextlib.suppress(OSError):
+            if os.getpgid(child) == child:  # its own group: end what it started too
+                os.killpg(child, signal.SIGKILL)
+            else:
+                os.kill(child, signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(OSError):
+            os.waitpid(child, 0)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 class Stopped(KeyboardInterrupt):
