@@ -20,7 +20,13 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from course_utils.classroom import MESSAGES_08, TensorMove, check, record_tensor_to
+from course_utils.classroom import (
+    MESSAGES_08,
+    TensorMove,
+    check,
+    plain_value,
+    record_tensor_to,
+)
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
@@ -381,7 +387,9 @@ def _loss_values(losses: Any) -> list[float]:
     if losses is None:
         return []
     if isinstance(losses, torch.Tensor):
+        losses = plain_value(losses, "loop(data, model, device, timed)")
         return [float(loss) for loss in losses.detach().float().cpu().reshape(-1)]
+    losses = plain_value(list(losses), "loop(data, model, device, timed)")  # each: == and float()
     return [float(torch.as_tensor(loss).detach().float().cpu()) for loss in losses]
 
 

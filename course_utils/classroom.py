@@ -159,6 +159,7 @@ def check_close(
     ...
     course_utils.classroom.CheckFailed: the speed-up is 2, expected 3 (within rtol=1e-05)
     """
+    plain_value(actual, what)
     if isinstance(actual, torch.Tensor) or isinstance(expected, torch.Tensor):
         actual_t = torch.as_tensor(actual).detach().cpu().double()
         expected_t = torch.as_tensor(expected).detach().cpu().double()
@@ -228,6 +229,7 @@ def record_tensor_to(*, pretend_cuda: bool = False) -> Iterator[list[TensorMove]
 
     def record(self: torch.Tensor, target: Any, asynchronous: Any, move: Any) -> Any:
         pinned = self.device.type == "cpu" and bool(self.is_pinned())
+        plain_value(asynchronous, "non_blocking")  # a subclass of int could say it is true
         result = self.detach().clone() if pretend_cuda and is_cuda_target(target) else move()
         moves.append(
             TensorMove(
@@ -425,6 +427,7 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
             raise
         except Exception as error:  # the learner's code failed: say how, in one line
             raise CheckFailed(_copy_failure(error)) from None
+    plain_value(list(inner), "batch[1]")  # its keys, which your function may have changed
     check(
         set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
         MESSAGES_03["to_gpu changed the dict"],
@@ -438,6 +441,8 @@ def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
         and len(result[3]) == 4,
         MESSAGES_03["to_gpu shape"],
     )
+    plain_value(list(result[1]), "to_gpu(batch, device)[1]")  # its keys
+    plain_value(list(result[2]), "to_gpu(batch, device)[2]")
     check(list(result[2]) == names, MESSAGES_03["to_gpu names"])
     returned = dict(
         zip(
@@ -552,6 +557,13 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
             where=where, want=_kind(want), got=_kind(got)
         )
     if isinstance(want, dict):
+        kinds = [
+            (type(g), type(w)) for g, w in zip(got, want, strict=False) if type(g) is not type(w)
+        ]
+        if kinds:  # a key of a subclass of str could equal any key
+            return MESSAGES_CHECKS["difference type"].format(
+                where=f"{where}.keys()", want=kinds[0][1].__name__, got=kinds[0][0].__name__
+            )
         if list(got) != list(want):
             return MESSAGES_CHECKS["difference keys"].format(
                 where=where, want=list(want), got=list(got)
@@ -658,6 +670,75 @@ def exact_tensor(value: Any, what: str) -> torch.Tensor:
         type(value) in (torch.Tensor, torch.nn.Parameter),
         MESSAGES_CHECKS["tensor subclass"].format(what=what, kind=type(value).__name__),
     )
+    return value
+
+
+#: The types :func:`plain_value` takes as they are (``RaisedText``: the course's own
+#: sentence for an answer that raised); the containers whose elements it checks in turn.
+_PLAIN_EXACT = frozenset({type(None), bool, int, float, complex, str, bytes, RaisedText})
+_PLAIN_CONTAINERS = (tuple, list, dict, set, frozenset)
+_BUILT_IN = (int, float, complex, str, bytes, *_PLAIN_CONTAINERS)
+
+
+@functools.cache
+def _numpy_scalar_types(numpy: Any) -> frozenset[type]:
+    return frozenset(numpy.sctypeDict.values())
+
+
+def _is_numpy_scalar(kind: type) -> bool:
+    numpy = sys.modules.get("numpy")  # not imported: the value cannot be one of its scalars
+    return numpy is not None and kind in _numpy_scalar_types(numpy)
+
+
+def plain_value(value: Any, what: str) -> Any:
+    """``value`` itself if it, and every element, key and value it holds (tuples, lists,
+    dicts, sets), is of a built-in type exactly, a NumPy scalar or a plain tensor
+    (:func:`exact_tensor`), else :class:`CheckFailed` naming the type. A subclass of
+    ``int``, ``float``, ``str``, ``tuple``... can answer ``==``, ``<``, ``in``, ``bool()``
+    or ``float()`` with anything, so checks compare plain ones; a value of another type
+    (``None`` where a number was due, a set for a tuple) is left to the check's own tests.
+
+    >>> plain_value([1, 2.5, ("a", None)], "f()")
+    [1, 2.5, ('a', None)]
+    >>> class Yes(int):
+    ...     __eq__ = lambda *args: True
+    >>> plain_value((1, Yes(2)), "f()")
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: f()[1] should be of type int, but it is of type Yes
+    """
+    seen: set[int] = set()
+
+    def visit(item: Any, where: str) -> None:
+        kind = type(item)
+        if kind in _PLAIN_EXACT or kind in (torch.Tensor, torch.nn.Parameter):
+            return
+        if isinstance(item, torch.Tensor):
+            exact_tensor(item, where)
+        if _is_numpy_scalar(kind):
+            return
+        base = next((b for b in _BUILT_IN if isinstance(item, b)), None)
+        if base is None:
+            return
+        check(
+            kind is base,
+            MESSAGES_CHECKS["difference type"].format(
+                where=where, want=base.__name__, got=kind.__name__
+            ),
+        )
+        if id(item) in seen:
+            return
+        seen.add(id(item))
+        if kind is dict:
+            for key in item:
+                visit(key, where)
+            for key, element in item.items():
+                visit(element, f"{where}[{key!r}]")
+        else:
+            for i, element in enumerate(item):
+                visit(element, f"{where}[{i}]" if kind in (tuple, list) else where)
+
+    visit(value, what)
     return value
 
 
@@ -1002,6 +1083,7 @@ def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any])
             ),
         )
         check(clock.reads > 0, MESSAGES_01["time_it no clock"])
+        plain_value(took, "time_it(fn, device, warmup, repeats)")
         check(
             isinstance(took, int | float) and not isinstance(took, bool),
             MESSAGES_01["time_it not a number"].format(kind=_kind(took)),
@@ -1045,6 +1127,7 @@ def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any])
     asked: list[int] = []
 
     def synchronize(*args: Any, **kwargs: Any) -> None:
+        plain_value((args, kwargs), "torch.cuda.synchronize(device)")  # str() could lie
         synced.append((args, kwargs))
 
     def is_available() -> bool:
@@ -1209,6 +1292,7 @@ def check_run_mfu(run_mfu: Callable[..., Any]) -> None:
         case = f"{flops:g}, {step_s:g}, {peak:g}, gpus={gpus}"
         out, error = answer_and_error(run_mfu, flops, step_s, peak, gpus)
         check(error is None, MESSAGES_02["run_mfu raised"].format(case=case, error=error))
+        plain_value(out, f"run_mfu({case})")
         out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
         check(
             isinstance(out, int | float) and not isinstance(out, bool),
@@ -1339,7 +1423,7 @@ def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
         case = f"{budget} bytes, {static} static and {per_sample} per sample"
         out, error = answer_and_error(largest_batch, budget, static, per_sample)
         check(error is None, MESSAGES_04["largest_batch raised"].format(case=case, error=error))
-        got.append(out)
+        got.append(plain_value(out, f"largest_batch({budget}, {static}, {per_sample})"))
     right = [max(0, (b - s) // p) for b, s, p in LARGEST_BATCH_CASES]
 
     def same(a: Any, b: Any) -> bool:
@@ -1434,6 +1518,7 @@ def check_adam_state(adam_state_bytes: Callable[[nn.Module], Any]) -> None:
     for label, model in models.items():
         out, error = answer_and_error(adam_state_bytes, model)
         check(error is None, MESSAGES_04A["adam_state raised"].format(model=label, error=error))
+        plain_value(out, f"adam_state_bytes({label})")
         out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
         check(
             isinstance(out, int | float) and not isinstance(out, bool),
@@ -1520,7 +1605,8 @@ def check_after_empty_cache(after_empty_cache: Callable[[int, int, int], Any]) -
         check(
             error is None, MESSAGES_07["after_empty_cache raised"].format(case=shown, error=error)
         )
-        pair = isinstance(out, tuple | list) and len(out) == 2
+        pair = isinstance(plain_value(out, f"after_empty_cache({shown})"), tuple | list)
+        pair = pair and len(out) == 2
         check(
             pair and all(isinstance(v, int | float) and not isinstance(v, bool) for v in out),
             MESSAGES_07["after_empty_cache not a pair"].format(case=shown, got=out),
@@ -1654,7 +1740,8 @@ def check_fast_loop_on_a_gpu(
     loader_init, scaler_init = DataLoader.__init__, torch.amp.GradScaler.__init__
 
     def loader_spy(self: Any, *args: Any, **kwargs: Any) -> None:
-        pinned.append(bool(kwargs.pop("pin_memory", False)))  # a CPU grader cannot pin
+        pin = plain_value(kwargs.pop("pin_memory", False), "DataLoader(pin_memory)")
+        pinned.append(bool(pin))  # a CPU grader cannot pin
         loader_init(self, *args, **kwargs)
 
     def scaler_spy(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -1662,6 +1749,7 @@ def check_fast_loop_on_a_gpu(
         # enabled): made enabled for CUDA (a CPU grader then disables it, as CUDA is absent)
         enabled = kwargs.get("enabled", args[5] if len(args) > 5 else True)
         where = kwargs.get("device", args[0] if args else "cuda")
+        plain_value([enabled, where], "GradScaler(device, enabled)")  # bool(), str() could lie
         scalers.append(bool(enabled) and str(where) == "cuda")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CUDA is not available. Disabling."
@@ -1726,6 +1814,7 @@ def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
         phase = max(phases, key=lambda name: phases[name])
         out, error = answer_and_error(read_profile, profile)
         check(error is None, MESSAGES_08["read_profile raised"].format(error=error, phase=phase))
+        plain_value(out, "read_profile(profile)")
         check(
             isinstance(out, tuple | list) and len(out) == 2,
             MESSAGES_08["read_profile not a pair"].format(kind=_kind(out)),
@@ -1817,7 +1906,7 @@ def record_autocast_devices() -> Iterator[list[str]]:
     devices: list[str] = []
 
     def spy(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
-        devices.append(str(device_type))
+        devices.append(str(plain_value(device_type, "torch.autocast(device_type)")))
         original(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     autocast.__init__ = spy  # type: ignore[method-assign]
@@ -1848,7 +1937,8 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
             batch = next(iter(plain))
         except ValueError as error:
             raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error)) from None
-    check(loader.pin_memory and plain.pin_memory, MESSAGES_03["gpu_loader not pinned"])
+    pins = [plain_value(one.pin_memory, "loader.pin_memory") for one in (loader, plain)]
+    check(all(pins), MESSAGES_03["gpu_loader not pinned"])
     wanted_settings = {
         "batch_size": 4,
         "num_workers": 2,
@@ -1857,7 +1947,7 @@ memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     }
     for setting, wanted in wanted_settings.items():
         check(
-            getattr(loader, setting, None) == wanted,
+            plain_value(getattr(loader, setting, None), f"loader.{setting}") == wanted,
             MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
         )
     check(
@@ -1958,7 +2048,8 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
     gpu = GPU_NAMES.get(capability, f"compute capability {capability}")
     name = str(want.dtype)[6:]
     check(not isinstance(out, str), f"{out}")
-    out = out if on_gpu else exact_tensor(out, "the output of model(x)")
+    if not (on_gpu and type(out) is LooksLikeCuda):  # model(x) of such an x is one too
+        out = exact_tensor(out, "the output of model(x)")
     check(out.shape == (8, 4), MESSAGES_01["mixed_forward shape"])
     check(
         all(device == x.device.type for device in devices),
@@ -2002,17 +2093,19 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
         "1410 MHz, 1593 MHz, 54 C": [1410.0, 1593.0, 54.0],
     }
     for line, expected in cases.items():
-        got = answer_or_error(parse_query_line, line)
+        got = plain_value(answer_or_error(parse_query_line, line), f"parse_query_line({line!r})")
         check(
             type(got) is list and got == expected,
             MESSAGES_02["parse other line"].format(line=line, expected=expected, got=got),
         )
     check(
-        answer_or_error(parse_query_line, "1024, 35") == [1024.0, 35.0],
+        plain_value(answer_or_error(parse_query_line, "1024, 35"), "parse_query_line('1024, 35')")
+        == [1024.0, 35.0],
         MESSAGES_02["parse nounits"],
     )
     header, line = sample_output("h200_query_gpu_csv_load")[1].strip().splitlines()
     got = answer_or_error(parse_query_line, line)  # a line recorded on an H200
+    plain_value(got, "parse_query_line(line)")
     check(isinstance(got, list), MESSAGES_02["parse H200 line"].format(got=got))
     recorded = dict(zip(header.split(", "), got, strict=False))
     expected_fields: list[tuple[str, float | None]] = [
@@ -2051,9 +2144,10 @@ used reads 2047 (bytes // 2**20, an int), not 512
         raise CheckFailed(
             MESSAGES_02["read_gpu MIG raised"].format(error=type(error).__name__)
         ) from None
+    plain_value(got, "read_gpu(nvml, 0)")
     check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
     odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
-    got = read_gpu(odd, 0)  # byte counts that are not whole MiB: used 2047.5, total 15363 MiB
+    got = plain_value(read_gpu(odd, 0), "read_gpu(nvml, 0)")  # used 2047.5, total 15363 MiB
     check(
         got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
         MESSAGES_02["read_gpu whole MiB"].format(got=got[1]),
@@ -2072,7 +2166,10 @@ def check_retry_halving_down_to_one(
         got = retry_halving(limited(1.5, [], []), 24)  # only a batch of 1 fits
     except RuntimeError:
         raise CheckFailed(MESSAGES_07["retry raised before 1"]) from None
-    check(got == 1, MESSAGES_07["retry not down to 1"].format(got=got))
+    check(
+        plain_value(got, "retry_halving(step, 24)") == 1,
+        MESSAGES_07["retry not down to 1"].format(got=got),
+    )
     try:
         retry_halving(limited(0.5, [], []), 8)
     except RuntimeError as error:  # its words may say "out of memory": its type must not be OOM
@@ -2102,6 +2199,7 @@ def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) 
         if is_raised(answer) and "changed size during iteration" in answer:
             raise CheckFailed(MESSAGES_07["drop changed size"].format(error=answer))
         check(not is_raised(answer), str(answer))  # what it raised, in the learner's language
+        plain_value(fake, "namespace")  # its entries, Out's keys and values too
         check(
             fake.get("Out") is out and fake.get("_oh") is out,
             MESSAGES_07["drop replaced Out"],
@@ -2174,6 +2272,7 @@ def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module],
         layer(torch.randn(2, 10, dtype=dtype)).sum().backward()
         real.step()
         want, got = optimizer_state_bytes(real), answer_or_error(adam_state_bytes, layer)
+        plain_value(got, f"adam_state_bytes(nn.Linear(10, 5).to({dtype}))")
         check(
             got == want,
             MESSAGES_04A["adam_state dtype"].format(dtype=str(dtype)[6:], want=want, got=got),

@@ -39,7 +39,9 @@ from course_utils.classroom import (
     CheckFailed,
     answer_or_error,
     course_helpers_refused,
+    exact_tensor,
     is_raised,
+    plain_value,
     precision_rule_feedback,
 )
 from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
@@ -774,6 +776,7 @@ def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> s
     loss = out.get("loss") if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor):
         return MESSAGES_05["training_step not a tensor"].format(kind=type(loss).__name__)
+    exact_tensor(loss, "training_step(batch, 0)")  # its float() is compared
     if not loss.requires_grad or loss.numel() != 1:
         return MESSAGES_05["training_step cut off"]
     # the loss itself before what is logged: a logged loss that is the returned one is right
@@ -797,6 +800,7 @@ def logged_loss_mistake(
     (``on_step=True``, the default in training_step, then ``name`` or ``name_step``) must be
     the last batch's loss; the epoch's mean alone (``on_step=False, on_epoch=True``) is fine
     too when it is the mean of the batches' losses."""
+    plain_value(dict(metrics), "trainer.callback_metrics")  # its keys and values are compared
     step = metrics.get(f"{name}_step", metrics.get(name))
     epoch = metrics.get(f"{name}_epoch")
     if step is None:
@@ -834,6 +838,7 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
                     capability=f"{capability[0]}.{capability[1]}", error=flag
                 )
             )
+        plain_value(flag, f"precision_flag({capability})")  # a dict key below
     names = {flag: name for name, flag in LIGHTNING_PRECISION.items()}
     feedback = precision_rule_feedback(
         {c: names.get(flag) if isinstance(flag, str) else None for c, flag in got.items()},
@@ -898,11 +903,15 @@ def check_resume_step(
     mistake (the lost step counted as saved, not a multiple, an older checkpoint...)."""
     grid = [(every, lost) for every in (*range(1, 8), 50) for lost in range(1, 4 * every + 2)]
     for every, lost_at in [*cases, *grid]:
-        feedback = _resume_feedback(every, lost_at, answer_or_error(resume_step, every, lost_at))
+        got = plain_value(
+            answer_or_error(resume_step, every, lost_at), f"resume_step({every}, {lost_at})"
+        )
+        feedback = _resume_feedback(every, lost_at, got)
         if feedback:
             raise CheckFailed(feedback)
     for every, lost_at in [*cases, *grid]:
-        feedback = _wasted_feedback(every, lost_at, answer_or_error(wasted, every, lost_at))
+        got = plain_value(answer_or_error(wasted, every, lost_at), f"wasted({every}, {lost_at})")
+        feedback = _wasted_feedback(every, lost_at, got)
         if feedback:
             raise CheckFailed(feedback)
 
@@ -916,7 +925,7 @@ def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) ->
     optimizer = optimizers[0]
     if type(optimizer) is not torch.optim.SGD:
         return MESSAGES_05["optimizer not SGD"].format(kind=type(optimizer).__name__)
-    group = optimizer.param_groups[0]
+    group = plain_value(dict(optimizer.param_groups[0]), "optimizer.param_groups[0]")
     used = group.get("initial_lr", group["lr"])  # a scheduler keeps the starting rate here
     if not math.isclose(used, lr, rel_tol=1e-9):
         return MESSAGES_05["optimizer lr"].format(used=used, lr=lr)

@@ -26,6 +26,8 @@ from course_utils.classroom import (
     answer_or_error,
     check,
     course_helpers_refused,
+    exact_tensor,
+    plain_value,
     uninitialised_memory_filled,
 )
 from course_utils.flops import count_flops  # the course's own counter: refused in (c)
@@ -392,7 +394,8 @@ def check_causal_attention(
         x[:, -1] += 1  # change the last token only: no earlier output may move
         later = answer_or_error(causal_self_attention, x, w_qkv, w_out, heads)
         check(
-            isinstance(later, str) or _same(later[:, :-1].detach(), out[:, :-1].detach()),
+            isinstance(later, str)
+            or _same(exact_tensor(later, "causal_self_attention(x, ...)")[:, :-1], out[:, :-1]),
             MESSAGES_09["causal_attention sees later"].format(shape=shape, heads=heads),
         )
         raise CheckFailed(MESSAGES_09["causal_attention wrong"].format(shape=shape, heads=heads))
@@ -464,7 +467,8 @@ def _check_padded(
     before: torch.Tensor,
     old: torch.Tensor,
 ) -> None:
-    rows, got_width = model.tok.weight.shape
+    padded = exact_tensor(model.tok.weight, "model.tok.weight")  # read once: it is compared
+    rows, got_width = padded.shape
     expected = -(-vocab // multiple) * multiple
     check(
         got_width == width,
@@ -476,16 +480,14 @@ def _check_padded(
             vocab=vocab, multiple=multiple, expected=expected, rows=rows
         ),
     )
-    check(model.head.weight is model.tok.weight, MESSAGES_09["pad_vocabulary untied"])
+    check(model.head.weight is padded, MESSAGES_09["pad_vocabulary untied"])
     check(
-        model.tok.weight.dtype == dtype,
-        MESSAGES_09["pad_vocabulary dtype"].format(
-            dtype=str(dtype)[6:], got=str(model.tok.weight.dtype)[6:]
-        ),
+        padded.dtype == dtype,
+        MESSAGES_09["pad_vocabulary dtype"].format(dtype=str(dtype)[6:], got=str(padded.dtype)[6:]),
     )
-    weight = model.tok.weight.detach()
+    weight = padded.detach()
     check(bool(torch.isfinite(weight[vocab:]).all()), MESSAGES_09["pad_vocabulary rows not finite"])
-    after = model(tokens).detach()
+    after = exact_tensor(model(tokens), "model(tokens)").detach()
     check(
         after.shape[-1] == expected,
         MESSAGES_09["pad_vocabulary logits"].format(columns=after.shape[-1], expected=expected),
@@ -611,6 +613,7 @@ def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[S
         peak_tflops = getattr(case.gpu, field)
         gpu = case.gpu.name
         answer, counters = _call_counting(step_throughput, case)
+        plain_value(answer, "step_throughput(model, x, y, seconds, gpu, dtype)")
         if peak_tflops is None:
             raised = isinstance(answer, str)
             no_peak = (
