@@ -181,3 +181,24 @@ def test_run_mfu_feedback_never_gives_the_failed_cases_mfu(namespace):
     with pytest.raises(CheckFailed) as failed:
         _run(namespace, "02-run-mfu-check", "run_mfu", RUN_MFU_MISTAKES["run_mfu wrong"])
     assert "0.25" not in str(failed.value).split("gave")[1].split("which")[0]
+
+
+class _Agrees(tuple):
+    """An answer's tuple that says it equals anything."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = tuple.__hash__
+
+
+def test_read_gpu_check_refuses_a_tuple_that_equals_anything(namespace):
+    """The check cell compares the answer with ``==`` beside the answer: it first requires
+    a plain tuple (classroom.plain_value)."""
+    def agrees(nvml, index):
+        nvml.nvmlInit()
+        nvml.nvmlShutdown()
+        return _Agrees((0, 0, 0))
+
+    with pytest.raises(CheckFailed, match="should be of type tuple, but it is of type _Agrees"):
+        _run(namespace, "02-read-gpu-check", "read_gpu", agrees)

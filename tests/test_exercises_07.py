@@ -380,3 +380,19 @@ def test_after_empty_cache_feedback_names_each_mistake_and_no_other(name):
     assert messages_matching(str(failed.value), MESSAGES_07) == [name], str(failed.value)
     if name != "after_empty_cache swapped":  # its own value holds both numbers
         assert "912" not in str(failed.value).split("gave")[-1]  # the first case's smi
+
+
+class _Agrees(int):
+    """An answer's int that says it equals anything."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+def test_retry_check_refuses_an_int_that_equals_anything(nb07):
+    """The check cell compares the answer with ``==`` beside the answer: it first requires
+    a plain int (classroom.plain_value)."""
+    with pytest.raises(CheckFailed, match="should be of type int, but it is of type _Agrees"):
+        _check(nb07, lambda step, batch_size: _Agrees(7))
