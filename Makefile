@@ -56,7 +56,8 @@ lint: env
 	$(PY) -m mypy course_utils
 
 # The GPU record's rehearsal (tests/test_gpu_rehearsal.py, marked rehearsal) is left out:
-# `make gpu-rehearsal` runs it alone (it needs an idle machine for its 540 s slot).
+# `make gpu-rehearsal` runs it alone (its 540 s slot wants a quiet machine); .ci/run runs it
+# after `make test`, with Colab's rehearsal (COLAB_REHEARSE=1 make colab-check).
 test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --durations=25 -n $(TEST_JOBS) --dist loadfile -m "not rehearsal" \
 	  --nbval-lax --doctest-modules --ignore=course_utils/__main__.py course_utils tests notebooks
