@@ -8,6 +8,7 @@ learner what is wrong; nbgrader and the course's grader score such a cell 0.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import math
@@ -926,6 +927,12 @@ MESSAGES_01 = Messages(
         "dtype=torch.{dtype})",
         "mixed_forward float32": "{gpu} has no tensor cores: run model(x) in float32, without "
         "autocast",
+        "mixed_forward model converted": "your function converted the model's weights to "
+        "{got} (model.half() or model.to(...)), so {gpu} trains in {got} weights: leave the model "
+        "in float32 and run model(x) under torch.autocast(x.device.type, dtype=torch.{dtype})",
+        "mixed_forward output cast": "your function ran model(x) in float32 and cast its output "
+        "to {got}, which saves nothing inside the model: for {gpu}, run model(x) itself under "
+        "torch.autocast(x.device.type, dtype=torch.{dtype})",
         "mixed_forward converted": "autocast casts inside each operation (the output for {gpu} "
         "is {dtype}): do not convert the model, x or the output yourself",
         "mixed_forward left on": "autocast is still on after your function returned: use it as "
@@ -1921,6 +1928,33 @@ def _picked_precision(
     return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(seen[-1])
 
 
+def _hand_conversion(
+    out: torch.Tensor, model: nn.Module, original: nn.Module, x: torch.Tensor
+) -> str | None:
+    """Which conversion by hand an answer that ran ``model`` without autocast made, named
+    only when its output is what that conversion returns: "model converted" (the weights
+    converted to the output's dtype, and x with them) or "output cast" (the float32 output
+    cast to a lower precision); ``original`` is the model before the call, ``x`` its input."""
+    low = out.dtype
+    if low not in (torch.float16, torch.bfloat16):
+        return None
+    weights = {p.dtype for p in model.parameters()}
+    with torch.no_grad():
+        if weights == {low}:
+            expected = copy.deepcopy(original).to(low)(x.to(low))
+            name = "model converted"
+        elif weights == {torch.float32}:
+            expected = original(x).to(low)
+            name = "output cast"
+        else:
+            return None
+        plain = out.detach().as_subclass(torch.Tensor)
+        same = plain.shape == expected.shape and torch.allclose(
+            plain.float(), expected.float(), rtol=1e-2, atol=1e-3
+        )
+    return name if same else None
+
+
 def check_mixed_forward(
     mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
     capability: tuple[int, int],
@@ -1945,6 +1979,7 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16)
+    untouched = (copy.deepcopy(model), x.clone())  # to compute what each mistake returns
     x = x.as_subclass(LooksLikeCuda) if on_gpu else x
     want = pick_precision("cuda", capability=capability)  # the course's answer
     refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
@@ -1965,6 +2000,14 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         MESSAGES_01["mixed_forward autocast device"].format(device=x.device.type, devices=devices),
     )
     check(out.requires_grad, MESSAGES_01["mixed_forward no autograd"])
+    if want.autocast and seen[-1:] == [None]:  # no autocast: did it convert by hand?
+        mistake = _hand_conversion(out, model, *untouched)
+        if mistake is not None:
+            raise CheckFailed(
+                MESSAGES_01[f"mixed_forward {mistake}"].format(
+                    gpu=gpu, dtype=name, got=str(out.dtype)[6:]
+                )
+            )
     if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
         picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
         shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
