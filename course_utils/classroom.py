@@ -1299,6 +1299,17 @@ MESSAGES_04 = Messages(
         "amp_step clipped values": "the weights moved as a step that clips each gradient's "
         "values (clip_grad_value_): clip their norm, clip_grad_norm_(model.parameters(), "
         "max_norm)",
+        "amp_step no autocast": "run the forward pass and the loss inside torch.autocast, for "
+        "the device type of x and with dtype",
+        "amp_step bfloat16 always": "your forward pass ran in bfloat16 though the step was given "
+        "dtype=torch.{dtype}: use the dtype argument, torch.autocast(x.device.type, "
+        "dtype=dtype), since float16 is the precision whose gradients the scaler guards",
+        "amp_step forward dtype": "the first layer's output was {got} though the step was given "
+        "dtype=torch.{dtype}: run the forward pass and the loss inside "
+        "torch.autocast(x.device.type, dtype=dtype)",
+        "amp_step update scaled": "the weights moved in the direction of a float32 step with "
+        "clipping but {ratio:.2f} times as far: the step's size is off by that factor, so look "
+        "for an extra factor on the loss, the gradients or max_norm",
         "amp_step update off": "the weights moved {error:.0%} away from a float32 step with "
         "clipping: backward on the scaled loss, then unscale_ the gradients before "
         "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step through the "
