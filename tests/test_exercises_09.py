@@ -16,12 +16,13 @@ import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
-from notebook_cells import grade_cell
+from notebook_cells import grade_cell, messages_matching
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.classroom import CheckFailed
+from course_utils.transformer_checks import MESSAGES_09
 
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
@@ -675,7 +676,7 @@ def test_step_throughput_check_passes_right_answers(namespace, solution, capsys)
         (step_per_token, "that is the FLOPs per token"),
         (step_six_n, "count the step's FLOPs with FlopCounterMode"),
         (step_six_n_under_a_counter, "that is 6·N·tokens, the rule of thumb"),
-        (step_constant, "your step counted 1.235e+06 FLOPs"),
+        (step_constant, "your FLOPs did not change with the model and the batch"),
         (step_course_counter, "called the course's own count_flops()"),
         (step_sequences_per_second, "that is sequences per second"),
         (step_seconds_per_token, "that is seconds per token"),
@@ -728,3 +729,57 @@ def test_an_error_raised_instead_of_value_error_is_quoted_in_one_sentence(namesp
     message = str(failure.value)
     assert "raise ValueError (your function raised TypeError" in message, message
     assert "yours raised" not in message and message.count("raised") == 1, message
+
+
+# ----------------------------------------------------------------------- (c), issue 45
+
+
+def step_half_as_many_again(model, x, y, seconds, gpu, dtype):  # no usual mistake gives it
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops * 3 // 2, speed, utilization
+
+
+def step_constant_speed(model, x, y, seconds, gpu, dtype):
+    flops, _, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, 1234.0, utilization
+
+
+def step_constant_mfu(model, x, y, seconds, gpu, dtype):
+    flops, speed, _ = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, 0.25
+
+
+def _right_figures(namespace, kind: int) -> list[str]:
+    """Every visible case's right FLOPs (``kind`` 0), tokens/s (1) or MFU (2), as the
+    messages print them."""
+    space = dict(namespace)
+    source = _check_cell("09-step-throughput-check").replace(
+        "check_step_throughput(step_throughput, cases)", "")
+    exec(source, space)
+    figures = []
+    for case in space["cases"]:
+        if getattr(case.gpu, PEAKS[case.dtype]) is None:  # no peak: ValueError, no figures
+            continue
+        right = step_right(case.model, case.x, case.y, case.seconds, case.gpu, case.dtype)
+        figures.append(f"{right[kind]:{('.4g', '.6g', '.6g')[kind]}}")
+    return figures
+
+
+@pytest.mark.parametrize(
+    ("solution", "name", "kind"),
+    [
+        (step_constant, "step_throughput flops constant", 0),
+        (step_half_as_many_again, "step_throughput flops wrong", 0),
+        (step_constant_speed, "step_throughput speed wrong", 1),
+        (step_constant_mfu, "step_throughput mfu wrong", 2),
+    ],
+)
+def test_step_throughput_never_shows_the_failed_cases_figure(namespace, solution, name, kind):
+    """Issue 45: a constant answer was told "FlopCounterMode counts 1.9e+06": the figure to
+    paste. Each message now names what it saw and the property, never a right figure."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-step-throughput-check", "step_throughput", solution)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_09.english) == [name], message
+    shown = [f for f in _right_figures(namespace, kind) if f in message]
+    assert not shown, (shown, message)
