@@ -1185,19 +1185,31 @@ MESSAGES_02 = Messages(
         "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
         "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
         "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
-        "parse other line": "for {line!r} expected {expected}, got {got}: keep the number "
-        "before any unit (MHz, C, MiB, W, %), None only where there is no number",
+        "parse other line": "for {line!r} your function gave {got}: keep the number before "
+        "any unit (MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' "
+        "reads [7.0, None, 3.0])",
+        "parse other line raised": "{error}, given {line!r}: keep the number before any unit "
+        "(MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' reads "
+        "[7.0, None, 3.0])",
         "parse nounits": "values printed with nounits have no unit",
         "parse H200 line": "recorded H200 line: {got}",
-        "parse H200 field": "recorded H200 line: {field} should be {value}, got {got!r} (a value "
-        "is a number only where it starts with one)",
+        "parse H200 field": "recorded H200 line: {field} read {got!r}, but a value is a number "
+        "only where the field starts with one, and None where it does not ('7 W' reads 7.0, "
+        "'Tesla T4' reads None)",
         "read_gpu MIG": "under MIG the utilization call raises nvml.NVMLError_NotSupported: "
         "return None for it, and still read the memory ({got})",
         "read_gpu MIG raised": "under MIG the utilization call raises "
         "nvml.NVMLError_NotSupported: return None for it, and still read the memory ({error} "
         "raised)",
-        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads "
-        "2047 (bytes // 2**20, an int), not {got!r}",
+        "read_gpu divided": "from byte counts that are not whole MiB your function read "
+        "{got!r} (used, total), the bytes divided with /: floor them to whole MiB as ints, "
+        "bytes // 2**20 (3932160 bytes, 3.75 MiB, read 3)",
+        "read_gpu rounded": "from byte counts that are not whole MiB your function read "
+        "{got!r} (used, total), each rounded to the nearest MiB: floor them instead, "
+        "bytes // 2**20 (3932160 bytes, 3.75 MiB, read 3, not 4)",
+        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB, and from such counts "
+        "your function read {got!r} (used, total): give whole MiB as ints, bytes // 2**20 "
+        "(3932160 bytes, 3.75 MiB, read 3)",
     },
 )
 
@@ -2044,9 +2056,10 @@ def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
     >>> check_parses_other_lines(lambda line: [float(v) for v in line.split(", ")])
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: for '[Not Supported], 5 %' expected [None, 5.0], \
-got your function raised ValueError: could not convert string to float: '[Not Supported]': keep \
-the number before any unit (MHz, C, MiB, W, %), None only where there is no number
+    course_utils.classroom.CheckFailed: your function raised ValueError: could not convert \
+string to float: '[Not Supported]', given '[Not Supported], 5 %': keep the number before any \
+unit (MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' reads [7.0, \
+None, 3.0])
     """
 
     cases = {
@@ -2059,7 +2072,9 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
         got = answer_or_error(parse_query_line, line)
         check(
             type(got) is list and got == expected,
-            MESSAGES_02["parse other line"].format(line=line, expected=expected, got=got),
+            MESSAGES_02["parse other line raised"].format(line=line, error=got)
+            if is_raised(got)
+            else MESSAGES_02["parse other line"].format(line=line, got=got),
         )
     check(
         answer_or_error(parse_query_line, "1024, 35") == [1024.0, 35.0],
@@ -2080,9 +2095,7 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
     for field, value in expected_fields:
         check(
             recorded.get(field) == value,
-            MESSAGES_02["parse H200 field"].format(
-                field=field, value=value, got=recorded.get(field)
-            ),
+            MESSAGES_02["parse H200 field"].format(field=field, got=recorded.get(field)),
         )
 
 
@@ -2094,8 +2107,9 @@ def check_read_gpu_edge_cases(read_gpu: Callable[[Any, int], Any]) -> None:
     >>> check_read_gpu_edge_cases(lambda nvml, index: (None, 512, 19968))
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB: 2047.5 MiB \
-used reads 2047 (bytes // 2**20, an int), not 512
+    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB, and from \
+such counts your function read (512, 19968) (used, total): give whole MiB as ints, bytes // 2**20 \
+(3932160 bytes, 3.75 MiB, read 3)
     """
 
     mig = FakeNvml([FakeGpu(utilization_gpu_pct=None, memory_used_mib=512, memory_total_mib=19968)])
@@ -2108,10 +2122,19 @@ used reads 2047 (bytes // 2**20, an int), not 512
     check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
     odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
     got = read_gpu(odd, 0)  # byte counts that are not whole MiB: used 2047.5, total 15363 MiB
-    check(
-        got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
-        MESSAGES_02["read_gpu whole MiB"].format(got=got[1]),
-    )
+    if got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]):
+        return
+    used, total = 2047.5 * 2**20, 15363 * 2**20  # the fake's byte counts
+    mistakes = {
+        "read_gpu divided": (used / 2**20, total / 2**20),
+        "read_gpu rounded": (round(used / 2**20), round(total / 2**20)),
+    }
+    found = [
+        name
+        for name, values in mistakes.items()
+        if got[1:] == values and [type(v) for v in got[1:]] == [type(v) for v in values]
+    ]
+    raise CheckFailed(MESSAGES_02[found[0] if found else "read_gpu whole MiB"].format(got=got[1:]))
 
 
 def check_retry_halving_down_to_one(
