@@ -500,8 +500,8 @@ def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     [
         (pad_by_adding, "you added a multiple to it: round it up to the next multiple"),
         (pad_always_one_more, "already a multiple keeps its size"),
-        (pad_rounded_down, "fewer rows than the 13 old ones? Round up"),
-        (pad_to_the_nearest, "fewer rows than the 13 old ones? Round up"),
+        (pad_rounded_down, "you rounded down"),
+        (pad_to_the_nearest, "you rounded down"),
         (pad_untied, "the head is no longer tied"),
         (pad_not_copied, "the real tokens' logits changed: copy the old rows"),
         (pad_old_rows_at_the_end, "the old rows went to the end of the new embedding"),
@@ -729,6 +729,88 @@ def test_an_error_raised_instead_of_value_error_is_quoted_in_one_sentence(namesp
     message = str(failure.value)
     assert "raise ValueError (your function raised TypeError" in message, message
     assert "yours raised" not in message and message.count("raised") == 1, message
+
+
+# ----------------------------------------------------------------------- (b), issue 45
+
+
+def pad_to_the_multiple(model, multiple=64):  # the multiple itself: 65 tokens get 64 rows
+    return _pad(model, multiple)
+
+
+def pad_into_the_new_rows(model, multiple=64):  # the old rows copied into new.weight[vocab:]
+    old = model.tok.weight
+    vocab, dim = old.shape
+    model.tok = nn.Embedding(_up(model, multiple), dim, dtype=old.dtype)
+    with torch.no_grad():
+        model.tok.weight[vocab:] = old
+    model.head = nn.Linear(dim, model.tok.num_embeddings, bias=False, dtype=old.dtype)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_rounded_down_in_a_local(model, multiple=64):  # the copy fails before tok is replaced
+    old = model.tok.weight.detach()
+    vocab, dim = old.shape
+    new = torch.zeros(vocab // multiple * multiple, dim, dtype=old.dtype)
+    new[:vocab] = old
+    model.tok = nn.Embedding.from_pretrained(new, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def _named(message: str) -> list[str]:
+    """The messages of MESSAGES_09 ``message`` reads as, but those that quote an error
+    (``{error}`` after a few words: they read as any message with that start)."""
+    return [name for name in messages_matching(message, MESSAGES_09.english)
+            if "{error}" not in MESSAGES_09.english[name]]
+
+
+#: The usual mistakes whose new embedding makes the row copy raise, and the message that
+#: names each (the check's own diagnosis, not PyTorch's shape error).
+PAD_COPY_MISTAKES = {
+    pad_rounded_down: "pad_vocabulary rows rounded down",
+    pad_to_the_nearest: "pad_vocabulary rows rounded down",
+    pad_rounded_down_in_a_local: "pad_vocabulary rows rounded down",
+    pad_to_the_multiple: "pad_vocabulary rows the multiple",
+    pad_into_the_new_rows: "pad_vocabulary copied to another slice",
+}
+
+
+@pytest.mark.parametrize("solution", list(PAD_COPY_MISTAKES), ids=lambda f: f.__name__)
+def test_a_row_copy_that_raises_is_diagnosed_by_the_check(namespace, solution):
+    """Issue 45: these mistakes crashed on the row copy and were shown PyTorch's shape error
+    with a guess; the check now names the mistake from the rows the new embedding got."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution)
+    message = str(failure.value)
+    assert _named(message) == [PAD_COPY_MISTAKES[solution]], message
+    assert "shape" not in message and "?" not in message, message
+
+
+#: Every listed mistake of 09 (b) that returns, and the message that names it.
+PAD_MISTAKES = {
+    pad_by_adding: "pad_vocabulary rows added",
+    pad_always_one_more: "pad_vocabulary rows next multiple",
+    pad_untied: "pad_vocabulary untied",
+    pad_not_copied: "pad_vocabulary logits changed",
+    pad_old_rows_at_the_end: "pad_vocabulary old rows at the end",
+    pad_in_float32: "pad_vocabulary dtype",
+    pad_with_nan_rows: "pad_vocabulary rows not finite",
+    pad_with_empty_rows: "pad_vocabulary rows not finite",
+    pad_through_bfloat16: "pad_vocabulary old rows changed",
+    pad_the_width: "pad_vocabulary width",
+    pad_returns_nothing: "pad_vocabulary returned nothing",
+    pad_returns_the_embedding: "pad_vocabulary not the model",
+}
+
+
+@pytest.mark.parametrize("solution", list(PAD_MISTAKES), ids=lambda f: f.__name__)
+def test_each_pad_mistake_is_named_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution)
+    message = str(failure.value)
+    assert _named(message) == [PAD_MISTAKES[solution]], message
 
 
 # ----------------------------------------------------------------------- (c), issue 45
