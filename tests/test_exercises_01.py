@@ -597,3 +597,22 @@ def test_a_type_name_is_not_given_an_article_of_its_own(namespace, grade_id, nam
     message = str(failure.value)
     assert "of type" in message, message
     assert not re.search(r"\ba [AEIOUaeiou]", message), message
+
+
+#: Every other listed mistake of 01 (b) and the message of MESSAGES_01 that names it.
+MIXED_FORWARD_MISTAKES = {
+    cuda_only_forward: "mixed_forward autocast device",
+    cpu_autocast_forward: "mixed_forward autocast device",
+    no_grad_forward: "mixed_forward no autograd",
+    fp16_everywhere_forward: "mixed_forward autocast",
+    float_output_forward: "mixed_forward converted",
+    left_on_forward: "mixed_forward left on",
+}
+
+
+@pytest.mark.parametrize("solution", list(MIXED_FORWARD_MISTAKES), ids=lambda f: f.__name__)
+def test_mixed_forward_names_each_listed_mistake_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+    found = messages_matching(str(failed.value), MESSAGES_01.english)
+    assert found == [MIXED_FORWARD_MISTAKES[solution]], str(failed.value)

@@ -521,3 +521,24 @@ def test_a_negative_step_is_not_told_nothing_was_saved(nb05):
     message = str(failure.value)
     assert messages_matching(message, MESSAGES_05) == ["resume negative"], message
     assert "nothing was saved" not in message, message
+
+
+#: Each listed mistake of resume_step (05 (c)) and the message of MESSAGES_05 naming it.
+RESUME_MISTAKES = {
+    "resume lost step": lambda every, lost_at: lost_at // every * every,
+    "resume after": lambda every, lost_at: lost_at // every * every + every,
+    "resume negative": lambda every, lost_at: lost_at - 2 * every,
+    "resume not a multiple": lambda every, lost_at: lost_at - 1,
+    "resume older": lambda every, lost_at: max(0, lost_at // every * every - every),
+    "resume not a number": lambda every, lost_at: str(_resume(every, lost_at)),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUME_MISTAKES))
+def test_each_resume_mistake_is_named_and_no_other(nb05, name):
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, RESUME_MISTAKES[name])
+    message = str(failure.value)
+    named = set(messages_matching(message, MESSAGES_05)) - {"resume raised"}  # matches any
+    assert named == {name}, message
+

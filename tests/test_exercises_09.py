@@ -865,3 +865,32 @@ def test_step_throughput_never_shows_the_failed_cases_figure(namespace, solution
     assert messages_matching(message, MESSAGES_09.english) == [name], message
     shown = [f for f in _right_figures(namespace, kind) if f in message]
     assert not shown, (shown, message)
+
+
+#: Each listed mistake of step_throughput (09 (c)) and the message of MESSAGES_09 naming it.
+STEP_MISTAKES = {
+    step_forward_only: "step_throughput flops forward only",
+    step_default_kernel: "step_throughput flops no attention",
+    step_two_steps: "step_throughput flops two steps",
+    step_per_token: "step_throughput flops per token",
+    step_six_n: "step_throughput no counter",
+    step_six_n_under_a_counter: "step_throughput flops 6N",
+    step_constant: "step_throughput flops constant",
+    step_sequences_per_second: "step_throughput sequences per second",
+    step_seconds_per_token: "step_throughput seconds per token",
+    step_percent: "step_throughput mfu percentage",
+    step_tflops: "step_throughput mfu in TFLOP/s",
+    step_fp32_peak: "step_throughput mfu other peak",
+    step_mfu_per_token: "step_throughput mfu per token",
+    step_rounded: "step_throughput mfu rounded",
+    step_no_refusal: "step_throughput no peak, returned",
+    step_two_numbers: "step_throughput not three numbers",
+}
+
+
+@pytest.mark.parametrize("solution", list(STEP_MISTAKES), ids=lambda f: f.__name__)
+def test_each_step_throughput_mistake_is_named_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-step-throughput-check", "step_throughput", solution)
+    assert _named(str(failure.value)) == [STEP_MISTAKES[solution]], str(failure.value)
+
