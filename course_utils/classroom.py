@@ -8,6 +8,7 @@ learner what is wrong; nbgrader and the course's grader score such a cell 0.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import math
@@ -1007,6 +1008,12 @@ MESSAGES_01 = Messages(
         "dtype=torch.{dtype})",
         "mixed_forward float32": "{gpu} has no tensor cores: run model(x) in float32, without "
         "autocast",
+        "mixed_forward model converted": "your function converted the model's weights to "
+        "{got} (model.half() or model.to(...)), so {gpu} trains in {got} weights: leave the model "
+        "in float32 and run model(x) under torch.autocast(x.device.type, dtype=torch.{dtype})",
+        "mixed_forward output cast": "your function ran model(x) in float32 and cast its output "
+        "to {got}, which saves nothing inside the model: for {gpu}, run model(x) itself under "
+        "torch.autocast(x.device.type, dtype=torch.{dtype})",
         "mixed_forward converted": "autocast casts inside each operation (the output for {gpu} "
         "is {dtype}): do not convert the model, x or the output yourself",
         "mixed_forward left on": "autocast is still on after your function returned: use it as "
@@ -1261,19 +1268,31 @@ MESSAGES_02 = Messages(
         "run_mfu wrong": "run_mfu({case}) gave {got:.3g}, which is not achieved FLOP/s "
         "(flops_per_step / step_s) over the combined peak (gpus × peak_tflops × 1e12): "
         "3 TFLOP per 1 s step on one 10 TFLOP/s GPU is 0.3",
-        "parse other line": "for {line!r} expected {expected}, got {got}: keep the number "
-        "before any unit (MHz, C, MiB, W, %), None only where there is no number",
+        "parse other line": "for {line!r} your function gave {got}: keep the number before "
+        "any unit (MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' "
+        "reads [7.0, None, 3.0])",
+        "parse other line raised": "{error}, given {line!r}: keep the number before any unit "
+        "(MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' reads "
+        "[7.0, None, 3.0])",
         "parse nounits": "values printed with nounits have no unit",
         "parse H200 line": "recorded H200 line: {got}",
-        "parse H200 field": "recorded H200 line: {field} should be {value}, got {got!r} (a value "
-        "is a number only where it starts with one)",
+        "parse H200 field": "recorded H200 line: {field} read {got!r}, but a value is a number "
+        "only where the field starts with one, and None where it does not ('7 W' reads 7.0, "
+        "'Tesla T4' reads None)",
         "read_gpu MIG": "under MIG the utilization call raises nvml.NVMLError_NotSupported: "
         "return None for it, and still read the memory ({got})",
         "read_gpu MIG raised": "under MIG the utilization call raises "
         "nvml.NVMLError_NotSupported: return None for it, and still read the memory ({error} "
         "raised)",
-        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB: 2047.5 MiB used reads "
-        "2047 (bytes // 2**20, an int), not {got!r}",
+        "read_gpu divided": "from byte counts that are not whole MiB your function read "
+        "{got!r} (used, total), the bytes divided with /: floor them to whole MiB as ints, "
+        "bytes // 2**20 (3932160 bytes, 3.75 MiB, read 3)",
+        "read_gpu rounded": "from byte counts that are not whole MiB your function read "
+        "{got!r} (used, total), each rounded to the nearest MiB: floor them instead, "
+        "bytes // 2**20 (3932160 bytes, 3.75 MiB, read 3, not 4)",
+        "read_gpu whole MiB": "NVML's byte counts are rarely whole MiB, and from such counts "
+        "your function read {got!r} (used, total): give whole MiB as ints, bytes // 2**20 "
+        "(3932160 bytes, 3.75 MiB, read 3)",
     },
 )
 
@@ -1376,6 +1395,17 @@ MESSAGES_04 = Messages(
         "amp_step clipped values": "the weights moved as a step that clips each gradient's "
         "values (clip_grad_value_): clip their norm, clip_grad_norm_(model.parameters(), "
         "max_norm)",
+        "amp_step no autocast": "run the forward pass and the loss inside torch.autocast, for "
+        "the device type of x and with dtype",
+        "amp_step bfloat16 always": "your forward pass ran in bfloat16 though the step was given "
+        "dtype=torch.{dtype}: use the dtype argument, torch.autocast(x.device.type, "
+        "dtype=dtype), since float16 is the precision whose gradients the scaler guards",
+        "amp_step forward dtype": "the first layer's output was {got} though the step was given "
+        "dtype=torch.{dtype}: run the forward pass and the loss inside "
+        "torch.autocast(x.device.type, dtype=dtype)",
+        "amp_step update scaled": "the weights moved in the direction of a float32 step with "
+        "clipping but {ratio:.2f} times as far: the step's size is off by that factor, so look "
+        "for an extra factor on the loss, the gradients or max_norm",
         "amp_step update off": "the weights moved {error:.0%} away from a float32 step with "
         "clipping: backward on the scaled loss, then unscale_ the gradients before "
         "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step through the "
@@ -2011,6 +2041,33 @@ def _picked_precision(
     return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(seen[-1])
 
 
+def _hand_conversion(
+    out: torch.Tensor, model: nn.Module, original: nn.Module, x: torch.Tensor
+) -> str | None:
+    """Which conversion by hand an answer that ran ``model`` without autocast made, named
+    only when its output is what that conversion returns: "model converted" (the weights
+    converted to the output's dtype, and x with them) or "output cast" (the float32 output
+    cast to a lower precision); ``original`` is the model before the call, ``x`` its input."""
+    low = out.dtype
+    if low not in (torch.float16, torch.bfloat16):
+        return None
+    weights = {p.dtype for p in model.parameters()}
+    with torch.no_grad():
+        if weights == {low}:
+            expected = copy.deepcopy(original).to(low)(x.to(low))
+            name = "model converted"
+        elif weights == {torch.float32}:
+            expected = original(x).to(low)
+            name = "output cast"
+        else:
+            return None
+        plain = out.detach().as_subclass(torch.Tensor)
+        same = plain.shape == expected.shape and torch.allclose(
+            plain.float(), expected.float(), rtol=1e-2, atol=1e-3
+        )
+    return name if same else None
+
+
 def check_mixed_forward(
     mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
     capability: tuple[int, int],
@@ -2035,6 +2092,7 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16)
+    untouched = (copy.deepcopy(model), x.clone())  # to compute what each mistake returns
     x = x.as_subclass(LooksLikeCuda) if on_gpu else x
     want = pick_precision("cuda", capability=capability)  # the course's answer
     refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
@@ -2056,6 +2114,14 @@ torch.autocast(x.device.type, dtype=torch.bfloat16)
         MESSAGES_01["mixed_forward autocast device"].format(device=x.device.type, devices=devices),
     )
     check(out.requires_grad, MESSAGES_01["mixed_forward no autograd"])
+    if want.autocast and seen[-1:] == [None]:  # no autocast: did it convert by hand?
+        mistake = _hand_conversion(out, model, *untouched)
+        if mistake is not None:
+            raise CheckFailed(
+                MESSAGES_01[f"mixed_forward {mistake}"].format(
+                    gpu=gpu, dtype=name, got=str(out.dtype)[6:]
+                )
+            )
     if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
         picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
         shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
@@ -2081,9 +2147,10 @@ def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
     >>> check_parses_other_lines(lambda line: [float(v) for v in line.split(", ")])
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: for '[Not Supported], 5 %' expected [None, 5.0], \
-got your function raised ValueError: could not convert string to float: '[Not Supported]': keep \
-the number before any unit (MHz, C, MiB, W, %), None only where there is no number
+    course_utils.classroom.CheckFailed: your function raised ValueError: could not convert \
+string to float: '[Not Supported]', given '[Not Supported], 5 %': keep the number before any \
+unit (MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' reads [7.0, \
+None, 3.0])
     """
 
     cases = {
@@ -2096,7 +2163,9 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
         got = plain_value(answer_or_error(parse_query_line, line), f"parse_query_line({line!r})")
         check(
             type(got) is list and got == expected,
-            MESSAGES_02["parse other line"].format(line=line, expected=expected, got=got),
+            MESSAGES_02["parse other line raised"].format(line=line, error=got)
+            if is_raised(got)
+            else MESSAGES_02["parse other line"].format(line=line, got=got),
         )
     check(
         plain_value(answer_or_error(parse_query_line, "1024, 35"), "parse_query_line('1024, 35')")
@@ -2119,9 +2188,7 @@ the number before any unit (MHz, C, MiB, W, %), None only where there is no numb
     for field, value in expected_fields:
         check(
             recorded.get(field) == value,
-            MESSAGES_02["parse H200 field"].format(
-                field=field, value=value, got=recorded.get(field)
-            ),
+            MESSAGES_02["parse H200 field"].format(field=field, got=recorded.get(field)),
         )
 
 
@@ -2133,8 +2200,9 @@ def check_read_gpu_edge_cases(read_gpu: Callable[[Any, int], Any]) -> None:
     >>> check_read_gpu_edge_cases(lambda nvml, index: (None, 512, 19968))
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB: 2047.5 MiB \
-used reads 2047 (bytes // 2**20, an int), not 512
+    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB, and from \
+such counts your function read (512, 19968) (used, total): give whole MiB as ints, bytes // 2**20 \
+(3932160 bytes, 3.75 MiB, read 3)
     """
 
     mig = FakeNvml([FakeGpu(utilization_gpu_pct=None, memory_used_mib=512, memory_total_mib=19968)])
@@ -2148,10 +2216,19 @@ used reads 2047 (bytes // 2**20, an int), not 512
     check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
     odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
     got = plain_value(read_gpu(odd, 0), "read_gpu(nvml, 0)")  # used 2047.5, total 15363 MiB
-    check(
-        got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]),
-        MESSAGES_02["read_gpu whole MiB"].format(got=got[1]),
-    )
+    if got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]):
+        return
+    used, total = 2047.5 * 2**20, 15363 * 2**20  # the fake's byte counts
+    mistakes = {
+        "read_gpu divided": (used / 2**20, total / 2**20),
+        "read_gpu rounded": (round(used / 2**20), round(total / 2**20)),
+    }
+    found = [
+        name
+        for name, values in mistakes.items()
+        if got[1:] == values and [type(v) for v in got[1:]] == [type(v) for v in values]
+    ]
+    raise CheckFailed(MESSAGES_02[found[0] if found else "read_gpu whole MiB"].format(got=got[1:]))
 
 
 def check_retry_halving_down_to_one(

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import matplotlib.pyplot as plt
 import torch
@@ -397,7 +398,21 @@ def check_ddp_weights(
     divided = RunConfig(**{**asdict(config), "lr": config.lr / world_size})
     if max_parameter_difference(saved, reference_model(divided, world_size)) < TOLERANCE:
         raise CheckFailed(MESSAGES_06["ddp loss divided"].format(gap=gap, world=world_size))
+    if max_parameter_difference(saved, _never_cleared_model(config, world_size)) < TOLERANCE:
+        raise CheckFailed(MESSAGES_06["ddp no zero_grad"].format(gap=gap))
     raise CheckFailed(MESSAGES_06["ddp wrong"].format(gap=gap))
+
+
+def _never_cleared_model(config: RunConfig, world_size: int) -> nn.Module:
+    """:func:`reference_model` with gradients never cleared (``zero_grad`` does nothing):
+    what a DDP script without ``optimizer.zero_grad()`` trains, each step adding its
+    gradients to all the earlier ones."""
+
+    def keep_gradients(self: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+        del self, set_to_none
+
+    with mock.patch.object(torch.optim.Optimizer, "zero_grad", keep_gradients):
+        return reference_model(config, world_size)
 
 
 def split_batch_gradient_difference(
@@ -732,6 +747,10 @@ MESSAGES_06 = Messages(
         "ddp loss divided": "your weights differ from one process on the combined batch by "
         "{gap:.1e}: you divided the loss by the world size: DDP already averages the gradients "
         "across processes, so each step was {world} times too small",
+        "ddp no zero_grad": "your weights differ from one process on the combined batch by "
+        "{gap:.1e}, and are those of a run that never clears its gradients: call "
+        "optimizer.zero_grad() once per batch, before backward, or each step adds in every "
+        "earlier batch's gradients",
         "ddp wrong": "your weights differ from one process on the combined batch by {gap:.1e}: "
         "wrap the model in DDP, give the loader the DistributedSampler, and take one optimizer "
         "step per batch after zero_grad and backward",

@@ -693,20 +693,26 @@ MESSAGES_05 = Messages(
         "came first, so it was never written",
         "resume after": "resume_step({every}, {lost_at}) gave {got!r}: a run resumes from a "
         "checkpoint saved before the disconnect, not after",
-        "resume nothing saved": "resume_step({every}, {lost_at}) gave {got!r}: nothing was "
-        "saved before step {lost_at}: start again from 0",
+        "resume negative": "resume_step({every}, {lost_at}) gave {got!r}, a negative step: a "
+        "run resumes from the step of a checkpoint it saved, or from step 0 when it saved none",
         "resume not a multiple": "resume_step({every}, {lost_at}) gave {got!r}: checkpoints are "
         "saved only at multiples of {every} ({every}, {twice}, {thrice}...): {got} is not one",
-        "resume older": "resume_step({every}, {lost_at}) gave {got!r}: the checkpoint of step "
-        "{want} was saved before the disconnect: resume from the newest one",
+        "resume older": "resume_step({every}, {lost_at}) gave {got!r}, a checkpoint older than "
+        "the newest one saved before the disconnect: resume from the newest multiple of {every} "
+        "below {lost_at} (saving every {ex_every} steps and lost at step {ex_lost}, that is step "
+        "{ex_answer})",
         "wasted raised": "wasted({every}, {lost_at}): {error}",
-        "wasted at a checkpoint": "lost at {lost_at}, just before the checkpoint of step "
-        "{lost_at} was written: training resumes from {start}, so {want} steps are trained "
-        "again, not {got!r}",
-        "wasted since a checkpoint": "saved at {start}, lost at {lost_at}: {want} steps are "
-        "trained again, not {got!r} (the steps since the last checkpoint, lost_at - resume_step)",
-        "wasted nothing saved": "nothing saved yet, lost at {lost_at}: {want} steps are trained "
-        "again, not {got!r} (the steps since the last checkpoint, lost_at - resume_step)",
+        "wasted at a checkpoint": "wasted({every}, {lost_at}) gave {got!r}: the checkpoint of "
+        "step {lost_at} was never written, so the steps since the checkpoint before it are "
+        "trained again, lost_at - resume_step(every, lost_at) (saving every {ex_every} steps "
+        "and lost at step {ex_lost}, that is {ex_answer})",
+        "wasted since a checkpoint": "wasted({every}, {lost_at}) gave {got!r}: count the steps "
+        "trained again since the last checkpoint, lost_at - resume_step(every, lost_at) (saving "
+        "every {ex_every} steps and lost at step {ex_lost}, that is {ex_answer})",
+        "wasted nothing saved": "wasted({every}, {lost_at}) gave {got!r}: nothing was saved "
+        "before the disconnect, so the run starts again from step 0, and the steps trained "
+        "again are lost_at - resume_step(every, lost_at) (saving every {ex_every} steps and "
+        "lost at step {ex_lost}, that is {ex_answer})",
     },
 )
 
@@ -848,9 +854,40 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
         raise CheckFailed(feedback)
 
 
+#: Example cases (every, lost_at) a message of exercise 05 (c) works through, by where the
+#: disconnect falls: none is a case the check runs, and the second stands in for the first
+#: should the first be the case that failed or share its answer (a number pasted from the
+#: message never answers the failed case).
+_EXAMPLES = {
+    "between": [(8, 20), (9, 29)],
+    "at a checkpoint": [(8, 24), (9, 27)],
+    "nothing saved": [(8, 5), (9, 7)],
+}
+
+
+def _resume_answer(every: int, lost_at: int, wasted: bool) -> int:
+    """The step to resume from, or (``wasted``) the number of steps trained again."""
+    start = (lost_at - 1) // every * every
+    return lost_at - start if wasted else start
+
+
+def _example(kind: str, every: int, lost_at: int, wasted: bool) -> dict[str, int]:
+    """An example of ``kind`` whose answer (the step to resume from, or with ``wasted``
+    the steps trained again) is not that of the case ``(every, lost_at)`` that failed."""
+    want = _resume_answer(every, lost_at, wasted)
+    ex_every, ex_lost = next(
+        (e, lost)
+        for e, lost in _EXAMPLES[kind]
+        if (e, lost) != (every, lost_at) and _resume_answer(e, lost, wasted) != want
+    )
+    answer = _resume_answer(ex_every, ex_lost, wasted)
+    return {"ex_every": ex_every, "ex_lost": ex_lost, "ex_answer": answer}
+
+
 def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
     """Why ``got`` is not the step a run saving every ``every`` steps, lost right after step
-    ``lost_at`` (before saving it), resumes from (``None``: it is)."""
+    ``lost_at`` (before saving it), resumes from (``None``: it is). No message gives the
+    step of the case that failed: "resume older" works through another case."""
     want = (lost_at - 1) // every * every
     if got == want and isinstance(got, int | float) and not isinstance(got, bool):
         return None
@@ -864,30 +901,33 @@ def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
     if got > lost_at:
         return MESSAGES_05["resume after"].format(**case)
     if got < 0:
-        return MESSAGES_05["resume nothing saved"].format(**case)
+        return MESSAGES_05["resume negative"].format(**case)
     if got % every:  # lost_at itself too, when it is not a multiple
         return MESSAGES_05["resume not a multiple"].format(
             twice=2 * every, thrice=3 * every, **case
         )
-    if want == 0:
-        return MESSAGES_05["resume nothing saved"].format(**case)
-    return MESSAGES_05["resume older"].format(want=want, **case)
+    # a multiple of every below want (got == lost_at and above want were told above)
+    example = _example("between", every, lost_at, wasted=False)
+    return MESSAGES_05["resume older"].format(**case, **example)
 
 
 def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
-    """Why ``got`` is not the number of steps trained again (``None``: it is)."""
+    """Why ``got`` is not the number of steps trained again (``None``: it is). The message
+    gives the property and works through another case, never the number of this one."""
     start = (lost_at - 1) // every * every
     want = lost_at - start
     if got == want and not isinstance(got, bool):
         return None
     if is_raised(got):
         return MESSAGES_05["wasted raised"].format(every=every, lost_at=lost_at, error=got)
-    case = {"start": start, "lost_at": lost_at, "want": want, "got": got}
+    case = {"every": every, "lost_at": lost_at, "got": got}
     if lost_at % every == 0:
-        return MESSAGES_05["wasted at a checkpoint"].format(**case)
-    return MESSAGES_05["wasted since a checkpoint" if start else "wasted nothing saved"].format(
-        **case
-    )
+        kind, name = "at a checkpoint", "wasted at a checkpoint"
+    elif start:
+        kind, name = "between", "wasted since a checkpoint"
+    else:
+        kind, name = "nothing saved", "wasted nothing saved"
+    return MESSAGES_05[name].format(**case, **_example(kind, every, lost_at, wasted=True))
 
 
 def check_resume_step(

@@ -381,6 +381,18 @@ class AmpStepRun:
     # the float32 update of each usual clipping mistake, by the name of its message in
     # course_utils.classroom.MESSAGES_04
     mistaken_updates: dict[str, torch.Tensor] = field(default_factory=dict)
+    dtype: torch.dtype = torch.float16  # the dtype the step was given
+
+    def forward_feedback(self) -> str:
+        """What the first layer's output dtype says about the forward pass: no autocast
+        (float32), bfloat16 whatever ``dtype`` the step was given, or only what was seen."""
+        want = str(self.dtype).removeprefix("torch.")
+        if self.forward_dtypes == [torch.float32]:
+            return MESSAGES_04["amp_step no autocast"]
+        if self.forward_dtypes == [torch.bfloat16] and self.dtype != torch.bfloat16:
+            return MESSAGES_04["amp_step bfloat16 always"].format(dtype=want)
+        got = ", ".join(str(d).removeprefix("torch.") for d in self.forward_dtypes) or "none"
+        return MESSAGES_04["amp_step forward dtype"].format(got=got, dtype=want)
 
     @property
     def update_error(self) -> float:
@@ -393,6 +405,9 @@ class AmpStepRun:
         for mistake, update in self.mistaken_updates.items():
             if _relative_distance(self.update, update) < 0.05:
                 return MESSAGES_04[mistake]
+        ratio = self.update.norm().item() / max(self.reference_update.norm().item(), 1e-12)
+        if ratio > 0 and _relative_distance(self.update / ratio, self.reference_update) < 0.01:
+            return MESSAGES_04["amp_step update scaled"].format(ratio=ratio)
         return MESSAGES_04["amp_step update off"].format(error=self.update_error)
 
 
@@ -539,4 +554,5 @@ def run_amp_step_against_fp32(
             mistake: _fp32_update(start, batches[0], lr, _clipping(clip, max_norm, init_scale))
             for mistake, clip in _CLIPPING_MISTAKES.items()
         },
+        dtype=dtype,
     )

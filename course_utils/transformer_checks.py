@@ -11,6 +11,7 @@ well under a second.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +131,10 @@ MESSAGES_09 = Messages(
         "pad_vocabulary raised, fewer rows": "vocabulary {vocab}, multiple {multiple}: {error} "
         "(did the new embedding get fewer rows than the {vocab} old ones? Round up: "
         "math.ceil(vocab / multiple) * multiple)",
+        "pad_vocabulary copied to another slice": "your new embedding for vocabulary {vocab} "
+        "and multiple {multiple} has the {rows} rows it should, but copying the old rows into "
+        "it raised, as the slice you copied into is not {vocab} rows: copy them into the first "
+        "rows, new.weight.data[:vocab] = old.weight",
         "pad_vocabulary returned nothing": "return the model (the same one, padded)",
         "pad_vocabulary not the model": "return the model, a {kind}, not {got}",
         "pad_vocabulary width": "the embedding is {got} wide, it was {width}: pad the rows (one "
@@ -196,8 +201,10 @@ MESSAGES_09 = Messages(
         "backward",
         "step_throughput flops 6N": "that is 6·N·tokens, the rule of thumb, which leaves out "
         "attention and counts parameters that do no matmul: count the step with FlopCounterMode",
-        "step_throughput flops wrong": "your step counted {flops:.4g} FLOPs, FlopCounterMode "
-        "counts {right:.4g} for one forward and backward under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops wrong": "your step counted {flops:.4g} FLOPs, not what "
+        "FlopCounterMode counts for this model and batch: count one forward and one backward "
+        "inside the FlopCounterMode block, under sdpa_kernel(SDPBackend.MATH), and return "
+        "counter.get_total_flops()",
         "step_throughput flops constant": "your FLOPs did not change with the model and the "
         "batch: count them for the model and batch you are given",
         "step_throughput speed not a number": "tokens per second should be a number, got {kind}",
@@ -206,8 +213,8 @@ MESSAGES_09 = Messages(
         "batch × sequence length (x.numel()), per second",
         "step_throughput seconds per token": "that is seconds per token: return tokens per "
         "second, tokens / seconds",
-        "step_throughput speed wrong": "{tokens} tokens in {seconds:g} s are {right:.6g} tokens "
-        "per second, not {speed:.6g}",
+        "step_throughput speed wrong": "for {tokens} tokens in {seconds:g} s your tokens per "
+        "second is {speed:.6g}: divide the batch's tokens, x.numel(), by the step's seconds",
         "step_throughput mfu percentage": "MFU is a fraction (0.2), not a percentage (20)",
         "step_throughput mfu in TFLOP/s": "the peaks are in TFLOP/s: multiply them by 1e12 to "
         "get FLOP/s",
@@ -217,9 +224,9 @@ MESSAGES_09 = Messages(
         "when you print it)",
         "step_throughput mfu other peak": "a {field} run divides by the {field} peak ({peak:g} "
         "TFLOP/s on a {gpu}), not {other}'s ({other_peak:g})",
-        "step_throughput mfu wrong": "{flops:.4g} FLOPs in {seconds:g} s on a {gpu} in {field} "
-        "({peak:g} TFLOP/s) is an MFU of {right:.6g}, not {mfu:.6g}: FLOPs / seconds / (peak in "
-        "TFLOP/s × 1e12)",
+        "step_throughput mfu wrong": "for {flops:.4g} FLOPs in {seconds:g} s on a {gpu} in "
+        "{field} ({peak:g} TFLOP/s) your MFU is {mfu:.6g}: divide the FLOP/s by the peak in "
+        "FLOP/s, FLOPs / seconds / (peak in TFLOP/s × 1e12)",
     },
 )
 
@@ -404,20 +411,73 @@ def check_causal_attention(
 # ------------------------------------------------------------------ (b) pad a vocabulary
 
 
-def _rows_mistake(vocab: int, multiple: int, rows: int) -> str:
+#: The usual ways of counting the padded rows wrong: what each gives for (vocab, multiple),
+#: by the name of the message in :data:`MESSAGES_09` that names it.
+_ROWS_MISTAKES: list[tuple[str, Callable[[int, int], int]]] = [
+    ("pad_vocabulary rows kept", lambda v, m: v),
+    ("pad_vocabulary rows next multiple", lambda v, m: (v // m + 1) * m),
+    ("pad_vocabulary rows added", lambda v, m: v + m),
+    ("pad_vocabulary rows rounded down", lambda v, m: v // m * m),
+    ("pad_vocabulary rows rounded down", lambda v, m: round(v / m) * m),  # to the nearest
+    ("pad_vocabulary rows the multiple", lambda v, m: m),
+]
+
+
+def _rows_mistake(
+    vocab: int, multiple: int, rows: int, passed: Sequence[tuple[int, int]] = ()
+) -> str:
     """The name in :data:`MESSAGES_09` of why ``rows`` is not ``vocab`` rounded up to a
-    multiple of ``multiple``."""
-    if rows == vocab:
-        return "pad_vocabulary rows kept"
-    if rows == (vocab // multiple + 1) * multiple and vocab % multiple == 0:
-        return "pad_vocabulary rows next multiple"
-    if rows == vocab + multiple:
-        return "pad_vocabulary rows added"
-    if rows == vocab // multiple * multiple or rows == round(vocab / multiple) * multiple:
-        return "pad_vocabulary rows rounded down"
-    if rows == multiple:
-        return "pad_vocabulary rows the multiple"
-    return "pad_vocabulary rows wrong"
+    multiple of ``multiple``: the one usual mistake that gives ``rows`` here and the right
+    count on each case of ``passed`` (those the answer got right), else the rule alone."""
+
+    def up(v: int, m: int) -> int:
+        return -(-v // m) * m
+
+    found = {
+        name
+        for name, count in _ROWS_MISTAKES
+        if count(vocab, multiple) == rows != up(vocab, multiple)
+        and all(count(v, m) == up(v, m) for v, m in passed)
+    }
+    return found.pop() if len(found) == 1 else "pad_vocabulary rows wrong"
+
+
+#: PyTorch's words for a copy into a slice of another shape: the slice's shape.
+_SLICE_SHAPE = re.compile(
+    r"indexing result of shape \[(\d+), (\d+)\]|expanded size of the tensor \((\d+)\) must match"
+)
+
+
+def _diagnose_failed_copy(
+    error: str, model: Any, vocab: int, multiple: int, passed: Sequence[tuple[int, int]]
+) -> None:
+    """When ``pad_vocabulary`` raised copying the old rows, name the mistake that made the
+    copy fail, from the rows the new embedding got (the model's new ``tok``, else the slice
+    PyTorch's error names): too few rows is one of the usual row counts' mistakes; the right
+    number of rows means the old rows went to a slice of another size. Returns when
+    neither can be told (the error is then quoted as it is)."""
+    expected = -(-vocab // multiple) * multiple
+    tok = getattr(model, "tok", None)
+    weight = getattr(tok, "weight", None)
+    rows: int | None = None
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] != vocab:
+        rows = int(weight.shape[0])  # the new embedding was in place before the copy
+    found = _SLICE_SHAPE.search(error)
+    sliced = int(found[1] or found[3]) if found else None
+    if rows is None and sliced is not None and sliced < vocab:
+        rows = sliced  # new[:vocab] on fewer rows is all of them
+    if rows is not None and rows != expected and rows < vocab:
+        raise CheckFailed(
+            MESSAGES_09[_rows_mistake(vocab, multiple, rows, passed)].format(
+                vocab=vocab, multiple=multiple, expected=expected, rows=rows
+            )
+        )
+    if rows == expected and found:
+        raise CheckFailed(
+            MESSAGES_09["pad_vocabulary copied to another slice"].format(
+                vocab=vocab, multiple=multiple, rows=rows
+            )
+        )
 
 
 def check_pad_vocabulary(
@@ -431,6 +491,7 @@ def check_pad_vocabulary(
     the new rows given values (memory left uninitialised, ``torch.empty``, reads NaN here),
     the head tied to it, the model's dtype kept, and the same logits for the real tokens."""
     cases = list(cases)
+    passed: list[tuple[int, int]] = []  # the cases the answer got right so far
     for dtype in (torch.float32, torch.float64):  # every case in float32 first
         for vocab, multiple in cases:
             torch.manual_seed(0)
@@ -442,6 +503,7 @@ def check_pad_vocabulary(
             with uninitialised_memory_filled():  # torch.empty's rows: NaN, not what was there
                 got = answer_or_error(pad_vocabulary, model, multiple)
             if isinstance(got, str):
+                _diagnose_failed_copy(got, model, vocab, multiple, passed)
                 fewer = str(vocab) in got  # an error naming the old size: fewer rows, likely
                 raised = "pad_vocabulary raised, fewer rows" if fewer else "pad_vocabulary raised"
                 raise CheckFailed(
@@ -454,7 +516,8 @@ def check_pad_vocabulary(
                     kind=kind.__name__, got=type(got).__name__
                 ),
             )
-            _check_padded(got, vocab, multiple, old_width, dtype, tokens, before, old)
+            _check_padded(got, vocab, multiple, old_width, dtype, tokens, before, old, passed)
+            passed.append((vocab, multiple))
 
 
 def _check_padded(
@@ -466,6 +529,7 @@ def _check_padded(
     tokens: torch.Tensor,
     before: torch.Tensor,
     old: torch.Tensor,
+    passed: Sequence[tuple[int, int]] = (),
 ) -> None:
     padded = exact_tensor(model.tok.weight, "model.tok.weight")  # read once: it is compared
     rows, got_width = padded.shape
@@ -476,7 +540,7 @@ def _check_padded(
     )
     check(
         rows == expected,
-        MESSAGES_09[_rows_mistake(vocab, multiple, rows)].format(
+        MESSAGES_09[_rows_mistake(vocab, multiple, rows, passed)].format(
             vocab=vocab, multiple=multiple, expected=expected, rows=rows
         ),
     )
@@ -640,13 +704,38 @@ def check_step_throughput(step_throughput: Callable[..., Any], cases: Sequence[S
         )
         right = step_flops(case.model, case.x, case.y)
         mistake = _flops_mistake(case, flops, right)
+        if mistake == "step_throughput flops wrong" and _same_flops_elsewhere(
+            step_throughput, cases, case, flops
+        ):
+            mistake = "step_throughput flops constant"  # what a constant returns: the same
         if mistake is not None:
-            raise CheckFailed(MESSAGES_09[mistake].format(flops=flops, right=right))
+            raise CheckFailed(MESSAGES_09[mistake].format(flops=flops))
         answers.append((flops, speed, utilization))
         _check_speed_and_mfu(case, right, speed, utilization, peak_tflops)
     check(
         len({a[0] for a in answers}) == len(answers), MESSAGES_09["step_throughput flops constant"]
     )
+
+
+def _same_flops_elsewhere(
+    step_throughput: Callable[..., Any],
+    cases: Sequence[StepCase],
+    failed: StepCase,
+    flops: float,
+) -> bool:
+    """Whether the learner's FLOPs for another case, one whose step counts other FLOPs than
+    ``failed``'s, are ``flops`` too: what an answer that does not depend on the model and
+    the batch (a constant) gives."""
+    right = step_flops(failed.model, failed.x, failed.y)
+    for case in cases:
+        if case is failed or math.isclose(
+            step_flops(case.model, case.x, case.y), right, rel_tol=1e-9
+        ):
+            continue
+        answer, _ = _call_counting(step_throughput, case)
+        if isinstance(answer, tuple) and answer and answer[0] == flops:
+            return True
+    return False
 
 
 def _check_speed_and_mfu(
@@ -673,7 +762,7 @@ def _check_speed_and_mfu(
     check(
         math.isclose(speed, tokens / seconds, rel_tol=1e-6),
         MESSAGES_09["step_throughput speed wrong"].format(
-            tokens=tokens, seconds=seconds, right=tokens / seconds, speed=speed
+            tokens=tokens, seconds=seconds, speed=speed
         ),
     )
     right = flops / seconds / (peak_tflops * 1e12)
@@ -706,7 +795,6 @@ def _check_speed_and_mfu(
             gpu=case.gpu.name,
             field=field,
             peak=peak_tflops,
-            right=right,
             mfu=utilization,
         )
     )

@@ -369,8 +369,8 @@ def test_read_gpu_check_passes_the_solution(nb02, capsys):
         (no_mig_read_gpu, "under MIG"),
         (no_finally_read_gpu, "try/finally"),
         (no_shutdown_read_gpu, "nvmlShutdown"),
-        (true_division_read_gpu, r"rarely whole MiB: 2047.5 MiB used reads 2047 .* not 2047.5"),
-        (rounding_read_gpu, r"rarely whole MiB: .* not 2048"),
+        (true_division_read_gpu, r"read \(2047.5, 15363.0\) \(used, total\), the bytes divided"),
+        (rounding_read_gpu, r"read \(2048, 15363\) \(used, total\), each rounded"),
     ],
 )
 def test_read_gpu_check_names_the_mistake(nb02, solution, feedback):

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils import _pytree
 
 from course_utils.classroom import (
+    MESSAGES_01,
     MESSAGES_PRECISION_RULE,
     CheckFailed,
     answer_or_error,
@@ -400,7 +401,7 @@ def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
-        (half_model_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
+        (half_model_forward, r"converted the model's weights to float16"),
         (cuda_only_forward, r"x is on cpu, but you ran autocast for \['cuda'\].*x.device.type"),
         (cpu_autocast_forward, r"x is on cuda, but you ran autocast for \['cpu'\].*x.device.type"),
         (course_helpers_forward, r"called the course's own pick_precision\(\)"),
@@ -408,7 +409,7 @@ def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
         (fp16_everywhere_forward, r"an A100 \(8.0\), run model\(x\) under .*bfloat16"),
         (strict_ampere_forward, r"bf16 starts at 8.0 itself \(an A100\), capability >= \(8, 0\)"),
         (always_autocast_forward, "GPUs below 7.0 have no tensor cores, so they run in float32"),
-        (cast_output_forward, r"a T4 \(7.5\), run model\(x\) under torch.autocast"),
+        (cast_output_forward, r"ran model\(x\) in float32 and cast its output to float16"),
         (float_output_forward, "do not convert the model, x or the output yourself"),
         (left_on_forward, "autocast is still on after your function returned"),
     ],
@@ -416,6 +417,52 @@ def test_mixed_forward_check_passes_right_answers(namespace, solution, capsys):
 def test_mixed_forward_check_names_the_mistake(namespace, solution, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+
+
+def dot_half_model_forward(model, x, capability):  # model.half() on every GPU with tensor cores
+    if capability < (7, 0):
+        return model(x)
+    return model.half()(x.half())
+
+
+def dot_half_output_forward(model, x, capability):  # the output cast, .half() on every GPU
+    if capability < (7, 0):
+        return model(x)
+    return model(x).half()
+
+
+def wrong_values_half_forward(model, x, capability):  # float16, but not what model(x) gives
+    if capability < (7, 0):
+        return model(x)
+    return (model(x) + 1).half()
+
+
+#: One wrong mixed_forward per conversion by hand (01 (b)), and the message naming it.
+HAND_CONVERSIONS = {
+    "mixed_forward model converted": [half_model_forward, dot_half_model_forward],
+    "mixed_forward output cast": [cast_output_forward, dot_half_output_forward],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "solution"),
+    [(name, s) for name, solutions in HAND_CONVERSIONS.items() for s in solutions],
+)
+def test_mixed_forward_tells_a_converted_model_from_a_cast_output(namespace, name, solution):
+    """Issue 45: model.half() and a cast output both read "run model(x) under autocast";
+    each now names its own conversion, and no other message."""
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+    assert messages_matching(str(failed.value), MESSAGES_01.english) == [name], str(failed.value)
+
+
+def test_mixed_forward_names_no_conversion_the_values_do_not_match(namespace):
+    """A float16 output that is not model(x) cast is described, not blamed on a cast."""
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", wrong_values_half_forward)
+    found = messages_matching(str(failed.value), MESSAGES_01.english)
+    assert "mixed_forward output cast" not in found, str(failed.value)
+    assert "mixed_forward model converted" not in found, str(failed.value)
 
 
 def test_feedback_reads_as_words_not_reprs(namespace):
@@ -550,3 +597,22 @@ def test_a_type_name_is_not_given_an_article_of_its_own(namespace, grade_id, nam
     message = str(failure.value)
     assert "of type" in message, message
     assert not re.search(r"\ba [AEIOUaeiou]", message), message
+
+
+#: Every other listed mistake of 01 (b) and the message of MESSAGES_01 that names it.
+MIXED_FORWARD_MISTAKES = {
+    cuda_only_forward: "mixed_forward autocast device",
+    cpu_autocast_forward: "mixed_forward autocast device",
+    no_grad_forward: "mixed_forward no autograd",
+    fp16_everywhere_forward: "mixed_forward autocast",
+    float_output_forward: "mixed_forward converted",
+    left_on_forward: "mixed_forward left on",
+}
+
+
+@pytest.mark.parametrize("solution", list(MIXED_FORWARD_MISTAKES), ids=lambda f: f.__name__)
+def test_mixed_forward_names_each_listed_mistake_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failed:
+        _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
+    found = messages_matching(str(failed.value), MESSAGES_01.english)
+    assert found == [MIXED_FORWARD_MISTAKES[solution]], str(failed.value)

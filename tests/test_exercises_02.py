@@ -1,6 +1,6 @@
 """Notebook 02's exercises (a) and (b): their checks pass right answers written in other
 ways and fail the usual wrong answers with feedback that names the mistake. Exercise (c)
-is tested in tests/test_exercise_checks.py.
+is tested in tests/test_exercise_checks.py, but for its messages' figures (issue 45, here).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_parse_query_line_check_passes_right_answers(namespace, solution, capsys
         (only_na_is_missing, "your function raised ValueError"),
         (known_units_only, r"'1410 MHz, 1593 MHz, 54 C'.*keep the number before any unit"),
         (ints_for_whole_numbers, "return each number as a float"),
-        (search_anywhere, "recorded H200 line: name should be None, got 200.0"),
+        (search_anywhere, "recorded H200 line: name read 200.0"),
         (printed_examples_only, "recorded H200 line: your function raised ValueError"),
     ],
 )
@@ -181,6 +181,88 @@ def test_run_mfu_feedback_never_gives_the_failed_cases_mfu(namespace):
     with pytest.raises(CheckFailed) as failed:
         _run(namespace, "02-run-mfu-check", "run_mfu", RUN_MFU_MISTAKES["run_mfu wrong"])
     assert "0.25" not in str(failed.value).split("gave")[1].split("which")[0]
+
+
+# ----------------------------------------------------------------------------- issue 45
+
+
+#: Wrong parse_query_line answers, each failing a line of check_parses_other_lines, and
+#: the right answer of that line, which the message must not give.
+OTHER_LINE_MISTAKES = {
+    "known units only": (known_units_only, [1410.0, 1593.0, 54.0]),
+    "ERR! read as zero": (lambda line: [0.0 if c == "ERR!" else v for c, v in
+                                        zip(line.split(", "), regex_parse(line), strict=True)],
+                          [None, None]),
+}
+
+
+@pytest.mark.parametrize("mistake", list(OTHER_LINE_MISTAKES))
+def test_parse_other_line_never_gives_the_lines_right_values(namespace, mistake):
+    """Issue 45: "for '1410 MHz, 1593 MHz, 54 C' expected [1410.0, 1593.0, 54.0]" gave the
+    list to paste; the message now says what the function gave and works another line."""
+    solution, right = OTHER_LINE_MISTAKES[mistake]
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "02-parse-query-line-check", "parse_query_line", solution)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_02.english) == ["parse other line"], message
+    assert str(right) not in message and "expected" not in message, message
+    assert "reads [7.0, None, 3.0]" in message, message
+
+
+def test_parse_other_line_quotes_what_was_raised_once(namespace):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "02-parse-query-line-check", "parse_query_line", only_na_is_missing)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_02.english) == ["parse other line raised"], message
+    assert "gave your function raised" not in message, message
+
+
+def test_the_h200_field_message_does_not_give_the_fields_value(namespace):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "02-parse-query-line-check", "parse_query_line", search_anywhere)
+    message = str(failure.value)
+    named = set(messages_matching(message, MESSAGES_02.english)) - {"parse H200 line"}  # any
+    assert named == {"parse H200 field"}, message
+    assert "should be" not in message, message
+
+
+def _read_gpu_failure(namespace, solution) -> str:
+    from test_exercise_checks import _run_check
+
+    for cell_id in ("nb02-03", "nb02-03b"):
+        exec(_cell(cell_id=cell_id), namespace)
+    with pytest.raises(CheckFailed) as failure:
+        _run_check(NB02, "02-read-gpu-check", namespace, "read_gpu", solution)
+    return str(failure.value)
+
+
+def test_read_gpu_busy_message_does_not_give_the_tuple_to_return(namespace):
+    """Issue 45: "the busy H200 reads (99, 1011, 143771)" was the answer to paste."""
+    from test_exercise_checks import bytes_read_gpu
+
+    message = _read_gpu_failure(namespace, bytes_read_gpu)
+    assert "for the busy H200 you returned" in message, message
+    assert "(99, 1011, 143771)" not in message and "1011," not in message, message
+
+
+@pytest.mark.parametrize(
+    ("solution", "name"),
+    [("true_division_read_gpu", "read_gpu divided"), ("rounding_read_gpu", "read_gpu rounded"),
+     ("floats_read_gpu", "read_gpu whole MiB")],
+)
+def test_read_gpu_whole_mib_names_the_mistake_not_the_mib(namespace, solution, name):
+    """Each reading of byte counts that are not whole MiB is named by what it returned (a
+    float MiB without a matching mistake is described), never told the 2047 to return."""
+    import test_exercise_checks as checks
+
+    def floats_read_gpu(nvml, index):  # floor, but as floats: no usual mistake's values
+        util, used, total = checks._bytes(nvml, index)
+        return util, float(used // 2**20), float(total // 2**20)
+
+    answer = floats_read_gpu if solution == "floats_read_gpu" else getattr(checks, solution)
+    message = _read_gpu_failure(namespace, answer)
+    assert messages_matching(message, MESSAGES_02.english) == [name], message
+    assert not re.search(r"(?<![\d.])2047(?![\d.])", message), message
 
 
 class _Agrees(tuple):

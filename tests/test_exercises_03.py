@@ -5,6 +5,7 @@ runs it: after the notebook's imports, with the learner's functions in its names
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -296,7 +297,7 @@ def knee_strict(rows, fraction=0.9):  # issue 35: a strict > where "at least" is
 def test_the_knee_at_exactly_the_fraction(nb03, capsys):
     _run_knee_check(nb03, knee_at_least)
     assert "all checks passed" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match=r"exactly half of 1000.*use >=, not >"):
+    with pytest.raises(CheckFailed, match=r"exactly half the best did not qualify.*use >=, not >"):
         _run_knee_check(nb03, knee_strict)
 
 
@@ -306,8 +307,66 @@ def knee_of_largest_batch(rows, fraction=0.9):  # blind test: max(rows)[1] is th
 
 
 def test_the_knee_when_the_best_rate_is_not_at_the_largest_batch(nb03):
-    with pytest.raises(CheckFailed, match=r"best throughput can come before the largest batch"):
+    with pytest.raises(CheckFailed, match=r"as if the best were the largest batch's rate"):
         _run_knee_check(nb03, knee_of_largest_batch)
+
+
+# ------------------------------------------------------------------ (a), issue 45
+
+
+def knee_default_fraction(rows, fraction=0.9):  # the argument ignored: 0.9 always
+    best = max(rate for _, rate in rows)
+    return min(size for size, rate in rows if rate >= 0.9 * best)
+
+
+def knee_in_order(rows, fraction=0.9):  # the rows assumed sorted: the last is the best
+    best = rows[-1][1]
+    return next(size for size, rate in rows if rate >= fraction * best)
+
+
+def knee_constant(rows, fraction=0.9):
+    return 8
+
+
+def knee_of_the_best(rows, fraction=0.9):  # the best batch itself, past the first table
+    if fraction != 0.9:
+        return max(rows, key=lambda row: row[1])[0]
+    return knee_at_least(rows, fraction)
+
+
+#: Each usual mistake of exercise 03 (a), the words that name it, and what each other
+#: mistake's message says that this one's must not.
+KNEE_MISTAKES = {
+    knee_default_fraction: "the knee at the default 0.9",
+    knee_strict: "use >=, not >",
+    knee_of_largest_batch: "as if the best were the largest batch's rate",
+    knee_in_order: "do not assume they are sorted",
+}
+
+
+@pytest.mark.parametrize("answer", list(KNEE_MISTAKES), ids=lambda f: f.__name__)
+def test_each_knee_mistake_is_named_and_no_other(nb03, answer):
+    """Issue 45: "with fraction=0.99 only 1000 and 1010 qualify: did you use the fraction
+    argument?" guessed; each mistake is now named only when its knee is the answer's."""
+    with pytest.raises(CheckFailed) as failure:
+        _run_knee_check(nb03, answer)
+    message = str(failure.value)
+    named = [m for m, words in KNEE_MISTAKES.items() if words in message]
+    assert named == [answer], message
+
+
+@pytest.mark.parametrize(
+    ("answer", "failed_knee"), [(knee_constant, "16"), (knee_of_the_best, "64")],
+    ids=["constant", "best batch"],
+)
+def test_a_knee_message_never_gives_the_failed_tables_knee(nb03, answer, failed_knee):
+    """Issue 45: "so 16 is the smallest batch that qualifies" gave the answer to paste; the
+    messages now give the rule, an example of other rows, and what the answer returned."""
+    with pytest.raises(CheckFailed) as failure:
+        _run_knee_check(nb03, answer)
+    message = str(failure.value)
+    assert not re.search(rf"(?<![\d.]){failed_knee}(?![\d.])", message), message
+    assert not any(words in message for words in KNEE_MISTAKES.values()), message
 
 
 def tuple_to_list(batch, device):  # blind test: tuples come back as lists

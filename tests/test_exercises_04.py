@@ -9,6 +9,7 @@ same namespace.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from pathlib import Path
 
@@ -288,13 +289,14 @@ WRONG = [
     (no_update, "call scaler.update"),
     (autocast_around_backward, "leave the autocast block before backward"),
     (no_autocast, "inside torch.autocast"),
-    (bf16_always, "with dtype"),
+    (bf16_always, "ran in bfloat16 though the step was given dtype=torch.float16"),
     (clip_before_unscale, "if you had clipped the scaled gradients .* call "
      "scaler.unscale_\\(optimizer\\) before clip_grad_norm_"),
     (no_clipping, "the weights moved as a step without clipping"),
     (clip_to_a_hard_coded_norm, "with the max_norm you were given"),
     (clip_by_value, "clips each gradient's values \\(clip_grad_value_\\)"),
-    (clip_then_half_the_step, "away from a float32 step with clipping"),
+    (clip_then_half_the_step, "in the direction of a float32 step with clipping but 0.50 "
+     "times as far"),
     (unscaled_backward, "backward on scaler.scale\\(loss\\)"),
     (optimizer_step_itself, "must be skipped"),
     (optimizer_step_without_unscale, "never optimizer.step\\(\\) itself"),
@@ -308,6 +310,58 @@ def test_usual_mistakes_fail_with_feedback_that_names_them(answer, feedback):
     with pytest.raises(CheckFailed, match=feedback) as failure:
         _run_check(answer)
     assert "<" not in str(failure.value)  # plain words, no repr
+
+
+def bf16_without_a_scaler(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    """bfloat16 needs no scaler, so none is used: but the step was given float16."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        loss = ce(model(x), y)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+#: Each message of exercise 04 (c) that names a mistake, and the answers that make it.
+AMP_STEP_MISTAKES = {
+    "amp_step bfloat16 always": [bf16_always, bf16_without_a_scaler],
+    "amp_step no autocast": [no_autocast],
+    "amp_step update scaled": [clip_then_half_the_step],
+    "amp_step clipped scaled": [clip_before_unscale],
+    "amp_step no clipping": [no_clipping],
+    "amp_step clipped values": [clip_by_value],
+    "amp_step scale is None": [unscaled_backward],
+    "amp_step no inf checks": [zero_grad_before_step],
+    "amp_step update before step": [optimizer_step_without_unscale],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [(name, a) for name, answers in AMP_STEP_MISTAKES.items() for a in answers],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_amp_step_feedback_names_each_mistake_and_no_other(name, answer):
+    """Issue 45: bfloat16 everywhere read as "no autocast", a half-sized step as a generic
+    distance; each message now names its own mistake, and only that one."""
+    with pytest.raises(CheckFailed) as failed:
+        _run_check(answer)
+    assert messages_matching(str(failed.value), MESSAGES_04) == [name], str(failed.value)
+
+
+def test_amp_step_describes_a_forward_dtype_no_mistake_gives():
+    """bfloat16 is named a mistake only when the step was given another dtype; a dtype no
+    usual mistake gives (float64) is described, not blamed on a cause."""
+    run = run_amp_step_against_fp32(zero_grad_at_the_end)
+    asked_bf16 = dataclasses.replace(run, forward_dtypes=[torch.bfloat16], dtype=torch.bfloat16)
+    assert messages_matching(asked_bf16.forward_feedback(), MESSAGES_04) == [
+        "amp_step forward dtype"
+    ]
+    double = dataclasses.replace(run, forward_dtypes=[torch.float64])
+    message = double.forward_feedback()
+    assert messages_matching(message, MESSAGES_04) == ["amp_step forward dtype"], message
+    assert "float64" in message
 
 
 # ------------------------------------------------------------------ (a) and (b), issue 35

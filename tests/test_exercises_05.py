@@ -181,8 +181,10 @@ def test_wasted_steps_written_another_way_pass(nb05, capsys):
 @pytest.mark.parametrize(
     ("wasted", "feedback"),
     [
-        (lambda every, lost_at: lost_at % every, "lost at 8, just before the checkpoint"),
-        (lambda every, lost_at: every - lost_at % every, "lost at 3: 3 steps are trained again"),
+        (lambda every, lost_at: lost_at % every,
+         r"wasted\(4, 8\) gave 0: the checkpoint of step 8"),
+        (lambda every, lost_at: every - lost_at % every,
+         r"wasted\(4, 3\) gave 1: nothing was saved"),
     ],
     ids=["remainder", "every-minus-remainder"],
 )
@@ -332,12 +334,12 @@ def _hard_coded_wasted(every, lost_at):
 @pytest.mark.parametrize(
     ("resume_step", "wasted", "feedback"),
     [
-        (_hard_coded, None, r"resume_step\(7, 30\) gave 7: the checkpoint of step 28 was saved"),
-        (_resume, _hard_coded_wasted, "saved at 4, lost at 6: 2 steps are trained again, not 1"),
+        (_hard_coded, None, r"resume_step\(7, 30\) gave 7, a checkpoint older than the newest"),
+        (_resume, _hard_coded_wasted, r"wasted\(4, 6\) gave 1: count the steps trained again"),
         (lambda every, lost_at: lost_at // every * every + 1, None, "not one"),
         (lambda every, lost_at: lost_at - every, None, "multiples of 4"),
         (lambda every, lost_at: max(0, lost_at // every * every - every), None,
-         r"resume_step\(4, 6\) gave 0: the checkpoint of step 4"),
+         r"resume_step\(4, 6\) gave 0, a checkpoint older"),
         (lambda every, lost_at: lost_at // every * every, None, "but the disconnect came first"),
     ],
     ids=["hard-coded", "hard-coded-wasted", "after-checkpoint", "minus-every", "one-too-old",
@@ -355,7 +357,7 @@ def test_hard_coded_resume_steps_fail_without_the_hidden_cases(nb05):
     assert "(7, 30)" not in source
     namespace = dict(nb05, resume_step=_hard_coded, saved_at=4, steps_per_epoch=4,
                      wasted=lambda every, lost_at: lost_at - _hard_coded(every, lost_at))
-    with pytest.raises(CheckFailed, match=r"resume_step\(1, 3\) gave 1: the checkpoint of step 2"):
+    with pytest.raises(CheckFailed, match=r"resume_step\(1, 3\) gave 1, a checkpoint older"):
         exec(source, namespace)
 
 
@@ -458,3 +460,85 @@ def test_the_lost_step_message_never_gives_the_step_to_resume(nb05):
     assert set(messages_matching(message, MESSAGES_05)) - {"resume raised"} == {
         "resume lost step"}, message
     assert "resume_step(4, 8) gave 8" in message and "from step 4" not in message, message
+
+
+# ----------------------------------------------------------------------- (c), issue 45
+
+
+#: Wrong wasted() answers, each failing a case whose number the message must not give.
+WRONG_WASTED = {
+    "remainder": lambda every, lost_at: lost_at % every,  # 0 at a checkpoint
+    "every minus remainder": lambda every, lost_at: every - lost_at % every,  # nothing saved
+    "hard-coded": _hard_coded_wasted,  # between two checkpoints
+    "constant": lambda every, lost_at: 4,
+}
+
+
+def _failed_case(message: str, name: str) -> tuple[int, int, int]:
+    """(every, lost_at, got) of the case a message of exercise 05 (c) quotes."""
+    found = re.match(rf"{name}\((\d+), (\d+)\) gave (-?\d+)", message)
+    assert found, message
+    return int(found[1]), int(found[2]), int(found[3])
+
+
+@pytest.mark.parametrize("answer", list(WRONG_WASTED))
+def test_wasted_feedback_never_gives_the_failed_cases_number(nb05, answer):
+    """Issue 45: "saved at 4, lost at 6: 2 steps are trained again, not 1" gave the answer
+    to paste; the message now gives the property and works through another case, whose
+    number does not answer the failed one."""
+    with pytest.raises(CheckFailed) as failure:
+        _check_c(nb05, WRONG_WASTED[answer])
+    message = str(failure.value)
+    every, lost_at, _got = _failed_case(message, "wasted")
+    want = lost_at - _resume(every, lost_at)
+    assert not re.search(rf"\b{want}\)$", message), message
+    assert "lost_at - resume_step(every, lost_at)" in message, message
+    pasted = int(re.search(r"that is (\d+)\)$", message)[1])
+    assert pasted != want, message
+
+
+@pytest.mark.parametrize(
+    "resume_step",
+    [_hard_coded, lambda every, lost_at: max(0, lost_at // every * every - every)],
+    ids=["hard-coded", "one-too-old"],
+)
+def test_an_older_checkpoint_is_not_told_the_step_to_resume(nb05, resume_step):
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, resume_step)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_05) == ["resume older"], message
+    every, lost_at, _got = _failed_case(message, "resume_step")
+    want = _resume(every, lost_at)
+    pasted = int(re.search(r"that is step (\d+)\)$", message)[1])
+    assert pasted != want and f"step {want}" not in message, message
+
+
+def test_a_negative_step_is_not_told_nothing_was_saved(nb05):
+    """resume_step(4, 6) giving -2: step 4 was saved, so "nothing was saved before step 6:
+    start again from 0" was false; the message now says a step is never negative."""
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, lambda every, lost_at: lost_at - 2 * every)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_05) == ["resume negative"], message
+    assert "nothing was saved" not in message, message
+
+
+#: Each listed mistake of resume_step (05 (c)) and the message of MESSAGES_05 naming it.
+RESUME_MISTAKES = {
+    "resume lost step": lambda every, lost_at: lost_at // every * every,
+    "resume after": lambda every, lost_at: lost_at // every * every + every,
+    "resume negative": lambda every, lost_at: lost_at - 2 * every,
+    "resume not a multiple": lambda every, lost_at: lost_at - 1,
+    "resume older": lambda every, lost_at: max(0, lost_at // every * every - every),
+    "resume not a number": lambda every, lost_at: str(_resume(every, lost_at)),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUME_MISTAKES))
+def test_each_resume_mistake_is_named_and_no_other(nb05, name):
+    with pytest.raises(CheckFailed) as failure:
+        _check_resume(nb05, RESUME_MISTAKES[name])
+    message = str(failure.value)
+    named = set(messages_matching(message, MESSAGES_05)) - {"resume raised"}  # matches any
+    assert named == {name}, message
+

@@ -276,11 +276,57 @@ def test_ddp_setup_passes_the_right_answer(nb06, capsys):
         (seed_per_rank_main, "have different seeds (rank 0: 0, rank 1: 1): every process must"),
         (hard_coded_batch_main, "your DataLoader's batch_size is 4"),
         (loss_divided_main, "you divided the loss by the world size"),
-        (no_zero_grad_main, "take one optimizer step per batch after zero_grad"),
+        (no_zero_grad_main, "are those of a run that never clears its gradients"),
     ],
 )
 def test_ddp_setup_names_the_mistake(nb06, answer, feedback):
     _fails_with(nb06, "06-ddp-setup-check", "ddp_main", answer, feedback)
+
+
+def zero_grad_once_per_epoch_main(out_dir, epochs=2, batch_size=8):
+    """Gradients cleared at each epoch's start only: not what never clearing them gives."""
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(build_model("mlp"))
+    data = SyntheticImages(size=64, seed=0)
+    shard = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=batch_size, sampler=shard)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(epochs):
+        shard.set_epoch(epoch)
+        optimizer.zero_grad()
+        for inputs, targets in loader:
+            nn.functional.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    if dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), f"{out_dir}/ddp_model.pt")
+    dist.destroy_process_group()
+
+
+#: Each message of check_ddp_weights that names a mistake, and the answer that makes it.
+DDP_WEIGHT_MISTAKES = {
+    "ddp no wrapper": unwrapped_main,
+    "ddp no shuffle": unshuffled_main,
+    "ddp seeds differ": seed_per_rank_main,
+    "ddp batch size": hard_coded_batch_main,
+    "ddp loss divided": loss_divided_main,
+    "ddp no zero_grad": no_zero_grad_main,
+}
+
+
+@pytest.mark.parametrize("name", list(DDP_WEIGHT_MISTAKES))
+def test_ddp_weights_feedback_names_each_mistake_and_no_other(nb06, name):
+    """Issue 45: no optimizer.zero_grad() read as the generic "wrap the model, give the
+    loader the sampler, ..."; each mistake's message now names it, and only it."""
+    with pytest.raises(CheckFailed) as failed:
+        _check(nb06, "06-ddp-setup-check", "ddp_main", DDP_WEIGHT_MISTAKES[name])
+    assert messages_matching(str(failed.value), MESSAGES_06) == [name], str(failed.value)
+
+
+def test_gradients_cleared_once_per_epoch_are_not_called_never_cleared(nb06):
+    with pytest.raises(CheckFailed) as failed:
+        _check(nb06, "06-ddp-setup-check", "ddp_main", zero_grad_once_per_epoch_main)
+    assert messages_matching(str(failed.value), MESSAGES_06) == ["ddp wrong"], str(failed.value)
 
 
 def test_seeds_that_differ_by_rank_are_quoted_by_rank(nb06):

@@ -16,12 +16,13 @@ import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
-from notebook_cells import grade_cell
+from notebook_cells import grade_cell, messages_matching
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.classroom import CheckFailed
+from course_utils.transformer_checks import MESSAGES_09
 
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
@@ -499,8 +500,8 @@ def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     [
         (pad_by_adding, "you added a multiple to it: round it up to the next multiple"),
         (pad_always_one_more, "already a multiple keeps its size"),
-        (pad_rounded_down, "fewer rows than the 13 old ones? Round up"),
-        (pad_to_the_nearest, "fewer rows than the 13 old ones? Round up"),
+        (pad_rounded_down, "you rounded down"),
+        (pad_to_the_nearest, "you rounded down"),
         (pad_untied, "the head is no longer tied"),
         (pad_not_copied, "the real tokens' logits changed: copy the old rows"),
         (pad_old_rows_at_the_end, "the old rows went to the end of the new embedding"),
@@ -675,7 +676,7 @@ def test_step_throughput_check_passes_right_answers(namespace, solution, capsys)
         (step_per_token, "that is the FLOPs per token"),
         (step_six_n, "count the step's FLOPs with FlopCounterMode"),
         (step_six_n_under_a_counter, "that is 6·N·tokens, the rule of thumb"),
-        (step_constant, "your step counted 1.235e+06 FLOPs"),
+        (step_constant, "your FLOPs did not change with the model and the batch"),
         (step_course_counter, "called the course's own count_flops()"),
         (step_sequences_per_second, "that is sequences per second"),
         (step_seconds_per_token, "that is seconds per token"),
@@ -728,3 +729,168 @@ def test_an_error_raised_instead_of_value_error_is_quoted_in_one_sentence(namesp
     message = str(failure.value)
     assert "raise ValueError (your function raised TypeError" in message, message
     assert "yours raised" not in message and message.count("raised") == 1, message
+
+
+# ----------------------------------------------------------------------- (b), issue 45
+
+
+def pad_to_the_multiple(model, multiple=64):  # the multiple itself: 65 tokens get 64 rows
+    return _pad(model, multiple)
+
+
+def pad_into_the_new_rows(model, multiple=64):  # the old rows copied into new.weight[vocab:]
+    old = model.tok.weight
+    vocab, dim = old.shape
+    model.tok = nn.Embedding(_up(model, multiple), dim, dtype=old.dtype)
+    with torch.no_grad():
+        model.tok.weight[vocab:] = old
+    model.head = nn.Linear(dim, model.tok.num_embeddings, bias=False, dtype=old.dtype)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def pad_rounded_down_in_a_local(model, multiple=64):  # the copy fails before tok is replaced
+    old = model.tok.weight.detach()
+    vocab, dim = old.shape
+    new = torch.zeros(vocab // multiple * multiple, dim, dtype=old.dtype)
+    new[:vocab] = old
+    model.tok = nn.Embedding.from_pretrained(new, freeze=False)
+    model.head.weight = model.tok.weight
+    return model
+
+
+def _named(message: str) -> list[str]:
+    """The messages of MESSAGES_09 ``message`` reads as, but those that quote an error
+    (``{error}`` after a few words: they read as any message with that start)."""
+    return [name for name in messages_matching(message, MESSAGES_09.english)
+            if "{error}" not in MESSAGES_09.english[name]]
+
+
+#: The usual mistakes whose new embedding makes the row copy raise, and the message that
+#: names each (the check's own diagnosis, not PyTorch's shape error).
+PAD_COPY_MISTAKES = {
+    pad_rounded_down: "pad_vocabulary rows rounded down",
+    pad_to_the_nearest: "pad_vocabulary rows rounded down",
+    pad_rounded_down_in_a_local: "pad_vocabulary rows rounded down",
+    pad_to_the_multiple: "pad_vocabulary rows the multiple",
+    pad_into_the_new_rows: "pad_vocabulary copied to another slice",
+}
+
+
+@pytest.mark.parametrize("solution", list(PAD_COPY_MISTAKES), ids=lambda f: f.__name__)
+def test_a_row_copy_that_raises_is_diagnosed_by_the_check(namespace, solution):
+    """Issue 45: these mistakes crashed on the row copy and were shown PyTorch's shape error
+    with a guess; the check now names the mistake from the rows the new embedding got."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution)
+    message = str(failure.value)
+    assert _named(message) == [PAD_COPY_MISTAKES[solution]], message
+    assert "shape" not in message and "?" not in message, message
+
+
+#: Every listed mistake of 09 (b) that returns, and the message that names it.
+PAD_MISTAKES = {
+    pad_by_adding: "pad_vocabulary rows added",
+    pad_always_one_more: "pad_vocabulary rows next multiple",
+    pad_untied: "pad_vocabulary untied",
+    pad_not_copied: "pad_vocabulary logits changed",
+    pad_old_rows_at_the_end: "pad_vocabulary old rows at the end",
+    pad_in_float32: "pad_vocabulary dtype",
+    pad_with_nan_rows: "pad_vocabulary rows not finite",
+    pad_with_empty_rows: "pad_vocabulary rows not finite",
+    pad_through_bfloat16: "pad_vocabulary old rows changed",
+    pad_the_width: "pad_vocabulary width",
+    pad_returns_nothing: "pad_vocabulary returned nothing",
+    pad_returns_the_embedding: "pad_vocabulary not the model",
+}
+
+
+@pytest.mark.parametrize("solution", list(PAD_MISTAKES), ids=lambda f: f.__name__)
+def test_each_pad_mistake_is_named_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution)
+    message = str(failure.value)
+    assert _named(message) == [PAD_MISTAKES[solution]], message
+
+
+# ----------------------------------------------------------------------- (c), issue 45
+
+
+def step_half_as_many_again(model, x, y, seconds, gpu, dtype):  # no usual mistake gives it
+    flops, speed, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops * 3 // 2, speed, utilization
+
+
+def step_constant_speed(model, x, y, seconds, gpu, dtype):
+    flops, _, utilization = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, 1234.0, utilization
+
+
+def step_constant_mfu(model, x, y, seconds, gpu, dtype):
+    flops, speed, _ = step_right(model, x, y, seconds, gpu, dtype)
+    return flops, speed, 0.25
+
+
+def _right_figures(namespace, kind: int) -> list[str]:
+    """Every visible case's right FLOPs (``kind`` 0), tokens/s (1) or MFU (2), as the
+    messages print them."""
+    space = dict(namespace)
+    source = _check_cell("09-step-throughput-check").replace(
+        "check_step_throughput(step_throughput, cases)", "")
+    exec(source, space)
+    figures = []
+    for case in space["cases"]:
+        if getattr(case.gpu, PEAKS[case.dtype]) is None:  # no peak: ValueError, no figures
+            continue
+        right = step_right(case.model, case.x, case.y, case.seconds, case.gpu, case.dtype)
+        figures.append(f"{right[kind]:{('.4g', '.6g', '.6g')[kind]}}")
+    return figures
+
+
+@pytest.mark.parametrize(
+    ("solution", "name", "kind"),
+    [
+        (step_constant, "step_throughput flops constant", 0),
+        (step_half_as_many_again, "step_throughput flops wrong", 0),
+        (step_constant_speed, "step_throughput speed wrong", 1),
+        (step_constant_mfu, "step_throughput mfu wrong", 2),
+    ],
+)
+def test_step_throughput_never_shows_the_failed_cases_figure(namespace, solution, name, kind):
+    """Issue 45: a constant answer was told "FlopCounterMode counts 1.9e+06": the figure to
+    paste. Each message now names what it saw and the property, never a right figure."""
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-step-throughput-check", "step_throughput", solution)
+    message = str(failure.value)
+    assert messages_matching(message, MESSAGES_09.english) == [name], message
+    shown = [f for f in _right_figures(namespace, kind) if f in message]
+    assert not shown, (shown, message)
+
+
+#: Each listed mistake of step_throughput (09 (c)) and the message of MESSAGES_09 naming it.
+STEP_MISTAKES = {
+    step_forward_only: "step_throughput flops forward only",
+    step_default_kernel: "step_throughput flops no attention",
+    step_two_steps: "step_throughput flops two steps",
+    step_per_token: "step_throughput flops per token",
+    step_six_n: "step_throughput no counter",
+    step_six_n_under_a_counter: "step_throughput flops 6N",
+    step_constant: "step_throughput flops constant",
+    step_sequences_per_second: "step_throughput sequences per second",
+    step_seconds_per_token: "step_throughput seconds per token",
+    step_percent: "step_throughput mfu percentage",
+    step_tflops: "step_throughput mfu in TFLOP/s",
+    step_fp32_peak: "step_throughput mfu other peak",
+    step_mfu_per_token: "step_throughput mfu per token",
+    step_rounded: "step_throughput mfu rounded",
+    step_no_refusal: "step_throughput no peak, returned",
+    step_two_numbers: "step_throughput not three numbers",
+}
+
+
+@pytest.mark.parametrize("solution", list(STEP_MISTAKES), ids=lambda f: f.__name__)
+def test_each_step_throughput_mistake_is_named_and_no_other(namespace, solution):
+    with pytest.raises(CheckFailed) as failure:
+        _run(namespace, "09-step-throughput-check", "step_throughput", solution)
+    assert _named(str(failure.value)) == [STEP_MISTAKES[solution]], str(failure.value)
+
