@@ -586,7 +586,16 @@ def _rank_main(
     def count_step(*hook_args: Any) -> None:
         seen["steps"] += 1
 
+    def joined_by_all(*init_args: Any, **kwargs: Any) -> None:
+        # Every rank has made its connections before any goes on: a rank whose code then
+        # ends at once (an answer that never communicates) must not close its side while
+        # another is still connecting (gloo: "connectFullMesh failed ... closed by peer").
+        init_group(*init_args, **kwargs)
+        dist.barrier()
+
     register_optimizer_step_post_hook(count_step)
+    init_group = dist.init_process_group
+    dist.init_process_group = joined_by_all
     DDP.__init__ = spied_ddp  # type: ignore[method-assign,assignment]
     DataLoader.__init__ = spied_loader  # type: ignore[method-assign,assignment]
     torch.save = spied_save
