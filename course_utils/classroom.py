@@ -380,6 +380,22 @@ MESSAGES_03 = Messages(
         "gpu_loader setting": "gpu_loader(dataset, 4, workers=2) should set {setting}={wanted!r}",
         "gpu_loader no shuffle": "the loader should shuffle (shuffle=True)",
         "gpu_loader not pinned on the GPU": "on this GPU machine the batches should arrive pinned",
+        # (a) the knee of a batch-size sweep
+        "knee table": "knee(table) returned {got}: the knee is the smallest batch whose rate is "
+        "at least fraction × the best rate (rows (3, 40.0), (12, 92.0), (48, 100.0) give 12)",
+        "knee order": "the rows can come in any order: do not assume they are sorted",
+        "knee fraction ignored": "with fraction=0.99 your knee gave 16, the knee at the default "
+        "0.9: use the fraction argument",
+        "knee fraction": "with fraction=0.99 your knee gave {got}: a batch qualifies when its "
+        "rate is at least fraction × the best rate",
+        "knee strict": "at fraction=0.5 your knee gave 32, as if a rate of exactly half the best "
+        "did not qualify: 'at least' includes it, so use >=, not >",
+        "knee half": "at fraction=0.5 your knee gave {got} for the rows {half}: a batch "
+        "qualifies when its rate is at least fraction × the best rate",
+        "knee largest": "your knee gave 4 for rows whose best rate is not the largest batch's, "
+        "as if the best were the largest batch's rate: take the highest rate of all the rows",
+        "knee peak": "your knee gave {got} for the rows {peak}: the best rate is the highest of "
+        "all the rows, wherever it comes",
     },
 )
 
@@ -397,6 +413,38 @@ def _copy_failure(error: Exception) -> str:
     if isinstance(error, AttributeError) and "attribute" in str(error):
         return MESSAGES_03["to_gpu not a tensor"].format(error=error)
     return MESSAGES_03["to_gpu raised"].format(kind=type(error).__name__, error=error)
+
+
+def check_knee(knee: Callable[..., Any]) -> None:
+    """Exercise 03 (a): ``knee(rows, fraction=0.9)`` on four tables (in order, reversed, a
+    fraction of 0.99, a rate of exactly half the best, the best rate mid-table). A mistake
+    is named only when the answer's knee is the one that mistake gives on that table;
+    otherwise the rule is said, with another table's knee, never the failed table's.
+
+    >>> def knee(rows, fraction=0.9):
+    ...     best = max(rate for _, rate in rows)
+    ...     return min(size for size, rate in rows if rate >= fraction * best)
+    >>> check_knee(knee)
+    >>> check_knee(lambda rows, fraction=0.9: 16)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: with fraction=0.99 your knee gave 16, the knee at ...
+    """
+    table = [(1, 100.0), (4, 350.0), (16, 920.0), (64, 1000.0), (256, 1010.0)]
+    got = plain_value(knee(table), "knee(table)")
+    check(got == 16, MESSAGES_03["knee table"].format(got=got))
+    check(plain_value(knee(list(reversed(table))), "knee(rows)") == 16, MESSAGES_03["knee order"])
+    got = plain_value(knee(table, fraction=0.99), "knee(table, fraction=0.99)")
+    check(got != 16, MESSAGES_03["knee fraction ignored"])
+    check(got == 64, MESSAGES_03["knee fraction"].format(got=got))
+    half = [(32, 1000.0), (8, 500.0), (2, 100.0)]
+    got = plain_value(knee(half, fraction=0.5), "knee(rows, fraction=0.5)")
+    check(got != 32, MESSAGES_03["knee strict"])
+    check(got == 8, MESSAGES_03["knee half"].format(got=got, half=half))
+    peak = [(4, 650.0), (16, 1000.0), (64, 700.0)]
+    got = plain_value(knee(peak), "knee(rows)")
+    check(got != 4, MESSAGES_03["knee largest"])
+    check(got == 16, MESSAGES_03["knee peak"].format(got=got, peak=peak))
 
 
 def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
