@@ -302,8 +302,16 @@ def test_05_lightnings_overhead_on_a_gpu_is_a_claim(monkeypatch, capsys):
     monkeypatch.setenv(claims.MODE_VAR, "report")
     _nb05_overhead(0.85, 0.001, "cuda")
     assert "did not hold here: Lightning / plain loop time" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="Lightning faster"):
-        _nb05_overhead(0.85, 0.001, "cpu")
+
+
+def test_05_lightning_faster_on_a_cpu_is_read_not_asserted(capsys):
+    # CI, stop 49: the CPU branch asserted "Lightning faster than the same loop?" and stopped
+    # Run All on a loaded machine (the load changed between turns, no epoch 25 % slow)
+    _nb05_overhead(0.85, 0.001, "cpu")
+    said = capsys.readouterr().out
+    assert "Not resolved on this machine: Lightning faster" in said and "Within" not in said
+    _nb05_overhead(1.0, 0.001, "cpu")
+    assert "Within Lightning's parity bound" in capsys.readouterr().out
 
 
 def test_06_a_busy_cpu_says_so_instead_of_stopping_run_all(capsys):
