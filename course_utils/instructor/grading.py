@@ -67,6 +67,11 @@ CELL_OUTPUT_CHARS = 1 << 20
 #: The largest message the grading process accepts from a learner's kernel: a larger one
 #: (one print of 200 MiB) is dropped by ZeroMQ before it is read into memory.
 KERNEL_MESSAGE_BYTES = 8 << 20
+#: The most messages from a learner's kernel that wait, received, in the grading process
+#: (ZeroMQ's receive high-water mark; its default is 1000). A cell that prints faster than
+#: the grader reads (1 MiB pieces, a busy machine) would otherwise queue up to its whole
+#: output here; past the mark ZeroMQ stops reading and the kernel's side drops messages.
+KERNEL_QUEUED_MESSAGES = 8
 #: What a feedback notebook keeps of a rich output: never HTML or script (inert pages).
 _INERT_MIME = ("text/plain", "image/png", "image/jpeg")
 
@@ -413,6 +418,7 @@ class _Kernel:
         # The client's sockets refuse a message past the limit before it reaches memory.
         self._context = zmq.asyncio.Context()
         self._context.setsockopt(zmq.MAXMSGSIZE, KERNEL_MESSAGE_BYTES)
+        self._context.setsockopt(zmq.RCVHWM, KERNEL_QUEUED_MESSAGES)
         make_client = self._client.km.client
         self._client.km.client = lambda **kw: make_client(context=self._context, **kw)  # type: ignore[method-assign]
         env = _kernel_environment(work, self.control, settings)
