@@ -47,3 +47,50 @@ def messages_matching(text: str, messages: dict[str, str]) -> list[str]:
         if re.fullmatch(".+?".join(map(re.escape, parts)), text, flags=re.DOTALL):
             found.append(name)
     return found
+
+
+def grade_apart(path: Path, grade_id: str, namespace: dict) -> dict:
+    """The verdict of the check cell ``grade_id`` of ``path`` as the grader's checker reaches
+    it: the check's code runs in this process (the checker's side, with the instructor's
+    imports pinned as the grader pins them) and every name of the notebook is asked of a
+    process forked from this one that holds ``namespace`` (the learner's runtime: it serves
+    values, calls of the answer and observations, :func:`course_utils.instructor.judge._serve`).
+    ``{"status": "completed", ...}`` when the check passed, else ``failed`` with the name
+    and message the learner would read (and ``tampering`` when the instruments were
+    changed). No sandbox, kernel or guard: the grader's tests cover those."""
+    import os
+
+    import torch
+
+    from course_utils.checks import boundary
+    from course_utils.instructor import checker, grading, judge
+
+    reference = nbformat.read(path, as_version=4)
+    spec = grading.guard_spec(reference)
+    check = {**spec["checks"][grade_id], "grade_id": grade_id}
+    requests_read, requests_write = checker.pipe()
+    replies_read, replies_write = checker.pipe()
+    torch.set_num_threads(1)  # a forked child's OpenMP pool would not start
+    pid = os.fork()
+    if pid == 0:  # the learner's runtime
+        try:
+            os.close(requests_write)
+            os.close(replies_read)
+            judge._serve(namespace, requests_read, replies_write, grade_id)
+        finally:
+            os._exit(0)
+    os.close(requests_read)
+    os.close(replies_write)
+    modules = set(spec["modules"]) | {"course_utils", "torch"}
+    channel = checker.Channel(requests_write, replies_read, modules)
+    boundary.connect(channel)
+    try:
+        channel.begin()
+        verdict = checker.run_check(channel, check)
+        channel.end()
+    finally:
+        boundary.connect(None)
+        os.close(requests_write)
+        os.close(replies_read)
+        os.waitpid(pid, 0)
+    return verdict

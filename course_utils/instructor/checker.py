@@ -83,6 +83,23 @@ class AnswerError(Exception):
     result that cannot cross to the checker (its message says why)."""
 
 
+def not_plain_message(what: str) -> str:
+    """Why a value cannot cross to the checker."""
+    return (
+        f"{what} a value that is not plain data (a class defined in your notebook, or a "
+        "subclass): use a plain int, float, str, list, tuple, dict or torch.Tensor"
+    )
+
+
+class Tampered(Exception):
+    """The learner's runtime found the course's instruments changed when it was to
+    observe the answer: the check fails, and the changes are flagged."""
+
+    def __init__(self, what: list[str]) -> None:
+        super().__init__("; ".join(what))
+        self.what = what
+
+
 class ChannelBroken(BaseException):
     """The learner's runtime broke the protocol or ended: the check stops (not an
     ``Exception``: a check's ``except Exception`` does not swallow it)."""
@@ -414,8 +431,9 @@ def plain(value: Any, depth: int = 0) -> bool:
 class _Unavailable:
     """A name the check reads whose value cannot cross: any use says why."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, name: str = "") -> None:
         object.__setattr__(self, "_why", why)
+        object.__setattr__(self, "_name", name)
 
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise AnswerError(object.__getattribute__(self, "_why"))
@@ -442,7 +460,11 @@ class Answer:
 
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:  # an Answer travels as its name
-        return ("answer", obj.__name__) if type(obj) is Answer else None
+        if type(obj) is Answer:
+            return ("answer", obj.__name__)
+        if type(obj) is _Unavailable and object.__getattribute__(obj, "_name"):
+            return ("answer", object.__getattribute__(obj, "_name"))  # the notebook's object
+        return None
 
 
 class Channel:
@@ -483,17 +505,58 @@ class Channel:
     def load(self, blob: bytes, what: str) -> Any:
         """The plain data in ``blob`` (:func:`decode_reply`); :class:`AnswerError` for anything
         else."""
-        refused = AnswerError(
-            f"{what} a value that is not plain data (a class defined in your notebook, or a "
-            "subclass): use a plain int, float, str, list, tuple, dict or torch.Tensor"
-        )
+        return Channel.load_plain(blob, what, self.safe)
+
+    @staticmethod
+    def load_plain(blob: bytes, what: str, safe: list[Any] | None = None) -> Any:
+        """:meth:`load` with the course's data classes as the safe ones by default."""
+        refused = AnswerError(not_plain_message(what))
         try:
-            value = decode_reply(blob, self.safe)
-        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError):
+            value = decode_reply(blob, _course_dataclasses() if safe is None else safe)
+        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError, RecursionError):
             raise refused from None
         if not plain(value):
             raise refused
         return value
+
+    def observe(self, module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The evidence of ``module.name`` (an observing half of :mod:`course_utils.checks`),
+        run in the learner's runtime, in a process forked at the check's place, on these
+        arguments: plain data only comes back (:meth:`load`). What the instruments found
+        tampered with there fails the check (:class:`Tampered`)."""
+        try:
+            self.send(("observe", module, name, args, kwargs))
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise AnswerError(
+                f"the check could not pass its arguments to {name} ({error}): pass the "
+                "answer, the notebook's objects and plain data only"
+            ) from None
+        header, blob = self.reply()
+        kind = header["kind"]
+        if kind == "data" and blob is not None:
+            return self.load(blob, f"the evidence of {name} holds")
+        if kind == "tampered":
+            found = header.get("what")
+            raise Tampered([_text(t) for t in found] if type(found) is list else [])
+        if kind == "raised":
+            self._raise_again(header, name)
+        if kind == "ended":
+            raise AnswerError(
+                f"the process that ran your code for {name} ended before it gave its result "
+                f"({_text(header.get('why'))})"
+            )
+        raise AnswerError(not_plain_message(f"the evidence of {name} holds"))
+
+    def _raise_again(self, header: dict[str, Any], name: str) -> None:
+        kind_of = ERRORS.get((_text(header.get("module")), _text(header.get("name"))))
+        message = _text(header.get("message"))
+        if message:
+            self.learner_texts.append(message)
+        if kind_of is not None:
+            again: Any = kind_of(message)
+            again.course_from_answer = True
+            raise again
+        raise AnswerError(f"{name} raised an exception of a class your notebook defines")
 
     def value(self, name: str) -> Any:
         """The value of a name of the learner's notebook, as the checker may hold it: plain
@@ -510,20 +573,23 @@ class Channel:
             try:
                 return self.load(blob, f"{name} is")
             except AnswerError as error:
-                return _Unavailable(str(error))
+                return _Unavailable(str(error), name)
         if kind == "module":
             module = self.module(_text(header.get("name")))
             if module is not None:
                 return module
             return _Unavailable(
                 f"the check uses {name} as a module the instructor's notebook does not "
-                "import: the checker cannot use it"
+                "import: the checker cannot use it",
+                name,
             )
         if kind == "callable":
             return Answer(self, name)
         return _Unavailable(
             f"the check reads {name}, a value that cannot cross to the grader's checker "
-            "(only plain data, functions and classes can)"
+            "(only plain data, functions and classes can; an observing half of "
+            "course_utils.checks can take it)",
+            name,
         )
 
     def module(self, name: str) -> Any:
@@ -553,15 +619,7 @@ class Channel:
         if kind == "data" and blob is not None:
             return self.load(blob, f"{name} returned")
         if kind == "raised":
-            kind_of = ERRORS.get((_text(header.get("module")), _text(header.get("name"))))
-            message = _text(header.get("message"))
-            if message:
-                self.learner_texts.append(message)
-            if kind_of is not None:
-                again: Any = kind_of(message)
-                again.course_from_answer = True
-                raise again
-            raise AnswerError(f"{name} raised an exception of a class your notebook defines")
+            self._raise_again(header, name)
         raise AnswerError(
             f"{name} returned a value that is not plain data (a function, a class or an "
             "object defined in your notebook?): return a plain int, float, str, list, tuple, "
@@ -694,6 +752,9 @@ def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
         exec(code, namespace)
     except ChannelBroken:
         raise
+    except Tampered as error:
+        what = error.what or ["the course's instruments were changed"]
+        return {"status": "failed", "ename": "Error", "evalue": "", "tampering": what}
     except BaseException as error:
         learners = (
             bool(vars(error).get("course_from_answer")) if hasattr(error, "__dict__") else False
@@ -712,6 +773,8 @@ def _serve_checks(
     checks: list[dict[str, Any]], requests: int, replies: int, verdicts: int, modules: set[str]
 ) -> None:
     channel = Channel(requests, replies, modules)
+    boundary = importlib.import_module("course_utils.checks.boundary")
+    boundary.connect(channel)  # evidence is asked of the learner's runtime from now on
 
     def report(message: dict[str, Any]) -> None:  # one JSON line (it holds no newline)
         data = memoryview((json.dumps(message) + "\n").encode())

@@ -61,6 +61,9 @@ CORE_MODULES = (
     "torch.testing",
     "course_utils",
     "course_utils.classroom",
+    "course_utils.checks.boundary",
+    # the observing halves of the checks: what runs with the answer (verified before it)
+    *(f"course_utils.checks.evidence.nb{number:02d}" for number in range(1, 10)),
 )
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 _CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__globals__"})
@@ -309,6 +312,7 @@ class _Guard:
         #: checks' code lives as long as the guard.)
         self.check_code: set[int] = set()
         self.runner: Any = None
+        self.observer: Any = None
         #: The frozen standard modules' globals (``<frozen importlib._bootstrap>``), kept
         #: alive so that their ids stay theirs: installed code too.
         self.frozen = [
@@ -440,6 +444,13 @@ class _Guard:
             self.busy = False
         return found
 
+    def observation_problems(self) -> list[str]:
+        """In a child forked to observe the answer (:func:`course_utils.instructor.judge.
+        _observe`): what was changed of what the guard recorded, and a trace or profile
+        function left on (cleared first): the observation would not be the course's."""
+        found = [*self._traces(), *self.record.changes()]
+        return list(dict.fromkeys(found))
+
     # -- running a check ----------------------------------------------------------------
     def inspect(self, grade_id: str) -> None:
         """At the place of a check graded apart (by the checker, which the learner's code
@@ -566,6 +577,11 @@ class _Guard:
         if refused:
             raise PermissionError(f"the grader does not allow this while it grades: {refused}")
         what = args[0] if event == EVENT and len(args) == 3 else None
+        if what == "observe" and self.getframe(1).f_code is self.observer:
+            found = self.observation_problems()
+            if found:  # the child forked to observe the answer refuses to: it says why
+                raise PermissionError("\n".join(["tampered", *found]))
+            return
         if what is None or self.getframe(1).f_code is not self.runner:  # a learner's audit
             return
         if what == "apart":
@@ -676,13 +692,14 @@ def _ipython_transform() -> Callable[[str], str]:
     return TransformerManager().transform_cell
 
 
-def arm(spec: dict[str, Any], namespace: dict[str, Any], fd: int) -> None:
+def arm(spec: dict[str, Any], namespace: dict[str, Any], fd: int, observer: Any = None) -> None:
     """Arm the guard in the judge, before any learner code: ``spec`` has ``key`` (hex),
     ``checks`` (grade id: ``source``, ``pinned`` names, ``builtins`` names) and ``modules``
     to record; ``namespace`` is where the learner's cells run; ``fd`` the pipe to the
     grader. Afterwards only the audit hook holds the guard."""
     guard = _Guard(spec, namespace, fd)
     guard.runner = sys._getframe(1).f_code  # only this code (the judge's loop) runs checks
+    guard.observer = observer  # only this code asks for the instruments to be verified
     spec.clear()  # the key and the checks' source live on only inside the guard
     sys.addaudithook(guard.hook)
     guard.send({"kind": "armed", "modules": sorted(guard.record.modules)})

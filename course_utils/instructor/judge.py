@@ -30,6 +30,8 @@ long, and at the end that it is ``done`` (signed): an unsigned line is a forgery
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import json
 import os
@@ -84,6 +86,10 @@ def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str
         if request[0] == "get":
             reply(*checker.describe_value(namespace.get(request[1], missing), missing))
             continue
+        if request[0] == "observe":
+            for frame in _observe(request[1], request[2], request[3], request[4]):
+                checker.write_frame(replies, frame)
+            continue
         try:
             _, name, args, kwargs = request
             result = namespace[name](*args, **kwargs)
@@ -94,6 +100,99 @@ def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str
             reply(*checker.describe_value(result, missing))
         except BaseException as error:
             reply(checker.raised(error))
+
+
+#: The most an observation's reply may hold (its header's frame and its data's).
+_OBSERVED_BYTES = checker.HEADER_BYTES + checker.DATA_BYTES + 16
+
+
+def _observe(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[bytes]:
+    """The frames of the reply to an ``observe`` request: the evidence of ``module.name``
+    (an observing half of :mod:`course_utils.checks`) on these arguments, gathered in a
+    child forked from this runtime. No thread of the learner's and no timer survives the
+    fork; the child resets every signal handler, closes the pipes to the grader and to the
+    checker, lets the guard verify the course's instruments (their changes fail the check,
+    as ``tampered``), runs the observing half, and writes only its result, as plain data,
+    on a pipe of its own. A child that ends without a whole reply is ``ended``."""
+    import signal
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # a forked child cannot use it
+        why = "CUDA was initialized before the fork"
+        return [json.dumps({"kind": "ended", "why": why}).encode()]
+    read_end, write_end = checker.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: it never returns
+        try:
+            for number in signal.valid_signals():
+                if number not in (signal.SIGKILL, signal.SIGSTOP):
+                    with contextlib.suppress(OSError, ValueError, RuntimeError):
+                        signal.signal(number, signal.SIG_DFL)
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd > 2 and fd != write_end:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            if torch is not None:
+                torch.set_num_threads(1)  # the parent's OpenMP pool is not the child's
+            try:
+                sys.audit(_EVENT, "observe", "", "")  # the guard verifies the instruments
+            except PermissionError as found:
+                what = [line for line in str(found).split("\n")[1:] if line]
+                found_frame = json.dumps({"kind": "tampered", "what": what}).encode()
+                checker.write_frame(write_end, found_frame)
+                os._exit(0)
+            function = getattr(importlib.import_module(module), name)
+            function = getattr(function, "__wrapped__", function)  # the observing half itself
+            try:
+                value = function(*args, **kwargs)
+                header, blob = checker.describe_value(value, _MISSING)
+            except BaseException as error:
+                header, blob = checker.raised(error), None
+            if header["kind"] not in ("data", "raised"):
+                header, blob = {"kind": "opaque"}, None
+            checker.write_frame(write_end, json.dumps(header).encode())
+            if blob is not None:
+                checker.write_frame(write_end, blob)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    frames: list[bytes] = []
+    try:
+        while True:
+            try:
+                frame = checker.read_frame(read_end, _OBSERVED_BYTES)
+            except checker.ChannelBroken:
+                break
+            frames.append(frame)
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except OSError:
+            status = 0
+    if frames and _whole(frames):
+        return frames
+    why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "no result"
+    return [json.dumps({"kind": "ended", "why": why}).encode()]
+
+
+def _whole(frames: list[bytes]) -> bool:
+    """Whether ``frames`` are one whole reply: a JSON header, and data's blob after it."""
+    try:
+        header = json.loads(frames[0])
+    except (ValueError, RecursionError):
+        return False
+    if type(header) is not dict:
+        return False
+    return len(frames) == (2 if header.get("kind") == "data" else 1)
+
+
+_MISSING = object()
+_EVENT = "course.guard"
 
 
 def run_judge(argv: list[str]) -> None:
@@ -111,7 +210,7 @@ def run_judge(argv: list[str]) -> None:
     namespace: dict[str, Any] = shell.user_ns if shell is not None else {"__name__": "__main__"}
     transform = guard._ipython_transform()
     event = guard.EVENT
-    guard.arm(spec, namespace, fd)
+    guard.arm(spec, namespace, fd, observer=_observe.__code__)
     del guard, spec
     for number, cell in enumerate(cells):
         sys.audit(event, "at", str(number), "")  # the guard says it, signed

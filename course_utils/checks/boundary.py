@@ -1,0 +1,58 @@
+"""The line between a check's two halves (:mod:`course_utils.checks`).
+
+:func:`observed` marks a function of :mod:`course_utils.checks.evidence`: what it returns
+is the evidence, and it must be plain data (:func:`course_utils.instructor.checker.plain`).
+Called in a learner's notebook (or in tests) it runs at once and its result makes the
+same round trip through the grader's data format as in the grader
+(:func:`course_utils.instructor.checker.encode_reply`, then ``decode_reply``), so a
+result that could not cross fails the same way everywhere. Called in the grader's
+checker, it runs nothing there: the checker asks the learner's runtime to run it (with
+the same arguments: the answer and the notebook's other objects travel by name, plain data
+by value) and gets the evidence back as data.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The grader's checker channel, in the checker process only (:func:`connect`).
+_CHANNEL: list[Any] = [None]
+
+
+def connect(channel: Any) -> None:
+    """In the grader's checker: evidence is asked of the learner's runtime over
+    ``channel`` (:class:`course_utils.instructor.checker.Channel`) from now on."""
+    _CHANNEL[0] = channel
+
+
+def observed(function: F) -> F:
+    """Mark ``function`` as a check's observing half (see the module's text)."""
+
+    @functools.wraps(function)
+    def observe(*args: Any, **kwargs: Any) -> Any:
+        channel = _CHANNEL[0]
+        if channel is not None:
+            return channel.observe(function.__module__, function.__qualname__, args, kwargs)
+        return as_evidence(function(*args, **kwargs), function.__name__)
+
+    observe.course_observed = True  # type: ignore[attr-defined]
+    return observe  # type: ignore[return-value]
+
+
+def as_evidence(value: Any, what: str) -> Any:
+    """``value`` after the round trip evidence makes from the learner's runtime to the
+    checker; :class:`~course_utils.instructor.checker.AnswerError` when it cannot make it
+    (a learner's class or a subclass in it: the message says which types can)."""
+    from course_utils.instructor import checker  # lazy: a notebook's import stays light
+
+    try:
+        blob = checker.encode_reply(value)
+    except (ValueError, TypeError, RecursionError):
+        blob = None
+    if blob is None:
+        raise checker.AnswerError(checker.not_plain_message(f"the evidence of {what} holds"))
+    return checker.Channel.load_plain(blob, f"the evidence of {what} holds")
