@@ -31,10 +31,12 @@ it.
 
 The checker writes each verdict on its own pipe to the grader, which the learner's
 runtime cannot reach (no signature needed). Checks that need the answer's objects in the
-same process (they watch ``Tensor.to``, fake a clock or a GPU, mutate what they pass in,
-run a Trainer on the learner's class, pass closures) are marked in the instructor's
-notebook with :data:`BESIDE` as their first line: they run in the learner's runtime under
-the guard, as before (:mod:`course_utils.instructor.guard`).
+learner's process (they watch ``Tensor.to``, fake a clock or a GPU, mutate what they pass
+in, run a Trainer on the learner's class, pass closures) ask for *evidence*: an observing
+half of :mod:`course_utils.checks.evidence` runs there, in a child forked from the
+runtime at the check's place (:meth:`Channel.observe`), and returns plain data; the check's
+deciding half (:mod:`course_utils.checks`) runs here. A name of the notebook whose value
+cannot cross travels to an observing half by name.
 
 Frames between the two processes: four bytes of length, then the bytes. The runtime's
 replies are a JSON header (and, for data, the bytes of :func:`encode_reply`): the checker never
@@ -58,24 +60,10 @@ import sys
 import types
 from typing import Any
 
-#: The first line that marks a check cell graded beside the answer, in the learner's
-#: runtime under the guard: ``# graded beside the answer: <why>``.
-BESIDE = "# graded beside the answer:"
 HEADER_BYTES = 1 << 16  # the largest reply header
 DATA_BYTES = 1 << 29  # the largest value that crosses (512 MiB)
 MESSAGE_CHARS = 2000  # characters of an error message kept
 _LENGTH = struct.Struct(">I")
-
-
-def beside(source: str) -> bool:
-    """Whether a check cell is graded beside the answer (its first line is the marker).
-
-    >>> beside("# graded beside the answer: it watches Tensor.to\\ncheck(True, '')")
-    True
-    >>> beside("check(True, '')")
-    False
-    """
-    return source.lstrip().startswith(BESIDE)
 
 
 class AnswerError(Exception):
@@ -612,7 +600,8 @@ class Channel:
         except (pickle.PicklingError, TypeError, AttributeError) as error:
             raise AnswerError(
                 f"the check could not pass its arguments to {name} ({error}): a check that "
-                f"passes functions or objects to the answer is graded beside it ({BESIDE})"
+                "passes functions or objects to the answer does so in an observing half "
+                "(course_utils.checks.evidence)"
             ) from None
         header, blob = self.reply()
         kind = header["kind"]

@@ -45,7 +45,6 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_utils.instructor import cgroups
 from course_utils.instructor import checker as checkers
-from course_utils.instructor import guard as guards
 from course_utils.instructor import sandbox as sandboxes
 from course_utils.instructor.matching import Match, defined_names, grade_id, match_cells
 from course_utils.instructor.student import InputError, nbgrader_role, read_notebook
@@ -304,7 +303,6 @@ def guard_spec(reference: Any) -> dict[str, Any]:
         free = reads - own - learners
         spec[gid] = {
             "source": cell.source,
-            "beside": checkers.beside(cell.source),
             "pinned": {name: pinned[name] for name in sorted(free & set(pinned))},
             "builtins": sorted(n for n in free - set(imports) - set(bound) if hasattr(builtins, n)),
         }
@@ -667,7 +665,7 @@ def _judge(
     total_timeout_s: float,
 ) -> tuple[dict[int, CellOutcome], list[str], list[str]]:
     """The checks' verdicts, from a fresh judge process: the cell index of each check and
-    its outcome, flags, notes. A check whose signed verdict did not arrive scores 0. The
+    its outcome, flags, notes. A check whose checker's verdict did not arrive scores 0. The
     judge has its own time: ``total_timeout_s`` from when it is armed, and for each cell
     as long as the cell's run in the kernel was allowed (more for one that was slow there:
     a busy machine). :class:`MachineBusy` when the judge did not start."""
@@ -676,13 +674,12 @@ def _judge(
     verdicts = {i: CellOutcome("not-run") for i in checks}
     if not checks or all(outcomes[index].status == "not-run" for index in checks):
         return verdicts, [], []
-    key = secrets.token_bytes(32)
     program: list[dict[str, Any]] = []
     nonces: dict[str, int] = {}
     positions: list[int] = []
     limits: list[float] = []
     specs: dict[str, Any] = guard.get("checks", {})
-    apart: list[dict[str, Any]] = []  # the checks the checker runs, in order
+    apart: list[dict[str, Any]] = []  # the checks the checker runs, in order: all of them
     for index, (cell, outcome) in enumerate(zip(cells, outcomes, strict=True)):
         if outcome.status == "not-run":  # the learner's run never got here: nor does the judge
             break
@@ -690,23 +687,18 @@ def _judge(
             nonce = secrets.token_hex(8)
             nonces[nonce] = index
             gid = checks[index]
-            if gid in specs and not specs[gid].get("beside", True):
-                apart.append({**specs[gid], "grade_id": gid, "nonce": nonce})
-                program.append({"kind": "apart", "grade_id": gid})
-            else:
-                program.append({"kind": "check", "grade_id": gid, "nonce": nonce})
+            apart.append({**specs.get(gid, {"source": ""}), "grade_id": gid, "nonce": nonce})
+            program.append({"kind": "apart", "grade_id": gid})
         elif outcome.status in ("ok", "error"):  # never a cell that hung or killed its kernel
             program.append({"kind": "code", "source": cell.source})
         else:
             continue
         positions.append(index)
         limits.append(max(cell_timeout_s, 2 * outcome.seconds + 5))
-    apart_ids = {check["grade_id"] for check in apart}
-    # The learner's runtime gets the checks it runs beside the answer; of those graded
-    # apart, only what its guard needs to say what was tampered with (never their source).
-    seen = {gid: ({k: v for k, v in check.items() if k != "source"} if gid in apart_ids
-                  else check) for gid, check in specs.items()}  # fmt: skip
-    spec = {**guard, "checks": seen, "key": key.hex(), "cells": program}
+    # The learner's runtime gets what its guard needs to say what was tampered with at each
+    # check's place (never a check's source: hidden tests stay in the checker).
+    seen = {gid: {k: v for k, v in check.items() if k != "source"} for gid, check in specs.items()}
+    spec = {**guard, "checks": seen, "cells": program}
     settings = _judge_settings(settings)
     control = _control_folder(run, "judge")
     work = run / "judge-work"
@@ -758,9 +750,7 @@ def _judge(
             process.stdin.close()
         del spec
         apart_nonces = {check["nonce"] for check in apart}
-        state = _read_judge(
-            read_end, key, nonces, limits, total_timeout_s, verdicts_fd, apart_nonces
-        )
+        state = _read_judge(read_end, limits, total_timeout_s, verdicts_fd, apart_nonces)
     finally:
         os.close(read_end)
         with contextlib.suppress(OSError):
@@ -772,6 +762,12 @@ def _judge(
     for nonce, message in state.results.items():
         verdicts[nonces[nonce]] = _verdict(message)
     flags += state.flags
+    unanswered = [check["grade_id"] for check in apart if check["nonce"] not in state.results]
+    if state.done and unanswered and not state.timed_out:
+        flags.append(
+            "the grader's judge said it was done before the checks "
+            f"{', '.join(unanswered[:5])} ran (a forged line): they score 0"
+        )
     if not state.armed and state.timed_out:
         raise _busy("the grader's judge process", WARM_UP_S)
     if not state.armed:
@@ -790,7 +786,7 @@ def _judge(
 
 
 def _verdict(message: dict[str, Any]) -> CellOutcome:
-    """A check's outcome from its trusted verdict (the guard's, signed, or the checker's):
+    """A check's outcome from its trusted verdict (the checker's):
     ``ok`` only for an explicit ``completed`` with nothing tampered with; a failure's name
     only among :data:`~course_utils.instructor.checker.TRUSTED_NAMES` (else ``Error``)."""
     tampering = message.get("tampering")
@@ -856,8 +852,6 @@ def _read_checker(fd: int, pending: bytes, apart: set[str], state: _JudgeState) 
 
 def _read_judge(
     fd: int,
-    key: bytes,
-    nonces: dict[str, int],
     limits: list[float],
     total_timeout_s: float,
     checker_fd: int = -1,
@@ -866,28 +860,31 @@ def _read_judge(
     """Read the judge's pipe until it says it is done, it ends, or a cell (its limit:
     ``limits``), the start (:data:`WARM_UP_S`) or the whole run (``total_timeout_s`` from
     the start) runs past its limit; and the checker's (``checker_fd``), whose verdicts
-    count for the checks graded apart (their nonces: ``apart``), until it ends. A result
-    for one of those on the judge's pipe does not count."""
+    (for the checks' nonces ``apart``) are the only ones, until it ends. The judge's lines
+    are advice on time and flags: learner code in the judge could write them too, so none
+    of them gives a point, a cell's place only moves forward, and a line after ``done``
+    is flagged as a forgery."""
     state = _JudgeState()
     apart = apart or set()
     pending, checked = b"", b""
-    checker_open = checker_fd >= 0
+    checker_open, judge_open = checker_fd >= 0, True
     limit = deadline = time.monotonic() + WARM_UP_S
     drain = 0.0
-    while not state.done or checker_open:
-        if state.done:  # only the checker's last lines are left to read
+    while not state.done or checker_open or judge_open:
+        if state.done:  # the checker's last lines, and any line the judge writes after
             drain = drain or time.monotonic() + _CHECKER_DRAIN_S
-            ready, _, _ = select.select([checker_fd], [], [], max(0.0, drain - time.monotonic()))
-            left = _read_checker(checker_fd, checked, apart, state) if ready else None
-            if left is None:
+            wait = drain - time.monotonic()
+            if wait <= 0:
                 break
-            checked = left
-            continue
-        wait = min(limit, deadline) - time.monotonic()
-        if wait <= 0:
-            state.timed_out = True
+        else:
+            wait = min(limit, deadline) - time.monotonic()
+            if wait <= 0:
+                state.timed_out = True
+                break
+        watched = [*([fd] if judge_open else []), *([checker_fd] if checker_open else [])]
+        if not watched:
             break
-        ready, _, _ = select.select([fd, *([checker_fd] if checker_open else [])], [], [], wait)
+        ready, _, _ = select.select(watched, [], [], wait)
         if checker_open and checker_fd in ready:
             left = _read_checker(checker_fd, checked, apart, state)
             checker_open, checked = left is not None, left or b""
@@ -895,35 +892,48 @@ def _read_judge(
             continue
         data = os.read(fd, 1 << 16)
         if not data:
-            break  # the judge ended
+            judge_open = False
+            if not state.done:
+                break  # the judge ended
+            continue
         pending += data
         *lines, pending = pending.split(b"\n")
         for raw in lines:
-            line = raw.decode(errors="replace")
-            message = guards.read_signed(key, line)  # "at" and "done" are signed too
-            if message is None:
+            message = _judge_line(raw)
+            if message is None or state.done:
                 what = "the notebook's code wrote forged messages to the grader's channel"
                 if what not in state.flags:
                     state.flags.append(what)
             elif message.get("kind") == "at" and state.armed:
                 with contextlib.suppress(ValueError):
-                    state.at = int(str(message.get("cell")))
-                cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
-                limit = time.monotonic() + cell_s
+                    at = int(str(message.get("cell")))
+                    if at > state.at:  # a place only moves forward
+                        state.at = at
+                        cell_s = limits[state.at] if 0 <= state.at < len(limits) else 0
+                        limit = time.monotonic() + cell_s
             elif message.get("kind") == "done" and state.armed:
                 state.done = True
             elif message.get("kind") == "armed" and not state.armed:
                 state.armed = True
                 limit = deadline = time.monotonic() + total_timeout_s
-            elif (
-                message.get("kind") == "result"
-                and str(message.get("nonce")) in nonces
-                and str(message.get("nonce")) not in apart
-            ):
-                state.results[str(message["nonce"])] = message
             elif message.get("kind") == "flag" and str(message.get("what")) not in state.flags:
-                state.flags.append(str(message.get("what")))
+                state.flags.append(str(message.get("what"))[: checkers.MESSAGE_CHARS])
     return state
+
+
+#: The judge's lines the grader reads (anything else on its pipe is a forgery).
+_JUDGE_KINDS = frozenset({"armed", "at", "done", "flag"})
+
+
+def _judge_line(raw: bytes) -> dict[str, Any] | None:
+    """One line of the judge's as a message, or None when it is not one of its kinds."""
+    try:
+        message = json.loads(raw.decode(errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    if type(message) is not dict or message.get("kind") not in _JUDGE_KINDS:
+        return None
+    return message
 
 
 #: What the grader tells a learner about a check that did not pass (beside the check's own

@@ -1,43 +1,38 @@
-"""The guard of the grader's judge process (:mod:`course_utils.instructor.judge`): each
-check runs where the learner's code cannot change its verdict, and what was tampered with
-is reported (docs/instructor-guide.md, "Threat model").
+"""The guard of the learner's runtime in the grader (:mod:`course_utils.instructor.judge`):
+what was tampered with is reported, and the course's instruments are verified before a
+check observes the answer (docs/instructor-guide.md, "Threat model").
 
 The judge is a fresh Python process the grader starts for each submission; it is not the
-learner's Jupyter kernel, and no IPython machinery runs cells in it. :func:`arm` runs there
-before any learner code: it imports what the checks use, records it (the course's
-modules, ``builtins``, ``math``, ``torch`` and the notebook's imports: every attribute, the
-code of every function, the attributes of their classes and of ``torch.Tensor``), binds
-each name a check reads to what the instructor's imports bound, compiles the checks (their
-source is then dropped) and installs an audit hook (:func:`sys.addaudithook`: no Python
-code can remove it). The guard module is then taken out of ``sys.modules``: only the hook
-holds the guard.
+learner's Jupyter kernel, and no IPython machinery runs cells in it. It decides no verdict
+and holds no key: every check is decided by the grader's checker
+(:mod:`course_utils.instructor.checker`), from plain data. :func:`arm` runs in the judge
+before any learner code: it records what the checks' observing halves rely on (the
+course's modules, ``course_utils.checks.evidence``, ``builtins``, ``math``, ``torch`` and the
+notebook's imports: every attribute, the code of every function, the attributes of their
+classes and of ``torch.Tensor``) and installs an audit hook (:func:`sys.addaudithook`: no
+Python code can remove it). The guard module is then taken out of ``sys.modules``: only
+the hook holds the guard.
 
-A check runs when the judge raises the audit event ``course.guard`` (``"check"``, grade
-id, nonce). The hook runs the compiled check in a namespace the grader builds: the
-learner's names, then the instructor's bindings over them (a learner's ``check = ...``
-or ``__builtins__ = {...}`` does not reach it) and Python's real built-ins. Before and after,
-it compares everything recorded with what is there now. The hook refuses (raises
-``PermissionError``) what would let learner code reach the guard or the running check:
-frames (``sys._getframe``, ``sys._current_frames``, ``tb_frame``/``gi_frame``), ``gc``'s
-object walks, ``ctypes``, ``/proc/*/mem``, another audit hook, and replacing the code of a
-recorded function or an attribute of the guard's class. Its verdict goes to the grader
-over a pipe, signed with HMAC-SHA256 by C functions captured at arming (``_hashlib``,
-``_json``), under a key only the hook holds; so do the judge's control lines (``at`` a
-cell, ``done``), which only the judge's own loop can ask for. A verdict is ``completed``
-only when the check ran to its end; a failure is named by its exact class among the
-course's and Python's (else ``Error``), with its message only when the check's own code or
-the course's raised it (:meth:`_Guard._failure`).
+At the place of each check (the audit event ``course.guard``, ``"apart"``, raised by the
+judge's own loop), the hook reports as flags what differs from the record. When the
+checker asks for evidence, the judge forks a child to observe the answer; there the hook
+(``"observe"``) compares everything recorded with what is there now, and refuses
+(``PermissionError``) when anything changed: the check then fails, its changes flagged.
+The hook also refuses (raises ``PermissionError``) what would let learner code reach the
+guard or the course's instruments while they observe: frames (``sys._getframe``,
+``sys._current_frames``, ``tb_frame``/``gi_frame``), ``gc``'s object walks, ``/proc/*/mem``,
+another audit hook, and replacing the code of a recorded function or an attribute of the
+guard's class. Its lines to the grader (``armed``, ``at`` a cell, ``flag``, ``done``) are
+plain JSON written by C functions captured at import: a learner could write such lines too,
+so the grader takes them for what they are, advice on time and flags for review; no line
+of the judge's can give a point.
 """
 
 from __future__ import annotations
 
-import _hashlib  # C: a learner cannot patch what these compute
-import _json
+import _json  # C: a learner cannot patch what it computes
 import builtins
-import hashlib
-import hmac
 import importlib
-import json
 import os
 import sys
 import threading
@@ -108,31 +103,8 @@ _LIBRARIES = tuple(
     | {p.rstrip(os.sep) + os.sep for p in _INSTALLED}
     | {_PACKAGE_DIR, os.path.realpath(_PACKAGE_DIR) + os.sep}
 )
-#: Captured when this module is imported, before any learner code (C functions).
-_DIGEST = _hashlib.hmac_digest
+#: Captured when this module is imported, before any learner code (a C function).
 _QUOTE = _json.encode_basestring_ascii
-
-
-def sign(key: bytes, payload: str) -> str:
-    """The line the guard writes for ``payload``: its HMAC-SHA256, a space, the payload.
-
-    >>> sign(b"k", "{}")[:8], sign(b"k", "{}")[64:]
-    ('add853b1', ' {}')
-    """
-    return _DIGEST(key, payload.encode(), "sha256").hex() + " " + payload
-
-
-def read_signed(key: bytes, line: str) -> dict[str, Any] | None:
-    """The message of a signed line, or None when its signature is not the key's."""
-    mac, _, payload = line.partition(" ")
-    expected = hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(mac, expected):
-        return None
-    try:
-        message = json.loads(payload)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
 
 
 def encode_verdict(message: dict[str, Any]) -> str:
@@ -204,6 +176,16 @@ def _from_library(value: Any) -> bool:
     """Whether ``value`` is a Python function defined in an installed package's file."""
     code = getattr(getattr(value, "__func__", value), "__code__", None)
     return _library_file(str(getattr(code, "co_filename", "")))
+
+
+def _unwrapped(function: Any) -> list[Any]:
+    """``function`` and the functions it wraps (``functools.wraps``' ``__wrapped__``)."""
+    found = [function]
+    inner = vars(function).get("__wrapped__") if hasattr(function, "__dict__") else None
+    while isinstance(inner, types.FunctionType) and inner not in found and len(found) < 8:
+        found.append(inner)
+        inner = vars(inner).get("__wrapped__")
+    return found
 
 
 def _describe(module: str, name: str) -> str:
@@ -286,10 +268,8 @@ class _Guard:
     """The state behind the audit hook (only the hook holds a reference to it)."""
 
     def __init__(self, spec: dict[str, Any], namespace: dict[str, Any], fd: int) -> None:
-        self.key = bytes.fromhex(spec["key"])
         self.fd = fd
         self.write: Callable[[int, bytes], int] = os.write
-        self.digest, self.quote = _DIGEST, _QUOTE
         self.namespace = namespace
         self.settrace, self.setprofile = sys.settrace, sys.setprofile
         self.gettrace, self.getprofile = sys.gettrace, sys.getprofile
@@ -306,10 +286,9 @@ class _Guard:
             except Exception:
                 continue
         self.checks: dict[str, dict[str, Any]] = {}
-        #: The checks' code objects (nested ones too): a frame is the check's by identity,
-        #: never by a file name learner code could also give ``compile``.
-        #: (By ``id``: equal code compiled by learner code is not the same object; the
-        #: checks' code lives as long as the guard.)
+        #: The code of the course's observing halves (nested code too), while one runs in a
+        #: child forked to observe: a frame is theirs by identity, never by a file name
+        #: learner code could also give ``compile``.
         self.check_code: set[int] = set()
         self.runner: Any = None
         self.observer: Any = None
@@ -321,52 +300,32 @@ class _Guard:
             if getattr(getattr(module, "__spec__", None), "origin", None) == "frozen"
         ]
         self.frozen_ids = {id(space) for space in self.frozen}
-        transform = _ipython_transform()
         for grade_id, check in spec.get("checks", {}).items():
-            entry: dict[str, Any] = {"builtins": list(check.get("builtins", []))}
-            if "source" not in check:  # graded apart, by the checker: never run here
-                entry["code"] = None
-            else:
-                try:
-                    entry["code"] = compile(
-                        transform(check["source"]), f"<check {grade_id}>", "exec"
-                    )
-                except SyntaxError as error:
-                    entry["code"] = SyntaxError(str(error))
-            entry["pins"] = {}
+            entry: dict[str, Any] = {"builtins": list(check.get("builtins", [])), "pins": {}}
             for name, (module, attribute) in check.get("pinned", {}).items():
                 value = self._pinned(module, attribute)
                 if value is not _MISSING:
                     entry["pins"][name] = value
             self.checks[grade_id] = entry
-            if isinstance(entry["code"], types.CodeType):
-                self.check_code |= {id(code) for code in _all_code(entry["code"])}
         self.flags: set[str] = set()
-        self.running: list[str] | None = None  # the problems of the check running now
+        self.running: list[str] | None = None  # what was tampered with while observing
         self.busy = False
-        classroom = sys.modules.get("course_utils.classroom")
-        spy_maker = getattr(getattr(classroom, "record_tensor_to", None), "__wrapped__", None)
-        self.allowed_setters = {getattr(spy_maker, "__code__", None)}
-        #: The course's swap of its own helpers for a refusal inside a check, and back
-        #: (:func:`course_utils.classroom.course_helpers_refused`): a check's, no tampering.
-        swapper = getattr(getattr(classroom, "course_helpers_refused", None), "__wrapped__", None)
-        self.code_swappers = {getattr(swapper, "__code__", None)} - {None}
-        #: Partial credit counts only when the check cell itself called ``check_parts``
-        #: (recorded now, before any learner code): never from learner code's own raise.
-        self.partial_class = getattr(classroom, "PartialCredit", None)
-        self.partial_code = getattr(getattr(classroom, "check_parts", None), "__code__", None)
-        #: The classes a failed check's verdict names, by identity (recorded now).
-        self.trusted_classes = [
-            (cls, name)
-            for name in ("CheckFailed", "PartialCredit", "NeedsBeside")
-            if isinstance(cls := getattr(classroom, name, None), type)
-        ] + [(AssertionError, "AssertionError"), (NotImplementedError, "NotImplementedError")]
-        #: The course's own code (recorded now): a message it raised is the instructor's.
+        #: The course's own code (recorded now, wrapped functions too): it may set a
+        #: recorded class's attribute (a spy on ``Tensor.to``) or swap a course helper's
+        #: code for a refusal and back, where learner code may not.
         self.course_code = {
             id(code)
             for function, where, _ in self.record.functions.values()
             if where.startswith("course_utils")
-            for code in _all_code(function.__code__)
+            for inner in _unwrapped(function)
+            for code in _all_code(inner.__code__)
+        }
+        self.observing_code = {
+            id(code)
+            for function, where, _ in self.record.functions.values()
+            if where.startswith("course_utils.checks.evidence")
+            for inner in _unwrapped(function)
+            for code in _all_code(inner.__code__)
         }
 
     def _pinned(self, module: str, attribute: str | None) -> Any:
@@ -384,9 +343,7 @@ class _Guard:
 
     # -- reporting --------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
-        payload = encode_verdict(message)
-        line = self.digest(self.key, payload.encode(), "sha256").hex() + " " + payload + "\n"
-        data = line.encode()
+        data = (encode_verdict(message) + "\n").encode()
         while data:
             written = self.write(self.fd, data)
             data = data[written:]
@@ -444,11 +401,19 @@ class _Guard:
             self.busy = False
         return found
 
-    def observation_problems(self) -> list[str]:
+    def observation_problems(self, stage: str) -> list[str]:
         """In a child forked to observe the answer (:func:`course_utils.instructor.judge.
-        _observe`): what was changed of what the guard recorded, and a trace or profile
-        function left on (cleared first): the observation would not be the course's."""
-        found = [*self._traces(), *self.record.changes()]
+        _observe`), before it (``observe``) and after (``observed``): what was changed of
+        what the guard recorded, a trace or profile function on (then cleared), and what
+        the hook saw tampered with while the observing half ran. Any of it: the
+        observation is not the course's."""
+        if stage == "observe":
+            found = [*self._traces(), *self.record.changes()]
+            self.running, self.check_code = [], self.observing_code
+        else:
+            found = [*(self.running or []), *self.record.changes()]
+            found += [t.replace("was left on", "was set while observing") for t in self._traces()]
+            self.running = None
         return list(dict.fromkeys(found))
 
     # -- running a check ----------------------------------------------------------------
@@ -460,108 +425,6 @@ class _Guard:
             return
         for what in [*self._rebound(check), *self._traces(), *self.record.changes()]:
             self.flag(what)
-
-    def run_check(self, grade_id: str, nonce: str) -> None:
-        check = self.checks.get(grade_id)
-        if check is None or self.running is not None or check["code"] is None:
-            return
-        for what in self._rebound(check):
-            self.flag(what)
-        problems: list[str] = []
-        for trace in self._traces():
-            self.flag(trace)
-        problems += self.record.changes()
-        self.running = problems
-        before = dict(self.namespace)
-        namespace = {k: v for k, v in before.items() if k not in check["builtins"]}
-        namespace.update(check["pins"])
-        namespace["__builtins__"] = self.builtins_module
-        result: dict[str, Any] = {"kind": "result", "nonce": nonce, "status": "completed"}
-        result.update(ename="", evalue="")
-        earned = 0.0
-        try:
-            code = check["code"]
-            if isinstance(code, SyntaxError):
-                raise code
-            exec(code, namespace)
-        except BaseException as error:
-            result.update(self._failure(error))
-            earned = self._partial_credit(error)
-        problems += self.record.changes()
-        for trace in self._traces():
-            problems.append(trace.replace("was left on", "was set during the check"))
-        self.running = None
-        problems = list(dict.fromkeys(problems))
-        for name, value in namespace.items():  # what the check defined stays defined
-            changed = before.get(name, _MISSING) is not value
-            if changed and name != "__builtins__" and name not in check["pins"]:
-                self.namespace[name] = value
-        if earned:
-            result["earned"] = earned
-        self.send({**result, "tampering": problems})
-
-    def _failure(self, error: BaseException) -> dict[str, str]:
-        """A failed check's status, name and message, read without running learner code:
-        the name by the exact class, among the course's and Python's (a learner's class
-        named ``CheckFailed`` or ``""``, or whose ``str`` raises, is ``Error``); the message
-        only when the check's own code or the course's raised it with a plain string."""
-        kind = type(error)
-        ename = next((name for cls, name in self.trusted_classes if kind is cls), "")
-        if not ename:
-            name = type.__getattribute__(kind, "__name__")
-            builtin = type(name) is str and self.builtins.get(name) is kind
-            ename = str.__str__(name) if builtin and issubclass(kind, BaseException) else ""
-        if not ename:
-            ename = "Error" if issubclass(kind, Exception) else "Stopped"
-        evalue = ""
-        if ename in ("CheckFailed", "PartialCredit", "AssertionError", "NeedsBeside", "NameError"):
-            args = BaseException.__getattribute__(error, "args")
-            plain_text = type(args) is tuple and len(args) == 1 and type(args[0]) is str
-            if plain_text and self._raised_by_course(error):
-                evalue = str.__str__(args[0])[:_MESSAGE_CHARS]
-        return {"status": "failed", "ename": ename, "evalue": evalue}
-
-    def _raised_by_course(self, error: BaseException) -> bool:
-        """Whether ``error`` was raised by the check's own code or the course's code that
-        it called, with no other code (the learner's) between them."""
-        self.busy = True  # the guard's own walk of the traceback
-        try:
-            tb = BaseException.__getattribute__(error, "__traceback__")
-            seen_check = False
-            while tb is not None:
-                code = id(tb.tb_frame.f_code)
-                if code in self.check_code:
-                    seen_check = True
-                elif seen_check and code not in self.course_code:
-                    return False
-                tb = tb.tb_next
-            return seen_check
-        finally:
-            self.busy = False
-
-    def _partial_credit(self, error: BaseException) -> float:
-        """The share of the points a check's :class:`PartialCredit` earns: its exact
-        recorded class, raised by the recorded ``check_parts`` that the check's own code
-        called; anything else (a learner's function raising it) earns nothing."""
-        if self.partial_class is None or type(error) is not self.partial_class:
-            return 0.0
-        self.busy = True  # the guard's own walk of the traceback
-        try:
-            frames, tb = [], error.__traceback__
-            while tb is not None:
-                frames.append(tb.tb_frame.f_code)
-                tb = tb.tb_next
-            genuine = (
-                len(frames) >= 2
-                and frames[-1] is self.partial_code
-                and id(frames[-2]) in self.check_code
-            )
-            earned = vars(error).get("earned") if genuine else None
-        finally:
-            self.busy = False
-        if type(earned) is not float or not 0.0 < earned < 1.0:
-            return 0.0
-        return earned
 
     # -- the audit hook -----------------------------------------------------------------
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
@@ -577,8 +440,8 @@ class _Guard:
         if refused:
             raise PermissionError(f"the grader does not allow this while it grades: {refused}")
         what = args[0] if event == EVENT and len(args) == 3 else None
-        if what == "observe" and self.getframe(1).f_code is self.observer:
-            found = self.observation_problems()
+        if what in ("observe", "observed") and self.getframe(1).f_code is self.observer:
+            found = self.observation_problems(what)
             if found:  # the child forked to observe the answer refuses to: it says why
                 raise PermissionError("\n".join(["tampered", *found]))
             return
@@ -586,8 +449,6 @@ class _Guard:
             return
         if what == "apart":
             self.inspect(str(args[1]))
-        elif what == "check":
-            self.run_check(str(args[1]), str(args[2]))
         elif what == "at":  # where the judge is, signed: a learner's line is a forgery
             self.send({"kind": "at", "cell": str(args[1])})
         elif what == "done":
@@ -605,14 +466,14 @@ class _Guard:
                 name in _CODE_ATTRIBUTES
                 and recorded is not None
                 and recorded[0] is target
-                and self._caller_code() not in self.code_swappers
+                and id(self._caller_code()) not in self.course_code
             ):
                 self.tampered(f"the {name} of {recorded[1]} was replaced")
                 return f"replacing the {name} of {recorded[1]}"
             if (
                 isinstance(target, type)
                 and id(target) in self.record.classes
-                and self._caller_code() not in self.allowed_setters
+                and id(self._caller_code()) not in self.course_code
             ):
                 self.tampered(f"{target.__qualname__}.{name} was set")
         elif event == "object.__getattr__" and args[1:2] and args[1] in _FRAME_ATTRIBUTES:

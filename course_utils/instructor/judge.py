@@ -1,31 +1,32 @@
 """The grader's judge: the learner's runtime, where a submission's code cells run for
-grading (not for the feedback's outputs).
+grading (not for the feedback's outputs). It decides no verdict and holds no key.
 
-Since issue 33 it decides only the checks graded *beside* the answer (their first line is
-:data:`course_utils.instructor.checker.BESIDE`). At the place of a check graded *apart*
-(every other check) it runs nothing of the check and holds neither its source nor a key
-for it: it serves the grader's checker (:mod:`course_utils.instructor.checker`, a process
-that never runs learner code) over the pipes the grader passed (``--requests``,
-``--replies``): the value of a name, by value and only as plain data, or a call of a
-function of the notebook, until the checker says the check is over. The guard still
-reports, as flags, what was tampered with at that place.
+At the place of each check it runs nothing of the check and holds none of its source: it
+serves the grader's checker (:mod:`course_utils.instructor.checker`, a process that never
+runs learner code) over the pipes the grader passed (``--requests``, ``--replies``) until
+the checker says the check is over: the value of a name, by value and only as plain data;
+a call of a function of the notebook; or an observation (:func:`_observe`): one of the
+course's observing halves (:mod:`course_utils.checks.evidence`) run on the answer in a
+child forked here, whose only output is its evidence, as plain data. The checker decides
+the verdict from that data. The guard reports, as flags, what was tampered with at each
+check's place, and verifies the course's instruments in each observing child.
 
 The grader starts it fresh for each submission (``python -I``: no working folder or
 ``PYTHONPATH`` on ``sys.path``, no user site, no start-up file), in its own sandbox when
 bubblewrap works, with a fresh HOME, IPython directory and working folder of its own. It
 is not the learner's Jupyter kernel: that kernel only produces the outputs of the feedback
-notebook, and neither the checks nor the key ever enter it.
+notebook, and no check enters it.
 
 The grader writes the program on the judge's stdin as one JSON line, read before any
-learner code: the key, the checks beside the answer (hidden parts included), the modules
-to record, and the cells: the learner's code cells that ran without hanging or killing
-their kernel, and each check's place. :func:`course_utils.instructor.guard.arm` records
-what checks depend on and installs its audit hook; the learner's cells run as plain Python
-(IPython magics through a bare, grader-owned shell: no input transformer, event or
-exception handler runs anything); each check runs through the hook, which writes its
-signed verdict on the pipe the grader passed (``--fd``). Before each cell the judge says
-where it is (``at``, signed by the guard too), so the grader can stop a cell that runs too
-long, and at the end that it is ``done`` (signed): an unsigned line is a forgery.
+learner code: the modules to record, the names each check reads that the instructor's
+imports bind (for the guard's flags), and the cells: the learner's code cells that ran
+without hanging or killing their kernel, and each check's place.
+:func:`course_utils.instructor.guard.arm` records what the observing halves depend on and
+installs its audit hook; the learner's cells run as plain Python (IPython magics through a
+bare, grader-owned shell: no input transformer, event or exception handler runs anything).
+Before each cell the judge says where it is (``at``), so the grader can stop a cell that
+runs too long, and at the end that it is ``done``. Those lines are advice on time: learner
+code could write them too, and no line of the judge's gives a point.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def _serve(namespace: dict[str, Any], requests: int, replies: int, grade_id: str
             request = _Refs(checker.read_frame(requests, 1 << 30), namespace).load()
         except checker.ChannelBroken:
             os._exit(0)  # the checker ended: nothing more can be graded
+        except Exception as error:  # a name the check passes that the notebook no longer has
+            reply(checker.raised(error))
+            continue
         if request[0] == "end":
             return
         if request[0] == "get":
@@ -138,19 +142,21 @@ def _observe(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, An
                 torch.set_num_threads(1)  # the parent's OpenMP pool is not the child's
             try:
                 sys.audit(_EVENT, "observe", "", "")  # the guard verifies the instruments
+                function = getattr(importlib.import_module(module), name)
+                function = getattr(function, "__wrapped__", function)  # the observing half
+                try:
+                    value = function(*args, **kwargs)
+                    header, blob = checker.describe_value(value, _MISSING)
+                except BaseException as error:
+                    header, blob = checker.raised(error), None
+                sys.audit(_EVENT, "observed", "", "")  # and what was done to them meanwhile
             except PermissionError as found:
-                what = [line for line in str(found).split("\n")[1:] if line]
-                found_frame = json.dumps({"kind": "tampered", "what": what}).encode()
-                checker.write_frame(write_end, found_frame)
-                os._exit(0)
-            function = getattr(importlib.import_module(module), name)
-            function = getattr(function, "__wrapped__", function)  # the observing half itself
-            try:
-                value = function(*args, **kwargs)
-                header, blob = checker.describe_value(value, _MISSING)
-            except BaseException as error:
-                header, blob = checker.raised(error), None
-            if header["kind"] not in ("data", "raised"):
+                text = str(found)
+                if not text.startswith("tampered\n"):
+                    raise
+                what = [line for line in text.split("\n")[1:] if line]
+                header, blob = {"kind": "tampered", "what": what}, None
+            if header["kind"] not in ("data", "raised", "tampered"):
                 header, blob = {"kind": "opaque"}, None
             checker.write_frame(write_end, json.dumps(header).encode())
             if blob is not None:
@@ -214,9 +220,6 @@ def run_judge(argv: list[str]) -> None:
     del guard, spec
     for number, cell in enumerate(cells):
         sys.audit(event, "at", str(number), "")  # the guard says it, signed
-        if cell["kind"] == "check":
-            sys.audit(event, "check", cell["grade_id"], cell["nonce"])
-            continue
         if cell["kind"] == "apart":
             sys.audit(event, "apart", cell["grade_id"], "")  # the guard's findings: flags
             _serve(namespace, requests, replies, cell["grade_id"])
