@@ -278,27 +278,33 @@ def test_attempts_against_checks_graded_apart_score_0(tmp_path):
 
 
 def _mutating() -> nbformat.NotebookNode:
+    observed = (
+        "# evidence beside your answer, verdict apart: fill changes the dict passed in\n"
+        "from course_utils.checks.evidence.common import results_of\n"
+        "[seen] = results_of(fill, [(({},), {})])\n"
+        "check(seen['arguments'] == [{'a': 1}], 'fill(d) should set d[\"a\"] = 1')"
+    )
     check = "d = {}\nfill(d)\ncheck(d == {'a': 1}, 'fill(d) should set d[\"a\"] = 1')"
     return _notebook([
         ("code", "from course_utils.classroom import check", {}),
         ("code", "def fill(d):\n    d['a'] = 1", _meta("m-fill", solution=True)),
-        ("code", f"{checker.BESIDE} fill changes the dict passed in\n{check}",
-         _meta("m-beside", solution=False)),
+        ("code", observed, _meta("m-observed", solution=False)),
         ("code", check, _meta("m-apart", solution=False)),
     ])  # fmt: skip
 
 
 @pytest.mark.slow
-def test_a_check_marked_beside_runs_with_the_answer_and_an_unmarked_one_apart(tmp_path):
-    """The marker decides where a check runs: beside, the answer's change to the dict the
-    check passed in is seen; apart, the dict crossed by value and the change is not."""
+def test_evidence_observed_with_the_answer_sees_its_change_and_a_plain_call_does_not(tmp_path):
+    """An observing half runs the answer in the learner's runtime and brings back what it
+    did to the dict it was given, as data: the change is seen. A plain call from the checker
+    sends the dict by value: the change stays in the runtime, and the check fails."""
     source = tmp_path / "source" / "m.ipynb"
     write_notebook(_mutating(), source)
     task = Task("ann", "m.ipynb", str(source), str(source))
     options = Options(sandbox="none", jobs=1, threads=1)
     [result] = grade_tasks([task], options, None, io.StringIO(), resume=False)
     points = {c["grade_id"]: c["points"] for c in result["report"]["checks"]}
-    assert points == {"m-beside": 1.0, "m-apart": 0.0}, result["report"]
+    assert points == {"m-observed": 1.0, "m-apart": 0.0}, result["report"]
 
 
 def test_refusing_course_helpers_apart_says_to_grade_the_check_beside(monkeypatch):

@@ -19,7 +19,6 @@ from test_grader import _instructor
 from course_utils.cli import main
 from course_utils.instructor import gradebook
 from course_utils.instructor.grading import CheckResult, GradeReport, _read_judge
-from course_utils.instructor.guard import sign
 from course_utils.instructor.intake import unpack_zip
 from course_utils.instructor.paths import OutsideOutput, safe_name, under
 from course_utils.instructor.similarity import OWN_CODE, RUNS_TEXT, runs_text, similar_pairs
@@ -297,23 +296,28 @@ def test_an_answer_that_runs_text_as_code_is_flagged_for_review():
     assert runs_text("x = (") == [] and runs_text("compile(s, 'f', 'exec')  # ((") != []
 
 
-def test_a_forged_control_line_on_the_judges_pipe_is_a_flag_never_a_state():
+def test_the_judges_lines_give_no_point_and_a_forged_one_is_a_flag():
+    """The judge holds no key (issue 43): its lines are advice on time. A line that is not
+    one of its kinds (a forged verdict, garbage) is a flag and no state; a cell's place only
+    moves forward; a line after ``done`` is a forgery too."""
     read, write = os.pipe()
-    key = b"k" * 32
     lines = [
-        sign(key, json.dumps({"kind": "armed"})),
+        json.dumps({"kind": "armed"}),
         "done",  # what a learner who finds the pipe may write
+        json.dumps({"kind": "result", "nonce": "n1", "status": "completed"}),
+        json.dumps({"kind": "at", "cell": "2"}),
+        json.dumps({"kind": "at", "cell": "0"}),  # back to an earlier cell: ignored
         json.dumps({"kind": "done"}),
-        sign(b"another key", json.dumps({"kind": "done"})),
-        "0" * 64 + ' {"kind": "done"}',
+        json.dumps({"kind": "at", "cell": "3"}),  # after done: forged
     ]
     os.write(write, ("\n".join(lines) + "\n").encode())
     os.close(write)  # then the judge ends
     try:
-        state = _read_judge(read, key, {}, [5.0], 5.0)
+        state = _read_judge(read, [5.0] * 4, 5.0, apart={"n1"})
     finally:
         os.close(read)
-    assert state.armed and not state.done and not state.timed_out
+    assert state.armed and state.done and not state.timed_out
+    assert state.at == 2 and state.results == {}
     assert state.flags == ["the notebook's code wrote forged messages to the grader's channel"]
 
 

@@ -204,10 +204,13 @@ def test_a_verdict_passes_only_when_it_says_completed():
 
 # -- graded for real ------------------------------------------------------------------------
 
-BESIDE_CHECK = (
-    f"{checker.BESIDE} (a check that runs with the answer)\n"
-    "check(double(3) == 6, 'double(3) should be 6')\n"
-    "### BEGIN HIDDEN TESTS\ncheck(double(17) == 34, 'double(17) should be 34')\n"
+BESIDE_CHECK = (  # a check whose evidence is gathered with the answer, decided apart
+    "# evidence beside your answer, verdict apart: (it runs the answer where it lives)\n"
+    "from course_utils.checks.evidence.common import results_of\n"
+    "[seen] = results_of(double, [((3,), {})])\n"
+    "check(seen['returned'] == 6, 'double(3) should be 6')\n"
+    "### BEGIN HIDDEN TESTS\n[seen] = results_of(double, [((17,), {})])\n"
+    "check(seen['returned'] == 34, 'double(17) should be 34')\n"
     "### END HIDDEN TESTS"
 )
 

@@ -17,7 +17,6 @@ import nbformat
 import pytest
 from test_grader import _meta, _notebook
 
-from course_utils.instructor import guard
 from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.grading import guard_spec
 from course_utils.instructor.student import write_notebook
@@ -124,14 +123,6 @@ def test_guard_spec_pins_instructor_imports_and_builtins_not_the_learners_names(
     assert set(area["pinned"]) == {"math", "torch"} and area["builtins"] == []
     assert "course_utils.classroom" in spec["modules"] and "math" in spec["modules"]
     assert "BEGIN HIDDEN TESTS" in double["source"]  # the guard runs the whole check
-
-
-def test_signed_messages_are_read_and_forged_ones_are_not():
-    line = guard.sign(b"key", '{"kind": "result", "nonce": "1"}')
-    assert guard.read_signed(b"key", line) == {"kind": "result", "nonce": "1"}
-    assert guard.read_signed(b"other key", line) is None
-    forged = line[:64] + ' {"kind": "result", "nonce": "2"}'
-    assert guard.read_signed(b"key", forged) is None
 
 
 # -- honest submissions -----------------------------------------------------------------

@@ -527,7 +527,7 @@ class Channel:
             found = header.get("what")
             raise Tampered([_text(t) for t in found] if type(found) is list else [])
         if kind == "raised":
-            self._raise_again(header, name)
+            self._raise_again(header, f"your code (observed by {name})")
         if kind == "ended":
             raise AnswerError(
                 f"the process that ran your code for {name} ended before it gave its result "
@@ -536,6 +536,9 @@ class Channel:
         raise AnswerError(not_plain_message(f"the evidence of {name} holds"))
 
     def _raise_again(self, header: dict[str, Any], name: str) -> None:
+        """What the learner's code raised (``header``), raised again here, marked as the
+        answer's; a class the notebook defines as :class:`AnswerError` (``name`` says
+        whose)."""
         kind_of = ERRORS.get((_text(header.get("module")), _text(header.get("name"))))
         message = _text(header.get("message"))
         if message:

@@ -57,6 +57,7 @@ CORE_MODULES = (
     "course_utils",
     "course_utils.classroom",
     "course_utils.checks.boundary",
+    "course_utils.checks.evidence.common",
     # the observing halves of the checks: what runs with the answer (verified before it)
     *(f"course_utils.checks.evidence.nb{number:02d}" for number in range(1, 10)),
 )
