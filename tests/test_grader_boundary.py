@@ -279,8 +279,10 @@ def test_errors_with_lying_names_fail_and_no_learner_text_reaches_feedback(tmp_p
         assert "double(17)" not in text, feedback  # the hidden test
 
 
-_PIECES = "import sys  # pieces\nfor _ in range(200):\n    sys.stdout.write('y' * 2**20)\n" \
+_PIECES = (
+    "import sys  # pieces\nfor _ in range(200):\n    sys.stdout.write('y' * 2**20)\n"
     "    sys.stdout.flush()"
+)
 _LOUD = {  # printed at once (one message), and in many pieces: (cell, a slow grader)
     "at once": ("print('x' * (200 * 2**20))", False),
     "in pieces": (_PIECES, False),
@@ -388,3 +390,79 @@ def test_the_feedback_notebook_renders_learner_content_inert():
     assert "<script>" not in summary and "&lt;script&gt;" in summary
     [output] = notebook.cells[1].outputs  # stream outputs are rendered as escaped text
     assert output["data"] == {"text/plain": "shown"}
+
+
+# -- evidence observed in a child forked from the learner's runtime -------------------------
+
+_RIGHT = "def double(x):\n    return 2 * x\n"
+OBSERVED_ATTACKS = {  # (the answer cell, the points it should get, what the reason says)
+    # an instrument replaced before the check: the observation refuses to run on it
+    "instrument replaced": (
+        "import course_utils.checks.evidence.common as common\n"
+        "common.results_of = lambda answer, calls: [{'returned': 2 * c[0][0]} for c in calls]\n"
+        "def double(x):\n    return 0",
+        0.0,
+        "tampering",
+    ),
+    # a torch function mode left on would see (and could change) the observer's torch calls
+    "function mode": (
+        "from torch.overrides import TorchFunctionMode\nTorchFunctionMode().__enter__()\n"
+        "def double(x):\n    return 2 * x",
+        0.0,
+        "tampering",
+    ),
+    # a thread that keeps forging what it can reach does not survive the fork
+    "thread": (
+        "import threading, time, course_utils.checks.evidence.common as common\n"
+        "def forge():\n    while True:\n        time.sleep(0.001)\n"
+        "threading.Thread(target=forge, daemon=True).start()\n" + _RIGHT,
+        1.0,
+        "",
+    ),
+    # a timer and a signal handler of the learner's do not fire in the observing child
+    "timer": (  # its handler ends only a process forked from where it was set
+        "import signal, os\nMINE = os.getpid()\n"
+        "signal.signal(signal.SIGALRM, lambda *a: os.getpid() != MINE and os._exit(0))\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)\n" + _RIGHT,
+        1.0,
+        "",
+    ),
+    # the answer ends the observing child: no evidence, a neutral reason
+    "exit in the child": (
+        "import os\ndef double(x):\n    os._exit(0)",
+        0.0,
+        "ended before it gave its result",
+    ),
+    # a decompression bomb as evidence: a huge tensor made of one repeated value
+    "huge evidence": (
+        "import torch\ndef double(x):\n    return torch.zeros(2**28).expand(4, -1)",
+        0.0,
+        "",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_evidence_is_gathered_in_a_clean_child_and_decided_apart(tmp_path):
+    """An observing half runs in a child forked from the learner's runtime: an instrument
+    replaced or a torch mode left on fails the check (flagged), a learner's thread or timer
+    does not reach it, an answer that ends it scores 0 with a neutral reason, and a right
+    answer scores in full with no flag."""
+    source = tmp_path / "source" / "b.ipynb"
+    write_notebook(_beside(_RIGHT), source)
+    cases = {"honest": (_RIGHT, 1.0, ""), **OBSERVED_ATTACKS}
+    tasks = []
+    for name, (answer, _, _) in cases.items():
+        path = tmp_path / "class" / name.replace(" ", "-") / "b.ipynb"
+        write_notebook(_beside(answer), path)
+        tasks.append(Task(name, "b.ipynb", str(path), str(source)))
+    options = Options(sandbox="auto", jobs=2, threads=1, cell_timeout_s=60)
+    results = grade_tasks(tasks, options, tmp_path / "out", io.StringIO(), resume=False)
+    for task, result in zip(tasks, results, strict=True):
+        assert "error" not in result, (task.learner, result)
+        report = result["report"]
+        _, points, said = cases[task.learner]
+        [check] = report["checks"]
+        assert check["points"] == points, (task.learner, report)
+        assert said in check["reason"], (task.learner, check)
+        assert bool(report["tampering"]) == (said == "tampering"), (task.learner, report)

@@ -310,6 +310,14 @@ class _Guard:
             self.checks[grade_id] = entry
         self.flags: set[str] = set()
         self.running: list[str] | None = None  # what was tampered with while observing
+        #: Torch's mode stacks' depths (C functions, captured before any learner code).
+        torch_c = getattr(sys.modules.get("torch"), "_C", None)
+        self.mode_stacks = [
+            (count, what)
+            for name, what in (("_len_torch_function_stack", "function"),
+                               ("_len_torch_dispatch_stack", "dispatch"))
+            if callable(count := getattr(torch_c, name, None))
+        ]  # fmt: skip
         self.busy = False
         #: The course's own code (recorded now, wrapped functions too): it may set a
         #: recorded class's attribute (a spy on ``Tensor.to``) or swap a course helper's
@@ -402,6 +410,20 @@ class _Guard:
             self.busy = False
         return found
 
+    def _modes(self) -> list[str]:
+        """Torch's function and dispatch mode stacks, when not empty: a mode the learner's
+        code left on would see, and could change, every torch call the observing half
+        makes (its counters, its spies' tensors)."""
+        found = []
+        for count, what in self.mode_stacks:
+            try:
+                depth = count()
+            except Exception:
+                continue
+            if depth:
+                found.append(f"a torch {what} mode was left on ({depth} on the stack)")
+        return found
+
     def observation_problems(self, stage: str) -> list[str]:
         """In a child forked to observe the answer (:func:`course_utils.instructor.judge.
         _observe`), before it (``observe``) and after (``observed``): what was changed of
@@ -409,10 +431,10 @@ class _Guard:
         the hook saw tampered with while the observing half ran. Any of it: the
         observation is not the course's."""
         if stage == "observe":
-            found = [*self._traces(), *self.record.changes()]
+            found = [*self._traces(), *self._modes(), *self.record.changes()]
             self.running, self.check_code = [], self.observing_code
         else:
-            found = [*(self.running or []), *self.record.changes()]
+            found = [*(self.running or []), *self._modes(), *self.record.changes()]
             found += [t.replace("was left on", "was set while observing") for t in self._traces()]
             self.running = None
         return list(dict.fromkeys(found))
