@@ -14,19 +14,19 @@ by value) and gets the evidence back as data.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: The grader's checker channel, in the checker process only (:func:`connect`).
-_CHANNEL: list[Any] = [None]
 
-
-def connect(channel: Any) -> None:
-    """In the grader's checker: evidence is asked of the learner's runtime over
-    ``channel`` (:class:`course_utils.instructor.checker.Channel`) from now on."""
-    _CHANNEL[0] = channel
+def _channel() -> Any:
+    """The grader's checker channel (:data:`course_utils.instructor.checker.CHANNEL`), in
+    the checker process only; else None. Read, not imported: only the checker sets it."""
+    checker = sys.modules.get("course_utils.instructor.checker")
+    holder = getattr(checker, "CHANNEL", None)
+    return holder[0] if type(holder) is list and holder else None
 
 
 def observed(function: F) -> F:
@@ -34,7 +34,7 @@ def observed(function: F) -> F:
 
     @functools.wraps(function)
     def observe(*args: Any, **kwargs: Any) -> Any:
-        channel = _CHANNEL[0]
+        channel = _channel()
         if channel is not None:
             return channel.observe(function.__module__, function.__qualname__, args, kwargs)
         return as_evidence(function(*args, **kwargs), function.__name__)

@@ -22,7 +22,7 @@ def results_of(answer: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]])
 
     seen = []
     for args, kwargs in calls:
-        args, kwargs = copy.deepcopy(list(args)), copy.deepcopy(dict(kwargs))
-        returned = answer(*args, **kwargs)
-        seen.append({"returned": returned, "arguments": args, "keywords": kwargs})
+        given, keywords = copy.deepcopy(list(args)), copy.deepcopy(dict(kwargs))
+        returned = answer(*given, **keywords)
+        seen.append({"returned": returned, "arguments": given, "keywords": keywords})
     return seen
