@@ -79,9 +79,11 @@ def not_plain_message(what: str) -> str:
     )
 
 
-class Tampered(Exception):
+class Tampered(BaseException):
     """The learner's runtime found the course's instruments changed when it was to
-    observe the answer: the check fails, and the changes are flagged."""
+    observe the answer: the check fails, and the changes are flagged (not an
+    ``Exception``: a deciding half's ``except Exception``, ``check_parts`` included, does not
+    turn it into one part's failure)."""
 
     def __init__(self, what: list[str]) -> None:
         super().__init__("; ".join(what))

@@ -57,10 +57,10 @@ CORE_MODULES = (
     "course_utils",
     "course_utils.classroom",
     "course_utils.checks.boundary",
-    "course_utils.checks.evidence.common",
-    # the observing halves of the checks: what runs with the answer (verified before it)
-    *(f"course_utils.checks.evidence.nb{number:02d}" for number in range(1, 10)),
 )
+#: The package of the checks' observing halves: each of its modules is recorded (what runs
+#: with the answer, verified before and after each observation).
+EVIDENCE_PACKAGE = "course_utils.checks.evidence"
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 _CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__globals__"})
 _GC_EVENTS = frozenset({"gc.get_referrers", "gc.get_referents", "gc.get_objects"})
@@ -179,6 +179,18 @@ def _from_library(value: Any) -> bool:
     return _library_file(str(getattr(code, "co_filename", "")))
 
 
+def _evidence_modules() -> list[str]:
+    """Every module of :data:`EVIDENCE_PACKAGE` (the package itself first)."""
+    import pkgutil  # lazy: only arming asks
+
+    try:
+        package = importlib.import_module(EVIDENCE_PACKAGE)
+    except Exception:
+        return []
+    found = pkgutil.iter_modules(getattr(package, "__path__", []), f"{EVIDENCE_PACKAGE}.")
+    return [EVIDENCE_PACKAGE, *sorted(module.name for module in found)]
+
+
 def _unwrapped(function: Any) -> list[Any]:
     """``function`` and the functions it wraps (``functools.wraps``' ``__wrapped__``)."""
     found = [function]
@@ -279,7 +291,7 @@ class _Guard:
         self.builtins_module = builtins
         self.builtins = dict(vars(builtins))
         self.record = _Record()
-        for name in [*CORE_MODULES, *spec.get("modules", [])]:
+        for name in [*CORE_MODULES, *_evidence_modules(), *spec.get("modules", [])]:
             if name.split(".")[0] == "sys":  # its hooks are checked one by one
                 continue
             try:  # imported now, before any learner code, and recorded

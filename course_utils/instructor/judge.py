@@ -32,6 +32,7 @@ code could write them too, and no line of the judge's gives a point.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import io
 import json
@@ -140,6 +141,7 @@ def _observe(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, An
                         os.close(fd)
             if torch is not None:
                 torch.set_num_threads(1)  # the parent's OpenMP pool is not the child's
+            gc.freeze()  # the runtime's objects: a collection here neither scans nor copies them
             try:
                 sys.audit(_EVENT, "observe", "", "")  # the guard verifies the instruments
                 function = getattr(importlib.import_module(module), name)
