@@ -489,3 +489,34 @@ def test_lying_values_cannot_forge_the_evidence_apart(nb03):
         "type Lying; to_gpu: to_gpu(batch, device)[2][0] should be of type str, but it is of "
         "type Lying"
     ), verdict
+
+
+def test_tampering_found_while_gathering_evidence_is_not_a_part_that_failed(nb03, monkeypatch):
+    """The cell gathers both parts' evidence before check_parts: the grader's finding that
+    the course's instruments were changed (Tampered) fails the whole check with its flag;
+    check_parts, which makes any exception a part's failure, never sees it."""
+    from course_utils.instructor import checker
+
+    observe = checker.Channel.observe
+
+    def found_tampering(self, module, name, args, kwargs):
+        if name == "copy_to_gpu_moves":
+            raise checker.Tampered(["torch.Tensor.to was replaced"])
+        return observe(self, module, name, args, kwargs)
+
+    monkeypatch.setattr(checker.Channel, "observe", found_tampering)
+    verdict = _apart(nb03)
+    assert verdict["status"] == "failed" and "earned" not in verdict, verdict
+    assert verdict["tampering"] == ["torch.Tensor.to was replaced"], verdict
+
+
+def test_reading_what_to_gpu_returned_fails_the_part_apart(nb03):
+    def names_as_a_number(batch, device):
+        images, inner, names, boxes = recursive_pinned(batch, device)
+        return images, inner, len(names), boxes  # list(4) raises TypeError
+
+    verdict = _apart(nb03, to_gpu=names_as_a_number)
+    assert verdict["earned"] == 0.5, verdict
+    assert verdict["evalue"] == (
+        "1 of 2 parts right; to_gpu: your code raised TypeError: (your code's message)"
+    ), verdict

@@ -1,7 +1,13 @@
 """Notebook 03's deciding halves, exercise (b): from what
 :mod:`course_utils.checks.evidence.nb03` saw of the learner's ``gpu_loader`` and
 ``to_gpu``, the verdict of each part and its feedback
-(:data:`course_utils.classroom.MESSAGES_03`)."""
+(:data:`course_utils.classroom.MESSAGES_03`).
+
+The check cell gathers both parts' evidence first (:func:`gpu_loader_evidence`,
+:func:`to_gpu_evidence`), then decides each part inside
+:func:`~course_utils.classroom.check_parts` (:func:`decide_gpu_loader`,
+:func:`decide_to_gpu`): what the learner's code raised is evidence, a part's failure; what
+the grader found tampered with while gathering it is not caught by ``check_parts``."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from course_utils.classroom import (
 )
 
 #: What ``gpu_loader(dataset, 4, workers=2)`` should set.
-LOADER_SETTINGS = {
+WANTED_SETTINGS = {
     "batch_size": 4,
     "num_workers": 2,
     "persistent_workers": True,
@@ -27,6 +33,41 @@ LOADER_SETTINGS = {
 }
 #: The file names in the batch the check gives ``to_gpu`` (not tensors: kept as they are).
 BATCH_NAMES = ["a.png", "b.png", "c.png", "d.png"]
+
+
+def _part_raised(raised: dict[str, Any]) -> CheckFailed:
+    """The failure of a part whose code raised (as :func:`~course_utils.classroom.
+    check_parts` says it); the message is the learner's."""
+    said_by_your_code(raised["message"])
+    return CheckFailed(
+        MESSAGES_CHECKS["part raised"].format(kind=raised["kind"], error=raised["message"])
+    )
+
+
+def gpu_loader_evidence(gpu_loader: Any) -> dict[str, Any]:
+    """What :func:`~course_utils.checks.evidence.nb03.loader_settings` saw of
+    ``gpu_loader``."""
+    return loader_settings(gpu_loader)
+
+
+def decide_gpu_loader(seen: dict[str, Any]) -> None:
+    """The verdict on a learner's ``gpu_loader`` from :func:`gpu_loader_evidence`: pinned,
+    shuffled batches, and with workers, persistent ones that prefetch 4 batches each."""
+    if "raised" in seen:
+        raise _part_raised(seen["raised"])
+    if "failed" in seen:
+        error = seen["failed"]["message"]
+        said_by_your_code(error)
+        raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error))
+    pins = [answered(record) for record in seen["pins"]]
+    check(all(pins), MESSAGES_03["gpu_loader not pinned"])
+    for setting, wanted in WANTED_SETTINGS.items():
+        check(
+            answered(seen["settings"][setting]) == wanted,
+            MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
+        )
+    check(seen["shuffled"], MESSAGES_03["gpu_loader no shuffle"])
+    check(not seen["cuda"] or seen["batch pinned"], MESSAGES_03["gpu_loader not pinned on the GPU"])
 
 
 def check_gpu_loader(gpu_loader: Any) -> None:
@@ -40,20 +81,7 @@ def check_gpu_loader(gpu_loader: Any) -> None:
     course_utils.classroom.CheckFailed: without pin_memory=True the batches stay in pageable \
 memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     """
-    seen = loader_settings(gpu_loader, list(LOADER_SETTINGS))
-    if "failed" in seen:
-        error = seen["failed"]["message"]
-        said_by_your_code(error)
-        raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error))
-    pins = [answered(record) for record in seen["pins"]]
-    check(all(pins), MESSAGES_03["gpu_loader not pinned"])
-    for setting, wanted in LOADER_SETTINGS.items():
-        check(
-            answered(seen["settings"][setting]) == wanted,
-            MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
-        )
-    check(seen["shuffled"], MESSAGES_03["gpu_loader no shuffle"])
-    check(not seen["cuda"] or seen["batch pinned"], MESSAGES_03["gpu_loader not pinned on the GPU"])
+    decide_gpu_loader(gpu_loader_evidence(gpu_loader))
 
 
 def _copy_failure(raised: dict[str, Any]) -> str:
@@ -70,19 +98,16 @@ def _copy_failure(raised: dict[str, Any]) -> str:
     return MESSAGES_03["to_gpu raised"].format(kind=raised["kind"], error=error)
 
 
-def check_copy_to_gpu(to_gpu: Any) -> None:
-    """Exercise 03 (b): ``to_gpu(batch, device)`` must return the batch's structure with
-    each tensor copied by ``.to`` (or ``.cuda``) on that very tensor, asynchronously where
-    the tensor is pinned, leaving the batch it was given as it was. The copies are watched
-    (:func:`~course_utils.checks.evidence.nb03.copy_to_gpu_moves`) on a nested batch of
-    pretend-pinned images and labels and a pageable mask: it runs on a CPU.
+def to_gpu_evidence(to_gpu: Any) -> dict[str, Any]:
+    """What :func:`~course_utils.checks.evidence.nb03.copy_to_gpu_moves` saw ``to_gpu`` do
+    with a batch holding :data:`BATCH_NAMES`."""
+    return copy_to_gpu_moves(to_gpu, BATCH_NAMES)
 
-    >>> check_copy_to_gpu(lambda batch, device: batch)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
-    """
-    seen = copy_to_gpu_moves(to_gpu, BATCH_NAMES)
+
+def decide_to_gpu(seen: dict[str, Any]) -> None:
+    """The verdict on a learner's ``to_gpu`` from :func:`to_gpu_evidence`: the batch's
+    structure returned, each tensor copied by ``.to`` (or ``.cuda``) on that very tensor,
+    asynchronously where the tensor is pinned, the batch it was given left as it was."""
     if seen.get("refused"):
         raise CheckFailed(MESSAGES_CHECKS["refused"].format(name="to_device"))
     if "check failed" in seen:  # raised inside your function: said by the course, or by it
@@ -90,6 +115,8 @@ def check_copy_to_gpu(to_gpu: Any) -> None:
         raise CheckFailed(seen["check failed"])
     if "raised" in seen:
         raise CheckFailed(_copy_failure(seen["raised"]))
+    if "crashed" in seen:
+        raise _part_raised(seen["crashed"])
     answered(seen["batch keys"])  # its keys, which your function may have changed
     check(seen["dict kept"], MESSAGES_03["to_gpu changed the dict"])
     check(seen["shaped"], MESSAGES_03["to_gpu shape"])
@@ -109,3 +136,18 @@ def check_copy_to_gpu(to_gpu: Any) -> None:
         all(seen["exact types"]),
         MESSAGES_03["to_gpu container types"].format(outer=outer, inner=inner),
     )
+
+
+def check_copy_to_gpu(to_gpu: Any) -> None:
+    """Exercise 03 (b): ``to_gpu(batch, device)`` must return the batch's structure with
+    each tensor copied by ``.to`` (or ``.cuda``) on that very tensor, asynchronously where
+    the tensor is pinned, leaving the batch it was given as it was. The copies are watched
+    (:func:`~course_utils.checks.evidence.nb03.copy_to_gpu_moves`) on a nested batch of
+    pretend-pinned images and labels and a pageable mask: it runs on a CPU.
+
+    >>> check_copy_to_gpu(lambda batch, device: batch)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
+    """
+    decide_to_gpu(to_gpu_evidence(to_gpu))

@@ -25,31 +25,42 @@ from course_utils.classroom import (
 )
 from course_utils.device import to_device  # the course's own: refused
 
+#: The settings of the loader :func:`loader_settings` reads.
+LOADER_SETTINGS = ("batch_size", "num_workers", "persistent_workers", "prefetch_factor")
+
 
 @observed
-def loader_settings(gpu_loader: Any, settings: list[str]) -> dict[str, Any]:
+def loader_settings(gpu_loader: Any) -> dict[str, Any]:
     """``gpu_loader(dataset, 4, workers=2)`` and ``gpu_loader(dataset, 4, workers=0)`` on a
     small dataset, and the first batch of the second: ``{"failed": ...}`` when the second
-    raised ``ValueError`` (:func:`~course_utils.checks.evidence.values.raised`), else both
-    loaders' ``pin_memory`` and the first's ``settings`` (:func:`~course_utils.checks.
+    raised ``ValueError``, ``{"raised": ...}`` when anything else raised
+    (:func:`~course_utils.checks.evidence.values.raised`); else both loaders'
+    ``pin_memory`` and the first's :data:`LOADER_SETTINGS` (:func:`~course_utils.checks.
     evidence.values.value_of`; a setting it lacks reads None), whether both shuffle (a
     ``RandomSampler``), whether CUDA is there and the batch came pinned."""
     dataset = TensorDataset(torch.randn(12, 3), torch.arange(12))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # on a CPU PyTorch warns that pinning needs a GPU
-        loader = gpu_loader(dataset, 4, workers=2)
-        try:
-            plain = gpu_loader(dataset, 4, workers=0)
-            batch = next(iter(plain))
-        except ValueError as error:
-            return {"failed": raised(error)}
-    return {
-        "pins": [value_of(one.pin_memory, "loader.pin_memory") for one in (loader, plain)],
-        "settings": {s: value_of(getattr(loader, s, None), f"loader.{s}") for s in settings},
-        "shuffled": all(isinstance(one.sampler, RandomSampler) for one in (loader, plain)),
-        "cuda": torch.cuda.is_available(),
-        "batch pinned": all(tensor.is_pinned() for tensor in batch),
-    }
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # on a CPU PyTorch warns that pinning needs a GPU
+            loader = gpu_loader(dataset, 4, workers=2)
+            try:
+                plain = gpu_loader(dataset, 4, workers=0)
+                batch = next(iter(plain))
+            except ValueError as error:
+                return {"failed": raised(error)}
+        pins = [value_of(one.pin_memory, "loader.pin_memory") for one in (loader, plain)]
+        return {
+            "pins": pins,
+            "settings": {
+                name: value_of(getattr(loader, name, None), f"loader.{name}")
+                for name in LOADER_SETTINGS
+            },
+            "shuffled": all(isinstance(one.sampler, RandomSampler) for one in (loader, plain)),
+            "cuda": torch.cuda.is_available(),
+            "batch pinned": all(tensor.is_pinned() for tensor in batch),
+        }
+    except Exception as error:  # the learner's code failed: the part says how
+        return {"raised": raised(error)}
 
 
 def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
@@ -65,10 +76,12 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
     ``.cuda`` calls recorded and the course's ``to_device`` refused: ``{"refused": True}``
     when it called ``to_device``; ``{"check failed": message}`` for another
     :class:`~course_utils.classroom.CheckFailed` raised inside it; ``{"raised": ...}``
-    when it raised; else whether it left the batch's dict as it was, whether the result has
-    the batch's shape (then its keys and names, and for each tensor of
-    :data:`~course_utils.classroom.TO_GPU_TENSORS` whether it was copied, made anew,
-    pinned, copied asynchronously, returned as its copy), and its containers' types."""
+    when it raised (:func:`~course_utils.checks.evidence.values.raised`), ``{"crashed":
+    ...}`` when reading what it returned raised; else whether it left the batch's dict as
+    it was, whether the result has the batch's shape (then its keys and names, and for
+    each tensor of :data:`~course_utils.classroom.TO_GPU_TENSORS` whether it was copied,
+    made anew, pinned, copied asynchronously, returned as its copy), and its containers'
+    types."""
     images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
     mask = torch.ones(4, dtype=torch.bool)
     boxes = [_pretend_pinned(torch.rand(n, 4)) for n in (2, 1, 3, 1)]  # a list: n per image
@@ -88,6 +101,16 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
             return {"check failed": said}
         except Exception as error:  # the learner's code failed: the check says how
             return {"raised": raised(error)}
+    try:
+        return _copies(result, inner, where, moves)
+    except Exception as error:  # reading what it returned failed: the part says how
+        return {"crashed": raised(error)}
+
+
+def _copies(result: Any, inner: dict[str, Any], where: dict[str, Any], moves: list[Any]) -> Any:
+    """What :func:`copy_to_gpu_moves` says of ``result``, the batch's ``inner`` dict and
+    the copies of the batch's tensors (``where``, by name) among ``moves``."""
+    labels, mask = where["labels"], where["mask"]
     seen: dict[str, Any] = {
         "batch keys": value_of(list(inner), "batch[1]"),  # your function may have changed them
         "dict kept": set(inner) == {"label", "mask"}
