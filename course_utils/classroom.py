@@ -17,7 +17,6 @@ import sys
 import time
 import timeit
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +24,8 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch.utils.data import RandomSampler, TensorDataset
 
 from course_utils.device import pick_precision, to_device  # the course's own: refused
-from course_utils.fake_nvml import FakeGpu, FakeNvml
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.language import Messages
 from course_utils.smi import sample_output
@@ -282,12 +279,6 @@ def is_cuda_target(target: Any) -> bool:
         return False
 
 
-def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``, answering ``is_pinned()`` with True (a CPU grader cannot pin memory)."""
-    tensor.is_pinned = lambda *args, **kwargs: True  # type: ignore[method-assign]
-    return tensor
-
-
 #: Notebook 03's check messages, by a stable name (see :data:`MESSAGES_01`). Exercise (b)'s
 #: feedback on one tensor of the batch has one message per tensor of the check's batch
 #: (``"to_gpu <tensor> <mistake>"``, the tensors of :data:`TO_GPU_TENSORS`).
@@ -404,17 +395,6 @@ MESSAGES_03 = Messages(
 TO_GPU_TENSORS = ("images", "labels", "mask", "first boxes", "last boxes")
 
 
-def _copy_failure(error: Exception) -> str:
-    """Feedback for a ``to_gpu`` that raised ``error``."""
-    if isinstance(error, RuntimeError) and any(
-        words in str(error) for words in ("pin", "NVIDIA driver", "accelerator")
-    ):
-        return MESSAGES_03["to_gpu pinned itself"]
-    if isinstance(error, AttributeError) and "attribute" in str(error):
-        return MESSAGES_03["to_gpu not a tensor"].format(error=error)
-    return MESSAGES_03["to_gpu raised"].format(kind=type(error).__name__, error=error)
-
-
 def check_knee(knee: Callable[..., Any]) -> None:
     """Exercise 03 (a): ``knee(rows, fraction=0.9)`` on four tables (in order, reversed, a
     fraction of 0.99, a rate of exactly half the best, the best rate mid-table). A mistake
@@ -445,76 +425,6 @@ def check_knee(knee: Callable[..., Any]) -> None:
     got = plain_value(knee(peak), "knee(rows)")
     check(got != 4, MESSAGES_03["knee largest"])
     check(got == 16, MESSAGES_03["knee peak"].format(got=got, peak=peak))
-
-
-def check_copy_to_gpu(to_gpu: Callable[[Any, torch.device], Any]) -> None:
-    """Exercise 03 (b): ``to_gpu(batch, device)`` must return the batch's structure with
-    each tensor copied by ``.to`` (or ``.cuda``) on that very tensor, asynchronously where
-    the tensor is pinned, leaving the batch it was given as it was. The check watches the
-    copies with :func:`record_tensor_to` (``pretend_cuda=True``) and feeds a nested batch
-    of pretend-pinned images and labels and a pageable mask: it runs on a CPU.
-
-    >>> check_copy_to_gpu(lambda batch, device: batch)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: the images tensor (batch[0]) was not copied: ...
-    """
-
-    images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
-    mask, names = torch.ones(4, dtype=torch.bool), ["a.png", "b.png", "c.png", "d.png"]
-    boxes = [_pretend_pinned(torch.rand(n, 4)) for n in (2, 1, 3, 1)]  # a list: n per image
-    inner = {"label": labels, "mask": mask}
-    batch = (images, inner, names, boxes)
-    where = dict(zip(TO_GPU_TENSORS, (images, labels, mask, boxes[0], boxes[3]), strict=True))
-    with (
-        record_tensor_to(pretend_cuda=True) as moves,
-        course_helpers_refused({"to_device": to_device}, "to_device"),
-    ):
-        try:
-            result = to_gpu(batch, torch.device("cuda"))
-        except CheckFailed:
-            raise
-        except Exception as error:  # the learner's code failed: say how, in one line
-            raise CheckFailed(_copy_failure(error)) from None
-    plain_value(list(inner), "batch[1]")  # its keys, which your function may have changed
-    check(
-        set(inner) == {"label", "mask"} and inner["label"] is labels and inner["mask"] is mask,
-        MESSAGES_03["to_gpu changed the dict"],
-    )
-    check(
-        isinstance(result, Sequence)
-        and len(result) == 4
-        and isinstance(result[1], Mapping)
-        and set(result[1]) == {"label", "mask"}
-        and isinstance(result[3], Sequence)
-        and len(result[3]) == 4,
-        MESSAGES_03["to_gpu shape"],
-    )
-    plain_value(list(result[1]), "to_gpu(batch, device)[1]")  # its keys
-    plain_value(list(result[2]), "to_gpu(batch, device)[2]")
-    check(list(result[2]) == names, MESSAGES_03["to_gpu names"])
-    returned = dict(
-        zip(
-            TO_GPU_TENSORS,
-            (result[0], result[1]["label"], result[1]["mask"], result[3][0], result[3][3]),
-            strict=True,
-        )
-    )
-    for name, tensor in where.items():
-        copies = [m for m in moves if m.source_id == id(tensor) and is_cuda_target(m.target)]
-        made = returned[name] is not tensor
-        if not copies:
-            raise CheckFailed(MESSAGES_03[f"to_gpu {name} {'rebuilt' if made else 'not copied'}"])
-        if tensor.is_pinned() and not all(m.non_blocking for m in copies):
-            raise CheckFailed(MESSAGES_03[f"to_gpu {name} blocking"])
-        if id(returned[name]) not in {m.result_id for m in copies}:
-            raise CheckFailed(MESSAGES_03[f"to_gpu {name} not its copy"])
-    check(
-        type(result) is tuple and type(result[3]) is list,
-        MESSAGES_03["to_gpu container types"].format(
-            outer=type(result).__name__, inner=type(result[3]).__name__
-        ),
-    )
 
 
 class RaisedText(str):
@@ -1994,50 +1904,6 @@ def record_autocast_devices() -> Iterator[list[str]]:
         autocast.__init__ = original  # type: ignore[method-assign]
 
 
-def check_gpu_loader(gpu_loader: Callable[..., Any]) -> None:
-    """Check a learner's ``gpu_loader(dataset, batch_size, workers=)``: pinned, shuffled
-    batches, and with workers, persistent ones that prefetch 4 batches each (notebook 03).
-
-    >>> from torch.utils.data import DataLoader
-    >>> check_gpu_loader(lambda data, size, workers: DataLoader(data, size))
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: without pin_memory=True the batches stay in pageable \
-memory, where .to(device, non_blocking=True) is an ordinary blocking copy
-    """
-
-    dataset = TensorDataset(torch.randn(12, 3), torch.arange(12))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # on a CPU PyTorch warns that pinning needs a GPU
-        loader = gpu_loader(dataset, 4, workers=2)
-        try:
-            plain = gpu_loader(dataset, 4, workers=0)
-            batch = next(iter(plain))
-        except ValueError as error:
-            raise CheckFailed(MESSAGES_03["gpu_loader failed"].format(error=error)) from None
-    pins = [plain_value(one.pin_memory, "loader.pin_memory") for one in (loader, plain)]
-    check(all(pins), MESSAGES_03["gpu_loader not pinned"])
-    wanted_settings = {
-        "batch_size": 4,
-        "num_workers": 2,
-        "persistent_workers": True,
-        "prefetch_factor": 4,
-    }
-    for setting, wanted in wanted_settings.items():
-        check(
-            plain_value(getattr(loader, setting, None), f"loader.{setting}") == wanted,
-            MESSAGES_03["gpu_loader setting"].format(setting=setting, wanted=wanted),
-        )
-    check(
-        isinstance(loader.sampler, RandomSampler) and isinstance(plain.sampler, RandomSampler),
-        MESSAGES_03["gpu_loader no shuffle"],
-    )
-    check(
-        not torch.cuda.is_available() or all(t.is_pinned() for t in batch),
-        MESSAGES_03["gpu_loader not pinned on the GPU"],
-    )
-
-
 def check_moves_batch(
     my_to_device: Callable[[Any, Any], Any],
     batch: Any,
@@ -2238,123 +2104,6 @@ None, 3.0])
             recorded.get(field) == value,
             MESSAGES_02["parse H200 field"].format(field=field, got=recorded.get(field)),
         )
-
-
-def check_read_gpu_edge_cases(read_gpu: Callable[[Any, int], Any]) -> None:
-    """Check a learner's ``read_gpu(nvml, index)`` (notebook 02) on a MIG instance, whose
-    utilization call raises ``NVMLError_NotSupported``, and on byte counts that are not whole
-    MiB (``bytes // 2**20``, an int).
-
-    >>> check_read_gpu_edge_cases(lambda nvml, index: (None, 512, 19968))
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: NVML's byte counts are rarely whole MiB, and from \
-such counts your function read (512, 19968) (used, total): give whole MiB as ints, bytes // 2**20 \
-(3932160 bytes, 3.75 MiB, read 3)
-    """
-
-    mig = FakeNvml([FakeGpu(utilization_gpu_pct=None, memory_used_mib=512, memory_total_mib=19968)])
-    try:
-        got = read_gpu(mig, 0)  # a MIG instance (constructed): utilization is not supported
-    except FakeNvml.NVMLError as error:
-        raise CheckFailed(
-            MESSAGES_02["read_gpu MIG raised"].format(error=type(error).__name__)
-        ) from None
-    plain_value(got, "read_gpu(nvml, 0)")
-    check(got == (None, 512, 19968), MESSAGES_02["read_gpu MIG"].format(got=got))
-    odd = FakeNvml([FakeGpu(37, 2046, 15360, used_bytes_over_mib=3 * 2**19)])  # 1.5 MiB more
-    got = plain_value(read_gpu(odd, 0), "read_gpu(nvml, 0)")  # used 2047.5, total 15363 MiB
-    if got[1:] == (2047, 15363) and all(type(v) is int for v in got[1:]):
-        return
-    used, total = 2047.5 * 2**20, 15363 * 2**20  # the fake's byte counts
-    mistakes = {
-        "read_gpu divided": (used / 2**20, total / 2**20),
-        "read_gpu rounded": (round(used / 2**20), round(total / 2**20)),
-    }
-    found = [
-        name
-        for name, values in mistakes.items()
-        if got[1:] == values and [type(v) for v in got[1:]] == [type(v) for v in values]
-    ]
-    raise CheckFailed(MESSAGES_02[found[0] if found else "read_gpu whole MiB"].format(got=got[1:]))
-
-
-def check_retry_halving_down_to_one(
-    retry_halving: Callable[[Callable[[int], Any], int], Any],
-    limited: Callable[[float, list[Any], list[int]], Callable[[int], Any]],
-) -> None:
-    """Check a learner's ``retry_halving(step, batch_size)`` (notebook 07) at the bottom:
-    it tries a batch of 1 too, and when even that does not fit it raises its own
-    ``RuntimeError``, not the OOM error. ``limited(limit, attempts, leaks)`` builds a step
-    that fits ``limit`` samples (the notebook's simulated step)."""
-    try:
-        got = retry_halving(limited(1.5, [], []), 24)  # only a batch of 1 fits
-    except RuntimeError:
-        raise CheckFailed(MESSAGES_07["retry raised before 1"]) from None
-    check(
-        plain_value(got, "retry_halving(step, 24)") == 1,
-        MESSAGES_07["retry not down to 1"].format(got=got),
-    )
-    try:
-        retry_halving(limited(0.5, [], []), 8)
-    except RuntimeError as error:  # its words may say "out of memory": its type must not be OOM
-        check(not isinstance(error, torch.cuda.OutOfMemoryError), MESSAGES_07["retry raised OOM"])
-    else:
-        raise CheckFailed(MESSAGES_07["retry did not raise"])
-
-
-def check_drop_from_history(drop_from_history: Callable[[dict[str, Any]], Any]) -> None:
-    """Exercise 07 (b): on a fake notebook namespace (IPython's ``Out``, also named ``_oh``,
-    its ``_N`` twins, ``_``, ``__``, ``___``) ``drop_from_history`` must free every tensor
-    held there (an ``nn.Parameter`` too) and leave every other entry as it was, ``_``,
-    ``__``, ``___`` set to ``""`` where they held a tensor (not deleted). Two arrangements;
-    the feedback names what was left or removed."""
-    for tensor_at in (("_", "___"), ("__",)):
-        first, second = torch.ones(1000), torch.zeros(1000)
-        third = torch.nn.Parameter(torch.ones(9))
-        watch = {"Out[4]": weakref.ref(first), "Out[7]": weakref.ref(second)}
-        watch["Out[9]"] = weakref.ref(third)  # an nn.Parameter
-        out: dict[int, Any] = {4: first, 5: "a string", 7: second, 9: third}
-        fake: dict[str, Any] = {"Out": out, "_oh": out, "_5": "a string"}
-        fake.update(_4=first, _7=second, _9=third)
-        held = {"_": second, "__": third, "___": first}
-        fake.update({n: held[n] if n in tensor_at else f"text {n}" for n in ("_", "__", "___")})
-        del first, second, third, held
-        answer = answer_or_error(drop_from_history, fake)
-        if is_raised(answer) and "changed size during iteration" in answer:
-            raise CheckFailed(MESSAGES_07["drop changed size"].format(error=answer))
-        check(not is_raised(answer), str(answer))  # what it raised, in the learner's language
-        plain_value(fake, "namespace")  # its entries, Out's keys and values too
-        check(
-            fake.get("Out") is out and fake.get("_oh") is out,
-            MESSAGES_07["drop replaced Out"],
-        )
-        check(9 not in out or 4 in out, MESSAGES_07["drop parameter kept"])
-        left = [f"Out[{key}]" for key in (4, 7, 9) if key in out]
-        check(not left, MESSAGES_07["drop Out left"].format(left=", ".join(left)))
-        twins = [name for name in ("_4", "_7", "_9") if name in fake]
-        check(not twins, MESSAGES_07["drop twins left"].format(twins=", ".join(twins)))
-        check(
-            out.get(5) == "a string" and fake.get("_5") == "a string",
-            MESSAGES_07["drop string removed"],
-        )
-        for name in ("_", "__", "___"):
-            if name in tensor_at:
-                check(name in fake, MESSAGES_07["drop underscore deleted"].format(name=name))
-                check(fake[name] == "", MESSAGES_07["drop underscore kept"].format(name=name))
-            else:
-                check(
-                    fake.get(name) == f"text {name}",
-                    MESSAGES_07["drop underscore string"].format(name=name),
-                )
-        alive = [place for place, ref in watch.items() if ref() is not None]
-        if alive:
-            which = (
-                "drop parameter still referenced"
-                if alive[0] == "Out[9]"
-                else "drop still referenced"
-            )
-            raise CheckFailed(MESSAGES_07[which].format(place=alive[0]))
 
 
 def check_same_parameters(

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from notebook_cells import code_cells, grade_cell, messages_matching
+from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching, run_cells
 
 from course_utils.classroom import MESSAGES_02, CheckFailed
 
@@ -284,3 +284,71 @@ def test_read_gpu_check_refuses_a_tuple_that_equals_anything(namespace):
 
     with pytest.raises(CheckFailed, match="should be of type tuple, but it is of type _Agrees"):
         _run(namespace, "02-read-gpu-check", "read_gpu", agrees)
+
+
+# --------------------------------------------- (c) across the grader's boundary
+
+#: The check cell of exercise (c): its evidence is gathered beside the answer, its verdict
+#: decided apart (course_utils.checks.nb02), as the grader runs it (notebook_cells.grade_apart).
+READ_GPU_CHECK = "02-read-gpu-check"
+
+
+@pytest.fixture(scope="module")
+def runtime() -> dict:
+    """The learner's runtime at the check: the notebook's imports, without an answer."""
+    return run_cells(NB02, ("nb02-03", "nb02-03b"))
+
+
+def _apart(runtime: dict, read_gpu) -> dict:
+    return grade_apart(NB02, READ_GPU_CHECK, {**runtime, "read_gpu": read_gpu})
+
+
+def test_read_gpu_check_apart_passes_the_reference_answer(runtime):
+    namespace = dict(runtime)
+    exec(_cell(grade_id="02-read-gpu"), namespace)  # the instructor's solution
+    assert grade_apart(NB02, READ_GPU_CHECK, namespace)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        ("gpu0_read_gpu", "for the busy H200 you returned (0, 0, 143771)"),
+        ("no_shutdown_read_gpu", "call nvml.nvmlInit() first and nvml.nvmlShutdown() once"),
+        ("no_mig_read_gpu", "read_gpu MIG raised"),
+        ("rounding_read_gpu", "read_gpu rounded"),
+        ("no_finally_read_gpu", "shut NVML down even when a call raised: use try/finally"),
+    ],
+)
+def test_read_gpu_check_apart_names_the_mistake(runtime, answer, feedback):
+    import test_exercise_checks as answers
+
+    verdict = _apart(runtime, getattr(answers, answer))
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    if feedback in MESSAGES_02.english:
+        assert feedback in messages_matching(verdict["evalue"], MESSAGES_02.english), verdict
+    else:
+        assert verdict["evalue"].startswith(feedback), verdict
+
+
+def test_read_gpu_check_apart_refuses_a_tuple_that_equals_anything(runtime):
+    """Evidence cannot be forged by a lying value: the tuple crosses only as a type's name."""
+    def agrees(nvml, index):
+        nvml.nvmlInit()
+        nvml.nvmlShutdown()
+        return _Agrees((99, 1011, 143771))
+
+    verdict = _apart(runtime, agrees)
+    assert verdict["status"] == "failed", verdict
+    assert verdict["evalue"] == (
+        "read_gpu(nvml, 1) should be of type tuple, but it is of type _Agrees"
+    ), verdict
+
+
+def test_read_gpu_check_apart_does_not_show_what_the_answer_raised(runtime):
+    """What the learner's code raised is said by its class; its own text is not shown."""
+    def raises(nvml, index):
+        raise ValueError("a secret of the learner's")
+
+    verdict = _apart(runtime, raises)
+    assert verdict["status"] == "failed", verdict
+    assert verdict["evalue"] == "your function raised ValueError: (your code's message)", verdict

@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell
+from notebook_cells import grade_apart, grade_cell
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
-from course_utils.classroom import CheckFailed, check_copy_to_gpu, record_tensor_to
+from course_utils.checks.nb03 import check_copy_to_gpu
+from course_utils.classroom import CheckFailed, record_tensor_to
 from course_utils.device import to_device
 
 NB03 = Path(__file__).resolve().parent.parent / "notebooks" / "03_data_loading_and_batch_size.ipynb"
@@ -410,3 +411,112 @@ def test_accumulation_written_other_ways_passes(nb03, effective_batch, new_lr, c
 def test_values_written_as_text_are_named(nb03, effective_batch, new_lr, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _run_accumulation_check(nb03, effective_batch, new_lr)
+
+
+# ------------------------------------------------- (b) across the grader's boundary
+
+#: The check cell of exercise (b): its evidence is gathered beside the answer, its verdict
+#: decided apart (course_utils.checks.nb03), as the grader runs it (notebook_cells.grade_apart).
+LOADER_CHECK = "03-gpu-loader-check"
+
+
+def _apart(nb03: dict, **learner) -> dict:
+    return grade_apart(NB03, LOADER_CHECK, {**nb03, **learner})
+
+
+def test_the_instructor_solution_passes_apart(nb03):
+    assert _apart(nb03)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("learner", "feedback"),
+    [
+        ({"to_gpu": blocking}, "to_gpu: the images tensor (batch[0]) is in pinned memory but "),
+        ({"to_gpu": clones_first}, "to_gpu: the images tensor (batch[0]) was not copied: you "),
+        ({"to_gpu": course_helper}, "to_gpu: your function called the course's own to_device()"),
+        ({"gpu_loader": _loader(pin=False)}, "gpu_loader: without pin_memory=True"),
+        ({"gpu_loader": _loader(shuffle=False)}, "gpu_loader: the loader should shuffle"),
+    ],
+    ids=["blocking", "clones first", "course helper", "not pinned", "no shuffle"],
+)
+def test_one_part_wrong_apart_earns_half_and_names_the_mistake(nb03, learner, feedback):
+    verdict = _apart(nb03, **learner)
+    assert verdict["status"] == "failed" and verdict["ename"] == "PartialCredit", verdict
+    assert verdict["earned"] == 0.5, verdict
+    assert verdict["evalue"].startswith(f"1 of 2 parts right; {feedback}"), verdict
+
+
+def test_both_parts_wrong_apart_earn_nothing(nb03):
+    verdict = _apart(nb03, to_gpu=flat, gpu_loader=always_persistent)
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert "earned" not in verdict, verdict
+    assert verdict["evalue"].startswith("0 of 2 parts right; gpu_loader: gpu_loader(..., "
+                                        "workers=0) failed: (your code's message); to_gpu: "
+                                        "the labels tensor"), verdict
+
+
+def test_what_to_gpu_raised_is_named_apart_without_its_text(nb03):
+    verdict = _apart(nb03, to_gpu=flat_crash)  # .to on a file name: an AttributeError
+    assert verdict["evalue"] == (
+        "1 of 2 parts right; to_gpu: to_gpu called a tensor method on a value that is not a "
+        "tensor ((your code's message)): go inside tuples, lists and dicts, copy only the "
+        "tensors, return other values as they are"
+    ), verdict
+
+
+def test_lying_values_cannot_forge_the_evidence_apart(nb03):
+    """A str whose == says True crosses only as its type's name: the part fails."""
+
+    class Lying(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    def lying_names(batch, device):
+        images, inner, names, boxes = recursive_pinned(batch, device)
+        return images, inner, [Lying("?")] * len(names), boxes
+
+    def lying_pin(dataset, batch_size, workers):
+        loader = _loader()(dataset, batch_size, workers)
+        loader.__dict__["pin_memory"] = Lying("")  # falsy, but equal to anything
+        return loader
+
+    verdict = _apart(nb03, to_gpu=lying_names, gpu_loader=lying_pin)
+    assert verdict["status"] == "failed" and "earned" not in verdict, verdict
+    assert verdict["evalue"] == (
+        "0 of 2 parts right; gpu_loader: loader.pin_memory should be of type str, but it is of "
+        "type Lying; to_gpu: to_gpu(batch, device)[2][0] should be of type str, but it is of "
+        "type Lying"
+    ), verdict
+
+
+def test_tampering_found_while_gathering_evidence_is_not_a_part_that_failed(nb03, monkeypatch):
+    """The cell gathers both parts' evidence before check_parts: the grader's finding that
+    the course's instruments were changed (Tampered) fails the whole check with its flag;
+    check_parts, which makes any exception a part's failure, never sees it."""
+    from course_utils.instructor import checker
+
+    observe = checker.Channel.observe
+
+    def found_tampering(self, module, name, args, kwargs):
+        if name == "copy_to_gpu_moves":
+            raise checker.Tampered(["torch.Tensor.to was replaced"])
+        return observe(self, module, name, args, kwargs)
+
+    monkeypatch.setattr(checker.Channel, "observe", found_tampering)
+    verdict = _apart(nb03)
+    assert verdict["status"] == "failed" and "earned" not in verdict, verdict
+    assert verdict["tampering"] == ["torch.Tensor.to was replaced"], verdict
+
+
+def test_reading_what_to_gpu_returned_fails_the_part_apart(nb03):
+    def names_as_a_number(batch, device):
+        images, inner, names, boxes = recursive_pinned(batch, device)
+        return images, inner, len(names), boxes  # list(4) raises TypeError
+
+    verdict = _apart(nb03, to_gpu=names_as_a_number)
+    assert verdict["earned"] == 0.5, verdict
+    assert verdict["evalue"] == (
+        "1 of 2 parts right; to_gpu: your code raised TypeError: (your code's message)"
+    ), verdict

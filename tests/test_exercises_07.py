@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell, messages_matching
+from notebook_cells import grade_apart, grade_cell, messages_matching
 
 from course_utils.classroom import MESSAGES_07, CheckFailed
 from course_utils.oom import is_out_of_memory
@@ -396,3 +396,94 @@ def test_retry_check_refuses_an_int_that_equals_anything(nb07):
     a plain int (classroom.plain_value)."""
     with pytest.raises(CheckFailed, match="should be of type int, but it is of type _Agrees"):
         _check(nb07, lambda step, batch_size: _Agrees(7))
+
+
+# ------------------------------------------------ across the grader's boundary
+
+#: Exercises (b) and (c)'s check cells: their evidence is gathered beside the answer, their
+#: verdict decided apart (course_utils.checks.nb07), as the grader runs them
+#: (notebook_cells.grade_apart).
+DROP_CHECK, RETRY_CHECK = "07-drop-from-history-check", "07-retry-halving-check"
+
+
+@pytest.fixture(scope="module")
+def runtime(nb07):
+    """The learner's runtime at the checks: the notebook's cells and the reference answers.
+    The objects made so far are frozen out of the garbage collector's reach (gc.freeze):
+    each gc.collect() of the answer, in the processes forked for the evidence, then scans
+    only what the check made (0.5 s a call otherwise; the reference answer makes eleven)."""
+    namespace = dict(nb07)
+    for grade_id in ("07-drop-from-history", "07-retry-halving"):
+        exec(_grade_cell(grade_id), namespace)
+    gc.freeze()
+    yield namespace
+    gc.unfreeze()
+
+
+def _apart(runtime, grade_id, **answer) -> dict:
+    return grade_apart(NB07, grade_id, {**runtime, **answer})
+
+
+@pytest.mark.parametrize("grade_id", [DROP_CHECK, RETRY_CHECK])
+def test_the_reference_answers_pass_apart(runtime, grade_id):
+    assert _apart(runtime, grade_id)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("answer", "name"),
+    [(rebinds_out, "drop replaced Out"), (leaves_twins, "drop twins left"),
+     (deletes_underscores, "drop underscore deleted"), (exact_type, "drop parameter kept")],
+)  # fmt: skip
+def test_drop_from_history_apart_names_the_mistake(runtime, answer, name):
+    verdict = _apart(runtime, DROP_CHECK, drop_from_history=answer)
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_07) == [name], verdict
+
+
+def test_drop_from_history_apart_says_what_it_raised_without_its_text(runtime):
+    verdict = _apart(runtime, DROP_CHECK, drop_from_history=deletes_while_looping)
+    assert verdict["evalue"] == (
+        "your function raised RuntimeError: (your code's message): you deleted from the dict "
+        "while looping over it; loop over a copy, list(history.items())"
+    ), verdict
+
+
+def test_drop_from_history_apart_refuses_a_string_that_equals_anything(runtime):
+    class Lying(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    def blanks_with_a_liar(namespace):
+        in_place(namespace)
+        for name in ("_", "__", "___"):
+            namespace[name] = Lying("")
+
+    verdict = _apart(runtime, DROP_CHECK, drop_from_history=blanks_with_a_liar)
+    assert verdict["status"] == "failed", verdict
+    assert verdict["evalue"] == "namespace['_'] should be of type str, but it is of type Lying"
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (stops_before_one, "only a batch of 1 fits here"),
+        (catches_every_runtime_error, "a shape error is not out of memory, but your code caught"),
+        (catches_everything, "a ZeroDivisionError is not out of memory, but your code caught"),
+        (retries_inside_except, "retry after the except block has ended"),
+        (raises_the_oom, "raise your own RuntimeError, not the OOM error"),
+    ],
+)
+def test_retry_halving_apart_names_the_mistake(runtime, answer, feedback):
+    verdict = _apart(runtime, RETRY_CHECK, retry_halving=answer)
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert verdict["evalue"].startswith(feedback), verdict
+
+
+def test_retry_halving_apart_refuses_an_int_that_equals_anything(runtime):
+    verdict = _apart(runtime, RETRY_CHECK, retry_halving=lambda step, batch_size: _Agrees(64))
+    assert verdict["status"] == "failed", verdict
+    assert verdict["evalue"] == (
+        "retry_halving(...) should be of type int, but it is of type _Agrees"
+    ), verdict

@@ -5,8 +5,10 @@ and a wrong answer gets its feedback from the learner's language's catalog."""
 from __future__ import annotations
 
 import ast
+import importlib
 import itertools
 import json
+import pkgutil
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +18,19 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import course_utils.checks
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
+from course_utils.checks import nb03 as checks_nb03
+from course_utils.checks import nb07 as checks_nb07
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = [classroom, distributed, lightning, capstone, techniques]
+#: The checks split along the grader's boundary (course_utils.checks): both halves.
+CHECK_MODULES = [
+    importlib.import_module(found.name)
+    for found in pkgutil.walk_packages(course_utils.checks.__path__, "course_utils.checks.")
+]
+MODULES = [classroom, distributed, lightning, capstone, techniques, *CHECK_MODULES]
 
 #: Every table of these modules, by the name the code gives it.
 TABLES: dict[str, Messages] = {
@@ -147,7 +157,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_03,
         "gpu_loader not pinned",
         "pin_memory=True ছাড়া ব্যাচগুলি পেজযোগ্য মেমরিতে থাকে",
-        lambda: classroom.check_gpu_loader(_unpinned_loader),
+        lambda: checks_nb03.check_gpu_loader(_unpinned_loader),
     ),
     "02": (
         classroom.MESSAGES_02,
@@ -190,7 +200,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_07,
         "retry did not raise",
         "যখন 1 এর ব্যাচও আঁটে না, RuntimeError তুলুন",
-        lambda: classroom.check_retry_halving_down_to_one(
+        lambda: checks_nb07.check_retry_halving_down_to_one(
             lambda step, batch_size: 1, lambda limit, attempts, leaks: lambda size: None
         ),
     ),

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, lightning, transformer_checks
+from course_utils.checks import nb02, nb03, nb07
 from course_utils.classroom import CheckFailed, plain_value
 from course_utils.fake_nvml import FakeNvml
 from course_utils.profiling import LoopProfile
@@ -252,15 +253,15 @@ def _read_gpu(nvml: FakeNvml, index: int):
 def test_check_read_gpu_edge_cases():
     _fails_as_plain(
         "Pair",
-        lambda: classroom.check_read_gpu_edge_cases(
+        lambda: nb02.check_read_gpu_edge_cases(
             lambda nvml, index: Pair(_read_gpu(nvml, index))
         ),
     )
     _fails_as_plain(
         "Yes",
-        lambda: classroom.check_read_gpu_edge_cases(lambda nvml, index: (None, Yes(0), Yes(0))),
+        lambda: nb02.check_read_gpu_edge_cases(lambda nvml, index: (None, Yes(0), Yes(0))),
     )
-    classroom.check_read_gpu_edge_cases(_read_gpu)
+    nb02.check_read_gpu_edge_cases(_read_gpu)
 
 
 def _limited(limit, attempts, leaks):
@@ -285,9 +286,9 @@ def _retry_halving(step, batch_size):
 def test_check_retry_halving_down_to_one():
     _fails_as_plain(
         "Yes",
-        lambda: classroom.check_retry_halving_down_to_one(lambda step, size: Yes(3), _limited),
+        lambda: nb07.check_retry_halving_down_to_one(lambda step, size: Yes(3), _limited),
     )
-    classroom.check_retry_halving_down_to_one(_retry_halving, _limited)
+    nb07.check_retry_halving_down_to_one(_retry_halving, _limited)
 
 
 def _drop(namespace, blank=""):
@@ -303,11 +304,11 @@ def _drop(namespace, blank=""):
 def test_check_drop_from_history():
     _fails_as_plain(
         "Lying",
-        lambda: classroom.check_drop_from_history(
+        lambda: nb07.check_drop_from_history(
             lambda namespace: _drop(namespace, Lying("kept"))
         ),
     )
-    classroom.check_drop_from_history(_drop)
+    nb07.check_drop_from_history(_drop)
 
 
 def _gpu_loader(pin):
@@ -321,8 +322,8 @@ def _gpu_loader(pin):
 
 
 def test_check_gpu_loader():
-    _fails_as_plain("Yes", lambda: classroom.check_gpu_loader(_gpu_loader(Yes(0))))
-    classroom.check_gpu_loader(_gpu_loader(True))
+    _fails_as_plain("Yes", lambda: nb03.check_gpu_loader(_gpu_loader(Yes(0))))
+    nb03.check_gpu_loader(_gpu_loader(True))
 
 
 def _to_gpu(batch, device):
@@ -344,9 +345,9 @@ def test_check_copy_to_gpu():
         images, inner, names, boxes = _to_gpu(batch, device)
         return images, {Lying(key): value for key, value in inner.items()}, names, boxes
 
-    _fails_as_plain("Lying", lambda: classroom.check_copy_to_gpu(lying_names))
-    _fails_as_plain("Lying", lambda: classroom.check_copy_to_gpu(lying_keys))
-    classroom.check_copy_to_gpu(_to_gpu)
+    _fails_as_plain("Lying", lambda: nb03.check_copy_to_gpu(lying_names))
+    _fails_as_plain("Lying", lambda: nb03.check_copy_to_gpu(lying_keys))
+    nb03.check_copy_to_gpu(_to_gpu)
 
 
 def test_check_moves_batch_compares_a_dicts_keys_by_type():
