@@ -24,6 +24,6 @@ def said_by_your_code(*texts: str) -> None:
     the learner reads them in the feedback."""
     from course_utils.checks import boundary  # lazy: the boundary imports this package
 
-    channel = boundary._CHANNEL[0]
+    channel = boundary._channel()
     if channel is not None:
         channel.learner_texts.extend(text for text in texts if type(text) is str and text)

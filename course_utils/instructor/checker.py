@@ -760,13 +760,33 @@ def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
             bool(vars(error).get("course_from_answer")) if hasattr(error, "__dict__") else False
         )
         verdict = verdict_of(error, classroom, trusted_message=not learners)
-        for text in sorted(set(channel.learner_texts), key=len, reverse=True):
-            verdict["evalue"] = verdict["evalue"].replace(text, "(your code's message)")
+        verdict["evalue"] = without_learner_texts(verdict["evalue"], channel.learner_texts)
         earned = vars(error).get("earned") if type(error) is classroom.PartialCredit else None
         if type(earned) is float and 0.0 < earned < 1.0:
             verdict["earned"] = earned
         return verdict
     return verdict_of(None, classroom, False)
+
+
+def without_learner_texts(message: str, texts: list[str]) -> str:
+    """``message`` with each of ``texts`` (what the learner's code said) replaced by
+    "(your code's message)": a text of a few characters only where it stands as a word of
+    its own, so that a learner's ``ValueError("e")`` does not cut every "e" of the message.
+
+    >>> without_learner_texts("double(17) failed: 17 is odd", ["17 is odd", "e"])
+    "double(17) failed: (your code's message)"
+    >>> without_learner_texts("raised ValueError: e", ["e"])
+    "raised ValueError: (your code's message)"
+    """
+    import re  # lazy: only a failed check's message is read
+
+    for text in sorted({t for t in texts if type(t) is str and t}, key=len, reverse=True):
+        if len(text) >= 8:
+            message = message.replace(text, "(your code's message)")
+        else:
+            word = rf"(?<!\w){re.escape(text)}(?!\w)"
+            message = re.sub(word, lambda _: "(your code's message)", message)
+    return message
 
 
 def _serve_checks(
