@@ -180,15 +180,13 @@ def _from_library(value: Any) -> bool:
 
 
 def _evidence_modules() -> list[str]:
-    """Every module of :data:`EVIDENCE_PACKAGE` (the package itself first)."""
-    import pkgutil  # lazy: only arming asks
-
-    try:
-        package = importlib.import_module(EVIDENCE_PACKAGE)
-    except Exception:
-        return []
-    found = pkgutil.iter_modules(getattr(package, "__path__", []), f"{EVIDENCE_PACKAGE}.")
-    return [EVIDENCE_PACKAGE, *sorted(module.name for module in found)]
+    """The modules of :data:`EVIDENCE_PACKAGE` the checks' own modules imported (each
+    deciding module imports its observing half; a notebook's judge imports no other
+    notebook's, nor what those need, such as Lightning)."""
+    return sorted(
+        name for name in list(sys.modules)
+        if name == EVIDENCE_PACKAGE or name.startswith(EVIDENCE_PACKAGE + ".")
+    )  # fmt: skip
 
 
 def _unwrapped(function: Any) -> list[Any]:
@@ -291,7 +289,7 @@ class _Guard:
         self.builtins_module = builtins
         self.builtins = dict(vars(builtins))
         self.record = _Record()
-        for name in [*CORE_MODULES, *_evidence_modules(), *spec.get("modules", [])]:
+        for name in [*CORE_MODULES, *spec.get("modules", []), *_evidence_modules()]:
             if name.split(".")[0] == "sys":  # its hooks are checked one by one
                 continue
             try:  # imported now, before any learner code, and recorded
