@@ -1058,3 +1058,22 @@ class Pair(tuple):
 def test_a_lying_answer_cannot_forge_the_evidence(runtime, grade_id, answer, said):
     verdict = _apart(runtime, grade_id, answer)
     assert verdict["status"] == "failed" and said in verdict["evalue"], verdict
+
+
+def pad_breaking_the_forward(model, multiple=64):  # right rows, but the model no longer runs
+    padded = pad_right(model, multiple)
+
+    def forward(tokens):
+        raise RuntimeError("a secret the learner wrote")
+
+    padded.forward = forward
+    return padded
+
+
+def test_a_padded_model_whose_forward_raises_fails_as_it_did(runtime):
+    """Beside, the forward's error stopped the check; apart, it is raised again in the
+    checker as the answer's (its text cut out), and in the notebook it is the same error."""
+    verdict = _apart(runtime, "09-pad-vocabulary-check", pad_breaking_the_forward)
+    assert verdict == {"status": "failed", "ename": "RuntimeError", "evalue": ""}, verdict
+    with pytest.raises(RuntimeError, match="a secret the learner wrote"):
+        _run(runtime, "09-pad-vocabulary-check", "pad_vocabulary", pad_breaking_the_forward)
