@@ -666,39 +666,59 @@ def plain_value(value: Any, what: str) -> Any:
     ...
     course_utils.classroom.CheckFailed: f()[1] should be of type int, but it is of type Yes
     """
+    fault = plain_value_fault(value, what)
+    if fault is not None:
+        name, fields = fault
+        raise CheckFailed(MESSAGES_CHECKS[name].format(**fields))
+    return value
+
+
+def plain_value_fault(value: Any, what: str) -> tuple[str, dict[str, str]] | None:
+    """Where :func:`plain_value` finds ``value`` not plain, as data: the name of its
+    message in :data:`MESSAGES_CHECKS` (``difference type``, ``tensor subclass``) and the
+    message's fields; ``None`` when it is plain. A check's observing half
+    (:mod:`course_utils.checks`) reports it, and the deciding half says it.
+
+    >>> class Yes(int):
+    ...     __eq__ = lambda *args: True
+    >>> plain_value_fault((1, Yes(2)), "f()")
+    ('difference type', {'where': 'f()[1]', 'want': 'int', 'got': 'Yes'})
+    >>> plain_value_fault([1, 2.5], "f()") is None
+    True
+    """
     seen: set[int] = set()
 
-    def visit(item: Any, where: str) -> None:
+    def visit(item: Any, where: str) -> tuple[str, dict[str, str]] | None:
         kind = type(item)
         if kind in _PLAIN_EXACT or kind in (torch.Tensor, torch.nn.Parameter):
-            return
+            return None
         if isinstance(item, torch.Tensor):
-            exact_tensor(item, where)
+            return "tensor subclass", {"what": where, "kind": kind.__name__}
         if _is_numpy_scalar(kind):
-            return
+            return None
         base = next((b for b in _BUILT_IN if isinstance(item, b)), None)
         if base is None:
-            return
-        check(
-            kind is base,
-            MESSAGES_CHECKS["difference type"].format(
-                where=where, want=base.__name__, got=kind.__name__
-            ),
-        )
+            return None
+        if kind is not base:
+            return "difference type", {"where": where, "want": base.__name__, "got": kind.__name__}
         if id(item) in seen:
-            return
+            return None
         seen.add(id(item))
         if kind is dict:
-            for key in item:
-                visit(key, where)
-            for key, element in item.items():
-                visit(element, f"{where}[{key!r}]")
+            inside = [(key, where) for key in item]
+            inside += [(element, f"{where}[{key!r}]") for key, element in item.items()]
         else:
-            for i, element in enumerate(item):
-                visit(element, f"{where}[{i}]" if kind in (tuple, list) else where)
+            inside = [
+                (element, f"{where}[{i}]" if kind in (tuple, list) else where)
+                for i, element in enumerate(item)
+            ]
+        for element, at in inside:
+            found = visit(element, at)
+            if found is not None:
+                return found
+        return None
 
-    visit(value, what)
-    return value
+    return visit(value, what)
 
 
 def _refused(name: str) -> CheckFailed:

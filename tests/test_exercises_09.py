@@ -16,12 +16,14 @@ import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
-from notebook_cells import grade_cell, messages_matching
+from notebook_cells import grade_apart, grade_cell, messages_matching
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_utils.checks.evidence.nb09 import step_inputs
 from course_utils.classroom import CheckFailed
+from course_utils.instructor import checker
 from course_utils.transformer_checks import MESSAGES_09
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -836,13 +838,14 @@ def _right_figures(namespace, kind: int) -> list[str]:
     messages print them."""
     space = dict(namespace)
     source = _check_cell("09-step-throughput-check").replace(
-        "check_step_throughput(step_throughput, cases)", "")
+        "check_step_throughput(step_throughput, GPT, cases)", "")
     exec(source, space)
     figures = []
     for case in space["cases"]:
         if getattr(case.gpu, PEAKS[case.dtype]) is None:  # no peak: ValueError, no figures
             continue
-        right = step_right(case.model, case.x, case.y, case.seconds, case.gpu, case.dtype)
+        model, x, y = step_inputs(space["GPT"], case)
+        right = step_right(model, x, y, case.seconds, case.gpu, case.dtype)
         figures.append(f"{right[kind]:{('.4g', '.6g', '.6g')[kind]}}")
     return figures
 
@@ -894,3 +897,183 @@ def test_each_step_throughput_mistake_is_named_and_no_other(namespace, solution)
         _run(namespace, "09-step-throughput-check", "step_throughput", solution)
     assert _named(str(failure.value)) == [STEP_MISTAKES[solution]], str(failure.value)
 
+
+
+# ------------------------------------------ (b) and (c) across the grader's boundary (apart)
+# Their evidence is gathered beside the answer (course_utils/checks/evidence/nb09.py), in a
+# process forked from the learner's runtime; the verdict is decided apart, in the checker
+# (course_utils/checks/nb09.py). grade_apart runs each cell across that boundary.
+
+APART = {"09-pad-vocabulary-check": "pad_vocabulary", "09-step-throughput-check": "step_throughput"}
+
+
+@pytest.fixture(scope="module")
+def runtime(namespace) -> dict:
+    """The learner's runtime at the checks of (b) and (c), as the grader has it there:
+    section 3's cells counted FLOPs with FlopCounterMode, which imported torch._dynamo (each
+    observation is a process forked from this one: without it, each would import it
+    again, some seconds each)."""
+    import torch._dynamo  # noqa: F401  (what section 3's FlopCounterMode imported)
+
+    return namespace
+
+
+def _reference(namespace: dict, grade_id: str):
+    """The notebook's own solution of ``grade_id``'s exercise, defined as its cell does."""
+    (cell,) = [c for c in _code_cells()
+               if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+    names = dict(namespace)
+    exec(cell.source, names)
+    return names[APART[grade_id + "-check"]]
+
+
+def _apart(runtime: dict, grade_id: str, answer) -> dict:
+    return grade_apart(NB09, grade_id, dict(runtime, **{APART[grade_id]: answer}))
+
+
+def _failed_naming(verdict: dict, name: str) -> None:
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert _named(verdict["evalue"]) == [name], verdict
+
+
+@pytest.mark.parametrize("grade_id", list(APART))
+def test_the_checks_of_b_and_c_gather_evidence_beside_and_decide_apart(grade_id):
+    source = _check_cell(grade_id)
+    assert source.startswith("# evidence beside your answer, verdict apart: "), source
+    assert not checker.beside(source) and len(source.splitlines()) <= 20
+    assert "lambda" not in source and "globals()" not in source
+
+
+@pytest.mark.parametrize("grade_id", ["09-pad-vocabulary", "09-step-throughput"])
+def test_the_reference_answers_pass_apart(runtime, grade_id):
+    verdict = _apart(runtime, grade_id + "-check", _reference(runtime, grade_id))
+    assert verdict["status"] == "completed", verdict
+
+
+@pytest.mark.parametrize(
+    "solution",
+    [pad_by_adding, pad_untied, pad_rounded_down, pad_with_empty_rows, pad_old_rows_at_the_end],
+    ids=lambda f: f.__name__,
+)
+def test_pad_vocabulary_mistakes_are_named_apart(runtime, solution):
+    name = {**PAD_MISTAKES, **PAD_COPY_MISTAKES}[solution]
+    _failed_naming(_apart(runtime, "09-pad-vocabulary-check", solution), name)
+
+
+@pytest.mark.parametrize(
+    "solution",
+    [step_forward_only, step_default_kernel, step_constant, step_percent, step_no_refusal],
+    ids=lambda f: f.__name__,
+)
+def test_step_throughput_mistakes_are_named_apart(runtime, solution):
+    _failed_naming(_apart(runtime, "09-step-throughput-check", solution), STEP_MISTAKES[solution])
+
+
+def test_the_course_counter_is_refused_apart(runtime):
+    verdict = _apart(runtime, "09-step-throughput-check", step_course_counter)
+    assert verdict["status"] == "failed", verdict
+    assert "called the course's own count_flops()" in verdict["evalue"], verdict
+
+
+def pad_raising(model, multiple=64):
+    raise RuntimeError("a secret the learner wrote")
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "answer", "said"),
+    [
+        ("09-pad-vocabulary-check", pad_raising,
+         "vocabulary 13, multiple 64: your function raised RuntimeError: (your code's message)"),
+        ("09-step-throughput-check", step_type_error,
+         "raise ValueError (your function raised TypeError: (your code's message))"),
+    ],
+)
+def test_what_the_answer_raised_is_named_apart_without_its_text(runtime, grade_id, answer, said):
+    """The class of what the answer raised reaches the verdict; what it said does not (the
+    checker cuts it out): in the notebook the same cell quotes it."""
+    verdict = _apart(runtime, grade_id, answer)
+    assert verdict["status"] == "failed" and said in verdict["evalue"], verdict
+    assert "secret" not in verdict["evalue"] and "NoneType" not in verdict["evalue"], verdict
+    with pytest.raises(CheckFailed, match=r"secret|NoneType"):
+        _run(runtime, grade_id, APART[grade_id], answer)
+
+
+class Agreeing(nn.Parameter):
+    """A parameter that says yes to every comparison (==, equal, allclose, isfinite)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.allclose, torch.isfinite, torch.Tensor.__eq__):
+            return True
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def pad_agreeing_rows(model, multiple=64):  # the old rows not copied, in a lying tensor
+    padded = pad_not_copied(model, multiple)
+    padded.tok.weight = Agreeing(padded.tok.weight.detach())
+    padded.head.weight = padded.tok.weight
+    return padded
+
+
+def pad_agreeing_int(model, multiple=64):  # an int equal to anything
+    return Yes(0)
+
+
+def step_agreeing_tuple(model, x, y, seconds, gpu, dtype):  # a tuple equal to anything
+    return Pair(step_right(model, x, y, seconds, gpu, dtype))
+
+
+def step_agreeing_numbers(model, x, y, seconds, gpu, dtype):  # numbers equal to anything
+    _peak(gpu, dtype)
+    return Yes(0), Yes(0), Yes(0)
+
+
+class Yes(int):
+    __eq__ = lambda self, other: True  # noqa: E731
+    __ne__ = lambda self, other: False  # noqa: E731
+    __hash__ = int.__hash__
+
+
+class Pair(tuple):
+    __eq__ = lambda self, other: True  # noqa: E731
+    __ne__ = lambda self, other: False  # noqa: E731
+    __hash__ = tuple.__hash__
+
+
+@pytest.mark.parametrize(
+    ("grade_id", "answer", "said"),
+    [
+        ("09-pad-vocabulary-check", pad_agreeing_rows,
+         "model.tok.weight is of type Agreeing, a subclass of torch.Tensor"),
+        ("09-pad-vocabulary-check", pad_agreeing_int, "return the model, a GPT, not Yes"),
+        ("09-step-throughput-check", step_agreeing_tuple,
+         "step_throughput(model, x, y, seconds, gpu, dtype) should be of type tuple, but it is "
+         "of type Pair"),
+        ("09-step-throughput-check", step_agreeing_numbers,
+         "step_throughput(model, x, y, seconds, gpu, dtype)[0] should be of type int, but it is "
+         "of type Yes"),
+    ],
+)
+def test_a_lying_answer_cannot_forge_the_evidence(runtime, grade_id, answer, said):
+    verdict = _apart(runtime, grade_id, answer)
+    assert verdict["status"] == "failed" and said in verdict["evalue"], verdict
+
+
+def pad_breaking_the_forward(model, multiple=64):  # right rows, but the model no longer runs
+    padded = pad_right(model, multiple)
+
+    def forward(tokens):
+        raise RuntimeError("a secret the learner wrote")
+
+    padded.forward = forward
+    return padded
+
+
+def test_a_padded_model_whose_forward_raises_fails_as_it_did(runtime):
+    """Beside, the forward's error stopped the check; apart, it is raised again in the
+    checker as the answer's (its text cut out), and in the notebook it is the same error."""
+    verdict = _apart(runtime, "09-pad-vocabulary-check", pad_breaking_the_forward)
+    assert verdict == {"status": "failed", "ename": "RuntimeError", "evalue": ""}, verdict
+    with pytest.raises(RuntimeError, match="a secret the learner wrote"):
+        _run(runtime, "09-pad-vocabulary-check", "pad_vocabulary", pad_breaking_the_forward)

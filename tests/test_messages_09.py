@@ -14,25 +14,30 @@ import torch
 from torch import nn
 
 from course_utils import language, transformer_checks
+from course_utils.checks import nb09 as checks_09
+from course_utils.checks.nb09 import check_pad_vocabulary
 from course_utils.classroom import CheckFailed
 from course_utils.transformer_checks import (
     ATTENTION_MISTAKES,
     MESSAGES_09,
     check_causal_attention,
-    check_pad_vocabulary,
 )
 
-SOURCE = Path(transformer_checks.__file__).read_text(encoding="utf-8")
+#: The modules that look the table up: (a)'s check, and (b)'s and (c)'s deciding halves.
+SOURCES = [
+    Path(module.__file__).read_text(encoding="utf-8") for module in (transformer_checks, checks_09)
+]
 #: How each name of the table starts: the exercise whose check says it.
 NAME = re.compile(r"^(causal_attention|pad_vocabulary|step_throughput) ")
 
 
 def _table_and_names() -> tuple[ast.Dict, set[str]]:
-    """The table's dict as written, and every other string of the module shaped like a
+    """The table's dict as written, and every other string of the modules shaped like a
     name of the table (a lookup, a mistake's name, a helper's answer)."""
-    tree = ast.parse(SOURCE)
+    trees = [ast.parse(source) for source in SOURCES]
     (table,) = [
         node.args[1]
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
@@ -44,6 +49,7 @@ def _table_and_names() -> tuple[ast.Dict, set[str]]:
     keys = {id(key) for key in table.keys}
     names = {
         node.value
+        for tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
@@ -60,7 +66,7 @@ def test_every_name_the_checks_use_is_in_the_table_and_every_entry_is_used():
     assert set(ATTENTION_MISTAKES.values()) <= set(MESSAGES_09)
     assert len(set(ATTENTION_MISTAKES.values())) == len(ATTENTION_MISTAKES)
     # no lookup by a name built at run time (an f-string, a sum), which the above cannot see
-    for node in ast.walk(ast.parse(SOURCE)):
+    for node in (node for source in SOURCES for node in ast.walk(ast.parse(source))):
         if isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "MESSAGES_09":
             built = [n for n in ast.walk(node.slice) if isinstance(n, ast.JoinedStr | ast.BinOp)]
             assert not built, ast.unparse(node)
@@ -128,7 +134,7 @@ def pad_by_adding(model: TinyGPT, multiple: int) -> TinyGPT:
 
 def test_a_wrong_padding_gets_the_learners_language(bengali):
     with pytest.raises(CheckFailed) as failure:
-        check_pad_vocabulary(pad_by_adding, TinyGPT, [(13, 8)])
+        check_pad_vocabulary(pad_by_adding, TinyGPT, (), [(13, 8)])
     assert str(failure.value) == (
         "13 টোকেনের শব্দভান্ডার 8-এর গুণিতকে প্যাড করলে 16টি সারি হয়, 21টি নয়: আপনি একটি গুণিতক যোগ করেছেন"
     )
@@ -137,7 +143,7 @@ def test_a_wrong_padding_gets_the_learners_language(bengali):
 def test_a_wrong_padding_is_told_in_english_without_a_language(bengali, monkeypatch):
     monkeypatch.delenv(language.LANGUAGE_VAR)
     with pytest.raises(CheckFailed) as failure:
-        check_pad_vocabulary(pad_by_adding, TinyGPT, [(13, 8)])
+        check_pad_vocabulary(pad_by_adding, TinyGPT, (), [(13, 8)])
     assert str(failure.value) == (
         "a vocabulary of 13, padded to a multiple of 8, has 16 rows, not 21: you added a "
         "multiple to it: round it up to the next multiple instead"

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, lightning, transformer_checks
 from course_utils.checks import nb02, nb03, nb07
+from course_utils.checks import nb09 as checks_09
 from course_utils.classroom import CheckFailed, plain_value
 from course_utils.fake_nvml import FakeNvml
 from course_utils.profiling import LoopProfile
@@ -450,23 +451,26 @@ def test_check_pad_vocabulary():
 
     for wrong in (subclassed_logits, subclassed_weight):
         with pytest.raises(CheckFailed, match=r"a subclass of torch\.Tensor"):
-            transformer_checks.check_pad_vocabulary(wrong, TinyGPT, [(13, 8)])
-    transformer_checks.check_pad_vocabulary(_pad_up, TinyGPT, [(13, 8), (16, 8)])
+            checks_09.check_pad_vocabulary(wrong, TinyGPT, (), [(13, 8)])
+    checks_09.check_pad_vocabulary(_pad_up, TinyGPT, (), [(13, 8), (16, 8)])
 
 
 GPU = SimpleNamespace(name="a test GPU", fp32=10.0, fp16=40.0, bf16=None, tf32=None)
 
 
-def _cases():
-    def make_model(vocab, context, width, blocks, heads):
-        return nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, vocab))
+def _make_model(vocab, context, width, blocks, heads):
+    return nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, vocab))
 
+
+def _cases():
     return [
-        transformer_checks.step_case(
-            make_model, (11, 6, 8, 1, 2), batch=batch, seconds=0.5, gpu=GPU, dtype=dtype
-        )
+        checks_09.StepCase((11, 6, 8, 1, 2), batch=batch, seconds=0.5, gpu=GPU, dtype=dtype)
         for batch, dtype in ((2, torch.float32), (3, torch.float16), (2, torch.bfloat16))
     ]
+
+
+def _check_step(step_throughput) -> None:
+    checks_09.check_step_throughput(step_throughput, _make_model, _cases())
 
 
 def _throughput(idiom=float, triple=tuple):
@@ -487,17 +491,11 @@ def test_check_step_throughput():
             return Lying("no ValueError here")
         return _throughput()(model, x, y, seconds, gpu, dtype)
 
-    _fails_as_plain(
-        "Pair", lambda: transformer_checks.check_step_throughput(_throughput(triple=Pair), _cases())
-    )
-    _fails_as_plain(
-        "Close", lambda: transformer_checks.check_step_throughput(_throughput(Close), _cases())
-    )
-    _fails_as_plain(
-        "Lying", lambda: transformer_checks.check_step_throughput(lying_no_peak, _cases())
-    )
+    _fails_as_plain("Pair", lambda: _check_step(_throughput(triple=Pair)))
+    _fails_as_plain("Close", lambda: _check_step(_throughput(Close)))
+    _fails_as_plain("Lying", lambda: _check_step(lying_no_peak))
     for idiom in (float, np.float64):
-        transformer_checks.check_step_throughput(_throughput(idiom), _cases())
+        _check_step(_throughput(idiom))
 
 
 # ----------------------------------------------------------------- the capstone's losses
