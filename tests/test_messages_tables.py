@@ -17,10 +17,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
+from course_utils.checks import nb06 as checks_nb06
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = [classroom, distributed, lightning, capstone, techniques]
+MODULES = [classroom, distributed, lightning, capstone, techniques, checks_nb06]
 
 #: Every table of these modules, by the name the code gives it.
 TABLES: dict[str, Messages] = {
@@ -178,7 +179,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         distributed.MESSAGES_06,
         "average own",
         "প্রতিটি প্রক্রিয়া নিজের গ্রেডিয়েন্ট রেখেছে",
-        lambda: distributed.check_averaged_gradients(
+        lambda: checks_nb06.check_averaged_gradients(
             [
                 {"own": torch.ones(2), "result": torch.ones(2)},
                 {"own": -torch.ones(2), "result": -torch.ones(2)},
