@@ -18,10 +18,11 @@ from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
 from course_utils.checks import nb06 as checks_nb06
+from course_utils.checks import nb08 as checks_nb08
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = [classroom, distributed, lightning, capstone, techniques, checks_nb06]
+MODULES = [classroom, distributed, lightning, capstone, techniques, checks_nb06, checks_nb08]
 
 #: Every table of these modules, by the name the code gives it.
 TABLES: dict[str, Messages] = {
@@ -199,7 +200,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_08,
         "loop empties the cache",
         "আপনি লুপে torch.cuda.empty_cache() ডাকেন: এটি বাদ দিন",
-        lambda: capstone.check_loop_habits(
+        lambda: checks_nb08.check_loop_habits(
             SimpleNamespace(
                 item_calls=0, steps=10, empty_cache_calls=10, unmoved_labels=0, unmoved_inputs=0
             )
