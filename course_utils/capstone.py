@@ -21,9 +21,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 from course_utils.classroom import (
-    MESSAGES_08,
     TensorMove,
-    check,
     plain_value,
     record_tensor_to,
 )
@@ -360,25 +358,6 @@ class _MoveWatch:
         pair = isinstance(batch, list | tuple) and len(batch) == 2
         tensors = pair and all(isinstance(part, torch.Tensor) for part in batch)
         self.batch = (batch[0], batch[1]) if tensors else None
-
-
-def check_loop_habits(run: LoopRun) -> None:
-    """Exercise 08 (b): the habits the fixed loop must drop, each with its own feedback:
-    the loss read on the host every step, ``empty_cache()`` in the loop, and a batch whose
-    labels (or images) were left on the CPU: invisible on a CPU grader, fatal on a GPU."""
-    check(
-        run.item_calls <= 1 + run.steps // 10,
-        MESSAGES_08["loop reads the loss"].format(reads=run.item_calls, steps=run.steps),
-    )
-    check(run.empty_cache_calls == 0, MESSAGES_08["loop empties the cache"])
-    check(
-        run.unmoved_labels == 0,
-        MESSAGES_08["loop labels left"].format(left=run.unmoved_labels, steps=run.steps),
-    )
-    check(
-        run.unmoved_inputs == 0,
-        MESSAGES_08["loop images left"].format(left=run.unmoved_inputs, steps=run.steps),
-    )
 
 
 def _loss_values(losses: Any) -> list[float]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import itertools
 import math
 import statistics
 import sys
@@ -1716,97 +1715,6 @@ def _profiles_for_read_profile(own: Any) -> list[Any]:
 
 def _phases(profile: Any) -> dict[str, float]:
     return {"data": profile.data_s, "copy": profile.copy_s, "compute": profile.compute_s}
-
-
-def _batch_tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, list | tuple):
-        return [t for item in batch for t in _batch_tensors(item)]
-    if isinstance(batch, dict):
-        return [t for item in batch.values() for t in _batch_tensors(item)]
-    return []
-
-
-def check_fast_loop_on_a_gpu(
-    fast_loop: Callable[..., Any], data: Any, model: nn.Module, steps: int = 3
-) -> None:
-    """Exercise 08 (b)'s GPU habits, seen directly on any grader: the loop runs ``steps``
-    steps given ``device = torch.device("cuda")``, where a move to CUDA returns a CPU copy
-    (:func:`record_tensor_to`), a CUDA autocast runs as a CPU one
-    (:func:`record_autocast_devices`) and spies record each DataLoader's ``pin_memory``,
-    each GradScaler, ``torch.cuda.is_available()`` asked and the forward passes' autocast
-    dtype. The loop must pin its batches, copy them with ``non_blocking=True``, run the
-    model under autocast for the device, and scale the loss when that is float16."""
-    from torch.utils.data import DataLoader  # lazy: as the learner's own import
-
-    device = torch.device("cuda")
-    pinned: list[bool] = []
-    scalers: list[bool] = []  # each GradScaler made: enabled, for CUDA
-    asked: list[int] = []
-    batches: list[torch.Tensor] = []  # kept alive: their ids name the batch tensors
-    loader_init, scaler_init = DataLoader.__init__, torch.amp.GradScaler.__init__
-
-    def loader_spy(self: Any, *args: Any, **kwargs: Any) -> None:
-        pin = plain_value(kwargs.pop("pin_memory", False), "DataLoader(pin_memory)")
-        pinned.append(bool(pin))  # a CPU grader cannot pin
-        loader_init(self, *args, **kwargs)
-
-    def scaler_spy(self: Any, *args: Any, **kwargs: Any) -> None:
-        # GradScaler(device, init_scale, growth_factor, backoff_factor, growth_interval,
-        # enabled): made enabled for CUDA (a CPU grader then disables it, as CUDA is absent)
-        enabled = kwargs.get("enabled", args[5] if len(args) > 5 else True)
-        where = kwargs.get("device", args[0] if args else "cuda")
-        plain_value([enabled, where], "GradScaler(device, enabled)")  # bool(), str() could lie
-        scalers.append(bool(enabled) and str(where) == "cuda")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "CUDA is not available. Disabling."
-            scaler_init(self, *args, **kwargs)
-
-    def is_available() -> bool:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if not caller.startswith("torch"):  # the learner's question, not GradScaler's
-            asked.append(1)
-        return False
-
-    def timed(loader: Any) -> Iterator[Any]:
-        for batch in itertools.islice(loader, steps):
-            batches.extend(_batch_tensors(batch))
-            yield batch
-
-    with (
-        mock.patch.object(DataLoader, "__init__", loader_spy),
-        mock.patch.object(torch.amp.GradScaler, "__init__", scaler_spy),
-        mock.patch.object(torch.cuda, "is_available", is_available),
-        mock.patch.object(torch.cuda, "synchronize", lambda *args, **kwargs: None),
-        record_tensor_to(pretend_cuda=True) as moves,
-        record_autocast_devices() as autocasts,
-        record_autocast(model) as forwards,
-    ):
-        _, error = answer_and_error(fast_loop, data, model, device, timed)
-    torch.set_autocast_enabled("cpu", False)  # an answer that raised may leave it on
-    check(error is None, MESSAGES_08["fast_loop raised"].format(error=error))
-    check(bool(batches), MESSAGES_08["fast_loop no batches"])
-    if not any(pinned):
-        raise CheckFailed(
-            MESSAGES_08["fast_loop pinned by CUDA" if asked else "fast_loop not pinned"]
-        )
-    ids = {id(t) for t in batches}
-    copies = [m for m in moves if m.source_id in ids and is_cuda_target(m.target)]
-    blocking = [m for m in copies if not m.non_blocking]
-    check(
-        not blocking,
-        MESSAGES_08["fast_loop blocking copy"].format(blocking=len(blocking), moved=len(copies)),
-    )
-    if "cuda" not in autocasts or not any(dtype is not None for dtype in forwards):
-        others = sorted(set(autocasts) - {"cuda"})
-        raise CheckFailed(
-            MESSAGES_08["fast_loop autocast elsewhere"].format(devices=", ".join(others))
-            if others and "cuda" not in autocasts
-            else MESSAGES_08["fast_loop no autocast"]
-        )
-    if torch.float16 in forwards:
-        check(any(scalers), MESSAGES_08["fast_loop no scaler"])
 
 
 def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:

@@ -8,12 +8,13 @@ learner's function defined in the same namespace.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from notebook_cells import grade_cell, messages_matching, run_cells
+from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching, run_cells
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -303,7 +304,7 @@ def zero_grad_once_per_epoch_main(out_dir, epochs=2, batch_size=8):
     dist.destroy_process_group()
 
 
-#: Each message of check_ddp_weights that names a mistake, and the answer that makes it.
+#: Each message of checks.nb06.check_ddp_weights that names a mistake, and the answer making it.
 DDP_WEIGHT_MISTAKES = {
     "ddp no wrapper": unwrapped_main,
     "ddp no shuffle": unshuffled_main,
@@ -346,3 +347,107 @@ def same_other_seed_main(out_dir, epochs=2, batch_size=8):
 def test_one_seed_shared_by_all_ranks_but_not_the_course_one_is_still_told_its_seed(nb06):
     _fails_with(nb06, "06-ddp-setup-check", "ddp_main", same_other_seed_main,
                 "your DistributedSampler's seed is 7: give every process the same seed, 0")
+
+
+# ------------------------------------------------- (b) and (c) across the grader's boundary
+# The ranks run in a process forked from the learner's runtime (the evidence: what the spies
+# saw and the tensors the ranks saved); the comparisons with one process run in the checker.
+
+
+def _apart(nb06: dict, grade_id: str, **answer) -> dict:
+    return grade_apart(NB06, grade_id, dict(nb06, **answer))
+
+
+def _solution(nb06: dict, cell_id: str, name: str):
+    namespace = dict(nb06)
+    exec(code_cells(NB06)[cell_id], namespace)
+    return namespace[name]
+
+
+class Agreeing(torch.Tensor):
+    """A tensor that says it is close to anything and equal to everything."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+    def __eq__(self, other):
+        return True
+
+
+def forged_average(gradient):  # the sum everywhere, dressed as a tensor that agrees
+    dist.all_reduce(gradient)
+    return gradient.as_subclass(Agreeing)
+
+
+def secret_average(gradient):
+    raise ValueError("the learner's own words")
+
+
+def test_average_gradient_apart_passes_the_solution(nb06):
+    answer = _solution(nb06, "nb06-33", "average_gradient")
+    verdict = _apart(nb06, "06-average-gradients-check", average_gradient=answer)
+    assert verdict["status"] == "completed", verdict
+
+
+@pytest.mark.parametrize(
+    ("answer", "name"), [(keeps_its_own, "average own"), (sums, "average summed")]
+)
+def test_average_gradient_apart_names_the_mistake(nb06, answer, name):
+    verdict = _apart(nb06, "06-average-gradients-check", average_gradient=answer)
+    assert verdict["status"] == "failed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_06) == [name], verdict
+
+
+def test_average_gradient_apart_cannot_be_forged_by_a_tensor_that_agrees(nb06):
+    verdict = _apart(nb06, "06-average-gradients-check", average_gradient=forged_average)
+    assert verdict["status"] == "failed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_06) == ["average not a gradient"]
+
+
+def test_average_gradient_apart_quotes_no_words_of_the_learners_code(nb06):
+    """What a rank's exception said is the learner's: the grader names the rank and the
+    class, never the message (in the learner's own notebook it is shown)."""
+    verdict = _apart(nb06, "06-average-gradients-check", average_gradient=secret_average)
+    assert verdict["status"] == "failed", verdict
+    assert "average_gradient failed in 4 processes: rank " in verdict["evalue"], verdict
+    assert "ValueError: (your code's message)" in verdict["evalue"], verdict
+    assert "own words" not in verdict["evalue"], verdict
+    with pytest.raises(CheckFailed, match="own words"):
+        _check(nb06, "06-average-gradients-check", "average_gradient", secret_average)
+
+
+def forged_ddp_main(out_dir, epochs=2, batch_size=8):
+    """The right training, saved as tensors that agree with anything: the weights that
+    cross to the checker are plain data or nothing."""
+    right_main(out_dir, epochs, batch_size)
+    if int(os.environ["RANK"]) == 0:  # the group is closed: torchrun's variables say
+        saved = f"{out_dir}/ddp_model.pt"
+        state = torch.load(saved, weights_only=True)
+        torch.save({key: value.as_subclass(Agreeing) for key, value in state.items()}, saved)
+
+
+def test_ddp_setup_apart_passes_the_solution(nb06):
+    answer = _solution(nb06, "nb06-36", "ddp_main")
+    verdict = _apart(nb06, "06-ddp-setup-check", ddp_main=answer)
+    assert verdict["status"] == "completed", verdict
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (no_sampler_main, "build a DistributedSampler(dataset, shuffle=True, seed=0)"),
+        (left_open_main, "call dist.destroy_process_group() at the end (ranks [0, 1]"),
+        (no_zero_grad_main, "are those of a run that never clears its gradients"),
+    ],
+)
+def test_ddp_setup_apart_names_the_mistake(nb06, answer, feedback):
+    verdict = _apart(nb06, "06-ddp-setup-check", ddp_main=answer)
+    assert verdict["status"] == "failed" and feedback in verdict["evalue"], verdict
+
+
+def test_ddp_setup_apart_cannot_be_forged_by_weights_that_agree(nb06):
+    verdict = _apart(nb06, "06-ddp-setup-check", ddp_main=forged_ddp_main)
+    assert verdict["status"] == "failed", verdict

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell, messages_matching
+from notebook_cells import grade_apart, grade_cell, messages_matching
 
 from course_utils.classroom import MESSAGES_08, CheckFailed
 from course_utils.profiling import LoopProfile
@@ -277,3 +277,58 @@ def test_fast_loop_feedback_names_each_gpu_habit_left_out_and_no_other(nb08, nam
     with pytest.raises(CheckFailed) as failed:
         _check_b(nb08, _fast_loop(nb08, **GPU_HABITS[name]))
     assert messages_matching(str(failed.value), MESSAGES_08) == [name], str(failed.value)
+
+
+# ----------------------------------------------------- (b) across the grader's boundary
+# The loops run and are timed in a process forked from the learner's runtime (the evidence:
+# what the spies saw, the runs' figures); the habits and thresholds decide in the checker.
+
+
+def _apart(nb, loop) -> dict:
+    return grade_apart(NB08, "08-fast-loop-check", dict(nb, fast_loop=loop))
+
+
+class Yes(int):
+    """A 0 that says it is true and equal to anything."""
+
+    __bool__ = lambda self: True  # noqa: E731
+    __eq__ = lambda self, other: True  # noqa: E731
+    __hash__ = int.__hash__
+
+
+def test_fast_loop_apart_passes_the_solution(nb08):
+    namespace = dict(nb08)
+    exec(_cells()["nb08-17"].source, namespace)
+    verdict = _apart(nb08, namespace["fast_loop"])
+    assert verdict["status"] == "completed", verdict
+
+
+@pytest.mark.parametrize(("habits", "name"), [
+    (dict(empty_cache=True), "loop empties the cache"),
+    (dict(move_labels=False), "loop labels left"),
+    (dict(pin=None), "fast_loop not pinned"),
+])
+def test_fast_loop_apart_names_the_mistake(nb08, habits, name):
+    verdict = _apart(nb08, _fast_loop(nb08, **habits))
+    assert verdict["status"] == "failed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_08) == [name], verdict
+
+
+def test_fast_loop_apart_cannot_be_forged_by_a_value_that_says_it_is_true(nb08):
+    """non_blocking=Yes(0): a copy that blocks, with a flag that says it does not."""
+    verdict = _apart(nb08, _fast_loop(nb08, non_blocking=Yes(0)))
+    assert verdict["status"] == "failed", verdict
+    with pytest.raises(CheckFailed, match="of type Yes"):  # the notebook names it
+        _check_b(nb08, _fast_loop(nb08, non_blocking=Yes(0)))
+
+
+def test_fast_loop_apart_quotes_no_words_of_the_learners_code(nb08):
+    def secret_loop(data, model, device, timed):
+        raise ValueError("the learner's own words")
+
+    verdict = _apart(nb08, secret_loop)
+    assert verdict["status"] == "failed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_08) == ["fast_loop raised"], verdict
+    assert "ValueError: (your code's message)" in verdict["evalue"], verdict
+    with pytest.raises(CheckFailed, match="own words"):
+        _check_b(nb08, secret_loop)

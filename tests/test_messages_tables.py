@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader
 import course_utils.checks
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
 from course_utils.checks import nb03 as checks_nb03
+from course_utils.checks import nb06 as checks_nb06
 from course_utils.checks import nb07 as checks_nb07
+from course_utils.checks import nb08 as checks_nb08
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,7 +190,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         distributed.MESSAGES_06,
         "average own",
         "প্রতিটি প্রক্রিয়া নিজের গ্রেডিয়েন্ট রেখেছে",
-        lambda: distributed.check_averaged_gradients(
+        lambda: checks_nb06.check_averaged_gradients(
             [
                 {"own": torch.ones(2), "result": torch.ones(2)},
                 {"own": -torch.ones(2), "result": -torch.ones(2)},
@@ -208,7 +210,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_08,
         "loop empties the cache",
         "আপনি লুপে torch.cuda.empty_cache() ডাকেন: এটি বাদ দিন",
-        lambda: capstone.check_loop_habits(
+        lambda: checks_nb08.check_loop_habits(
             SimpleNamespace(
                 item_calls=0, steps=10, empty_cache_calls=10, unmoved_labels=0, unmoved_inputs=0
             )

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, lightning, transformer_checks
 from course_utils.checks import nb02, nb03, nb07
+from course_utils.checks import nb08 as checks_nb08
 from course_utils.checks import nb09 as checks_09
 from course_utils.classroom import CheckFailed, plain_value
 from course_utils.fake_nvml import FakeNvml
@@ -566,7 +567,7 @@ def test_check_fast_loop_on_a_gpu_reads_the_loops_arguments_as_plain_values():
     data = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randint(0, 2, (16,)))
 
     def check(loop):
-        classroom.check_fast_loop_on_a_gpu(loop, data, nn.Linear(3, 2))
+        checks_nb08.check_fast_loop_on_a_gpu(loop, data, model=nn.Linear(3, 2))
 
     _fails_as_plain("Yes", lambda: check(_fast_loop(pin=Yes(0))))
     _fails_as_plain("Yes", lambda: check(_fast_loop(non_blocking=Yes(0))))
