@@ -555,6 +555,9 @@ class Channel:
             again: Any = kind_of(message)
             again.course_from_answer = True
             raise again
+        library = _library_error(_text(header.get("module")), _text(header.get("name")))
+        if library:
+            raise AnswerError(f"{name} raised {library}")
         raise AnswerError(f"{name} raised an exception of a class your notebook defines")
 
     def value(self, name: str) -> Any:
@@ -625,6 +628,17 @@ class Channel:
             "object defined in your notebook?): return a plain int, float, str, list, tuple, "
             "dict or torch.Tensor"
         )
+
+
+def _library_error(module: str, qualname: str) -> str:
+    """``module.qualname`` when that names an exception class of a module this checker
+    has imported (torch's, pickle's: not the notebook's, whatever name it claims), else ""."""
+    found: Any = sys.modules.get(module) if module not in ("__main__", "builtins") else None
+    for part in qualname.split(".") if found is not None else []:
+        found = vars(found).get(part) if hasattr(found, "__dict__") else None
+    if isinstance(found, type) and issubclass(found, BaseException):
+        return f"{module}.{qualname}"
+    return ""
 
 
 def _text(value: Any) -> str:

@@ -12,7 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+# FlopCounterMode and deterministic algorithms import torch._dynamo lazily: imported here,
+# with the runtime's guard, every observing child forked from the runtime has it (else
+# each child pays 3-6 s to import it again)
 import torch
+import torch._dynamo
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.checks.boundary import observed
