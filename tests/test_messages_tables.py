@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
+from course_utils.checks import nb01
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def test_the_names_made_by_code_are_in_their_tables():
     ]
     names += [(classroom.MESSAGES_04, name) for name in techniques._AMP_STEP_ERRORS.values()]
     names += [(classroom.MESSAGES_04, name) for name in techniques._CLIPPING_MISTAKES]
-    names += [(classroom.MESSAGES_01, name) for name in classroom._time_it_mistakes([1.0], [1.0])]
+    names += [(classroom.MESSAGES_01, name) for name in nb01._time_it_mistakes([1.0], [1.0])]
     names += [(classroom.MESSAGES_04, n) for n in classroom._largest_batch_mistakes(9, 1, 2)]
     names += [
         (classroom.MESSAGES_04A, n) for n in classroom._adam_mistakes(torch.nn.Linear(1, 1))[1]
@@ -139,9 +140,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_01,
         "mixed_forward autocast",
         "{gpu} এর জন্য model(x) চালান torch.autocast(x.device.type, dtype=torch.{dtype}) এর মধ্যে",
-        lambda: classroom.check_mixed_forward(
-            lambda model, x, capability: model(x), (8, 0), namespace={}
-        ),
+        lambda: nb01.check_mixed_forward(lambda model, x, capability: model(x), (8, 0)),
     ),
     "03": (
         classroom.MESSAGES_03,
