@@ -18,10 +18,10 @@ import copy
 import functools
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -160,8 +160,7 @@ def value_rebuilt(seen: Any) -> Any:
     if tag == "dt":
         return getattr(torch, seen[1])
     if tag == "np":
-        numpy = sys.modules.get("numpy")
-        scalar = getattr(numpy, "sctypeDict", {}).get(seen[1])
+        scalar = np.sctypeDict.get(seen[1])
         return scalar(seen[2]) if scalar is not None else _stand_in(seen[1], object)()
     if tag == "S":
         _, base, key, name, raw = seen

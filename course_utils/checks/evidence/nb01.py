@@ -65,6 +65,7 @@ _CONTAINERS = (dict, list, tuple, set, frozenset)
 _SCALAR_BASES = (int, float, complex, str, bytes)
 _DEPTH, _NODES = 40, 20_000  # deeper or larger: described as an object of its class only
 _DATA_BYTES = 1 << 20  # a CPU tensor's values cross up to this size (else its shape only)
+_ALL_DATA_BYTES = 1 << 26  # and the values of all the tensors of one value, up to this size
 #: The dtypes whose values can cross (:data:`course_utils.instructor.checker.DTYPES`).
 _DATA_DTYPES = {
     torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.complex64,
@@ -120,6 +121,7 @@ class _Seeing:
     def __init__(self) -> None:
         self.nodes = 0
         self.path: set[int] = set()  # the containers being described (a cycle stops there)
+        self.data_left = _ALL_DATA_BYTES
 
     def see(self, value: Any, depth: int) -> Any:
         self.nodes += 1
@@ -165,7 +167,9 @@ class _Seeing:
         for n in shape:
             size *= n
         strided = base.layout.__get__(value) is torch.strided
-        if device.type == "cpu" and strided and dtype in _DATA_DTYPES and size <= _DATA_BYTES:
+        small = size <= min(_DATA_BYTES, self.data_left)
+        if device.type == "cpu" and strided and dtype in _DATA_DTYPES and small:
+            self.data_left -= size
             with torch._C.DisableTorchFunctionSubclass():
                 data = torch.Tensor.detach(value).as_subclass(torch.Tensor).clone()
         dtype_name = str(dtype).removeprefix("torch.")
