@@ -8,23 +8,18 @@ learner what is wrong; nbgrader and the course's grader score such a cell 0.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import math
-import statistics
 import sys
-import time
-import timeit
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import torch
 from torch import nn
 
-from course_utils.device import pick_precision, to_device  # the course's own: refused
+from course_utils.device import pick_precision  # the course's own: refused
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.language import Messages
 from course_utils.smi import sample_output
@@ -543,39 +538,6 @@ def first_difference(got: Any, want: Any, where: str = "batch") -> str | None:
     return None
 
 
-@dataclass
-class AutocastState:
-    """What :func:`autocast_cleared` saw: autocast on before the call (left by an
-    earlier run in this kernel) and on after it (left on by the function itself)."""
-
-    on_before: bool = False
-    on_after: bool = False
-
-
-@contextlib.contextmanager
-def autocast_cleared(device_type: str = "cpu") -> Iterator[AutocastState]:
-    """Judge only what the code in the block does to autocast: turn off autocast an
-    earlier run left on (saying so: restart the kernel), note in ``on_after`` whether the
-    block left it on, and turn it off again on the way out, so a later answer starts clean.
-
-    >>> _ = torch.autocast("cpu").__enter__()  # an earlier answer that never exited
-    >>> with autocast_cleared() as state:  # doctest: +ELLIPSIS
-    ...     inside = torch.is_autocast_enabled("cpu")
-    a previous run left autocast on: restart the kernel ...
-    >>> inside, state.on_before, state.on_after, torch.is_autocast_enabled("cpu")
-    (False, True, False, False)
-    """
-    state = AutocastState(on_before=torch.is_autocast_enabled(device_type))
-    if state.on_before:
-        print(MESSAGES_CHECKS["autocast left on"])
-        torch.set_autocast_enabled(device_type, False)
-    try:
-        yield state
-    finally:
-        state.on_after = torch.is_autocast_enabled(device_type)
-        torch.set_autocast_enabled(device_type, False)
-
-
 @contextlib.contextmanager
 def record_autocast(
     module: torch.nn.Module, device_type: str = "cpu"
@@ -852,51 +814,6 @@ def uninitialised_memory_filled() -> Iterator[None]:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
-class FakeClock:
-    """A clock that moves only when told (:meth:`advance`). Inside :meth:`installed` the
-    clocks Python code reads (``time.perf_counter``, ``time.monotonic``, ``time.time``, their
-    ``_ns`` forms, ``timeit.default_timer``) read it, and :attr:`reads` counts the reads:
-    a check can give a timer known durations and see whether it read a clock at all.
-
-    >>> import time
-    >>> clock = FakeClock()
-    >>> with clock.installed():
-    ...     began = time.perf_counter(); clock.advance(0.25); took = time.perf_counter() - began
-    >>> took, clock.reads
-    (0.25, 2)
-    """
-
-    def __init__(self, start: float = 1024.0) -> None:
-        self.now = start
-        self.reads = 0
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def read(self) -> float:
-        self.reads += 1
-        return self.now
-
-    def read_ns(self) -> int:
-        self.reads += 1
-        return round(self.now * 1e9)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[FakeClock]:
-        clocks: dict[str, Any] = {"perf_counter": self.read, "monotonic": self.read}
-        clocks.update(time=self.read, perf_counter_ns=self.read_ns, monotonic_ns=self.read_ns)
-        clocks.update(time_ns=self.read_ns)
-        with (
-            mock.patch.multiple(time, **clocks),
-            mock.patch.object(timeit, "default_timer", self.read),
-        ):
-            yield self
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
 def matching_mistake(
     got: Sequence[Any],
     mistakes: Mapping[str, Sequence[Any]],
@@ -997,148 +914,6 @@ MESSAGES_01 = Messages(
         "a context manager, `with torch.autocast(...):`",
     },
 )
-
-
-def _time_it_mistakes(warm: list[float], timed: list[float]) -> dict[str, float]:
-    """What each usual mistake of exercise 01 (c) returns for these call durations."""
-    ordered, everything = sorted(timed), sorted(warm + timed)
-    middle = len(timed) // 2
-    return {
-        "time_it mean": sum(timed) / len(timed),
-        "time_it fastest": min(timed),
-        "time_it slowest": max(timed),
-        "time_it total": sum(timed),
-        "time_it warm-up timed": statistics.median(everything),
-        "time_it mean of all": sum(everything) / len(everything),
-        "time_it milliseconds": statistics.median(timed) * 1e3,
-        "time_it upper middle": ordered[middle],
-        "time_it lower middle": ordered[(len(timed) - 1) // 2],
-        "time_it unsorted middle": timed[middle],
-        "time_it duplicates dropped": statistics.median(set(timed)),
-    }
-
-
-#: Exercise 01 (c)'s fake call durations (warm-up calls, timed repeats), in seconds: odd
-#: and even counts, a tie, a single repeat, slow warm-up calls and one slow repeat, so that
-#: each usual mistake returns something other than the median on at least one case.
-TIME_IT_CASES = [
-    ([0.5, 0.5], [0.010, 0.030, 0.020, 0.250, 0.020]),
-    ([0.4], [0.003, 0.001, 0.007]),
-    ([0.5], [0.012, 0.018, 0.300, 0.030, 0.010, 0.020]),
-    ([0.2], [0.002, 0.009, 0.002, 0.005, 0.002]),
-    ([0.3], [0.005]),
-]
-
-
-def check_time_it_median(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
-    """Exercise 01 (c) on a fake clock: each ``fn()`` call advances it by a known duration
-    (:data:`TIME_IT_CASES`), so that only a timer that reads a clock around each timed call
-    and returns the median of the repeats gets the answer. A wrong answer is told the usual
-    mistake its results match on every case, or else what it returned on the first case it
-    got wrong (never that case's median). The course's own timers (``benchmark``) are
-    refused inside the learner's call."""
-    answers: list[float] = []
-    for warm, timed in TIME_IT_CASES:
-        clock, durations = FakeClock(), iter(warm + timed)
-        calls: list[int] = []
-        shown = ", ".join(_ms(s) for s in timed)
-
-        def fn(
-            clock: FakeClock = clock,
-            durations: Iterator[float] = durations,
-            calls: list[int] = calls,
-        ) -> None:
-            calls.append(1)
-            clock.advance(next(durations, 0.0))
-
-        with (
-            clock.installed(),
-            course_helpers_refused(namespace, "benchmark"),
-            mock.patch.object(torch.cuda, "synchronize", lambda *args, **kwargs: None),
-        ):  # a CPU device: check_time_it_device judges the synchronize calls
-            took = answer_or_error(time_it, fn, torch.device("cpu"), len(warm), len(timed))
-        check(
-            not isinstance(took, str), MESSAGES_01["time_it raised"].format(shown=shown, error=took)
-        )
-        check(
-            len(calls) == len(warm) + len(timed),
-            MESSAGES_01["time_it calls"].format(
-                warmup=len(warm), repeats=len(timed), calls=len(calls)
-            ),
-        )
-        check(clock.reads > 0, MESSAGES_01["time_it no clock"])
-        plain_value(took, "time_it(fn, device, warmup, repeats)")
-        check(
-            isinstance(took, int | float) and not isinstance(took, bool),
-            MESSAGES_01["time_it not a number"].format(kind=_kind(took)),
-        )
-        answers.append(float(took))
-    right = [statistics.median(timed) for _, timed in TIME_IT_CASES]
-
-    def same(a: float, b: float) -> bool:
-        return math.isclose(a, b, rel_tol=1e-6)
-
-    if all(map(same, answers, right)):
-        return
-    each = [_time_it_mistakes(warm, timed) for warm, timed in TIME_IT_CASES]
-    values = {name: [case[name] for case in each] for name in each[0]}
-    wrong = next(i for i, (a, b) in enumerate(zip(answers, right, strict=True)) if not same(a, b))
-    shown = ", ".join(_ms(s) for s in TIME_IT_CASES[wrong][1])
-    name = matching_mistake(answers, values, right, same) or "time_it not the median"
-    raise CheckFailed(MESSAGES_01[name].format(shown=shown, got=_ms(answers[wrong])))
-
-
-def _names_cuda_1(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | None:
-    """Whether a ``torch.cuda.synchronize`` call's device is cuda:1 (``None``: it names
-    none, or names ``"cuda"``: the current device, which the course sets to the one used)."""
-    device = args[0] if args else kwargs.get("device")
-    if device is None or str(device) == "cuda":
-        return None
-    try:
-        named = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        return False
-    return named == torch.device("cuda", 1)
-
-
-def check_time_it_device(time_it: Callable[..., Any], namespace: dict[str, Any]) -> None:
-    """Exercise 01 (c)'s synchronize, on a CPU grader: CUDA is made to look available and
-    ``torch.cuda.synchronize`` is a spy that records which device each call names. Timing
-    the CPU device must not synchronize (a timer that asks ``torch.cuda.is_available()``
-    instead of the device being timed does); timing ``cuda:1`` must synchronize it, or the
-    current device (no argument), never another GPU. The course's ``benchmark`` is refused."""
-    synced: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-    asked: list[int] = []
-
-    def synchronize(*args: Any, **kwargs: Any) -> None:
-        plain_value((args, kwargs), "torch.cuda.synchronize(device)")  # str() could lie
-        synced.append((args, kwargs))
-
-    def is_available() -> bool:
-        asked.append(1)
-        return True
-
-    with (
-        mock.patch.object(torch.cuda, "synchronize", synchronize),
-        mock.patch.object(torch.cuda, "is_available", is_available),
-        course_helpers_refused(namespace, "benchmark"),
-    ):
-        took = answer_or_error(time_it, lambda: None, torch.device("cpu"), 1, 3)
-        check(not isinstance(took, str), f"{took}")
-        if synced:
-            reason = (
-                "time_it synced because CUDA exists" if asked else "time_it synced a CPU device"
-            )
-            raise CheckFailed(MESSAGES_01[reason])
-        took = answer_or_error(time_it, lambda: None, torch.device("cuda", 1), 1, 3)
-        check(not isinstance(took, str), f"{took}")
-    check(bool(synced), MESSAGES_01["time_it no sync on GPU"])
-    others = [call for call in synced if _names_cuda_1(*call) is False]
-    if others:
-        args, kwargs = others[0]
-        device = args[0] if args else kwargs.get("device")
-        named = f"cuda:{device}" if isinstance(device, int) else str(device)
-        raise CheckFailed(MESSAGES_01["time_it synced another GPU"].format(synced=named))
 
 
 def _as_text_rule(capability: tuple[int, int]) -> str:
@@ -1790,20 +1565,6 @@ def check_read_profile(read_profile: Callable[[Any], Any], own: Any) -> None:
     )
 
 
-class LooksLikeCuda(torch.Tensor):
-    """A CPU tensor whose ``.device`` says ``cuda:0`` (and ``is_cuda`` True): a CPU grader
-    feeds it to code written for a GPU, to see whether the code follows its input's device.
-    Results computed from it look like CUDA tensors too."""
-
-    @property
-    def device(self) -> torch.device:  # type: ignore[override]
-        return torch.device("cuda", 0)
-
-    @property
-    def is_cuda(self) -> bool:  # type: ignore[override]
-        return True
-
-
 @contextlib.contextmanager
 def record_autocast_devices() -> Iterator[list[str]]:
     """The ``device_type`` of every ``torch.autocast`` (``torch.amp.autocast``,
@@ -1830,156 +1591,6 @@ def record_autocast_devices() -> Iterator[list[str]]:
         yield devices
     finally:
         autocast.__init__ = original  # type: ignore[method-assign]
-
-
-def check_moves_batch(
-    my_to_device: Callable[[Any, Any], Any],
-    batch: Any,
-    what: str = "a nested batch",
-    *,
-    namespace: dict[str, Any],
-) -> None:
-    """Check a learner's ``my_to_device(batch, device)`` against the course's
-    :func:`~course_utils.device.to_device` on ``batch`` (moved to the ``meta`` device), with
-    the course's function refused in ``namespace``; ``what`` names the batch in feedback.
-
-    >>> check_moves_batch(to_device, [torch.ones(1)], namespace={})
-    >>> check_moves_batch(lambda batch, device: batch, [torch.ones(1)], namespace={})
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: in what your function returned, batch[0] is a tensor \
-on cpu; it should be on meta, given a nested batch
-    """
-    before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
-    with course_helpers_refused(namespace, "to_device"):  # yours must not call it
-        out = answer_or_error(my_to_device, batch, "meta")
-    check(not isinstance(out, str), MESSAGES_01["to_device raised"].format(error=out, what=what))
-    difference = first_difference(out, want)
-    check(
-        difference is None,
-        MESSAGES_01["to_device wrong"].format(difference=difference, what=what),
-    )
-    difference = first_difference(batch, before)
-    check(
-        difference is None,
-        MESSAGES_01["to_device changed the batch"].format(difference=difference),
-    )
-
-
-GPU_NAMES = {(6, 0): "a P100 (6.0)", (7, 5): "a T4 (7.5)", (8, 0): "an A100 (8.0)"}
-
-
-def _picked_precision(
-    mixed_forward: Callable[..., Any], capability: tuple[int, int], namespace: dict[str, Any]
-) -> str | None:
-    """The precision a learner's ``mixed_forward`` ran the model in for a GPU of this
-    compute capability: "fp32" (no autocast), "fp16", "bf16", or None (it raised)."""
-    model = nn.Sequential(nn.Linear(4, 4))
-    refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
-    with autocast_cleared(), record_autocast(model) as seen, record_autocast_devices(), refused:
-        out = answer_or_error(mixed_forward, model, torch.randn(2, 4), capability)
-    if isinstance(out, str) or not seen:
-        return None
-    return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(seen[-1])
-
-
-def _hand_conversion(
-    out: torch.Tensor, model: nn.Module, original: nn.Module, x: torch.Tensor
-) -> str | None:
-    """Which conversion by hand an answer that ran ``model`` without autocast made, named
-    only when its output is what that conversion returns: "model converted" (the weights
-    converted to the output's dtype, and x with them) or "output cast" (the float32 output
-    cast to a lower precision); ``original`` is the model before the call, ``x`` its input."""
-    low = out.dtype
-    if low not in (torch.float16, torch.bfloat16):
-        return None
-    weights = {p.dtype for p in model.parameters()}
-    with torch.no_grad():
-        if weights == {low}:
-            expected = copy.deepcopy(original).to(low)(x.to(low))
-            name = "model converted"
-        elif weights == {torch.float32}:
-            expected = original(x).to(low)
-            name = "output cast"
-        else:
-            return None
-        plain = out.detach().as_subclass(torch.Tensor)
-        same = plain.shape == expected.shape and torch.allclose(
-            plain.float(), expected.float(), rtol=1e-2, atol=1e-3
-        )
-    return name if same else None
-
-
-def check_mixed_forward(
-    mixed_forward: Callable[[torch.nn.Module, torch.Tensor, tuple[int, int]], Any],
-    capability: tuple[int, int],
-    *,
-    namespace: dict[str, Any],
-    on_gpu: bool = False,
-) -> None:
-    """Run a learner's ``mixed_forward(model, x, capability)`` (notebook 01), watching
-    autocast inside it: model(x) under the autocast that :func:`pick_precision` picks for a
-    GPU of that compute capability, or in float32 without it; the course's precision helpers
-    refused in ``namespace``. ``on_gpu``: x is a CPU tensor whose ``.device`` says cuda.
-
-    >>> def fp32_forward(model, x, capability):
-    ...     return model(x)
-    >>> check_mixed_forward(fp32_forward, (6, 0), namespace={})
-    >>> check_mixed_forward(fp32_forward, (8, 0), namespace={})
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: for an A100 (8.0), run model(x) under \
-torch.autocast(x.device.type, dtype=torch.bfloat16)
-    """
-
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    x = torch.randn(8, 16)
-    untouched = (copy.deepcopy(model), x.clone())  # to compute what each mistake returns
-    x = x.as_subclass(LooksLikeCuda) if on_gpu else x
-    want = pick_precision("cuda", capability=capability)  # the course's answer
-    refused = course_helpers_refused(namespace, "pick_precision", "precision_support")
-    with (
-        autocast_cleared() as autocast,
-        record_autocast(model) as seen,
-        record_autocast_devices() as devices,
-        refused,
-    ):
-        out = answer_or_error(mixed_forward, model, x, capability)
-    gpu = GPU_NAMES.get(capability, f"compute capability {capability}")
-    name = str(want.dtype)[6:]
-    check(not isinstance(out, str), f"{out}")
-    if not (on_gpu and type(out) is LooksLikeCuda):  # model(x) of such an x is one too
-        out = exact_tensor(out, "the output of model(x)")
-    check(out.shape == (8, 4), MESSAGES_01["mixed_forward shape"])
-    check(
-        all(device == x.device.type for device in devices),
-        MESSAGES_01["mixed_forward autocast device"].format(device=x.device.type, devices=devices),
-    )
-    check(out.requires_grad, MESSAGES_01["mixed_forward no autograd"])
-    if want.autocast and seen[-1:] == [None]:  # no autocast: did it convert by hand?
-        mistake = _hand_conversion(out, model, *untouched)
-        if mistake is not None:
-            raise CheckFailed(
-                MESSAGES_01[f"mixed_forward {mistake}"].format(
-                    gpu=gpu, dtype=name, got=str(out.dtype)[6:]
-                )
-            )
-    if seen[-1:] != [want.dtype if want.autocast else None]:  # which rule did it follow?
-        picks = {c: _picked_precision(mixed_forward, c, namespace) for c in RULE_CAPABILITIES}
-        shown = {c: "float32" if p == "fp32" else str(p) for c, p in picks.items()}
-        rule = precision_rule_feedback(picks, shown, describe=False)
-        check(rule is None, str(rule))
-    check(
-        seen[-1:] == [want.dtype if want.autocast else None],
-        MESSAGES_01["mixed_forward autocast" if want.autocast else "mixed_forward float32"].format(
-            gpu=gpu, dtype=name
-        ),
-    )
-    check(
-        all(p.dtype == torch.float32 for p in model.parameters()) and out.dtype == want.dtype,
-        MESSAGES_01["mixed_forward converted"].format(gpu=gpu, dtype=name),
-    )
-    check(not autocast.on_after, MESSAGES_01["mixed_forward left on"])
 
 
 def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:

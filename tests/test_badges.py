@@ -64,7 +64,9 @@ def test_badges_setup_cells_and_hash_point_at_the_fork(tmp_path):
         expected = colab.setup_cell_source("teacher/gpu-class", "spring-2027", SCRIPT_SHA)
         assert setup.source == expected
         assert colab.setup_cell_settings(setup.source) == (
-            "teacher/gpu-class", "spring-2027", SCRIPT_SHA
+            "teacher/gpu-class",
+            "spring-2027",
+            SCRIPT_SHA,
         )
         assert other.source.startswith("x = 'https://colab")  # untouched
     assert "github/teacher/gpu-class/blob/spring-2027/notebooks/01_a.ipynb" in (
@@ -214,8 +216,17 @@ def test_a_renamed_notebook_gets_a_badge_for_its_own_path(tmp_path):
 
 @pytest.mark.parametrize(
     ("repo", "ref"),
-    [("no-slash", "main"), ("a/b/c", "main"), ("a b/c", "main"), ("me/x", "-rf"),
-     ("me/x", "a..b"), ("me/x", "bad ref"), ("me/x\"; rm", "main"), ("me/x", ""), ("", "v1")],
+    [
+        ("no-slash", "main"),
+        ("a/b/c", "main"),
+        ("a b/c", "main"),
+        ("me/x", "-rf"),
+        ("me/x", "a..b"),
+        ("me/x", "bad ref"),
+        ('me/x"; rm', "main"),
+        ("me/x", ""),
+        ("", "v1"),
+    ],
 )
 def test_invalid_repo_or_ref_is_refused_before_any_change(tmp_path, repo, ref):
     make_course(tmp_path)
@@ -268,8 +279,13 @@ def test_cli_on_a_copy_of_this_course_recommends_a_commit(tmp_path, root, capsys
 
 @pytest.mark.parametrize(
     "argv",
-    [["--repo", "teacher/fork"], ["--ref", COMMIT], ["--no-repo", "--ref", "v1"], ["--branch", "x"],
-     ["--repo", "bad", "--ref", "v1"]],
+    [
+        ["--repo", "teacher/fork"],
+        ["--ref", COMMIT],
+        ["--no-repo", "--ref", "v1"],
+        ["--branch", "x"],
+        ["--repo", "bad", "--ref", "v1"],
+    ],
 )
 def test_cli_refuses_incomplete_settings_in_one_line(tmp_path, root, capsys, argv):
     copy_course(root, tmp_path)
@@ -286,7 +302,9 @@ def test_cli_without_a_checkout_says_so(tmp_path, capsys):
 def git(root, *args):
     done = subprocess.run(
         ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.strip()
 

@@ -62,11 +62,20 @@ def _zip(path: Path, members: dict[str, bytes], links: tuple[str, ...] = ()) -> 
 
 
 def test_a_hostile_zip_writes_only_notebooks_inside_the_folder(tmp_path):
-    archive = _zip(tmp_path / "sub.zip", {
-        "../escape.ipynb": b"{}", "/abs/path.ipynb": b"{}", "a/../../up.ipynb": b"{}",
-        "C:\\win.ipynb": b"{}", "report.pdf": b"%PDF", "ann_1_2_01_x.ipynb": b"{}",
-        ".hidden.ipynb": b"{}", "ANN_1_2_01_X.ipynb": b"{}",
-    }, links=("bob_3_4_link.ipynb",))
+    archive = _zip(
+        tmp_path / "sub.zip",
+        {
+            "../escape.ipynb": b"{}",
+            "/abs/path.ipynb": b"{}",
+            "a/../../up.ipynb": b"{}",
+            "C:\\win.ipynb": b"{}",
+            "report.pdf": b"%PDF",
+            "ann_1_2_01_x.ipynb": b"{}",
+            ".hidden.ipynb": b"{}",
+            "ANN_1_2_01_X.ipynb": b"{}",
+        },
+        links=("bob_3_4_link.ipynb",),
+    )
     dest = tmp_path / "out" / "download"
     notes = unpack_zip(archive, dest)
     assert sorted(p.name for p in dest.rglob("*") if p.is_file()) == ["ann_1_2_01_x.ipynb"]
@@ -149,8 +158,16 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_canvas_download_grades_as_the_folder_layout_and_never_scores_unmatched_zero(
     download, tmp_path, capsys
 ):
-    common = ["--source", str(download["source"]), "--roster", str(download["roster"]),
-              "--jobs", "2", "--sandbox", "none"]
+    common = [
+        "--source",
+        str(download["source"]),
+        "--roster",
+        str(download["roster"]),
+        "--jobs",
+        "2",
+        "--sandbox",
+        "none",
+    ]
     by_zip, by_folder = tmp_path / "by_zip", tmp_path / "by_folder"
     assert main(["grade-class", str(download["zip"]), "--out", str(by_zip), *common]) == 3
     captured = capsys.readouterr()
@@ -185,8 +202,9 @@ def test_canvas_download_grades_as_the_folder_layout_and_never_scores_unmatched_
 
     # The instructor's word, without grading again: an override and Canvas's _late marker.
     overrides = tmp_path / "overrides.csv"
-    overrides.write_text("learner,check,points,comment\n"
-                         "ann,t-greet-check,1,greets with a typo: half marks\n")
+    overrides.write_text(
+        "learner,check,points,comment\nann,t-greet-check,1,greets with a typo: half marks\n"
+    )
     adjusted = [*common, "--overrides", str(overrides), "--late-penalty", "10%/day"]
     assert main(["grade-class", str(download["zip"]), "--out", str(by_zip), *adjusted]) == 3
     assert "0 to grade" in capsys.readouterr().out
@@ -205,8 +223,20 @@ def test_canvas_download_grades_as_the_folder_layout_and_never_scores_unmatched_
     assert late["cells"][0]["source"].startswith("**Grade: 0.7/3** (1 day late: -0.3 of 1)")
 
     # --student regrades one learner and keeps the rest.
-    assert main(["grade-class", str(download["zip"]), "--out", str(by_zip), *common,
-                 "--student", "jose"]) == 3
+    assert (
+        main(
+            [
+                "grade-class",
+                str(download["zip"]),
+                "--out",
+                str(by_zip),
+                *common,
+                "--student",
+                "jose",
+            ]
+        )
+        == 3
+    )
     out = capsys.readouterr().out
     assert "1 submission(s): 0 unchanged since the last run (kept), 1 to grade" in out
     assert "jose  01_ex.ipynb  3/3" in out
@@ -215,8 +245,14 @@ def test_canvas_download_grades_as_the_folder_layout_and_never_scores_unmatched_
 
 def test_a_canvas_download_needs_a_roster_that_knows_every_user_id(download, tmp_path, capsys):
     out = tmp_path / "out"
-    args = ["grade-class", str(download["zip"]), "--source", str(download["source"]),
-            "--out", str(out)]
+    args = [
+        "grade-class",
+        str(download["zip"]),
+        "--source",
+        str(download["source"]),
+        "--out",
+        str(out),
+    ]
     assert main(args) == 2
     assert "pass --roster" in capsys.readouterr().err
     short = tmp_path / "short.csv"
@@ -237,8 +273,16 @@ def test_the_roster_check_fails_before_grading_and_removes_a_stale_canvas_csv(
     out = tmp_path / "out"
     out.mkdir()
     (out / "canvas.csv").write_text("stale")
-    args = ["grade-class", str(download["folders"]), "--source", str(download["source"]),
-            "--out", str(out), "--roster", str(short)]
+    args = [
+        "grade-class",
+        str(download["folders"]),
+        "--source",
+        str(download["source"]),
+        "--out",
+        str(out),
+        "--roster",
+        str(short),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "has no student named bob, dan, jose (no canvas.csv written)" in err
@@ -262,8 +306,13 @@ def test_lateness_from_the_marker_or_the_time_and_the_penalty_cap():
     [late], _ = adjust(results, (), policy, {"a": {"n.ipynb": {"late": True}}})
     assert late["report"]["score"] == 0 and late["report"]["late"]["penalty"] == 0.2
     assert report["score"] == 0.2  # the stored result is not changed
-    for bad in (("10", None, None), ("10%/week", None, None), ("10%", "5%/day", None),
-                (None, "50%", None), ("10%", None, "tomorrow")):
+    for bad in (
+        ("10", None, None),
+        ("10%/week", None, None),
+        ("10%", "5%/day", None),
+        (None, "50%", None),
+        ("10%", None, "tomorrow"),
+    ):
         with pytest.raises(InputError):
             late_policy(*bad)
 
@@ -285,8 +334,11 @@ def test_overrides_file_is_checked_line_by_line(tmp_path, capsys):
             read_overrides(path, checks, ["ann"])
     path.write_text("learner,check,points,comment\nann,t-greet-check,1.5,  nearly   right \n")
     [override] = read_overrides(path, checks, ["ann"])
-    assert (override.notebook, override.points, override.comment) == \
-        ("01_ex.ipynb", 1.5, "nearly right")
+    assert (override.notebook, override.points, override.comment) == (
+        "01_ex.ipynb",
+        1.5,
+        "nearly right",
+    )
 
 
 def test_the_resume_key_ignores_jobs_and_threads(tmp_path):
@@ -318,12 +370,31 @@ def test_an_interrupted_class_run_leaves_no_scratch_folder(how, tmp_path):
         write_notebook(looping, tmp_path / "class" / learner / "01_ex.ipynb")
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    command = [sys.executable, "-m", "course_utils", "grade-class", str(tmp_path / "class"),
-               "--source", str(source), "--out", str(tmp_path / "out"), "--jobs", "2",
-               "--sandbox", "none", "--cell-timeout", "300"]
-    process = subprocess.Popen(command, env={**os.environ, "TMPDIR": str(scratch)},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "course_utils",
+        "grade-class",
+        str(tmp_path / "class"),
+        "--source",
+        str(source),
+        "--out",
+        str(tmp_path / "out"),
+        "--jobs",
+        "2",
+        "--sandbox",
+        "none",
+        "--cell-timeout",
+        "300",
+    ]
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     # A submission's scratch folder holds its kernel's grader-owned start-up folder.
     while not list(scratch.glob("course-grade-run-*/course-grade-*/kernel-*/kernel.json")):

@@ -34,9 +34,14 @@ def test_slow_recipe_has_every_bad_habit():
         Recipe(batch_size=0)
 
 
-@pytest.mark.parametrize("times, expected", [
-    ((0.3, 0.01, 0.1), "data"), ((0.01, 0.3, 0.1), "copy"), ((0.01, 0.02, 0.5), "compute"),
-])
+@pytest.mark.parametrize(
+    "times, expected",
+    [
+        ((0.3, 0.01, 0.1), "data"),
+        ((0.01, 0.3, 0.1), "copy"),
+        ((0.01, 0.02, 0.5), "compute"),
+    ],
+)
 def test_largest_phase(times, expected):
     data_s, copy_s, compute_s = times
     profile = LoopProfile(num_steps=1, data_s=data_s, copy_s=copy_s, compute_s=compute_s)
@@ -45,8 +50,9 @@ def test_largest_phase(times, expected):
 
 def test_run_recipe_profiles_the_requested_steps_on_cpu():
     data = EncodedImages(24, stored_size=36)
-    run = run_recipe(SLOW.changed(decode="once", batch_size=4), data, "cpu", samples=16,
-                     width=4, repeats=2)
+    run = run_recipe(
+        SLOW.changed(decode="once", batch_size=4), data, "cpu", samples=16, width=4, repeats=2
+    )
     assert run.profile.num_steps == 4 and run.profile.samples == 16  # warm-up excluded
     assert run.samples_per_s > 0 and run.monitor["source"] == "cpu"
     slow = run_recipe(SLOW.changed(batch_size=4), data, "cpu", samples=8, width=4)
@@ -103,8 +109,9 @@ def test_run_loop_times_the_data_wait_and_spies_on_the_habits():
 
 def test_compare_loops_keeps_the_best_run_of_each_in_order():
     data = EncodedImages(16, stored_size=36)
-    slow, fast = compare_loops([_habits_loop, _fixed_loop], data, "cpu", samples=8, width=4,
-                               rounds=2)
+    slow, fast = compare_loops(
+        [_habits_loop, _fixed_loop], data, "cpu", samples=8, width=4, rounds=2
+    )
     assert (slow.name, fast.name) == ("_habits_loop", "_fixed_loop")
     assert slow.profile.samples == 12 and fast.profile.samples == 24  # at least 3 steps each
 
@@ -138,17 +145,21 @@ def _sync_loop(read):
             loss.backward()
             optimizer.step()
             read(step, loss)
+
     return loop
 
 
-@pytest.mark.parametrize("read, calls", [
-    (lambda step, loss: loss.item(), 4),
-    (lambda step, loss: float(loss), 4),
-    (lambda step, loss: loss.detach().item(), 4),
-    (lambda step, loss: loss.detach().cpu().tolist(), 4),
-    (lambda step, loss: step % 2 == 0 and loss.item(), 2),  # every other step
-    (lambda step, loss: loss.detach().sum(), 0),  # stays on the device
-])
+@pytest.mark.parametrize(
+    "read, calls",
+    [
+        (lambda step, loss: loss.item(), 4),
+        (lambda step, loss: float(loss), 4),
+        (lambda step, loss: loss.detach().item(), 4),
+        (lambda step, loss: loss.detach().cpu().tolist(), 4),
+        (lambda step, loss: step % 2 == 0 and loss.item(), 2),  # every other step
+        (lambda step, loss: loss.detach().sum(), 0),  # stays on the device
+    ],
+)
 def test_spies_count_every_way_of_reading_the_loss_on_the_host(read, calls):
     data = EncodedImages(16, stored_size=36)
     run = run_loop(_sync_loop(read), data, "cpu", samples=12, width=4)
@@ -191,13 +202,13 @@ def test_cpu_time_counts_the_child_processes_the_loop_ran():
 def _worker_loop(workers):
     def loop(data, model, device, timed):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        loader = DataLoader(data, batch_size=8, num_workers=workers,
-                            persistent_workers=workers > 0)
+        loader = DataLoader(data, batch_size=8, num_workers=workers, persistent_workers=workers > 0)
         for inputs, targets in timed(loader):  # each sample decoded in a worker
             loss = nn.functional.cross_entropy(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+
     loop.__name__ = f"workers_{workers}"
     return loop
 
@@ -206,8 +217,9 @@ def test_decoding_in_workers_is_not_free_cpu_time():
     # 08-N3: per CPU-second of this process alone, a num_workers=2 loop scored 4.38x the
     # same loop decoding in the main process; counting the workers, it does the same work
     data = EncodedImages(32, stored_size=128)
-    here, workers = compare_loops([_worker_loop(0), _worker_loop(2)], data, "cpu",
-                                  samples=64, width=4, rounds=2)
+    here, workers = compare_loops(
+        [_worker_loop(0), _worker_loop(2)], data, "cpu", samples=64, width=4, rounds=2
+    )
     assert workers.children_cpu_s > 0.5 * here.steps_cpu_s  # the decoding moved there
     assert workers.rate() < 1.5 * here.rate()  # ... and is counted
     only_this_process = workers.profile.samples / (workers.setup_cpu_s + workers.profile.cpu_s)
@@ -226,8 +238,12 @@ def test_whole_batches_index_the_decoded_tensor_once_per_batch():
 
 def test_gpu_only_knobs_change_nothing_on_a_cpu_and_everything_on_a_gpu():
     once = SLOW.changed(decode="once", batch_size=16)
-    for knobs in (dict(empty_cache_every_step=False), dict(pin_memory=True),
-                  dict(item_every_step=False), dict(precision="auto")):
+    for knobs in (
+        dict(empty_cache_every_step=False),
+        dict(pin_memory=True),
+        dict(item_every_step=False),
+        dict(precision="auto"),
+    ):
         assert once.changed(**knobs).as_run_on("cpu") == once.as_run_on("cpu")
         assert once.changed(**knobs).as_run_on("cuda:0") != once.as_run_on("cuda:0")
     assert once.changed(batch_size=8).as_run_on("cpu") != once.as_run_on("cpu")

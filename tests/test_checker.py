@@ -176,7 +176,11 @@ def test_the_workers_server_imports_the_course_modules_the_checks_need(tmp_path)
     # ``import course_utils.timing`` binds ``course_utils``; the submodule is imported too,
     # or a check reading course_utils.timing.x would fail in a checker that lacks it
     assert preload == [
-        "torch", "course_utils", "course_utils.classroom", "course_utils.timing", "nbconvert"
+        "torch",
+        "course_utils",
+        "course_utils.classroom",
+        "course_utils.timing",
+        "nbconvert",
     ]
 
 
@@ -226,7 +230,7 @@ ATTACKS = {
     "class Boom:\n    def __reduce__(self):\n        return (os.system, ('touch MARKER',))\n"
     "def double(x):\n    buffer = io.BytesIO()\n    torch.save(Boom(), buffer)\n"
     "    fd = int(sys.argv[sys.argv.index('--replies') + 1])\n"
-    "    ch.write_frame(fd, b'{\"kind\": \"data\", \"type\": \"int\"}')\n"
+    '    ch.write_frame(fd, b\'{"kind": "data", "type": "int"}\')\n'
     "    ch.write_frame(fd, buffer.getvalue())\n    return Boom()",
 }
 

@@ -20,12 +20,20 @@ def test_a_claim_that_holds_returns_true_in_both_modes(monkeypatch, capsys):
 
 def test_a_claim_that_fails_is_said_and_run_all_goes_on_for_a_learner(monkeypatch, capsys):
     monkeypatch.setenv(claims.MODE_VAR, "report")
-    held = gpu_claim("AMP / fp32", 1.1, at_least=1.5, unit="x", why="NVIDIA measured 3.3x",
-                     label=LABEL)
+    held = gpu_claim(
+        "AMP / fp32", 1.1, at_least=1.5, unit="x", why="NVIDIA measured 3.3x", label=LABEL
+    )
     said = capsys.readouterr().out
     assert held is False
-    for words in ("did not hold", "measured: 1.1 x", "expected: >= 1.5 x", "NVIDIA measured 3.3x",
-                  "Tesla T4", "worth reporting", "goes on"):
+    for words in (
+        "did not hold",
+        "measured: 1.1 x",
+        "expected: >= 1.5 x",
+        "NVIDIA measured 3.3x",
+        "Tesla T4",
+        "worth reporting",
+        "goes on",
+    ):
         assert words in said
 
 
@@ -55,8 +63,8 @@ def test_bad_arguments_and_modes_are_refused(monkeypatch):
 def test_verdicts_are_collected_from_an_executed_notebook():
     verdict = claims.ClaimVerdict("AMP", False, 1.1, ">= 1.5", "x", "why", LABEL)
     output = nbformat.v4.new_output(
-        "display_data", data={"text/plain": verdict.sentence(),
-                              claims.CLAIM_MIME: verdict.__dict__})
+        "display_data", data={"text/plain": verdict.sentence(), claims.CLAIM_MIME: verdict.__dict__}
+    )
     broken = nbformat.v4.new_output("display_data", data={claims.CLAIM_MIME: {"name": 1}})
     cell = nbformat.v4.new_code_cell("x", outputs=[output, broken])
     assert claims_in_notebook(nbformat.v4.new_notebook(cells=[cell])) == [verdict]

@@ -57,12 +57,25 @@ def test_bad_notebooks_are_named_not_fatal(tmp_path):
 
 
 def test_csv_cells_are_never_formulas_but_negative_numbers_stay(tmp_path):
-    report = {"score": -1.5, "max_score": 3, "matched": [], "tampering": ["=cmd|' /C calc'!A0"],
-              "checks": [{"grade_id": "@x", "points": -1.5, "max_points": 3,
-                          "reason": "+SUM(A1)", "matched": "\tx"}]}
+    report = {
+        "score": -1.5,
+        "max_score": 3,
+        "matched": [],
+        "tampering": ["=cmd|' /C calc'!A0"],
+        "checks": [
+            {
+                "grade_id": "@x",
+                "points": -1.5,
+                "max_points": 3,
+                "reason": "+SUM(A1)",
+                "matched": "\tx",
+            }
+        ],
+    }
     result = {"learner": "=evil()", "notebook": "01.ipynb", "report": report}
-    book, checks = write_gradebook(tmp_path, ["=evil()"], ["01.ipynb"], [result],
-                                   {"=evil()": ["-note"]})
+    book, checks = write_gradebook(
+        tmp_path, ["=evil()"], ["01.ipynb"], [result], {"=evil()": ["-note"]}
+    )
     for path in (book, checks):
         for row in list(csv.reader(path.open()))[1:]:
             for value in row:
@@ -77,9 +90,11 @@ def test_similarity_sees_helper_cells_and_the_published_solution():
     given = {"01_ex.ipynb": boilerplate(reference)}
     gid = next(iter(given["01_ex.ipynb"]))
     solution = given["01_ex.ipynb"][gid].split("\n# -- the student")[0]
-    copied = "def helper(values):\n" + "".join(
-        f"    total_{i} = sum(v * {i} for v in values if v > {i})\n" for i in range(6)
-    ) + "    return total_0\n"
+    copied = (
+        "def helper(values):\n"
+        + "".join(f"    total_{i} = sum(v * {i} for v in values if v > {i})\n" for i in range(6))
+        + "    return total_0\n"
+    )
     answers = {
         "ann": {"01_ex.ipynb": {gid: solution.replace("### BEGIN SOLUTION", "# mine")}},
         "bob": {"01_ex.ipynb": {"(all own code)": copied}},

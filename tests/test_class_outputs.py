@@ -65,9 +65,11 @@ OWN_B = """def train_step(m, b, o, s):
     s.step(o); s.update()
     return err.detach()"""
 # A small exercise: independent right answers look alike by necessity.
-MOVE = ("def move(batch, device):\n    ### BEGIN SOLUTION\n"
-        "    return [t.to(device, non_blocking=t.is_pinned()) for t in batch]\n"
-        "    ### END SOLUTION")
+MOVE = (
+    "def move(batch, device):\n    ### BEGIN SOLUTION\n"
+    "    return [t.to(device, non_blocking=t.is_pinned()) for t in batch]\n"
+    "    ### END SOLUTION"
+)
 MOVES = [
     "def move(batch, device):\n"
     "    return [x.to(device, non_blocking=x.is_pinned()) for x in batch]",
@@ -78,8 +80,12 @@ MOVES = [
     "def move(batch, device):\n    return [tensor.to(device, non_blocking=tensor.is_pinned()) "
     "for tensor in batch]",
 ]
-GIVEN = {"nb.ipynb": {"step": STEP + "\n" + "def train_step(model, batch, optimizer, scaler):",
-                      "move": MOVE}}
+GIVEN = {
+    "nb.ipynb": {
+        "step": STEP + "\n" + "def train_step(model, batch, optimizer, scaler):",
+        "move": MOVE,
+    }
+}
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -139,8 +145,7 @@ def test_canvas_csv_columns_and_roster(tmp_path):
     # A learner the roster lacks: one line naming them, and no canvas.csv left behind
     # (not even the one written above: it would be imported as if current).
     with pytest.raises(InputError, match=r"no student named ben \(no canvas.csv written\)"):
-        write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores, {"01_x.ipynb": 3.0},
-                     roster)
+        write_canvas(tmp_path, ["ann", "ben"], ["01_x.ipynb"], scores, {"01_x.ipynb": 3.0}, roster)
     assert not (tmp_path / "canvas.csv").exists()
     assert not list(tmp_path.glob("*.partial"))
 
@@ -149,27 +154,46 @@ def test_canvas_columns_map_several_notebooks_into_one_assignment(tmp_path):
     roster = tmp_path / "export.csv"
     roster.write_text(
         "Student,ID,SIS User ID,SIS Login ID,Section,Lab 1: runtime and devices (5501),"
-        "Quiz (77)\n" '"Lee, Ann",101,s-1,ann,Lab A,,\n' '"Roe, Bob",102,s-2,bob,Lab A,,\n'
+        "Quiz (77)\n"
+        '"Lee, Ann",101,s-1,ann,Lab A,,\n'
+        '"Roe, Bob",102,s-2,bob,Lab A,,\n'
     )
     notebooks = ["01_a.ipynb", "02_b.ipynb", "03_c.ipynb"]
-    scores = {("ann", "01_a.ipynb"): 2.0, ("ann", "02_b.ipynb"): 1.5, ("ann", "03_c.ipynb"): 1,
-              ("bob", "01_a.ipynb"): 3.0}
+    scores = {
+        ("ann", "01_a.ipynb"): 2.0,
+        ("ann", "02_b.ipynb"): 1.5,
+        ("ann", "03_c.ipynb"): 1,
+        ("bob", "01_a.ipynb"): 3.0,
+    }
     maxima = {"01_a.ipynb": 3.0, "02_b.ipynb": 2.0, "03_c.ipynb": 1.0}
-    columns = parse_columns(["01_a=5501", "02_b.ipynb=Lab 1: runtime and devices (5501)",
-                             "03_c=Bonus"])
+    columns = parse_columns(
+        ["01_a=5501", "02_b.ipynb=Lab 1: runtime and devices (5501)", "03_c=Bonus"]
+    )
     # bob handed in a notebook that matched nothing: his Lab 1 cell is left empty, not 0.
-    path = write_canvas(tmp_path, ["ann", "bob"], notebooks, scores, maxima, roster,
-                        columns=columns, pending={("bob", "02_b.ipynb")})
+    path = write_canvas(
+        tmp_path,
+        ["ann", "bob"],
+        notebooks,
+        scores,
+        maxima,
+        roster,
+        columns=columns,
+        pending={("bob", "02_b.ipynb")},
+    )
     rows = _rows(path)
     assert rows[0][5:] == ["Lab 1: runtime and devices (5501)", "Bonus"]
     assert rows[1][5:] == ["5", "1"]
     assert rows[2][5:] == ["3.5", "1"]
     assert rows[3][5:] == ["", "0"]
-    for bad, message in ((["01_a=9999"], "no assignment 9999"), (["04_d=X"], "not a notebook"),
-                         (["01_a"], "NOTEBOOK=COLUMN")):
+    for bad, message in (
+        (["01_a=9999"], "no assignment 9999"),
+        (["04_d=X"], "not a notebook"),
+        (["01_a"], "NOTEBOOK=COLUMN"),
+    ):
         with pytest.raises(InputError, match=message):
-            write_canvas(tmp_path, ["ann"], notebooks, scores, maxima, roster,
-                         columns=parse_columns(bad))
+            write_canvas(
+                tmp_path, ["ann"], notebooks, scores, maxima, roster, columns=parse_columns(bad)
+            )
 
 
 def test_shards_deal_every_learner_once():
@@ -185,12 +209,17 @@ def test_shards_deal_every_learner_once():
 
 def _two_exercises() -> object:
     notebook = _instructor()
-    notebook.cells += _notebook([
-        ("code", "import torch\nimport torch.nn.functional as F", {}),
-        ("code", STEP, _meta("t-step", solution=True)),
-        ("code", "check(callable(train_step), 'train_step should be a function')\n"
-                 "passed('step')", _meta("t-step-check", solution=False)),
-    ]).cells
+    notebook.cells += _notebook(
+        [
+            ("code", "import torch\nimport torch.nn.functional as F", {}),
+            ("code", STEP, _meta("t-step", solution=True)),
+            (
+                "code",
+                "check(callable(train_step), 'train_step should be a function')\npassed('step')",
+                _meta("t-step-check", solution=False),
+            ),
+        ]
+    ).cells
     return notebook
 
 
@@ -248,8 +277,18 @@ def test_merge_refuses_an_incomplete_set_of_shards(klass, tmp_path, capsys):
             '{"learners": [], "assignment": [], "maxima": {}, "notes": {}, "tasks": [], '
             f'"answers": {{}}, "given": {{}}, "shard": [{k}, 3]}}'
         )
-    assert main(["grade-merge", str(tmp_path / "s1"), str(tmp_path / "s3"), "--out",
-                 str(tmp_path / "m")]) == 2
+    assert (
+        main(
+            [
+                "grade-merge",
+                str(tmp_path / "s1"),
+                str(tmp_path / "s3"),
+                "--out",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     expected = "error: grade-merge needs each of the 3 shards once: missing shard(s) [2]"
     assert err.startswith(expected)

@@ -109,9 +109,12 @@ def test_every_exercise_uses_the_format(path):
 
 
 def test_grade_ids_are_unique_across_the_course():
-    ids = [cell.metadata["nbgrader"]["grade_id"]
-           for path in NOTEBOOKS for cell in nbformat.read(path, as_version=4).cells
-           if "nbgrader" in cell.metadata]
+    ids = [
+        cell.metadata["nbgrader"]["grade_id"]
+        for path in NOTEBOOKS
+        for cell in nbformat.read(path, as_version=4).cells
+        if "nbgrader" in cell.metadata
+    ]
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
 
@@ -129,8 +132,9 @@ def test_student_version_hides_solutions_and_hidden_checks(path):
     for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
         assert marker not in text
     assert instructor.cells[0].source == student.cells[0].source  # the badge
-    assert [c.source for c in instructor.cells if "colab-setup" in c.metadata.get("tags", [])] \
-        == [c.source for c in student.cells if "colab-setup" in c.metadata.get("tags", [])]
+    assert [c.source for c in instructor.cells if "colab-setup" in c.metadata.get("tags", [])] == [
+        c.source for c in student.cells if "colab-setup" in c.metadata.get("tags", [])
+    ]
     assert len(student.cells) == len(instructor.cells)
     for cell in student.cells:
         if cell.cell_type == "code":
@@ -151,9 +155,20 @@ def test_student_command_writes_versions_that_run_under_nbval(tmp_path):
     # nbval-lax: unanswered exercises raise NotImplementedError in their (tagged) check cells
     # and the notebook still passes; every other cell runs as in the instructor's notebook.
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
-         str(written)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--nbval-lax",
+            str(written),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
         env={**os.environ, "COURSE_WORKLOAD": "small"},
     )
     assert result.returncode == 0, result.stdout[-3000:]

@@ -28,8 +28,16 @@ def test_doctor_json_has_the_documented_keys():
     done = run_cli("doctor", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert {"python", "torch", "cuda_available", "torch_cuda_build", "device", "gpus",
-            "precision", "environment"} <= set(report)
+    assert {
+        "python",
+        "torch",
+        "cuda_available",
+        "torch_cuda_build",
+        "device",
+        "gpus",
+        "precision",
+        "environment",
+    } <= set(report)
     assert isinstance(report["cuda_available"], bool) and isinstance(report["gpus"], list)
     assert report["torch_cuda_build"] is None or isinstance(report["torch_cuda_build"], str)
 
@@ -48,8 +56,13 @@ def assert_one_line(stderr: str, starts: str = "error: ") -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["doctor", "--frobnicate"], ["no-such-command"], [], ["smi", "summarize", "x"],
-     ["ddp-check", "--nproc", "two"]],
+    [
+        ["doctor", "--frobnicate"],
+        ["no-such-command"],
+        [],
+        ["smi", "summarize", "x"],
+        ["ddp-check", "--nproc", "two"],
+    ],
 )
 def test_wrong_arguments_are_one_line_and_exit_2(args):
     done = run_cli(*args)
@@ -97,15 +110,20 @@ sys.exit(main(sys.argv[2:]))
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "module", "extra"),
-    [(["run-notebooks", "notebooks"], "nbformat", "notebooks"),
-     (["run-notebooks", "notebooks"], "nbclient", "notebooks"),
-     (["student", "notebooks"], "nbformat", "notebooks"),
-     (["student", "notebooks"], "nbgrader", "classroom")],
+    [
+        (["run-notebooks", "notebooks"], "nbformat", "notebooks"),
+        (["run-notebooks", "notebooks"], "nbclient", "notebooks"),
+        (["student", "notebooks"], "nbformat", "notebooks"),
+        (["student", "notebooks"], "nbgrader", "classroom"),
+    ],
 )
 def test_a_missing_optional_package_names_the_extra(command, module, extra, root, tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", HIDE_AND_RUN, module, *command, "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
     )
     assert done.returncode == 1
     assert_one_line(done.stderr)
@@ -132,14 +150,17 @@ def test_run_notebooks_reports_failing_and_malformed_notebooks_and_goes_on(tmp_p
     import nbformat
 
     (tmp_path / "00_cut_short.ipynb").write_text('{"cells": [')
-    for name, source in [("01_bad.ipynb", "raise SystemError('broken on purpose')"),
-                         ("02_good.ipynb", "print('fine')")]:
+    for name, source in [
+        ("01_bad.ipynb", "raise SystemError('broken on purpose')"),
+        ("02_good.ipynb", "print('fine')"),
+    ]:
         notebook = nbformat.v4.new_notebook()
         notebook.cells = [nbformat.v4.new_code_cell(source)]
         nbformat.write(notebook, tmp_path / name)
     (tmp_path / "03_not_a_notebook.ipynb").write_text('{"hello": 1}')
-    done = run_cli("run-notebooks", str(tmp_path), "--out", str(tmp_path / "build"),
-                   "--workload", "small")
+    done = run_cli(
+        "run-notebooks", str(tmp_path), "--out", str(tmp_path / "build"), "--workload", "small"
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr + done.stdout
     assert "00_cut_short.ipynb: failed" in done.stdout and "not a valid notebook" in done.stdout
     assert "01_bad.ipynb: failed" in done.stdout and "02_good.ipynb: ok" in done.stdout

@@ -94,8 +94,9 @@ def colab_runtime(tmp_path, monkeypatch, published):
 
     def urlopen(url, timeout=None):
         state.urls.append(url)
-        if re.fullmatch(rf"https://raw\.githubusercontent\.com/{TYPED_REPO}/[\w./-]+/colab_setup\.sh",
-                        url):
+        if re.fullmatch(
+            rf"https://raw\.githubusercontent\.com/{TYPED_REPO}/[\w./-]+/colab_setup\.sh", url
+        ):
             return Response(script if state.served is None else state.served)
         raise urllib.error.HTTPError(url, 404, "Not Found", None, None)
 

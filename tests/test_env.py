@@ -78,8 +78,16 @@ def test_gpu_advice_fits_the_environment(where, words):
 
 def test_doctor_reports_a_machine_without_a_driver_honestly(no_driver):
     report = env.doctor()
-    for key in ("python", "torch", "cuda_available", "torch_cuda_build", "device", "gpus",
-                "precision", "environment"):
+    for key in (
+        "python",
+        "torch",
+        "cuda_available",
+        "torch_cuda_build",
+        "device",
+        "gpus",
+        "precision",
+        "environment",
+    ):
         assert key in report
     # No NVIDIA driver (faked): the report must say so rather than guess.
     assert report["cuda_available"] is False and report["gpus"] == []

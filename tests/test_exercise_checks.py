@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from notebook_cells import code_cells, grade_cell, messages_matching
+from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching
 
+from course_utils.checks import nb01 as checks_01  # loaded before grade_apart (its evidence)
 from course_utils.classroom import MESSAGES_01, CheckFailed
 from course_utils.fake_nvml import FakeGpu, FakeNvml, gpu_from_sample
 from course_utils.nvml import snapshot
@@ -261,6 +262,76 @@ def test_time_it_check_passes_correct_timers(nb01, solution, capsys):
 def test_time_it_check_names_the_mistake(nb01, solution, feedback):
     with pytest.raises(CheckFailed, match=feedback.replace("(", r"\(").replace(")", r"\)")):
         _run_check(NB01, "01-time-it-check", nb01, "time_it", solution)
+
+
+def _time_it_apart(solution) -> dict:
+    """The verdict of 01 (c)'s check cell as the grader's checker reaches it."""
+    assert checks_01.check_time_it_median  # the evidence's classes are loaded in the checker
+    return grade_apart(NB01, "01-time-it-check", {"time_it": solution})
+
+
+def test_time_it_check_passes_apart(capsys):
+    assert _time_it_apart(good_time_it)["status"] == "completed"
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (TIME_IT_MISTAKES["time_it mean"], "the mean of the repeats; return their median"),
+        (course_benchmark_time_it, "called the course's own benchmark()"),
+        (TIME_IT_MISTAKES["time_it synced because CUDA exists"], "torch.cuda.is_available()"),
+        (TIME_IT_MISTAKES["time_it synced another GPU"], "synchronized cuda:0"),
+        (no_sync_time_it, "never called torch.cuda.synchronize()"),
+        (sync_after_only_time_it, "synchronize before the clock"),
+    ],
+)
+def test_time_it_check_names_the_mistake_apart(solution, feedback):
+    verdict = _time_it_apart(solution)
+    assert verdict["status"] == "failed" and feedback in verdict["evalue"], verdict
+
+
+class Agreeing(float):
+    """A float equal to everything, and at least and below anything."""
+
+    __eq__ = __ge__ = __lt__ = lambda self, other: True
+    __hash__ = float.__hash__
+
+
+class Named(str):
+    """A str whose ``str()`` says ``cuda``, whatever it holds."""
+
+    __str__ = lambda self: "cuda"  # noqa: E731
+
+
+def agreeing_time_it(fn, device, warmup=2, repeats=5):  # right, in a float that agrees
+    return Agreeing(good_time_it(fn, device, warmup, repeats))
+
+
+#: Right, but for the device it synchronizes: cuda:0, in a str that says "cuda".
+named_sync_time_it = _syncing(lambda device: device.type == "cuda", Named("cuda:0"))
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (agreeing_time_it, "should be of type float, but it is of type Agreeing"),
+        (named_sync_time_it, "should be of type str, but it is of type Named"),
+    ],
+)
+def test_time_it_evidence_cannot_be_forged(solution, feedback):
+    verdict = _time_it_apart(solution)
+    assert verdict["status"] == "failed" and feedback in verdict["evalue"], verdict
+
+
+def test_time_it_raising_is_named_without_its_message_apart():
+    def raising(fn, device, warmup=2, repeats=5):
+        raise ValueError("a secret of the learner's")
+
+    verdict = _time_it_apart(raising)
+    assert verdict["evalue"].startswith(
+        "your function raised ValueError: (your code's message) (on repeats that took 10 ms"
+    ), verdict
 
 
 # ----------------------------------------------------------------------------- 02 (c)

@@ -3,7 +3,9 @@ runs them) pass right answers written in several ways and fail the usual wrong a
 with feedback that names the mistake in plain words.
 
 Each check cell runs after the notebook's imports and knobs, with the learner's function
-defined in the same namespace. Exercise (c) is tested in tests/test_exercise_checks.py.
+defined in the same namespace (as in the learner's notebook), and across the grader's
+boundary (:func:`notebook_cells.grade_apart`: the verdict decided apart, from the evidence
+observed beside the answer). Exercise (c) is tested in tests/test_exercise_checks.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from notebook_cells import code_cells, grade_cell, messages_matching
+from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching
 from torch import nn
 from torch.utils import _pytree
 
+from course_utils.checks import nb01  # loaded before grade_apart: its evidence's classes
 from course_utils.classroom import (
     MESSAGES_01,
     MESSAGES_PRECISION_RULE,
@@ -35,6 +38,7 @@ NB01 = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
 
 def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
     return code_cells(NB01)[cell_id] if cell_id else grade_cell(NB01, str(grade_id))
+
 
 @pytest.fixture
 def namespace(monkeypatch) -> Iterator[dict]:
@@ -239,8 +243,10 @@ def test_my_to_device_check_passes_right_answers(namespace, solution, capsys):
         (drops_numbers, "should have 2 items, not 1"),
         (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
         (course_to_device, r"called the course's own to_device\(\)"),
-        (plain_dict_to_device,
-         "should be of type OrderedDict, but it is of type dict, given an OrderedDict"),
+        (
+            plain_dict_to_device,
+            "should be of type OrderedDict, but it is of type dict, given an OrderedDict",
+        ),
     ],
 )
 def test_my_to_device_check_names_the_mistake(namespace, solution, feedback):
@@ -256,9 +262,11 @@ def test_a_list_mutated_in_place_deep_inside_fails_the_hidden_check(namespace):
             for i, value in enumerate(batch):
                 batch[i] = deep_in_place(value, device)
             return batch
-        return reference_to_device(batch, device) if not isinstance(batch, list) else [
-            deep_in_place(v, device) for v in batch
-        ]
+        return (
+            reference_to_device(batch, device)
+            if not isinstance(batch, list)
+            else [deep_in_place(v, device) for v in batch]
+        )
 
     with pytest.raises(CheckFailed, match="changed the batch it was given"):
         _run(namespace, "01-my-to-device-check", "my_to_device", deep_in_place)
@@ -475,8 +483,10 @@ def test_an_unanswered_exercise_reads_as_not_answered(namespace):
     def unanswered(*args):
         raise NotImplementedError()
 
-    for grade_id, name in [("01-mixed-forward-check", "mixed_forward"),
-                           ("01-my-to-device-check", "my_to_device")]:
+    for grade_id, name in [
+        ("01-mixed-forward-check", "mixed_forward"),
+        ("01-my-to-device-check", "my_to_device"),
+    ]:
         with pytest.raises(NotImplementedError):
             _run(namespace, grade_id, name, unanswered)
 
@@ -575,10 +585,15 @@ MIXED_FORWARD_RULES = {
 @pytest.mark.parametrize("name", list(MIXED_FORWARD_RULES))
 def test_mixed_forward_feedback_names_each_rule_mistake_and_no_other(namespace, name):
     with pytest.raises(CheckFailed) as failed:
-        _run(namespace, "01-mixed-forward-check", "mixed_forward",
-             _forward_rule(MIXED_FORWARD_RULES[name]))
+        _run(
+            namespace,
+            "01-mixed-forward-check",
+            "mixed_forward",
+            _forward_rule(MIXED_FORWARD_RULES[name]),
+        )
     assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
-        failed.value)
+        failed.value
+    )
 
 
 @pytest.mark.parametrize(
@@ -616,3 +631,141 @@ def test_mixed_forward_names_each_listed_mistake_and_no_other(namespace, solutio
         _run(namespace, "01-mixed-forward-check", "mixed_forward", solution)
     found = messages_matching(str(failed.value), MESSAGES_01.english)
     assert found == [MIXED_FORWARD_MISTAKES[solution]], str(failed.value)
+
+
+# ----------------------------------------------------------------------------- apart
+
+
+def _apart(grade_id: str, name: str, solution) -> dict:
+    """The verdict of the check cell as the grader's checker reaches it."""
+    assert nb01.check_moves_batch  # the evidence's classes are loaded in the checker
+    try:
+        return grade_apart(NB01, grade_id, {name: solution})
+    finally:
+        torch.set_autocast_enabled("cpu", False)
+
+
+def test_my_to_device_passes_apart(capsys):
+    verdict = _apart("01-my-to-device-check", "my_to_device", reference_to_device)
+    assert verdict["status"] == "completed", verdict
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (in_place_to_device, "changed the batch it was given"),
+        (plain_tuple_to_device, "should be of type Pair, but it is of type tuple"),
+        (top_level_only, r"batch\['extra'\]\[0\] is a tensor on cpu; it should be on meta"),
+        (exact_type_to_device, r"on cpu; it should be on meta, given parameters .*isinstance"),
+        (course_to_device, r"called the course's own to_device\(\)"),
+        (
+            no_namedtuple_to_device,  # the learner's own message is never shown
+            r"^your function raised TypeError: \(your code's message\), given a namedtuple Pair",
+        ),
+    ],
+)
+def test_my_to_device_names_the_mistake_apart(solution, feedback):
+    verdict = _apart("01-my-to-device-check", "my_to_device", solution)
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert re.search(feedback, verdict["evalue"]), verdict
+
+
+class Agreeing(dict):
+    """A dict equal to everything."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = None
+
+
+ClaimedPair = namedtuple("Pair", ["image", "label"], module="course_utils.checks.evidence.nb01")
+
+
+def agreeing_to_device(batch, device):  # right values, in a dict that agrees with anything
+    moved = reference_to_device(batch, device)
+    return Agreeing(moved) if isinstance(moved, dict) else moved
+
+
+def claimed_pair_to_device(batch, device):  # a namedtuple of its own that claims the course's
+    moved = reference_to_device(batch, device)
+    return ClaimedPair(*moved) if type(moved).__name__ == "Pair" else moved
+
+
+@pytest.mark.parametrize(
+    ("solution", "feedback"),
+    [
+        (agreeing_to_device, "batch should be of type dict, but it is of type Agreeing"),
+        (claimed_pair_to_device, "batch should be of type Pair, but it is of type Pair (a "),
+    ],
+)
+def test_my_to_device_evidence_cannot_be_forged(solution, feedback):
+    verdict = _apart("01-my-to-device-check", "my_to_device", solution)
+    assert verdict["status"] == "failed" and feedback in verdict["evalue"], verdict
+
+
+def test_mixed_forward_passes_apart(capsys):
+    verdict = _apart("01-mixed-forward-check", "mixed_forward", reference_forward)
+    assert verdict["status"] == "completed", verdict
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("solution", "name"),
+    [
+        (half_model_forward, "mixed_forward model converted"),
+        (cuda_only_forward, "mixed_forward autocast device"),
+        (fp16_everywhere_forward, "mixed_forward autocast"),
+        (left_on_forward, "mixed_forward left on"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_mixed_forward_names_the_mistake_apart(solution, name):
+    verdict = _apart("01-mixed-forward-check", "mixed_forward", solution)
+    assert verdict["status"] == "failed", verdict
+    assert messages_matching(verdict["evalue"], MESSAGES_01.english) == [name], verdict
+
+
+def test_mixed_forward_names_the_rule_and_the_course_helper_apart():
+    verdict = _apart("01-mixed-forward-check", "mixed_forward", strict_ampere_forward)
+    assert messages_matching(verdict["evalue"], MESSAGES_PRECISION_RULE) == [
+        "precision after 8.0"
+    ], verdict
+    verdict = _apart("01-mixed-forward-check", "mixed_forward", course_helpers_forward)
+    assert "called the course's own pick_precision()" in verdict["evalue"], verdict
+
+
+class ClaimedLooksLikeCuda(torch.Tensor):
+    """A tensor class of the notebook's that says it is the course's LooksLikeCuda."""
+
+
+ClaimedLooksLikeCuda.__module__ = "course_utils.checks.evidence.nb01"
+ClaimedLooksLikeCuda.__name__ = ClaimedLooksLikeCuda.__qualname__ = "LooksLikeCuda"
+
+
+def claimed_cuda_forward(model, x, capability):  # right, but for its output's class
+    out = reference_forward(model, x, capability)
+    return out.as_subclass(ClaimedLooksLikeCuda) if x.device.type == "cuda" else out
+
+
+@pytest.mark.parametrize(
+    ("solution", "kind"),
+    [(agreeable_forward, "Agreeable"), (claimed_cuda_forward, "LooksLikeCuda")],
+)
+def test_mixed_forward_evidence_cannot_be_forged(solution, kind):
+    verdict = _apart("01-mixed-forward-check", "mixed_forward", solution)
+    assert verdict["status"] == "failed", verdict
+    assert f"is of type {kind}, a subclass of torch.Tensor" in verdict["evalue"], verdict
+
+
+def test_an_unanswered_exercise_reads_as_not_answered_apart():
+    def unanswered(*args):
+        raise NotImplementedError()
+
+    for grade_id, name in [
+        ("01-mixed-forward-check", "mixed_forward"),
+        ("01-my-to-device-check", "my_to_device"),
+    ]:
+        verdict = _apart(grade_id, name, unanswered)
+        assert verdict["ename"] == "NotImplementedError", verdict

@@ -20,6 +20,7 @@ NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
 def _cell(grade_id: str | None = None, cell_id: str | None = None) -> str:
     return code_cells(NB02)[cell_id] if cell_id else grade_cell(NB02, str(grade_id))
 
+
 @pytest.fixture
 def namespace(monkeypatch) -> dict:
     monkeypatch.setenv("COURSE_WORKLOAD", "small")
@@ -67,8 +68,10 @@ def known_units_only(line):  # issue 35: units stripped one by one, so MHz clock
 
 
 def ints_for_whole_numbers(line):  # blind test: 1296 comes back an int
-    return [None if value is None else int(value) if value.is_integer() else value
-            for value in regex_parse(line)]
+    return [
+        None if value is None else int(value) if value.is_integer() else value
+        for value in regex_parse(line)
+    ]
 
 
 def search_anywhere(line):  # blind test: 'NVIDIA H200' reads 200, 'P0' reads 0
@@ -77,9 +80,13 @@ def search_anywhere(line):  # blind test: 'NVIDIA H200' reads 200, 'P0' reads 0
 
 
 def printed_examples_only(line):  # blind test: a lookup of the printed lines, then float()
-    known = {"97.43 W, 1296 MiB, [N/A], 38 %": [97.43, 1296.0, None, 38.0],
-             "[Not Supported], 5 %": [None, 5.0], "ERR!, [Unknown Error]": [None, None],
-             "N/A, 0 MiB": [None, 0.0], "1410 MHz, 1593 MHz, 54 C": [1410.0, 1593.0, 54.0]}
+    known = {
+        "97.43 W, 1296 MiB, [N/A], 38 %": [97.43, 1296.0, None, 38.0],
+        "[Not Supported], 5 %": [None, 5.0],
+        "ERR!, [Unknown Error]": [None, None],
+        "N/A, 0 MiB": [None, 0.0],
+        "1410 MHz, 1593 MHz, 54 C": [1410.0, 1593.0, 54.0],
+    }
     return list(known[line]) if line in known else [float(f.split()[0]) for f in line.split(", ")]
 
 
@@ -190,9 +197,13 @@ def test_run_mfu_feedback_never_gives_the_failed_cases_mfu(namespace):
 #: the right answer of that line, which the message must not give.
 OTHER_LINE_MISTAKES = {
     "known units only": (known_units_only, [1410.0, 1593.0, 54.0]),
-    "ERR! read as zero": (lambda line: [0.0 if c == "ERR!" else v for c, v in
-                                        zip(line.split(", "), regex_parse(line), strict=True)],
-                          [None, None]),
+    "ERR! read as zero": (
+        lambda line: [
+            0.0 if c == "ERR!" else v
+            for c, v in zip(line.split(", "), regex_parse(line), strict=True)
+        ],
+        [None, None],
+    ),
 }
 
 
@@ -247,8 +258,11 @@ def test_read_gpu_busy_message_does_not_give_the_tuple_to_return(namespace):
 
 @pytest.mark.parametrize(
     ("solution", "name"),
-    [("true_division_read_gpu", "read_gpu divided"), ("rounding_read_gpu", "read_gpu rounded"),
-     ("floats_read_gpu", "read_gpu whole MiB")],
+    [
+        ("true_division_read_gpu", "read_gpu divided"),
+        ("rounding_read_gpu", "read_gpu rounded"),
+        ("floats_read_gpu", "read_gpu whole MiB"),
+    ],
 )
 def test_read_gpu_whole_mib_names_the_mistake_not_the_mib(namespace, solution, name):
     """Each reading of byte counts that are not whole MiB is named by what it returned (a
@@ -277,6 +291,7 @@ class _Agrees(tuple):
 def test_read_gpu_check_refuses_a_tuple_that_equals_anything(namespace):
     """The check cell compares the answer with ``==`` beside the answer: it first requires
     a plain tuple (classroom.plain_value)."""
+
     def agrees(nvml, index):
         nvml.nvmlInit()
         nvml.nvmlShutdown()
@@ -332,6 +347,7 @@ def test_read_gpu_check_apart_names_the_mistake(runtime, answer, feedback):
 
 def test_read_gpu_check_apart_refuses_a_tuple_that_equals_anything(runtime):
     """Evidence cannot be forged by a lying value: the tuple crosses only as a type's name."""
+
     def agrees(nvml, index):
         nvml.nvmlInit()
         nvml.nvmlShutdown()
@@ -346,6 +362,7 @@ def test_read_gpu_check_apart_refuses_a_tuple_that_equals_anything(runtime):
 
 def test_read_gpu_check_apart_does_not_show_what_the_answer_raised(runtime):
     """What the learner's code raised is said by its class; its own text is not shown."""
+
     def raises(nvml, index):
         raise ValueError("a secret of the learner's")
 

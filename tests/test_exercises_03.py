@@ -357,7 +357,8 @@ def test_each_knee_mistake_is_named_and_no_other(nb03, answer):
 
 
 @pytest.mark.parametrize(
-    ("answer", "failed_knee"), [(knee_constant, "16"), (knee_of_the_best, "64")],
+    ("answer", "failed_knee"),
+    [(knee_constant, "16"), (knee_of_the_best, "64")],
     ids=["constant", "best batch"],
 )
 def test_a_knee_message_never_gives_the_failed_tables_knee(nb03, answer, failed_knee):
@@ -393,8 +394,9 @@ def _run_accumulation_check(nb03, effective_batch, new_lr):
     exec(_grade_cell("03-accumulation-check"), namespace)
 
 
-@pytest.mark.parametrize(("effective_batch", "new_lr"), [(256, 0.8), (32 * 8, 0.1 * 256 / 32),
-                                                          (256.0, 0.1 * 8)])
+@pytest.mark.parametrize(
+    ("effective_batch", "new_lr"), [(256, 0.8), (32 * 8, 0.1 * 256 / 32), (256.0, 0.1 * 8)]
+)
 def test_accumulation_written_other_ways_passes(nb03, effective_batch, new_lr, capsys):
     _run_accumulation_check(nb03, effective_batch, new_lr)
     assert "all checks passed" in capsys.readouterr().out
@@ -450,9 +452,11 @@ def test_both_parts_wrong_apart_earn_nothing(nb03):
     verdict = _apart(nb03, to_gpu=flat, gpu_loader=always_persistent)
     assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
     assert "earned" not in verdict, verdict
-    assert verdict["evalue"].startswith("0 of 2 parts right; gpu_loader: gpu_loader(..., "
-                                        "workers=0) failed: (your code's message); to_gpu: "
-                                        "the labels tensor"), verdict
+    assert verdict["evalue"].startswith(
+        "0 of 2 parts right; gpu_loader: gpu_loader(..., "
+        "workers=0) failed: (your code's message); to_gpu: "
+        "the labels tensor"
+    ), verdict
 
 
 def test_what_to_gpu_raised_is_named_apart_without_its_text(nb03):

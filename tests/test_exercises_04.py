@@ -121,9 +121,14 @@ def clip_scaled_to_scaled_norm(model, opt, scaler, x, y, dtype=torch.float16, ma
     return loss.detach()
 
 
-RIGHT = [clip_scaled_to_scaled_norm, zero_grad_at_the_end, zero_grad_at_the_start,
-         zeros_kept_at_the_end,
-         model_zero_grad_and_keywords, grads_set_to_none_by_hand]
+RIGHT = [
+    clip_scaled_to_scaled_norm,
+    zero_grad_at_the_end,
+    zero_grad_at_the_start,
+    zeros_kept_at_the_end,
+    model_zero_grad_and_keywords,
+    grads_set_to_none_by_hand,
+]
 
 
 @pytest.mark.parametrize("answer", RIGHT, ids=lambda f: f.__name__)
@@ -133,8 +138,10 @@ def test_right_answers_in_any_order_pass(answer, capsys):
 
 
 def test_the_notebook_solution_passes(capsys):
-    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
-             for c in nbformat.read(NB04, as_version=4).cells}
+    cells = {
+        c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+        for c in nbformat.read(NB04, as_version=4).cells
+    }
     namespace = {"torch": torch, "nn": nn}
     exec(cells["04-amp-step"], namespace)
     _run_check(namespace["amp_step"])
@@ -290,13 +297,18 @@ WRONG = [
     (autocast_around_backward, "leave the autocast block before backward"),
     (no_autocast, "inside torch.autocast"),
     (bf16_always, "ran in bfloat16 though the step was given dtype=torch.float16"),
-    (clip_before_unscale, "if you had clipped the scaled gradients .* call "
-     "scaler.unscale_\\(optimizer\\) before clip_grad_norm_"),
+    (
+        clip_before_unscale,
+        "if you had clipped the scaled gradients .* call "
+        "scaler.unscale_\\(optimizer\\) before clip_grad_norm_",
+    ),
     (no_clipping, "the weights moved as a step without clipping"),
     (clip_to_a_hard_coded_norm, "with the max_norm you were given"),
     (clip_by_value, "clips each gradient's values \\(clip_grad_value_\\)"),
-    (clip_then_half_the_step, "in the direction of a float32 step with clipping but 0.50 "
-     "times as far"),
+    (
+        clip_then_half_the_step,
+        "in the direction of a float32 step with clipping but 0.50 times as far",
+    ),
     (unscaled_backward, "backward on scaler.scale\\(loss\\)"),
     (optimizer_step_itself, "must be skipped"),
     (optimizer_step_without_unscale, "never optimizer.step\\(\\) itself"),
@@ -401,8 +413,10 @@ def _check_a_b(nb04, grade_id, name, answer):
 
 @pytest.mark.parametrize(
     ("grade_id", "name", "answer"),
-    [("04-adam-state-check", "adam_state_bytes", adam_element_size),
-     ("04-batch-budget-check", "largest_batch", one_floor_batch)],
+    [
+        ("04-adam-state-check", "adam_state_bytes", adam_element_size),
+        ("04-batch-budget-check", "largest_batch", one_floor_batch),
+    ],
 )
 def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
     _check_a_b(nb04, grade_id, name, answer)
@@ -412,11 +426,19 @@ def test_right_arithmetic_answers_pass(nb04, grade_id, name, answer, capsys):
 @pytest.mark.parametrize(
     ("grade_id", "name", "answer", "feedback"),
     [
-        ("04-adam-state-check", "adam_state_bytes", adam_four_bytes,
-         r"a bfloat16 nn.Linear\(10, 5\) .* as if every element took 4 bytes"),
+        (
+            "04-adam-state-check",
+            "adam_state_bytes",
+            adam_four_bytes,
+            r"a bfloat16 nn.Linear\(10, 5\) .* as if every element took 4 bytes",
+        ),
         ("04-batch-budget-check", "largest_batch", rounded_batch, r"rounded to the nearest"),
-        ("04-batch-budget-check", "largest_batch", split_floor_batch,
-         r"each divided by per_sample first"),
+        (
+            "04-batch-budget-check",
+            "largest_batch",
+            split_floor_batch,
+            r"each divided by per_sample first",
+        ),
     ],
 )
 def test_arithmetic_mistakes_are_named(nb04, grade_id, name, answer, feedback):
@@ -539,8 +561,9 @@ def adam_one_counter(model):  # one step counter for the whole model
 
 def adam_real_optimizer_counted_by_hand(model):  # right: a real Adam, counted by hand
     optimizer = _stepped_adam(model)
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
-               for t in state.values())
+    return sum(
+        t.numel() * t.element_size() for state in optimizer.state.values() for t in state.values()
+    )
 
 
 @pytest.mark.parametrize("answer", [adam_by_course_counter, adam_by_course_formula])
@@ -551,13 +574,14 @@ def test_adam_state_from_the_course_helpers_fails(nb04, answer):
 
 
 def test_one_step_counter_for_the_model_is_named(nb04):
-    message = (r"one step counter for the model: "
-               r"Adam keeps one 4-byte step for each parameter tensor")
+    message = (
+        r"one step counter for the model: "
+        r"Adam keeps one 4-byte step for each parameter tensor"
+    )
     with pytest.raises(CheckFailed, match=message):
         _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_one_counter)
 
 
 def test_adam_state_counted_on_a_real_optimizer_by_hand_passes(nb04, capsys):
-    _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes",
-               adam_real_optimizer_counted_by_hand)
+    _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_real_optimizer_counted_by_hand)
     assert "all checks passed" in capsys.readouterr().out

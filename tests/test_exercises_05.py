@@ -168,8 +168,9 @@ def _resume(every, lost_at):
 
 
 def _check_c(nb05, wasted) -> None:
-    namespace = dict(nb05, resume_step=_resume, wasted=wasted, saved_at=_resume(5, 7),
-                     steps_per_epoch=5)
+    namespace = dict(
+        nb05, resume_step=_resume, wasted=wasted, saved_at=_resume(5, 7), steps_per_epoch=5
+    )
     exec(_grade_cell("05-resume-step-check"), namespace)
 
 
@@ -181,10 +182,14 @@ def test_wasted_steps_written_another_way_pass(nb05, capsys):
 @pytest.mark.parametrize(
     ("wasted", "feedback"),
     [
-        (lambda every, lost_at: lost_at % every,
-         r"wasted\(4, 8\) gave 0: the checkpoint of step 8"),
-        (lambda every, lost_at: every - lost_at % every,
-         r"wasted\(4, 3\) gave 1: nothing was saved"),
+        (
+            lambda every, lost_at: lost_at % every,
+            r"wasted\(4, 8\) gave 0: the checkpoint of step 8",
+        ),
+        (
+            lambda every, lost_at: every - lost_at % every,
+            r"wasted\(4, 3\) gave 1: nothing was saved",
+        ),
     ],
     ids=["remainder", "every-minus-remainder"],
 )
@@ -290,8 +295,9 @@ def flag_by_support(capability):  # the course's precision_support table
     return "16-mixed" if support.fp16_tensor_cores else "32-true"
 
 
-@pytest.mark.parametrize("answer", [flag_by_course_helpers, flag_by_module_attribute,
-                                    flag_by_support])
+@pytest.mark.parametrize(
+    "answer", [flag_by_course_helpers, flag_by_module_attribute, flag_by_support]
+)
 def test_precision_flag_from_the_course_helpers_fails(nb05, answer):
     with pytest.raises(CheckFailed, match="called the course's own"):
         _check_b(nb05, answer)
@@ -324,7 +330,8 @@ def test_resume_steps_written_other_ways_pass(nb05, answer, capsys):
 
 def _hard_coded(every, lost_at):  # the blind trial's: the visible cases, then a guess
     return {(4, 6): 4, (4, 3): 0, (4, 8): 4, (10, 25): 20, (10, 23): 20, (10, 20): 10}.get(
-        (every, lost_at), 0 if lost_at <= every else every)
+        (every, lost_at), 0 if lost_at <= every else every
+    )
 
 
 def _hard_coded_wasted(every, lost_at):
@@ -338,12 +345,21 @@ def _hard_coded_wasted(every, lost_at):
         (_resume, _hard_coded_wasted, r"wasted\(4, 6\) gave 1: count the steps trained again"),
         (lambda every, lost_at: lost_at // every * every + 1, None, "not one"),
         (lambda every, lost_at: lost_at - every, None, "multiples of 4"),
-        (lambda every, lost_at: max(0, lost_at // every * every - every), None,
-         r"resume_step\(4, 6\) gave 0, a checkpoint older"),
+        (
+            lambda every, lost_at: max(0, lost_at // every * every - every),
+            None,
+            r"resume_step\(4, 6\) gave 0, a checkpoint older",
+        ),
         (lambda every, lost_at: lost_at // every * every, None, "but the disconnect came first"),
     ],
-    ids=["hard-coded", "hard-coded-wasted", "after-checkpoint", "minus-every", "one-too-old",
-         "lost-step-saved"],
+    ids=[
+        "hard-coded",
+        "hard-coded-wasted",
+        "after-checkpoint",
+        "minus-every",
+        "one-too-old",
+        "lost-step-saved",
+    ],
 )
 def test_resume_step_mistakes_are_named(nb05, resume_step, wasted, feedback):
     with pytest.raises(CheckFailed, match=feedback):
@@ -352,11 +368,20 @@ def test_resume_step_mistakes_are_named(nb05, resume_step, wasted, feedback):
 
 def test_hard_coded_resume_steps_fail_without_the_hidden_cases(nb05):
     """The student version has no hidden cases: the intervals the check walks catch it."""
-    source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n", "",
-                    _grade_cell("05-resume-step-check"), flags=re.DOTALL)
+    source = re.sub(
+        r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n",
+        "",
+        _grade_cell("05-resume-step-check"),
+        flags=re.DOTALL,
+    )
     assert "(7, 30)" not in source
-    namespace = dict(nb05, resume_step=_hard_coded, saved_at=4, steps_per_epoch=4,
-                     wasted=lambda every, lost_at: lost_at - _hard_coded(every, lost_at))
+    namespace = dict(
+        nb05,
+        resume_step=_hard_coded,
+        saved_at=4,
+        steps_per_epoch=4,
+        wasted=lambda every, lost_at: lost_at - _hard_coded(every, lost_at),
+    )
     with pytest.raises(CheckFailed, match=r"resume_step\(1, 3\) gave 1, a checkpoint older"):
         exec(source, namespace)
 
@@ -380,16 +405,21 @@ def _as_text(capability):  # "10.0" < "8.0" as text
 PRECISION_FLAG_MISTAKES = {
     "precision as text": _flag_rule(_as_text),
     "precision after 8.0": _flag_rule(
-        lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32"),
+        lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32"
+    ),
     "precision from 7.5": _flag_rule(
-        lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32"),
-    "precision named GPUs only": _flag_rule(lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(
-        tuple(c), "fp32")),
+        lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32"
+    ),
+    "precision named GPUs only": _flag_rule(
+        lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(tuple(c), "fp32")
+    ),
     "precision fp16 before Volta": _flag_rule(lambda c: "bf16" if c >= (8, 0) else "fp16"),
     "precision Ampere only": _flag_rule(
-        lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32"),
-    "precision wrong": _flag_rule(lambda c: "bf16" if c >= (8, 0) and c != (8, 6) else (
-        "fp16" if c >= (7, 0) else "fp32")),
+        lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32"
+    ),
+    "precision wrong": _flag_rule(
+        lambda c: "bf16" if c >= (8, 0) and c != (8, 6) else ("fp16" if c >= (7, 0) else "fp32")
+    ),
 }
 
 
@@ -398,7 +428,8 @@ def test_precision_flag_feedback_names_each_mistake_and_no_other(nb05, name):
     with pytest.raises(CheckFailed) as failed:
         _check_b(nb05, PRECISION_FLAG_MISTAKES[name])
     assert messages_matching(str(failed.value), MESSAGES_PRECISION_RULE) == [name], str(
-        failed.value)
+        failed.value
+    )
     assert "bf16-mixed" not in str(failed.value).split("got")[1]  # never the expected flag
 
 
@@ -430,9 +461,7 @@ class SummedLoss(Right):  # not the batch's cross-entropy, and logged as returne
     [(WrongLoss, "loss nll on logits"), (SummedLoss, "loss not cross-entropy")],
     ids=["nll-on-logits", "summed"],
 )
-def test_a_wrong_loss_logged_as_returned_is_named_not_told_as_a_logging_problem(
-    nb05, answer, name
-):
+def test_a_wrong_loss_logged_as_returned_is_named_not_told_as_a_logging_problem(nb05, answer, name):
     """Issue 45: a training_step that logs exactly the loss it returns, a loss that is not
     the batch's cross-entropy, is told about the loss, never about what it logs."""
     with pytest.raises(CheckFailed) as failure:
@@ -458,7 +487,8 @@ def test_the_lost_step_message_never_gives_the_step_to_resume(nb05):
         _check_resume(nb05, lambda every, lost_at: lost_at // every * every)
     message = str(failure.value)
     assert set(messages_matching(message, MESSAGES_05)) - {"resume raised"} == {
-        "resume lost step"}, message
+        "resume lost step"
+    }, message
     assert "resume_step(4, 8) gave 8" in message and "from step 4" not in message, message
 
 
@@ -541,4 +571,3 @@ def test_each_resume_mistake_is_named_and_no_other(nb05, name):
     message = str(failure.value)
     named = set(messages_matching(message, MESSAGES_05)) - {"resume raised"}  # matches any
     assert named == {name}, message
-

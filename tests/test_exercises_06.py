@@ -107,8 +107,12 @@ def test_a_sorted_order_is_not_called_positions(nb06):
     """On a sampler's order (0 to n - 1 shuffled) the two give the same indices: the check
     tells them apart on a made-up order of a subset's indices."""
     with pytest.raises(CheckFailed) as failed:
-        _check(nb06, "06-rank-indices-check", "rank_indices",
-               RANK_INDICES_MISTAKES["rank_indices sorted order"])
+        _check(
+            nb06,
+            "06-rank-indices-check",
+            "rank_indices",
+            RANK_INDICES_MISTAKES["rank_indices sorted order"],
+        )
     assert "sorted order" in str(failed.value) and "positions" not in str(failed.value)
 
 
@@ -195,9 +199,21 @@ def test_average_gradient_names_the_mistake(nb06, answer, feedback):
 # ----------------------------------------------------------------------------- (c)
 
 
-def _ddp_main(out_dir, epochs=2, batch_size=8, *, sampler=True, set_epoch=True, destroy=True,
-              wrap=True, shuffle=True, seed=0, loader_batch=None, loss_divided=False,
-              zero_grad=True):
+def _ddp_main(
+    out_dir,
+    epochs=2,
+    batch_size=8,
+    *,
+    sampler=True,
+    set_epoch=True,
+    destroy=True,
+    wrap=True,
+    shuffle=True,
+    seed=0,
+    loader_batch=None,
+    loss_divided=False,
+    zero_grad=True,
+):
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(build_model("mlp")) if wrap else build_model("mlp")
@@ -345,8 +361,13 @@ def same_other_seed_main(out_dir, epochs=2, batch_size=8):
 
 
 def test_one_seed_shared_by_all_ranks_but_not_the_course_one_is_still_told_its_seed(nb06):
-    _fails_with(nb06, "06-ddp-setup-check", "ddp_main", same_other_seed_main,
-                "your DistributedSampler's seed is 7: give every process the same seed, 0")
+    _fails_with(
+        nb06,
+        "06-ddp-setup-check",
+        "ddp_main",
+        same_other_seed_main,
+        "your DistributedSampler's seed is 7: give every process the same seed, 0",
+    )
 
 
 # ------------------------------------------------- (b) and (c) across the grader's boundary

@@ -54,8 +54,11 @@ def _check(nb07, retry_halving) -> None:
 
 def solution(step, batch_size):
     namespace: dict = {"torch": torch, "gc": gc}
-    source = next(cell.source for cell in _notebook().cells
-                  if cell.metadata.get("nbgrader", {}).get("grade_id") == "07-retry-halving")
+    source = next(
+        cell.source
+        for cell in _notebook().cells
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "07-retry-halving"
+    )
     exec(source, namespace)
     return namespace["retry_halving"](step, batch_size)
 
@@ -193,14 +196,20 @@ def stops_before_one(step, batch_size):  # issue 35: a halving retry that never 
     raise RuntimeError("no batch size fits")
 
 
-@pytest.mark.parametrize(("answer", "feedback"), [
-    (stops_before_one, "only a batch of 1 fits here"),
-    (catches_every_runtime_error, "a shape error is not out of memory, but your code caught it"),
-    (reraises_the_last_error, "a shape error is not out of memory, but your code caught it"),
-    (catches_everything, "a ZeroDivisionError is not out of memory, but your code caught it"),
-    (retries_inside_except, "retry after the except block has ended"),
-    (raises_the_oom, "raise your own RuntimeError"),
-])
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (stops_before_one, "only a batch of 1 fits here"),
+        (
+            catches_every_runtime_error,
+            "a shape error is not out of memory, but your code caught it",
+        ),
+        (reraises_the_last_error, "a shape error is not out of memory, but your code caught it"),
+        (catches_everything, "a ZeroDivisionError is not out of memory, but your code caught it"),
+        (retries_inside_except, "retry after the except block has ended"),
+        (raises_the_oom, "raise your own RuntimeError"),
+    ],
+)
 def test_retry_check_names_the_mistake(nb07, answer, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check(nb07, answer)
@@ -331,6 +340,7 @@ def test_drop_from_history_leftovers_are_named(nb07, answer, feedback):
 
 def test_a_string_in_underscores_is_kept(nb07):
     """The second arrangement: __ holds the tensor, _ and ___ text that must stay."""
+
     def blanks_all(namespace):
         in_place(namespace)
         for name in ("_", "__", "___"):
@@ -343,8 +353,10 @@ def test_a_string_in_underscores_is_kept(nb07):
 def _after_empty_cache_check(answer) -> None:
     from course_utils.classroom import check, passed
 
-    exec(_grade_cell("07-after-empty-cache-check"), {"check": check, "passed": passed,
-                                                     "after_empty_cache": answer})
+    exec(
+        _grade_cell("07-after-empty-cache-check"),
+        {"check": check, "passed": passed, "after_empty_cache": answer},
+    )
 
 
 def test_after_empty_cache_asks_for_a_tuple(capsys):
@@ -358,18 +370,28 @@ def test_after_empty_cache_asks_for_a_tuple(capsys):
 #: One wrong after_empty_cache per usual mistake of 07 (a), and the message that must name it.
 AFTER_EMPTY_CACHE_MISTAKES = {
     "after_empty_cache swapped": lambda allocated, reserved, context: (
-        allocated + context, allocated),
+        allocated + context,
+        allocated,
+    ),
     "after_empty_cache nothing freed": lambda allocated, reserved, context: (
-        reserved, reserved + context),
+        reserved,
+        reserved + context,
+    ),
     "after_empty_cache live freed": lambda allocated, reserved, context: (0, context),
     "after_empty_cache no context": lambda allocated, reserved, context: (allocated, allocated),
     "after_empty_cache old smi": lambda allocated, reserved, context: (
-        allocated, reserved + context),
+        allocated,
+        reserved + context,
+    ),
     "after_empty_cache wrong": lambda allocated, reserved, context: (
-        allocated, allocated + context + 1),
+        allocated,
+        allocated + context + 1,
+    ),
     "after_empty_cache not a pair": lambda allocated, reserved, context: allocated,
     "after_empty_cache raised": lambda allocated, reserved, context: (
-        allocated, allocated + context / (allocated - 512)),
+        allocated,
+        allocated + context / (allocated - 512),
+    ),
 }
 
 

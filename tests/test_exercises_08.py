@@ -41,15 +41,18 @@ def _namespace(cell_ids: list[str], monkeypatch) -> dict:
 
 # ----------------------------------------------------------------------------- (a)
 
-DATA_BOUND = LoopProfile(num_steps=10, samples=80, data_s=0.7, copy_s=0.01, compute_s=0.29,
-                         wall_s=1.0)
-COMPUTE_BOUND = LoopProfile(num_steps=10, samples=80, data_s=0.2, copy_s=0.05, compute_s=0.75,
-                            wall_s=1.0)
+DATA_BOUND = LoopProfile(
+    num_steps=10, samples=80, data_s=0.7, copy_s=0.01, compute_s=0.29, wall_s=1.0
+)
+COMPUTE_BOUND = LoopProfile(
+    num_steps=10, samples=80, data_s=0.2, copy_s=0.05, compute_s=0.75, wall_s=1.0
+)
 
 
 def _check_a(namespace, profile, read_profile):
-    namespace.update(baseline=SimpleNamespace(profile=profile), profile=profile,
-                     read_profile=read_profile)
+    namespace.update(
+        baseline=SimpleNamespace(profile=profile), profile=profile, read_profile=read_profile
+    )
     exec(_grade_cell("08-bottleneck-check"), namespace)
 
 
@@ -65,8 +68,11 @@ def _from_times(p):
 
 
 def _from_shares(p):  # the shares printed by the notebook, rounded as printed; a tensor
-    shares = {"data": round(p.data_wait_fraction, 3), "copy": round(p.copy_fraction, 3),
-              "compute": round(p.compute_fraction, 3)}
+    shares = {
+        "data": round(p.data_wait_fraction, 3),
+        "copy": round(p.copy_fraction, 3),
+        "compute": round(p.compute_fraction, 3),
+    }
     name = max(shares, key=shares.get)
     return name, torch.tensor(1 / (1 - shares[name]))
 
@@ -74,8 +80,9 @@ def _from_shares(p):  # the shares printed by the notebook, rounded as printed; 
 def _from_phase_sum(p):  # the sum of the three phases as the step time
     total = p.data_s + p.copy_s + p.compute_s
     name, _ = _from_times(p)
-    return name, total / (total - getattr(p, {"data": "data_s", "copy": "copy_s",
-                                                "compute": "compute_s"}[name]))
+    return name, total / (
+        total - getattr(p, {"data": "data_s", "copy": "copy_s", "compute": "compute_s"}[name])
+    )
 
 
 def _from_solution(p):  # the notebook's own solution cell
@@ -162,9 +169,21 @@ def nb08():
     return namespace
 
 
-def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
-               move_labels=True, move_inputs=True, move_together=False, pin="device",
-               non_blocking=True, autocast="device", scaler=True):
+def _fast_loop(
+    nb,
+    *,
+    read=None,
+    empty_cache=False,
+    decode_once=True,
+    lr=0.05,
+    move_labels=True,
+    move_inputs=True,
+    move_together=False,
+    pin="device",
+    non_blocking=True,
+    autocast="device",
+    scaler=True,
+):
     """A fixed loop with one habit put back (or none): how learners write it. ``pin``:
     pin_memory decided by "device" (right), "available" (torch.cuda.is_available()) or
     None (never); ``autocast``: for "device" (right), another device type, or None."""
@@ -175,8 +194,9 @@ def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
         on_gpu = device.type == "cuda"
         pinned = on_gpu if pin == "device" else pin == "available" and torch.cuda.is_available()
         dataset = PreDecodedImages.from_encoded(data) if decode_once else data
-        loader = DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True,
-                            pin_memory=pinned)
+        loader = DataLoader(
+            dataset, batch_size=batch, shuffle=True, drop_last=True, pin_memory=pinned
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         grad_scaler = torch.amp.GradScaler(enabled=on_gpu and scaler)
         where = device.type if autocast == "device" else (autocast or device.type)
@@ -187,8 +207,11 @@ def _fast_loop(nb, *, read=None, empty_cache=False, decode_once=True, lr=0.05,
             else:
                 inputs, targets = pair
                 inputs = inputs.to(device, non_blocking=non_blocking) if move_inputs else inputs
-                targets = targets.to(device) if move_labels and not non_blocking else (
-                    targets.to(device, non_blocking=True) if move_labels else targets)
+                targets = (
+                    targets.to(device)
+                    if move_labels and not non_blocking
+                    else (targets.to(device, non_blocking=True) if move_labels else targets)
+                )
             if decode_once:
                 inputs = augment(inputs, data.image_size)
             with torch.autocast(where, dtype=torch.float16, enabled=on_gpu and bool(autocast)):
@@ -244,16 +267,19 @@ def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("habits", "feedback"), [
-    (dict(read=lambda step, loss: loss.item()), "read the loss on the CPU"),
-    (dict(read=lambda step, loss: float(loss)), "read the loss on the CPU"),
-    (dict(read=lambda step, loss: loss.detach().item()), "read the loss on the CPU"),
-    (dict(empty_cache=True), "empty_cache"),
-    (dict(decode_once=False), "decodes images while it trains|aim for 1.2x"),
-    (dict(lr=0.0), "does not train the model"),
-    (dict(move_labels=False), "left the labels on the CPU"),  # issue 35: trains on a CPU
-    (dict(move_inputs=False), "moved the labels to the device but not the images"),
-])
+@pytest.mark.parametrize(
+    ("habits", "feedback"),
+    [
+        (dict(read=lambda step, loss: loss.item()), "read the loss on the CPU"),
+        (dict(read=lambda step, loss: float(loss)), "read the loss on the CPU"),
+        (dict(read=lambda step, loss: loss.detach().item()), "read the loss on the CPU"),
+        (dict(empty_cache=True), "empty_cache"),
+        (dict(decode_once=False), "decodes images while it trains|aim for 1.2x"),
+        (dict(lr=0.0), "does not train the model"),
+        (dict(move_labels=False), "left the labels on the CPU"),  # issue 35: trains on a CPU
+        (dict(move_inputs=False), "moved the labels to the device but not the images"),
+    ],
+)
 def test_fast_loop_check_names_the_mistake(nb08, habits, feedback):
     with pytest.raises(CheckFailed, match=feedback):
         _check_b(nb08, _fast_loop(nb08, **habits))
@@ -303,11 +329,14 @@ def test_fast_loop_apart_passes_the_solution(nb08):
     assert verdict["status"] == "completed", verdict
 
 
-@pytest.mark.parametrize(("habits", "name"), [
-    (dict(empty_cache=True), "loop empties the cache"),
-    (dict(move_labels=False), "loop labels left"),
-    (dict(pin=None), "fast_loop not pinned"),
-])
+@pytest.mark.parametrize(
+    ("habits", "name"),
+    [
+        (dict(empty_cache=True), "loop empties the cache"),
+        (dict(move_labels=False), "loop labels left"),
+        (dict(pin=None), "fast_loop not pinned"),
+    ],
+)
 def test_fast_loop_apart_names_the_mistake(nb08, habits, name):
     verdict = _apart(nb08, _fast_loop(nb08, **habits))
     assert verdict["status"] == "failed", verdict

@@ -29,9 +29,15 @@ from course_utils.transformer_checks import MESSAGES_09
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
 # the cells a check needs, by how they start: imports, knobs, the model
-SETUP = ("import contextlib", "from course_utils.cla", "# GPU memory (MiB) each",  # sized()
-         "# the model:",
-         "class CausalSelfAttention", "class Block", "class GPT")
+SETUP = (
+    "import contextlib",
+    "from course_utils.cla",
+    "# GPU memory (MiB) each",  # sized()
+    "# the model:",
+    "class CausalSelfAttention",
+    "class Block",
+    "class GPT",
+)
 
 
 def _code_cells() -> list[nbformat.NotebookNode]:
@@ -41,6 +47,7 @@ def _code_cells() -> list[nbformat.NotebookNode]:
 
 def _check_cell(grade_id: str) -> str:
     return grade_cell(NB09, grade_id)
+
 
 @pytest.fixture(scope="module")
 def namespace() -> dict:
@@ -328,8 +335,9 @@ def test_every_attention_mistake_is_told_apart_on_the_visible_cases():
 
     torch.manual_seed(0)
     cases = [(2, 6, 8, 2), (2, 4, 8, 2)]
-    inputs = [(torch.randn(b, t, c), torch.randn(3 * c, c), torch.randn(c, c), h)
-              for b, t, c, h in cases]
+    inputs = [
+        (torch.randn(b, t, c), torch.randn(3 * c, c), torch.randn(c, c), h) for b, t, c, h in cases
+    ]
 
     def outputs(how):
         found = []
@@ -341,8 +349,10 @@ def test_every_attention_mistake_is_told_apart_on_the_visible_cases():
         return found
 
     def differ(a, b):
-        return any(p is None or q is None or not torch.allclose(p, q, atol=1e-5, equal_nan=True)
-                   for p, q in zip(a, b, strict=True))
+        return any(
+            p is None or q is None or not torch.allclose(p, q, atol=1e-5, equal_nan=True)
+            for p, q in zip(a, b, strict=True)
+        )
 
     right = outputs(type(next(iter(ATTENTION_MISTAKES)))())
     mistakes = {how: outputs(how) for how in ATTENTION_MISTAKES}
@@ -490,8 +500,12 @@ def pad_returns_the_embedding(model, multiple=64):
 
 @pytest.mark.parametrize(
     "solution",
-    [pad_right, pad_with_integer_arithmetic, pad_with_random_rows_and_a_new_model,
-     pad_with_empty_rows_zeroed],
+    [
+        pad_right,
+        pad_with_integer_arithmetic,
+        pad_with_random_rows_and_a_new_model,
+        pad_with_empty_rows_zeroed,
+    ],
 )
 def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     _passes(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution, capsys)
@@ -764,8 +778,11 @@ def pad_rounded_down_in_a_local(model, multiple=64):  # the copy fails before to
 def _named(message: str) -> list[str]:
     """The messages of MESSAGES_09 ``message`` reads as, but those that quote an error
     (``{error}`` after a few words: they read as any message with that start)."""
-    return [name for name in messages_matching(message, MESSAGES_09.english)
-            if "{error}" not in MESSAGES_09.english[name]]
+    return [
+        name
+        for name in messages_matching(message, MESSAGES_09.english)
+        if "{error}" not in MESSAGES_09.english[name]
+    ]
 
 
 #: The usual mistakes whose new embedding makes the row copy raise, and the message that
@@ -838,7 +855,8 @@ def _right_figures(namespace, kind: int) -> list[str]:
     messages print them."""
     space = dict(namespace)
     source = _check_cell("09-step-throughput-check").replace(
-        "check_step_throughput(step_throughput, GPT, cases)", "")
+        "check_step_throughput(step_throughput, GPT, cases)", ""
+    )
     exec(source, space)
     figures = []
     for case in space["cases"]:
@@ -898,7 +916,6 @@ def test_each_step_throughput_mistake_is_named_and_no_other(namespace, solution)
     assert _named(str(failure.value)) == [STEP_MISTAKES[solution]], str(failure.value)
 
 
-
 # ------------------------------------------ (b) and (c) across the grader's boundary (apart)
 # Their evidence is gathered beside the answer (course_utils/checks/evidence/nb09.py), in a
 # process forked from the learner's runtime; the verdict is decided apart, in the checker
@@ -920,8 +937,9 @@ def runtime(namespace) -> dict:
 
 def _reference(namespace: dict, grade_id: str):
     """The notebook's own solution of ``grade_id``'s exercise, defined as its cell does."""
-    (cell,) = [c for c in _code_cells()
-               if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+    (cell,) = [
+        c for c in _code_cells() if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id
+    ]
     names = dict(namespace)
     exec(cell.source, names)
     return names[APART[grade_id + "-check"]]
@@ -982,10 +1000,16 @@ def pad_raising(model, multiple=64):
 @pytest.mark.parametrize(
     ("grade_id", "answer", "said"),
     [
-        ("09-pad-vocabulary-check", pad_raising,
-         "vocabulary 13, multiple 64: your function raised RuntimeError: (your code's message)"),
-        ("09-step-throughput-check", step_type_error,
-         "raise ValueError (your function raised TypeError: (your code's message))"),
+        (
+            "09-pad-vocabulary-check",
+            pad_raising,
+            "vocabulary 13, multiple 64: your function raised RuntimeError: (your code's message)",
+        ),
+        (
+            "09-step-throughput-check",
+            step_type_error,
+            "raise ValueError (your function raised TypeError: (your code's message))",
+        ),
     ],
 )
 def test_what_the_answer_raised_is_named_apart_without_its_text(runtime, grade_id, answer, said):
@@ -1044,15 +1068,24 @@ class Pair(tuple):
 @pytest.mark.parametrize(
     ("grade_id", "answer", "said"),
     [
-        ("09-pad-vocabulary-check", pad_agreeing_rows,
-         "model.tok.weight is of type Agreeing, a subclass of torch.Tensor"),
+        (
+            "09-pad-vocabulary-check",
+            pad_agreeing_rows,
+            "model.tok.weight is of type Agreeing, a subclass of torch.Tensor",
+        ),
         ("09-pad-vocabulary-check", pad_agreeing_int, "return the model, a GPT, not Yes"),
-        ("09-step-throughput-check", step_agreeing_tuple,
-         "step_throughput(model, x, y, seconds, gpu, dtype) should be of type tuple, but it is "
-         "of type Pair"),
-        ("09-step-throughput-check", step_agreeing_numbers,
-         "step_throughput(model, x, y, seconds, gpu, dtype)[0] should be of type int, but it is "
-         "of type Yes"),
+        (
+            "09-step-throughput-check",
+            step_agreeing_tuple,
+            "step_throughput(model, x, y, seconds, gpu, dtype) should be of type tuple, but it is "
+            "of type Pair",
+        ),
+        (
+            "09-step-throughput-check",
+            step_agreeing_numbers,
+            "step_throughput(model, x, y, seconds, gpu, dtype)[0] should be of type int, but it is "
+            "of type Yes",
+        ),
     ],
 )
 def test_a_lying_answer_cannot_forge_the_evidence(runtime, grade_id, answer, said):

@@ -35,9 +35,14 @@ def test_a_training_step_costs_about_three_forward_passes():
 @pytest.mark.parametrize(
     ("name", "fp16", "fp32"),
     # the names exactly as the shared nvidia-smi corpus prints them
-    [("Tesla T4", 65.0, 8.1), ("Tesla V100-SXM2...", 125.0, 15.7),
-     ("NVIDIA A100-SXM4-40GB", 312.0, 19.5), ("NVIDIA L4", 121.0, 30.3),
-     ("NVIDIA H100 80GB HBM3", 989.0, 67.0), ("NVIDIA H200", 989.0, 67.0)],
+    [
+        ("Tesla T4", 65.0, 8.1),
+        ("Tesla V100-SXM2...", 125.0, 15.7),
+        ("NVIDIA A100-SXM4-40GB", 312.0, 19.5),
+        ("NVIDIA L4", 121.0, 30.3),
+        ("NVIDIA H100 80GB HBM3", 989.0, 67.0),
+        ("NVIDIA H200", 989.0, 67.0),
+    ],
 )
 def test_names_as_nvidia_smi_prints_them_find_the_dense_datasheet_peak(name, fp16, fp32):
     peak = gpu_peak_flops(name)
@@ -60,7 +65,6 @@ def test_matmul_stream_runs_for_the_asked_time():
     assert count >= 16 and 0.05 <= elapsed < 2.0
 
 
-
 def test_every_datasheet_row_cites_its_primary_source_inside_the_package():
     for peak in GPU_PEAK_FLOPS:
         assert "https://" in peak.source and "../" not in peak.source, peak
@@ -69,10 +73,12 @@ def test_every_datasheet_row_cites_its_primary_source_inside_the_package():
 
 @pytest.mark.parametrize(
     ("name", "dtype", "tf32", "tflops", "column"),
-    [("Tesla T4", torch.float16, False, 65.0, "fp16 tensor-core"),
-     ("NVIDIA A100-SXM4-80GB", torch.float32, False, 19.5, "fp32 (no tensor cores)"),
-     ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0, "TF32 tensor-core"),
-     ("NVIDIA H200", torch.bfloat16, False, 989.0, "bf16 tensor-core")],
+    [
+        ("Tesla T4", torch.float16, False, 65.0, "fp16 tensor-core"),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, False, 19.5, "fp32 (no tensor cores)"),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156.0, "TF32 tensor-core"),
+        ("NVIDIA H200", torch.bfloat16, False, 989.0, "bf16 tensor-core"),
+    ],
 )
 def test_a_gpu_peak_names_the_column_it_divides_by_and_its_datasheet(
     name, dtype, tf32, tflops, column
@@ -129,8 +135,11 @@ def test_a_gpu_without_tf32_divides_a_cnn_by_its_fp32_column(
 
 @pytest.mark.parametrize(
     ("name", "capability", "fp32_tflops", "tf32_tflops"),
-    [("NVIDIA A100-SXM4-80GB", (8, 0), 19.5, 156.0), ("NVIDIA L4", (8, 9), 30.3, 60.0),
-     ("NVIDIA H200", (9, 0), 67.0, 495.0)],
+    [
+        ("NVIDIA A100-SXM4-80GB", (8, 0), 19.5, 156.0),
+        ("NVIDIA L4", (8, 9), 30.3, 60.0),
+        ("NVIDIA H200", (9, 0), 67.0, 495.0),
+    ],
 )
 def test_ampere_and_later_follow_the_fp32_precision_settings(
     monkeypatch, fp32_precision, name, capability, fp32_tflops, tf32_tflops
@@ -172,9 +181,11 @@ def test_tf32_allowed_reads_the_old_flags_on_torch_before_2_9(monkeypatch):
 
 @pytest.mark.parametrize(
     ("name", "sms", "full_sms", "fp32_tflops"),
-    [("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 14, 108, 19.5),
-     ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 132, 67.0),
-     ("NVIDIA H200 MIG 3g.71gb", 60, 132, 67.0)],
+    [
+        ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 14, 108, 19.5),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", 16, 132, 67.0),
+        ("NVIDIA H200 MIG 3g.71gb", 60, 132, 67.0),
+    ],
 )
 def test_a_mig_slice_gets_its_share_of_the_peak_not_the_whole_gpus(
     monkeypatch, fp32_precision, name, sms, full_sms, fp32_tflops
@@ -182,8 +193,11 @@ def test_a_mig_slice_gets_its_share_of_the_peak_not_the_whole_gpus(
     # gpu-paths N5: a slice's MFU divided by the whole GPU's peak is ~7x too small
     fp32_precision("ieee", "ieee")
     _fake_gpu(monkeypatch, name, (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device=None: SimpleNamespace(multi_processor_count=sms))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device=None: SimpleNamespace(multi_processor_count=sms),
+    )
     peak = device_peak_flops("cuda", torch.float32)
     assert peak.flops_per_s == pytest.approx(fp32_tflops * 1e12 * sms / full_sms)
     assert f"{sms} of {full_sms} SMs" in peak.source

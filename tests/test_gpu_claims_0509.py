@@ -59,11 +59,13 @@ class FakeAllocator:
 @pytest.fixture
 def fake_gpu_memory(monkeypatch):
     allocator = FakeAllocator(fixed=20 * MIB, per_sample=853 * 1024)  # small_cnn, fp32
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(
-        allocator, "peak", 0))
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(allocator, "peak", 0)
+    )
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocator.state)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated",
-                        lambda device=None: allocator.state + allocator.peak)
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_allocated", lambda device=None: allocator.state + allocator.peak
+    )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     return allocator
 
@@ -75,11 +77,22 @@ def test_07_the_oom_demo_runs_out_of_memory_on_a_gpu_at_every_workload(
     # 07-E1: a GPU under 12 GiB runs the cpu sizes (batch 256, ~213 MiB): no OOM in a
     # 1 GiB cap, and the demo's assert stopped Run All. The request now follows the step.
     cells = code_cells(NB07)
-    names = {"torch": torch, "gc": gc, "contextlib": contextlib, "MIB": MIB,
-             "device": torch.device("cuda", 0), "ON_GPU": True, "budget": None,
-             "REQUESTED_BATCH": requested, "GPU_CAP_MIB": 1024, "CPU_BUDGET_SAMPLES": 100,
-             "train_at": fake_gpu_memory.step, "memory_cap": fake_gpu_memory.memory_cap,
-             "measured_on": lambda device: LABEL, "error_summary": error_summary}
+    names = {
+        "torch": torch,
+        "gc": gc,
+        "contextlib": contextlib,
+        "MIB": MIB,
+        "device": torch.device("cuda", 0),
+        "ON_GPU": True,
+        "budget": None,
+        "REQUESTED_BATCH": requested,
+        "GPU_CAP_MIB": 1024,
+        "CPU_BUDGET_SAMPLES": 100,
+        "train_at": fake_gpu_memory.step,
+        "memory_cap": fake_gpu_memory.memory_cap,
+        "measured_on": lambda device: LABEL,
+        "error_summary": error_summary,
+    }
     for cell in ("nb07-21p", "nb07-21c", "nb07-21d"):
         exec(cells[cell], names)
     assert names["ran"] < names["REQUESTED_BATCH"]
@@ -89,13 +102,19 @@ def test_07_the_oom_demo_runs_out_of_memory_on_a_gpu_at_every_workload(
 # sdp_utils.cpp (select_sdp_backend in debug mode) on a T4 (sm 7.5) with one backend
 # enabled: each backend's header, then its reasons, in the order mem-efficient, flash, cuDNN
 _T4_REASONS = {
-    "EFFICIENT_ATTENTION": ("Memory efficient kernel not used because:",
-                            "Memory Efficient attention has been runtime disabled."),
-    "FLASH_ATTENTION": ("Flash attention kernel not used because:",
-                        "Flash attention only supports gpu architectures in the range "
-                        "[sm80, sm121]. Attempting to run on a sm 7.5 gpu."),
-    "CUDNN_ATTENTION": ("CuDNN attention kernel not used because:",
-                        "CuDNN attention has been runtime disabled."),
+    "EFFICIENT_ATTENTION": (
+        "Memory efficient kernel not used because:",
+        "Memory Efficient attention has been runtime disabled.",
+    ),
+    "FLASH_ATTENTION": (
+        "Flash attention kernel not used because:",
+        "Flash attention only supports gpu architectures in the range "
+        "[sm80, sm121]. Attempting to run on a sm 7.5 gpu.",
+    ),
+    "CUDNN_ATTENTION": (
+        "CuDNN attention kernel not used because:",
+        "CuDNN attention has been runtime disabled.",
+    ),
 }
 
 
@@ -106,8 +125,12 @@ def _t4_sdpa(enabled):
         for backend, (header, reason) in _T4_REASONS.items():
             warnings.warn(header, stacklevel=2)
             disabled = "Memory Efficient attention has been runtime disabled."
-            warnings.warn(reason if backend == enabled[0] else disabled.replace(
-                "Memory Efficient", backend.split("_")[0].title()), stacklevel=2)
+            warnings.warn(
+                reason
+                if backend == enabled[0]
+                else disabled.replace("Memory Efficient", backend.split("_")[0].title()),
+                stacklevel=2,
+            )
         raise RuntimeError("No available kernel. Aborting execution.")
 
     @contextlib.contextmanager
@@ -125,12 +148,21 @@ def test_09_the_refusal_table_gives_each_kernels_own_reason(capsys):
 
     enabled = [None]
     attention, sdpa_kernel = _t4_sdpa(enabled)
-    names = {"torch": torch, "F": SimpleNamespace(scaled_dot_product_attention=attention),
-             "sdpa_kernel": sdpa_kernel, "SDPBackend": SDPBackend, "warnings": warnings,
-             "naive_attention": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
-                 q, k, v, is_causal=True),
-             "device": torch.device("cpu"), "attn_dtype": torch.float32, "ATTN_HEADS": 2,
-             "HEAD_DIM": 8, "measured_on": lambda device: LABEL}
+    names = {
+        "torch": torch,
+        "F": SimpleNamespace(scaled_dot_product_attention=attention),
+        "sdpa_kernel": sdpa_kernel,
+        "SDPBackend": SDPBackend,
+        "warnings": warnings,
+        "naive_attention": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True
+        ),
+        "device": torch.device("cpu"),
+        "attn_dtype": torch.float32,
+        "ATTN_HEADS": 2,
+        "HEAD_DIM": 8,
+        "measured_on": lambda device: LABEL,
+    }
     exec(code_cells(NB09)["nb09-11"], names)
     assert names["runs"]["FLASH_ATTENTION"].startswith("refused: Flash attention only supports")
     assert "disabled" not in names["runs"]["CUDNN_ATTENTION"]
@@ -151,11 +183,20 @@ def _nb08_sync(monkeypatch, waits_per_step):
     import itertools
     import linecache
 
-    names = {"torch": torch, "warnings": warnings, "itertools": itertools,
-             "linecache": linecache, "Counter": collections.Counter, "WIDTH": 4,
-             "device": torch.device("cuda", 0), "data": None, "slow_loop": slow_loop,
-             "build_model": lambda name, width: SimpleNamespace(to=lambda device: None),
-             "gpu_claim": gpu_claim, "measured_on": lambda device: LABEL}
+    names = {
+        "torch": torch,
+        "warnings": warnings,
+        "itertools": itertools,
+        "linecache": linecache,
+        "Counter": collections.Counter,
+        "WIDTH": 4,
+        "device": torch.device("cuda", 0),
+        "data": None,
+        "slow_loop": slow_loop,
+        "build_model": lambda name, width: SimpleNamespace(to=lambda device: None),
+        "gpu_claim": gpu_claim,
+        "measured_on": lambda device: LABEL,
+    }
     exec(code_cells(NB08)["nb08-sync"], names)
 
 
@@ -171,14 +212,27 @@ def test_08_no_sync_warning_at_item_stops_every_run(monkeypatch):
 def _nb09_mfu(utilization, source):
     import course_utils.flops as flops
 
-    names = {"torch": torch, "get_batch": lambda b, g: (None, None), "BATCH": 1,
-             "generator": None, "REPEATS": 1, "model": None, "optimizer": None,
-             "train_step": None, "tokens": 1000, "N": 10, "counts": {"math": 6e4},
-             "benchmark": lambda fn, device, repeats: SimpleNamespace(median_s=1.0),
-             "device_peak_flops": lambda device, dtype: flops.PeakFlops(1e12, source),
-             "mfu": lambda flop, seconds, peak: utilization, "device": torch.device("cuda", 0),
-             "format_seconds": str, "measured_on": lambda device: LABEL,
-             "record_measurement": lambda *a, **k: None, "gpu_claim": gpu_claim}
+    names = {
+        "torch": torch,
+        "get_batch": lambda b, g: (None, None),
+        "BATCH": 1,
+        "generator": None,
+        "REPEATS": 1,
+        "model": None,
+        "optimizer": None,
+        "train_step": None,
+        "tokens": 1000,
+        "N": 10,
+        "counts": {"math": 6e4},
+        "benchmark": lambda fn, device, repeats: SimpleNamespace(median_s=1.0),
+        "device_peak_flops": lambda device, dtype: flops.PeakFlops(1e12, source),
+        "mfu": lambda flop, seconds, peak: utilization,
+        "device": torch.device("cuda", 0),
+        "format_seconds": str,
+        "measured_on": lambda device: LABEL,
+        "record_measurement": lambda *a, **k: None,
+        "gpu_claim": gpu_claim,
+    }
     exec(code_cells(NB09)["nb09-24"], names)
 
 
@@ -205,8 +259,12 @@ def test_09_autocast_speed_is_not_judged_at_the_cpu_sizes_a_small_gpu_ran(monkey
     # adds casts; "did not hold" then blamed the GPU. Now the cell says why it is not checked.
     from test_gpu_claims_0809 import _nb09_fused_cell, _row
 
-    rows = [_row("fp32", 1.0, 100), _row("bf16 autocast", 1.1, 60), _row("fused", 0.9, 100),
-            _row("checkpoint", 1.2, 40)]
+    rows = [
+        _row("fp32", 1.0, 100),
+        _row("bf16 autocast", 1.1, 60),
+        _row("fused", 0.9, 100),
+        _row("checkpoint", 1.2, 40),
+    ]
     monkeypatch.setenv(claims.MODE_VAR, "strict")
     monkeypatch.setenv("COURSE_WORKLOAD", "cpu")
     _nb09_fused_cell(monkeypatch, rows, device="cuda", work="cpu")
@@ -225,9 +283,16 @@ def _t4_table(gains_after_row_1):
 def _nb08_claims(monkeypatch, gains_after_row_1, gpu_sizes=True):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     runs, gains = _t4_table(gains_after_row_1)
-    names = {"torch": torch, "device": torch.device("cuda", 0), "gpu_claim": gpu_claim,
-             "measured_on": lambda device: LABEL, "GPU_SIZES": gpu_sizes,
-             "not_at_this_size": not_at_this_size, "runs": runs, "gains": gains}
+    names = {
+        "torch": torch,
+        "device": torch.device("cuda", 0),
+        "gpu_claim": gpu_claim,
+        "measured_on": lambda device: LABEL,
+        "GPU_SIZES": gpu_sizes,
+        "not_at_this_size": not_at_this_size,
+        "runs": runs,
+        "gains": gains,
+    }
     exec(code_cells(NB08)["nb08-14"], names)
 
 
@@ -267,14 +332,23 @@ def test_08_rows_are_measured_in_turns_and_noise_is_not_an_effect(monkeypatch):
         return SimpleNamespace(rate=lambda: value, steps_rate=lambda: value)
 
     monkeypatch.setattr(capstone, "run_loop", run_loop)
-    knobs = [("once", dict(decode="once")), ("batch", dict(batch_size=64)),
-             ("whole", dict(whole_batches=True)), ("cache", dict(empty_cache_every_step=False))]
+    knobs = [
+        ("once", dict(decode="once")),
+        ("batch", dict(batch_size=64)),
+        ("whole", dict(whole_batches=True)),
+        ("cache", dict(empty_cache_every_step=False)),
+    ]
     recipes, recipe = [("slow", capstone.SLOW)], capstone.SLOW
     for name, change in knobs:
         recipe = recipe.changed(**change)
         recipes.append((name, recipe))
-    monkeypatch.setattr(capstone.Recipe, "loop", property(
-        lambda self: SimpleNamespace(recipe_name=next(n for n, r in recipes if r is self))))
+    monkeypatch.setattr(
+        capstone.Recipe,
+        "loop",
+        property(
+            lambda self: SimpleNamespace(recipe_name=next(n for n, r in recipes if r is self))
+        ),
+    )
     rows = capstone.measure_recipes(recipes, None, "cpu", repeats=3)
     assert order == ["slow", "once", "batch", "whole"] * 3  # in turns; row 4 is no work on a CPU
     assert [round(row.gain, 2) for row in rows] == [1.0, 3.1, 1.97, 1.02, 1.0]
@@ -290,10 +364,21 @@ NB06 = ROOT / "notebooks" / "06_multi_gpu.ipynb"
 
 
 def _nb05_overhead(ratio, extra_s, device):
-    result = SimpleNamespace(plain_s_per_epoch=0.1, steps_per_epoch=10, overhead_ratio=ratio,
-                             overhead_s_per_step=extra_s, noise=0.05, busy=False)
-    names = {"result": result, "label": LABEL, "BUSY_NOISE": 0.25, "gpu_claim": gpu_claim,
-             "device": torch.device(device)}
+    result = SimpleNamespace(
+        plain_s_per_epoch=0.1,
+        steps_per_epoch=10,
+        overhead_ratio=ratio,
+        overhead_s_per_step=extra_s,
+        noise=0.05,
+        busy=False,
+    )
+    names = {
+        "result": result,
+        "label": LABEL,
+        "BUSY_NOISE": 0.25,
+        "gpu_claim": gpu_claim,
+        "device": torch.device(device),
+    }
     exec(code_cells(NB05)["nb05-11b"], names)
 
 
@@ -317,14 +402,32 @@ def test_05_lightning_faster_on_a_cpu_is_read_not_asserted(capsys):
 def test_06_a_busy_cpu_says_so_instead_of_stopping_run_all(capsys):
     # 06-W1: "efficiency 108%" with 2 CPU processes, two points from an assert that stopped
     # Run All; a busy machine is now said, as notebook 05 says it
-    rows = [{"processes": n, "global_batch": 8 * n, "samples_per_s": 100.0 * n * eff,
-             "runs": [1, 2], "efficiency": eff} for n, eff in ((1, 1.0), (2, 1.15))]
-    names = {"RunConfig": lambda **kw: None, "SCALING_STEPS": 2, "SCALING_BATCH": 8,
-             "NPROC": 2, "COUNTS": [1, 2], "SCALING_REPEATS": 2, "GPUS": 0,
-             "measure_scaling": lambda *a, **k: rows, "measured_on": lambda d: LABEL,
-             "DEVICE": torch.device("cpu"), "plot_scaling": lambda *a: None,
-             "plt": SimpleNamespace(show=lambda: None), "EFFICIENCY_MAX": 1.1,
-             "gpu_claim": gpu_claim}
+    rows = [
+        {
+            "processes": n,
+            "global_batch": 8 * n,
+            "samples_per_s": 100.0 * n * eff,
+            "runs": [1, 2],
+            "efficiency": eff,
+        }
+        for n, eff in ((1, 1.0), (2, 1.15))
+    ]
+    names = {
+        "RunConfig": lambda **kw: None,
+        "SCALING_STEPS": 2,
+        "SCALING_BATCH": 8,
+        "NPROC": 2,
+        "COUNTS": [1, 2],
+        "SCALING_REPEATS": 2,
+        "GPUS": 0,
+        "measure_scaling": lambda *a, **k: rows,
+        "measured_on": lambda d: LABEL,
+        "DEVICE": torch.device("cpu"),
+        "plot_scaling": lambda *a: None,
+        "plt": SimpleNamespace(show=lambda: None),
+        "EFFICIENCY_MAX": 1.1,
+        "gpu_claim": gpu_claim,
+    }
     exec(code_cells(NB06)["nb06-23"], names)
     assert "the machine was busy" in capsys.readouterr().out
 
@@ -333,8 +436,14 @@ def test_06_a_busy_cpu_says_so_instead_of_stopping_run_all(capsys):
 
 
 def _nb07_regrowth(reserved):
-    names = {"ON_GPU": True, "compare_regrowth": lambda **sizes: reserved, "math": __import__(
-        "math"), "gpu_claim": gpu_claim, "device": None, "measured_on": lambda device: LABEL}
+    names = {
+        "ON_GPU": True,
+        "compare_regrowth": lambda **sizes: reserved,
+        "math": __import__("math"),
+        "gpu_claim": gpu_claim,
+        "device": None,
+        "measured_on": lambda device: LABEL,
+    }
     exec(code_cells(NB07)["nb07-24g"], names)
 
 
@@ -360,9 +469,15 @@ def test_07_a_cpu_times_the_empty_cache_loop_once(capsys):
     # 07-W1: on a CPU both loops did the same work and were printed as two figures
     # ("527 ms keeping the cache, 327 ms with empty_cache()"): noise shown as an effect
     calls = []
-    names = {"ON_GPU": False, "FLUSH_BATCH": 4, "FLUSH_STEPS": 2, "REQUESTED_BATCH": 8,
-             "device": torch.device("cpu"), "measured_on": lambda device: "CPU",
-             "seconds_per_step": lambda batch, steps, flush: calls.append(flush) or 0.5}
+    names = {
+        "ON_GPU": False,
+        "FLUSH_BATCH": 4,
+        "FLUSH_STEPS": 2,
+        "REQUESTED_BATCH": 8,
+        "device": torch.device("cpu"),
+        "measured_on": lambda device: "CPU",
+        "seconds_per_step": lambda batch, steps, flush: calls.append(flush) or 0.5,
+    }
     exec(code_cells(NB07)["nb07-flush-run"], names)
     assert calls == [False] * 3 and names["flush_s"] == names["keep_s"]
     assert "a no-op without CUDA" in capsys.readouterr().out
@@ -371,11 +486,21 @@ def test_07_a_cpu_times_the_empty_cache_loop_once(capsys):
 def test_05_a_large_cpu_overhead_is_not_passed_under_a_bound_grown_with_the_step(capsys):
     # 05-M1: at `cpu` on a loaded machine "765 ms per step, bound 1446 ms = 5 ms + half a
     # plain step of 2882 ms" passed as a parity-bounded overhead
-    result = SimpleNamespace(plain_s_per_epoch=28.815, steps_per_epoch=10,
-                             overhead_ratio=1.265, overhead_s_per_step=0.765, noise=0.14,
-                             busy=False)
-    names = {"result": result, "label": "CPU", "BUSY_NOISE": 0.25, "gpu_claim": gpu_claim,
-             "device": torch.device("cpu")}
+    result = SimpleNamespace(
+        plain_s_per_epoch=28.815,
+        steps_per_epoch=10,
+        overhead_ratio=1.265,
+        overhead_s_per_step=0.765,
+        noise=0.14,
+        busy=False,
+    )
+    names = {
+        "result": result,
+        "label": "CPU",
+        "BUSY_NOISE": 0.25,
+        "gpu_claim": gpu_claim,
+        "device": torch.device("cpu"),
+    }
     exec(code_cells(NB05)["nb05-11b"], names)
     said = capsys.readouterr().out
     assert "Not resolved on this machine" in said and "Within" not in said
@@ -388,11 +513,21 @@ def test_05_lightning_trains_on_the_gpu_the_cap_is_on(monkeypatch):
     # GPU review G11: pick_device() may choose cuda:1 (the freest GPU) and memory_cap()
     # caps it, while devices=1 made Lightning train uncapped on cuda:0
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    names = {"torch": torch, "pick": lambda **sizes: sizes["gpu"],
-             "pick_device": lambda: torch.device("cuda", 1), "TrainConfig": lambda **k: None,
-             "SyntheticImages": lambda **k: [], "DataLoader": lambda *a, **k: None,
-             "SAMPLES": 8, "IMAGE_SIZE": 8, "BATCH": 2, "WIDTH": 4, "EPOCHS": 1,
-             "build_model": lambda *a, **k: None, "workload": lambda: "full",
-             "count_parameters": lambda model: 0}
+    names = {
+        "torch": torch,
+        "pick": lambda **sizes: sizes["gpu"],
+        "pick_device": lambda: torch.device("cuda", 1),
+        "TrainConfig": lambda **k: None,
+        "SyntheticImages": lambda **k: [],
+        "DataLoader": lambda *a, **k: None,
+        "SAMPLES": 8,
+        "IMAGE_SIZE": 8,
+        "BATCH": 2,
+        "WIDTH": 4,
+        "EPOCHS": 1,
+        "build_model": lambda *a, **k: None,
+        "workload": lambda: "full",
+        "count_parameters": lambda model: 0,
+    }
     exec(code_cells(NB05)["nb05-05b"], names)
     assert names["DEVICES"] == [1]

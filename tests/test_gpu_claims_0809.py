@@ -29,25 +29,34 @@ def _run(source: str, names: dict) -> dict:
 
 
 def _loop_run(rate: float, steps_rate: float, data_wait: float = 0.1):
-    return SimpleNamespace(rate=lambda: rate, steps_rate=lambda: steps_rate,
-                           profile=SimpleNamespace(data_wait_fraction=data_wait))
+    return SimpleNamespace(
+        rate=lambda: rate,
+        steps_rate=lambda: steps_rate,
+        profile=SimpleNamespace(data_wait_fraction=data_wait),
+    )
 
 
 def _capstone_table(gains_after_row_1):
     """Rows as nb08-13 builds them: a baseline, decoding once, then rows of given gains."""
     runs = [("baseline", _loop_run(10, 10, 0.9)), ("once", _loop_run(30, 30, 0.5))]
     for number, gain in enumerate(gains_after_row_1, start=2):
-        runs.append((f"row {number}", _loop_run(runs[-1][1].rate() * gain,
-                                                runs[-1][1].steps_rate() * gain)))
+        runs.append(
+            (f"row {number}", _loop_run(runs[-1][1].rate() * gain, runs[-1][1].steps_rate() * gain))
+        )
     return runs, [1.0, 3.0, *gains_after_row_1]
 
 
 @pytest.fixture
 def on_a_t4(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    return {"torch": torch, "device": torch.device("cuda", 0), "gpu_claim": gpu_claim,
-            "measured_on": lambda device: LABEL, "GPU_SIZES": True,
-            "not_at_this_size": not_at_this_size}
+    return {
+        "torch": torch,
+        "device": torch.device("cuda", 0),
+        "gpu_claim": gpu_claim,
+        "measured_on": lambda device: LABEL,
+        "GPU_SIZES": True,
+        "not_at_this_size": not_at_this_size,
+    }
 
 
 def test_08_row_6_that_cannot_win_is_said_not_raised_for_a_learner(monkeypatch, capsys, on_a_t4):
@@ -74,9 +83,15 @@ def test_08_a_broken_decoding_fix_still_stops_every_run(monkeypatch, on_a_t4):
 
 def test_08_rows_are_ordered_so_that_item_is_the_last_wait():
     source = code_cells(NB08)["nb08-13"]
-    order = [source.index(knob) for knob in (
-        "empty_cache_every_step=False", "pin_memory=True", "item_every_step=False",
-        'precision="auto"')]
+    order = [
+        source.index(knob)
+        for knob in (
+            "empty_cache_every_step=False",
+            "pin_memory=True",
+            "item_every_step=False",
+            'precision="auto"',
+        )
+    ]
     assert order == sorted(order), "remove empty_cache() and pageable copies before .item()"
 
 
@@ -107,10 +122,21 @@ def _nb09_fused_cell(monkeypatch, rows, device="cpu", work="full"):
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     x = torch.randint(0, 5, (4, 6))  # tokens 5-12 never occur: their gradients are 0
-    names = {"torch": torch, "F": F, "fresh_model": fresh_model, "x": x, "y": x.roll(1, 1),
-             "LR": 1e-3, "rows": rows, "device": torch.device(device), "gpu_claim": gpu_claim,
-             "workload": lambda: work, "measured_on": lambda device: LABEL,
-             "GPU_SIZES": work == "full", "not_at_this_size": not_at_this_size}
+    names = {
+        "torch": torch,
+        "F": F,
+        "fresh_model": fresh_model,
+        "x": x,
+        "y": x.roll(1, 1),
+        "LR": 1e-3,
+        "rows": rows,
+        "device": torch.device(device),
+        "gpu_claim": gpu_claim,
+        "workload": lambda: work,
+        "measured_on": lambda device: LABEL,
+        "GPU_SIZES": work == "full",
+        "not_at_this_size": not_at_this_size,
+    }
     _run(code_cells(NB09)["nb09-37"], names)
     return _run(code_cells(NB09)["nb09-37a"], names)
 
@@ -122,15 +148,23 @@ def _row(name, seconds, memory_bytes):
 def test_09_fused_and_foreach_adamw_are_compared_on_the_same_gradients(monkeypatch):
     # gpu-paths N3: two models' gradients that differ in the last bits move Adam's first
     # step by up to 2*lr; the optimizers must be compared on the same gradient tensors
-    rows = [_row("fp32", 1.0, 100), _row("fp16", 0.5, 60), _row("fused", 0.9, 100),
-            _row("checkpoint", 1.2, 40)]
+    rows = [
+        _row("fp32", 1.0, 100),
+        _row("fp16", 0.5, 60),
+        _row("fused", 0.9, 100),
+        _row("checkpoint", 1.2, 40),
+    ]
     _nb09_fused_cell(monkeypatch, rows)  # passes: same gradients, the same update
 
 
 def test_09_precision_speed_is_a_claim_on_a_gpu(monkeypatch, capsys):
     # 09-N9: the autocast step's time is now checked on a GPU, as a claim
-    rows = [_row("fp32", 1.0, 100), _row("fp16 autocast", 0.95, 60), _row("fused", 0.9, 100),
-            _row("checkpoint", 1.2, 40)]
+    rows = [
+        _row("fp32", 1.0, 100),
+        _row("fp16 autocast", 0.95, 60),
+        _row("fused", 0.9, 100),
+        _row("checkpoint", 1.2, 40),
+    ]
     monkeypatch.setenv(claims.MODE_VAR, "report")
     _nb09_fused_cell(monkeypatch, rows, device="cuda")
     said = capsys.readouterr().out
@@ -151,12 +185,21 @@ def test_09_the_launch_overhead_fit_says_a_busy_machine_instead_of_an_impossible
     def time_in_turns(steps, **options):
         return {b: SimpleNamespace(min_s=noisy[b]) for b in steps}
 
-    names = {"torch": torch, "fresh_model": lambda: (None, None), "get_batch":
-             lambda b, g: (torch.zeros(b, 4), torch.zeros(b, 4)), "generator": None,
-             "LAUNCH_BATCHES": [1, 2, 4, 8], "LAUNCH_TOKENS": 4, "REPEATS": 1,
-             "device": torch.device("cpu"), "train_step": None, "time_in_turns": time_in_turns,
-             "format_seconds": lambda s: f"{s * 1e3:.2f} ms", "gpu_claim": gpu_claim,
-             "measured_on": lambda device: "CPU"}
+    names = {
+        "torch": torch,
+        "fresh_model": lambda: (None, None),
+        "get_batch": lambda b, g: (torch.zeros(b, 4), torch.zeros(b, 4)),
+        "generator": None,
+        "LAUNCH_BATCHES": [1, 2, 4, 8],
+        "LAUNCH_TOKENS": 4,
+        "REPEATS": 1,
+        "device": torch.device("cpu"),
+        "train_step": None,
+        "time_in_turns": time_in_turns,
+        "format_seconds": lambda s: f"{s * 1e3:.2f} ms",
+        "gpu_claim": gpu_claim,
+        "measured_on": lambda device: "CPU",
+    }
     names = _run(source, names)
     assert not 0 <= names["share"] <= 1
     assert "the machine was busy; run the cell again" in capsys.readouterr().out

@@ -56,7 +56,10 @@ def test_fake_nvml_readings_reach_every_consumer(fake_t4):
         time.sleep(0.06)
     summary = running.summary()
     assert (summary["source"], summary["mean_util_pct"], summary["peak_memory_mib"]) == (
-        "nvml", 97, 5000)
+        "nvml",
+        97,
+        5000,
+    )
     assert "util 97% | memory 5000/15360 MiB" in lines[0] and "monitor stopped" in lines[-1]
     assert "GPU-Util mean 97%" in running.summary_line()
 

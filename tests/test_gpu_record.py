@@ -98,15 +98,24 @@ def test_with_a_faked_gpu_the_command_writes_a_record_that_validates(fake_t4, tm
     stand_in(notebooks, "09_tiny.ipynb", MEASURE_AND_CLAIM)
     stand_in(notebooks, "01_tiny.ipynb", "print('nothing measured')")
     out = tmp_path / "out"
-    argv = ["gpu-record", str(notebooks), "--out", str(out), "--tests",
-            str(small_tests(tmp_path / "tests")), "--budget-s", "600"]
+    argv = [
+        "gpu-record",
+        str(notebooks),
+        "--out",
+        str(out),
+        "--tests",
+        str(small_tests(tmp_path / "tests")),
+        "--budget-s",
+        "600",
+    ]
     assert main(argv) == 1  # a claim did not hold: the run fails
     stdout, stderr = capsys.readouterr()
     assert stderr.count("\n") == 1 and stderr.startswith("error: the GPU record's run failed (")
     assert "09_tiny.ipynb: claim not held: fused / foreach" in stderr
     record = the_record(out)
-    assert re.fullmatch(r"gpu-record-tesla-t4-x1-\d{8}-\d{6}\.json",
-                        next(out.glob("gpu-record-*")).name)
+    assert re.fullmatch(
+        r"gpu-record-tesla-t4-x1-\d{8}-\d{6}\.json", next(out.glob("gpu-record-*")).name
+    )
     assert record["outcome"] == "failed" and record["sample"] is False
     machine = record["machine"]
     assert (machine["gpu_name"], machine["gpu_count"], machine["cuda"]) == ("Tesla T4", 1, "13.0")
@@ -116,10 +125,15 @@ def test_with_a_faked_gpu_the_command_writes_a_record_that_validates(fake_t4, tm
     first, second = record["notebooks"]
     assert first["status"] == "ok" and second["status"] == "ok"
     figures = {m["name"]: m["value"] for m in first["measurements"]}
-    assert figures == {"GPT training: tokens per second": 41000.0, "workload": "full",
-                       "after a claim that did not hold": 3}  # the notebook went on
+    assert figures == {
+        "GPT training: tokens per second": 41000.0,
+        "workload": "full",
+        "after a claim that did not hold": 3,
+    }  # the notebook went on
     assert [(c["name"], c["held"]) for c in first["claims"]] == [
-        ("AMP / fp32", True), ("fused / foreach", False)]
+        ("AMP / fp32", True),
+        ("fused / foreach", False),
+    ]
     assert record["doctor"]["gpu_count"] == 1 and (out / "doctor.txt").is_file()
     assert "record: " in stdout and "2 of 2 notebook(s) ran" in stdout
 
@@ -129,8 +143,9 @@ def test_a_notebook_past_its_time_limit_is_stopped_and_the_next_one_runs(fake_t4
     notebooks = tmp_path / "notebooks"
     stand_in(notebooks, "03_slow.ipynb", "import time\ntime.sleep(120)", "print('never')")
     stand_in(notebooks, "05_quick.ipynb", "print('ran')")
-    settings = gpu_record.Settings(out=tmp_path / "out", notebooks=[notebooks], tests=None,
-                                   budget_s=600, notebook_timeout_s=8)
+    settings = gpu_record.Settings(
+        out=tmp_path / "out", notebooks=[notebooks], tests=None, budget_s=600, notebook_timeout_s=8
+    )
     started = time.monotonic()
     path, record = gpu_record.gpu_record(settings)
     assert time.monotonic() - started < 110  # far less than the 120 s sleep
@@ -159,17 +174,26 @@ def test_the_budget_stops_the_run_and_the_record_says_what_did_not_run(
     def run_one(path, out, limit_s, kernel, progress):  # each notebook takes 100 s
         limits.append(limit_s)
         clock.now += 100
-        return {"notebook": path.name, "status": "ok", "seconds": 100.0, "error": None,
-                "measurements": [{"name": "x", "value": 1, "unit": "", "label": LABEL}],
-                "claims": []}
+        return {
+            "notebook": path.name,
+            "status": "ok",
+            "seconds": 100.0,
+            "error": None,
+            "measurements": [{"name": "x", "value": 1, "unit": "", "label": LABEL}],
+            "claims": [],
+        }
 
     monkeypatch.setattr(gpu_record, "run_one_notebook", run_one)
-    settings = gpu_record.Settings(out=tmp_path, notebooks=[notebooks], tests=None,
-                                   budget_s=150, notebook_timeout_s=120)
+    settings = gpu_record.Settings(
+        out=tmp_path, notebooks=[notebooks], tests=None, budget_s=150, notebook_timeout_s=120
+    )
     path, record = gpu_record.gpu_record(settings, clock=clock)
     # 04 first (ORDER), limited by the notebook limit, then 02 by what is left of the budget
     assert [entry["notebook"] for entry in record["notebooks"]] == [
-        "04_c.ipynb", "02_b.ipynb", "01_a.ipynb"]
+        "04_c.ipynb",
+        "02_b.ipynb",
+        "01_a.ipynb",
+    ]
     assert limits == [120, 150 - 100 - gpu_record.RESERVE_S]
     assert [entry["status"] for entry in record["notebooks"]] == ["ok", "ok", "not run"]
     assert record["outcome"] == "failed" and record["failures"] == ["01_a.ipynb not run"]
@@ -186,9 +210,14 @@ def test_a_killed_run_leaves_a_partial_record_that_validates(fake_t4, tmp_path, 
         if done:
             raise KeyboardInterrupt  # the slot ended during the second notebook
         done.append(path.name)
-        return {"notebook": path.name, "status": "ok", "seconds": 1.0, "error": None,
-                "measurements": [{"name": "tokens/s", "value": 9.5, "unit": "", "label": LABEL}],
-                "claims": []}
+        return {
+            "notebook": path.name,
+            "status": "ok",
+            "seconds": 1.0,
+            "error": None,
+            "measurements": [{"name": "tokens/s", "value": 9.5, "unit": "", "label": LABEL}],
+            "claims": [],
+        }
 
     monkeypatch.setattr(gpu_record, "run_one_notebook", run_one)
     settings = gpu_record.Settings(out=tmp_path, notebooks=[notebooks], tests=None)
@@ -203,6 +232,7 @@ def test_a_killed_run_leaves_a_partial_record_that_validates(fake_t4, tmp_path, 
 
 def test_with_two_gpus_the_multi_gpu_notebook_runs_second():
     paths = [Path(f"{n}_x.ipynb") for n in ("01", "06", "09", "04", "10")]
+
     def order(gpus):
         return [p.name[:2] for p in gpu_record.order_notebooks(paths, gpus)]
 
@@ -218,7 +248,11 @@ def test_on_a_machine_without_a_gpu_it_stops_within_seconds_with_one_line(tmp_pa
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "course_utils", "gpu-record", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **NO_GPU_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **NO_GPU_ENV},
     )
     # seconds: imports only (torch, the runner); a sanity bound for a busy machine
     assert time.monotonic() - started < 120
@@ -243,8 +277,11 @@ def test_missing_packages_are_named_with_the_line_that_adds_them_offline(
         return real_import(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", failing_import)
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "lightning" else real_find(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "lightning" else real_find(name, *a),
+    )
     assert main(["gpu-record", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -269,8 +306,10 @@ def test_a_limit_that_is_not_a_positive_number_is_bad_input(option, capsys):
 def test_the_imports_it_checks_are_the_course_and_the_runner_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {re.split(r"[<>=;\[ ]", dep)[0].lower() for dep in project["dependencies"]}
-    runner = {re.split(r"[<>=;\[ ]", dep)[0].lower() for dep in
-              project["optional-dependencies"]["notebooks"]}
+    runner = {
+        re.split(r"[<>=;\[ ]", dep)[0].lower()
+        for dep in project["optional-dependencies"]["notebooks"]
+    }
     assert set(gpu_record.COURSE_IMPORTS.values()) == declared
     assert set(gpu_record.RUNNER_IMPORTS.values()) >= runner
 
@@ -324,15 +363,27 @@ def test_a_run_imports_only_the_course_dependencies_and_the_runner(tmp_path):
     notebooks = tmp_path / "notebooks"
     stand_in(notebooks, "01_tiny.ipynb", "x = 1")
     done = subprocess.run(
-        [sys.executable, "-c", IMPORTS_OF_A_RUN, "gpu-record", str(notebooks), "--out",
-         str(tmp_path / "out"), "--no-tests"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-c",
+            IMPORTS_OF_A_RUN,
+            "gpu-record",
+            str(notebooks),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-tests",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, done.stderr[-2000:]
     allowed = distribution_closure(
-        set(gpu_record.COURSE_IMPORTS.values()) | set(gpu_record.RUNNER_IMPORTS.values()))
+        set(gpu_record.COURSE_IMPORTS.values()) | set(gpu_record.RUNNER_IMPORTS.values())
+    )
     owners = metadata.packages_distributions()
     outside = {}
     for module in result["modules"]:
@@ -353,7 +404,8 @@ def test_the_sample_records_validate_and_say_they_are_samples():
     assert all(r["sample"] for r in found)
     assert records.record_label(found[0]) == (
         "SAMPLE record, not a measurement: measured on an NVIDIA H200, driver 580.65.06, "
-        "torch 2.14.1+cu130, CUDA 13.0, 2026-12-03")
+        "torch 2.14.1+cu130, CUDA 13.0, 2026-12-03"
+    )
     real = {**found[1], "sample": False}
     assert records.record_label(real).startswith("measured on a Tesla T4, driver 535")
 
@@ -370,10 +422,14 @@ def test_the_records_shipped_in_the_package_validate_and_none_is_a_sample():
         (lambda r: r.pop("machine"), "at the top level: 'machine' is a required property"),
         (lambda r: r["machine"].update(gpu_count=0), "at machine/gpu_count: 0 is less than"),
         (lambda r: r["notebooks"][0].update(status="fine"), "at notebooks/0/status: 'fine' is not"),
-        (lambda r: r["notebooks"][0]["measurements"][0].update(value=None),
-         "at notebooks/0/measurements/0/value: None is not of type"),
-        (lambda r: r["notebooks"][0]["claims"][0].update(held="yes"),
-         "at notebooks/0/claims/0/held: 'yes' is not of type 'boolean'"),
+        (
+            lambda r: r["notebooks"][0]["measurements"][0].update(value=None),
+            "at notebooks/0/measurements/0/value: None is not of type",
+        ),
+        (
+            lambda r: r["notebooks"][0]["claims"][0].update(held="yes"),
+            "at notebooks/0/claims/0/held: 'yes' is not of type 'boolean'",
+        ),
         (lambda r: r.update(schema="course-utils/gpu-record/0"), "at schema:"),
     ],
     ids=["no-machine", "no-gpu", "status", "value", "held", "schema"],
@@ -416,7 +472,7 @@ def test_a_notebook_shows_the_recorded_figures_labelled_or_says_none_is_recorded
 
 def test_the_comparison_page_puts_every_recorded_gpu_side_by_side():
     page = comparison_page(load_records(SAMPLES))
-    lesson = page[page.index("## Lesson 09"):page.index("## GPU claims")]
+    lesson = page[page.index("## Lesson 09") : page.index("## GPU claims")]
     rows = [line for line in lesson.splitlines() if line.startswith("| GPT")]
     assert rows == [
         "| GPT training: MFU (fp32) | 0.31 | 0.38 |",
@@ -433,8 +489,10 @@ def test_the_report_shows_each_notebooks_recorded_gpu_figures(tmp_path):
     from course_utils.report import Measurement, NotebookResult, write_report
 
     cpu = [Measurement("GPT training: tokens per second (fp32)", 950.0, "tokens/s", "CPU")]
-    results = [NotebookResult("notebooks/09_transformers_on_the_gpu.ipynb", "ok", 1.0, None, cpu),
-               NotebookResult("notebooks/05_lightning.ipynb", "ok", 1.0, None, [])]
+    results = [
+        NotebookResult("notebooks/09_transformers_on_the_gpu.ipynb", "ok", 1.0, None, cpu),
+        NotebookResult("notebooks/05_lightning.ipynb", "ok", 1.0, None, []),
+    ]
     page = write_report(results, {}, tmp_path, load_records(SAMPLES)).read_text()
     row_09, row_05 = page.split("<tr class='ok'>")[1:]
     assert "measured on an NVIDIA H200" in row_09 and "512,000 tokens/s" in row_09
@@ -456,6 +514,7 @@ def test_the_site_builds_the_gpu_comparison_page_from_the_records(tmp_path):
 
 # --- the device script ----------------------------------------------------------------------
 
+
 def fake_gpu_python(folder: Path) -> Path:
     """A "python" whose ``-m course_utils`` sees a faked T4 (the device script's PY)."""
     harness = folder / "harness.py"
@@ -475,9 +534,12 @@ def fake_gpu_python(folder: Path) -> Path:
 def test_the_device_script_stops_with_one_line_without_a_gpu(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
-        ["bash", str(ROOT / ".ci" / "gpu-record-device.sh")], capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env={**os.environ, **NO_GPU_ENV, "OUT": str(out),
-                                    "PY": sys.executable},
+        ["bash", str(ROOT / ".ci" / "gpu-record-device.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **NO_GPU_ENV, "OUT": str(out), "PY": sys.executable},
     )
     assert done.returncode == 1
     assert "error: gpu-record needs a GPU this torch can use" in done.stdout
@@ -492,11 +554,22 @@ def test_the_device_script_brings_back_the_record_with_a_faked_gpu(tmp_path):
     stand_in(notebooks, "09_tiny.ipynb", every_claim_holds)
     python = fake_gpu_python(tmp_path)
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": str(python),
-           "GPU_RECORD_NOTEBOOKS": str(notebooks), "GPU_RECORD_ARGS": "--no-tests --budget-s 300"}
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": str(python),
+        "GPU_RECORD_NOTEBOOKS": str(notebooks),
+        "GPU_RECORD_ARGS": "--no-tests --budget-s 300",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    done = subprocess.run(["bash", str(ROOT / ".ci" / "gpu-record-device.sh")],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    done = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "gpu-record-device.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
     assert len(names) <= 8 and all(p.is_file() for p in out.iterdir())  # the device's limits

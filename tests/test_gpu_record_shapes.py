@@ -215,8 +215,13 @@ def test_g7_a_slot_killed_mid_run_still_leaves_the_record_in_out(tmp_path):
     stand_in(notebooks, "09_tiny.ipynb", holds)
     stand_in(notebooks, "04_long.ipynb", "import time\ntime.sleep(600)")
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PY": str(fake_gpu_python(tmp_path)),
-           "GPU_RECORD_NOTEBOOKS": str(notebooks), "GPU_RECORD_ARGS": "--no-tests --no-probes"}
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": str(fake_gpu_python(tmp_path)),
+        "GPU_RECORD_NOTEBOOKS": str(notebooks),
+        "GPU_RECORD_ARGS": "--no-tests --no-probes",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     script = subprocess.Popen(["bash", str(SCRIPT), "400"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -242,7 +247,7 @@ def test_g7_a_slot_killed_mid_run_still_leaves_the_record_in_out(tmp_path):
 
 def test_g2_prepare_with_a_python_that_lacks_the_runner_stops_with_one_line(tmp_path):
     python = tmp_path / "python"  # a Python with no packages: the runner's versions unknown
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
     python.chmod(0o755)
     env = {**os.environ, "PY": str(python), "WHEELS": str(tmp_path / "w")}
     done = subprocess.run(["bash", str(SCRIPT), "prepare"], cwd=ROOT, capture_output=True,
@@ -274,8 +279,10 @@ def test_g3_g4_prepare_keeps_nvidia_ml_py_names_the_commit_and_fails_on_an_uncov
 # --- G15: which build a GPU older than Turing needs -----------------------------------------
 
 
-@pytest.mark.parametrize(("name", "capability", "build"), [
-    ("Tesla V100-SXM2-16GB", (7, 0), "whl/cu128"), ("Tesla P100-PCIE-16GB", (6, 0), "whl/cu126")])
+@pytest.mark.parametrize(
+    ("name", "capability", "build"),
+    [("Tesla V100-SXM2-16GB", (7, 0), "whl/cu128"), ("Tesla P100-PCIE-16GB", (6, 0), "whl/cu126")],
+)
 def test_g15_a_volta_gpu_is_sent_to_cu128_and_a_pascal_gpu_to_cu126(name, capability, build):
     hint = device._legacy_build_hint(capability)
     assert build in hint and hint.count("--index-url") == 1

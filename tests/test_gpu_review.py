@@ -116,10 +116,18 @@ T4 = {"name": "Tesla T4", "uuid": "GPU-t4t4-0000", "cc": (7, 5), "memory_mib": (
 
 def a100_with_migs(number, slices):
     return {
-        "name": "NVIDIA A100-SXM4-80GB", "uuid": f"GPU-a100-{number}", "cc": (8, 0),
+        "name": "NVIDIA A100-SXM4-80GB",
+        "uuid": f"GPU-a100-{number}",
+        "cc": (8, 0),
         "memory_mib": (81920, 2000),
-        "migs": [{"name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "uuid": f"MIG-{number}{slot}aa",
-                  "memory_mib": (9856, 13 + slot)} for slot in range(slices)],
+        "migs": [
+            {
+                "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+                "uuid": f"MIG-{number}{slot}aa",
+                "memory_mib": (9856, 13 + slot),
+            }
+            for slot in range(slices)
+        ],
     }
 
 
@@ -228,8 +236,11 @@ def test_the_gpu_lane_stops_at_once_with_one_line_when_no_gpu_is_visible():
     ("gpus", "cuda_version", "reason"),
     [
         ([T4], 12080, "built for CUDA 13.0, but the NVIDIA driver supports CUDA up to 12.8"),
-        ([{**T4, "name": "Tesla P100-PCIE-16GB", "cc": (6, 0)}], 13000,
-         "compute capability 6.0) is not supported by this torch"),
+        (
+            [{**T4, "name": "Tesla P100-PCIE-16GB", "cc": (6, 0)}],
+            13000,
+            "compute capability 6.0) is not supported by this torch",
+        ),
         ([], 13000, "CUDA_VISIBLE_DEVICES leaves no GPU visible"),
     ],
     ids=["driver-too-old", "architecture-not-in-the-wheel", "none-visible"],
@@ -310,8 +321,9 @@ def test_moving_a_batch_to_the_cpu_never_asks_the_cuda_driver(monkeypatch):
     moved = device.to_device({"x": torch.ones(2), "y": [torch.zeros(1)]}, "cpu")
     assert torch.equal(moved["x"], torch.ones(2)) and contexts == []
     calls = []
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, dev, non_blocking=False: calls.append(
-        non_blocking) or self)
+    monkeypatch.setattr(
+        torch.Tensor, "to", lambda self, dev, non_blocking=False: calls.append(non_blocking) or self
+    )
     device.to_device(torch.ones(2), "cuda")
     assert contexts == ["GPU 0"] and calls == [False]  # to a GPU it asks, as before
 
@@ -378,4 +390,3 @@ def test_the_gpu_breakdown_band_leaves_room_for_one_layers_temporaries():
     largest = max(p.numel() * p.element_size() for p in model.parameters())
     worst = ESTIMATE_FACTOR * estimate + largest + 64 * MIB
     assert worst / estimate <= GPU_BREAKDOWN_BAND[1], (worst / MIB, estimate / MIB)
-

@@ -44,20 +44,27 @@ def test_grade_class_in_parallel_then_resumes(course, tmp_path, capsys):
     args = ["grade-class", str(klass), "--source", str(source), "--out", str(out), "--jobs", "2"]
     assert main(args) == 0
     captured = capsys.readouterr()
-    assert "3 submission(s): 0 unchanged since the last run (kept), 3 to grade, 2 at a time" \
+    assert (
+        "3 submission(s): 0 unchanged since the last run (kept), 3 to grade, 2 at a time"
         in captured.out
+    )
     assert "alice  01_ex.ipynb  3/3" in captured.out and "bob  01_ex.ipynb  0/3" in captured.out
     assert "carol  01_ex.ipynb  not graded: " in captured.out
     assert "1 submission(s) could not be graded" in captured.err
     book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
     assert list(book) == ["alice", "bob", "carol"]
-    assert (book["alice"]["01_ex.ipynb"], book["alice"]["total"], book["alice"]["max"]) == \
-        ("3", "3", "3")
+    assert (book["alice"]["01_ex.ipynb"], book["alice"]["total"], book["alice"]["max"]) == (
+        "3",
+        "3",
+        "3",
+    )
     assert book["bob"]["total"] == "0" and "Untitled.ipynb: skipped" in book["bob"]["notes"]
     assert "broken JSON" in book["carol"]["notes"] and "00_intro.ipynb" not in book["alice"]
     checks = _rows(out / "checks.csv")
     assert [(r["learner"], r["check"], r["points"]) for r in checks[:2]] == [
-        ("alice", "t-double-check", "1"), ("alice", "t-greet-check", "2")]
+        ("alice", "t-double-check", "1"),
+        ("alice", "t-greet-check", "2"),
+    ]
     assert any("NotImplementedError" in r["reason"] for r in checks if r["learner"] == "bob")
     feedback = json.loads((out / "feedback" / "bob" / "01_ex.ipynb").read_text())
     assert feedback["cells"][0]["source"].startswith("**Grade: 0/3**")
@@ -74,8 +81,11 @@ def test_grade_class_in_parallel_then_resumes(course, tmp_path, capsys):
     out_text = capsys.readouterr().out
     assert "1 unchanged since the last run (kept), 2 to grade" in out_text
     assert "bob  01_ex.ipynb  3/3" in out_text and "alice  01_ex.ipynb  3/3" in out_text
-    assert {row["learner"]: row["total"] for row in _rows(out / "gradebook.csv")} == \
-        {"alice": "3", "bob": "3", "carol": "0"}
+    assert {row["learner"]: row["total"] for row in _rows(out / "gradebook.csv")} == {
+        "alice": "3",
+        "bob": "3",
+        "carol": "0",
+    }
 
 
 def test_nbgrader_layout_is_found(tmp_path):
@@ -84,8 +94,10 @@ def test_nbgrader_layout_is_found(tmp_path):
     (tmp_path / "submitted" / "ann" / "ps1" / ".ipynb_checkpoints").mkdir()
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")  # the instructor's file
     found = find_submissions(tmp_path)
-    assert {learner: [p.name for p in paths] for learner, paths in found.items()} == \
-        {"ann": ["01_ex.ipynb"], "ben": ["01_ex.ipynb"]}
+    assert {learner: [p.name for p in paths] for learner, paths in found.items()} == {
+        "ann": ["01_ex.ipynb"],
+        "ben": ["01_ex.ipynb"],
+    }
 
 
 @pytest.mark.slow
@@ -100,7 +112,9 @@ def test_grade_with_several_paths_unsandboxed_says_so_once(course, monkeypatch, 
     captured = capsys.readouterr()
     reports = json.loads(captured.out)
     assert [(r["score"], r["max_score"], r["sandbox"]) for r in reports] == [
-        (3, 3, "none"), (0, 3, "none")]
+        (3, 3, "none"),
+        (0, 3, "none"),
+    ]
     assert captured.err.count("UNSANDBOXED") == 1
 
 
@@ -150,8 +164,12 @@ def test_bad_notebooks_are_one_line_and_exit_2(command, kind, course, tmp_path, 
 )
 def test_bad_arguments_are_one_line_and_exit_2(args, message, course, tmp_path, capsys):
     source, klass = course
-    names = {"sub": klass / "alice" / "01_ex.ipynb", "klass": klass,
-             "missing": tmp_path / "missing", "notes": tmp_path / "notes.txt"}
+    names = {
+        "sub": klass / "alice" / "01_ex.ipynb",
+        "klass": klass,
+        "missing": tmp_path / "missing",
+        "notes": tmp_path / "notes.txt",
+    }
     names["notes"].write_text("my notes, not a notebook")
     args = [arg.format(**names) for arg in args]
     if args[0] != "student" and "--source" not in args:

@@ -20,8 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _meta(grade_id: str, *, solution: bool, points: int = 1) -> dict:
-    meta = {"grade": not solution, "grade_id": grade_id, "locked": not solution,
-            "schema_version": 3, "solution": solution, "task": False}
+    meta = {
+        "grade": not solution,
+        "grade_id": grade_id,
+        "locked": not solution,
+        "schema_version": 3,
+        "solution": solution,
+        "task": False,
+    }
     if not solution:
         meta["points"] = points
     return {"nbgrader": meta}
@@ -29,8 +35,11 @@ def _meta(grade_id: str, *, solution: bool, points: int = 1) -> dict:
 
 def _notebook(cells: list[tuple[str, str, dict]]) -> nbformat.NotebookNode:
     notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     for kind, source, metadata in cells:
         maker = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
         notebook.cells.append(maker(source, metadata=metadata))
@@ -38,23 +47,28 @@ def _notebook(cells: list[tuple[str, str, dict]]) -> nbformat.NotebookNode:
 
 
 SOLUTION_A = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"
-CHECK_A = ("check(double(3) == 6, 'double(3) should be 6')\n"
-           "### BEGIN HIDDEN TESTS\ncheck(double(-1) == -2, 'double(-1) should be -2')\n"
-           "### END HIDDEN TESTS\npassed('double')")
-SOLUTION_B = ("def greet(name):\n    ### BEGIN SOLUTION\n    return 'hi ' + name\n"
-              "    ### END SOLUTION")
+CHECK_A = (
+    "check(double(3) == 6, 'double(3) should be 6')\n"
+    "### BEGIN HIDDEN TESTS\ncheck(double(-1) == -2, 'double(-1) should be -2')\n"
+    "### END HIDDEN TESTS\npassed('double')"
+)
+SOLUTION_B = (
+    "def greet(name):\n    ### BEGIN SOLUTION\n    return 'hi ' + name\n    ### END SOLUTION"
+)
 CHECK_B = "check(greet('ann') == 'hi ann', \"greet('ann') should be 'hi ann'\")\npassed('greet')"
 
 
 def _instructor() -> nbformat.NotebookNode:
-    return _notebook([
-        ("markdown", "# Synthetic exercises", {}),
-        ("code", "from course_utils.classroom import check, passed", {}),
-        ("code", SOLUTION_A, _meta("t-double", solution=True)),
-        ("code", CHECK_A, _meta("t-double-check", solution=False)),
-        ("code", SOLUTION_B, _meta("t-greet", solution=True)),
-        ("code", CHECK_B, _meta("t-greet-check", solution=False, points=2)),
-    ])
+    return _notebook(
+        [
+            ("markdown", "# Synthetic exercises", {}),
+            ("code", "from course_utils.classroom import check, passed", {}),
+            ("code", SOLUTION_A, _meta("t-double", solution=True)),
+            ("code", CHECK_A, _meta("t-double-check", solution=False)),
+            ("code", SOLUTION_B, _meta("t-greet", solution=True)),
+            ("code", CHECK_B, _meta("t-greet-check", solution=False, points=2)),
+        ]
+    )
 
 
 @pytest.fixture
@@ -104,8 +118,10 @@ def test_broken_submission_gets_a_score_and_reasons(tmp_path, source):
     # cell 3 (after the killed kernel): double is undefined; greet still passes
     assert scores["t-double-check"][0] == 0
     assert "NameError" in scores["t-double-check"][1]
-    assert "your solution cell above failed first: it killed the kernel" in (
-        scores["t-double-check"][1])
+    assert (
+        "your solution cell above failed first: it killed the kernel"
+        in (scores["t-double-check"][1])
+    )
     assert scores["t-greet-check"] == (2, "")
     assert any("killed the kernel" in note for note in report.notes)
     assert any("timed out" in note for note in report.notes)
@@ -147,8 +163,9 @@ def test_grade_command_rejects_a_file_that_is_not_a_notebook(tmp_path, source, c
 def test_notebook_01_unsolved_fails_each_check_as_not_answered(tmp_path):
     # The solved notebook 01 passes all its checks under nbval (make test runs it).
     instructor = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"
-    student = _submit(tmp_path, student_version(nbformat.read(instructor, as_version=4)),
-                      instructor.name)
+    student = _submit(
+        tmp_path, student_version(nbformat.read(instructor, as_version=4)), instructor.name
+    )
     unsolved = grade(student, instructor)
     assert unsolved.max_score == 3 and unsolved.score == 0, unsolved.format()
     assert all("NotImplementedError" in check.reason for check in unsolved.checks)

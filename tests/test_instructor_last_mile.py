@@ -58,8 +58,15 @@ HELPER = (
 
 def _renamed(code: str) -> str:
     """frank's copy: grace's code, names changed and reformatted."""
-    for old, new in (("walk", "visit"), ("node", "item"), ("chosen", "dt"), ("table", "m"),
-                     ("samples", "ts"), ("spread", "rng"), ("grace_timer", "frank_t")):
+    for old, new in (
+        ("walk", "visit"),
+        ("node", "item"),
+        ("chosen", "dt"),
+        ("table", "m"),
+        ("samples", "ts"),
+        ("spread", "rng"),
+        ("grace_timer", "frank_t"),
+    ):
         code = re.sub(rf"\b{old}\b", new, code)
     return code.replace("    ", "  ")
 
@@ -108,14 +115,14 @@ def test_a_class_taught_from_publish_reports_only_the_real_copy(tmp_path):
         "dave": _learner(student, solutions),
         "carol": _learner(student, {}),  # changed nothing
         "grace": _learner(student, GRACE, HELPER),
-        "frank": _learner(student, {k: _renamed(v) for k, v in GRACE.items()},
-                          _renamed(HELPER)),
+        "frank": _learner(student, {k: _renamed(v) for k, v in GRACE.items()}, _renamed(HELPER)),
     }
     tasks = []
     for name, notebook in class_.items():
         write_notebook(notebook, tmp_path / "class" / name / LAB1)
-        tasks.append(Task(name, LAB1, str(tmp_path / "class" / name / LAB1),
-                          str(ROOT / "notebooks" / LAB1)))
+        tasks.append(
+            Task(name, LAB1, str(tmp_path / "class" / name / LAB1), str(ROOT / "notebooks" / LAB1))
+        )
     answers = _answers(tasks)
     assert OWN_CODE not in answers["carol"][LAB1]  # the setup cell is the instructor's
     pairs = similar_pairs(answers, {LAB1: boilerplate(reference)})
@@ -135,7 +142,7 @@ ROSTER = (
     '"Lee, Ann",101,s-1,ann,Lab A,\n'
     '"Roe, Carol",103,s-3,carol,Lab B,\n'
     '"Doe, Dan",104,,,Lab B,\n'
-    "\"Student, Test\",999,,,,\n"
+    '"Student, Test",999,,,,\n'
 )
 
 
@@ -155,11 +162,20 @@ def test_every_roster_student_has_a_row_in_both_files(tmp_path, missing):
     roster.write_text(ROSTER, encoding="utf-8")
     check = {"grade_id": "ex-a", "points": 2.0, "max_points": 3.0, "reason": "", "matched": ""}
     report = {"score": 2.0, "max_score": 3.0, "matched": [], "checks": [check]}
-    result = {"learner": "ann", "notebook": "01_ex.ipynb", "report": report,
-              "path": str(tmp_path / "none.ipynb"), "source": str(tmp_path / "none.ipynb")}
-    run = ClassRun(["ann"], ["01_ex.ipynb"], {"01_ex.ipynb": 3.0},
-                   tasks=[("ann", "01_ex.ipynb")],
-                   handed={"ann": {"01_ex.ipynb": {"file": "01_ex.ipynb", "how": ""}}})
+    result = {
+        "learner": "ann",
+        "notebook": "01_ex.ipynb",
+        "report": report,
+        "path": str(tmp_path / "none.ipynb"),
+        "source": str(tmp_path / "none.ipynb"),
+    }
+    run = ClassRun(
+        ["ann"],
+        ["01_ex.ipynb"],
+        {"01_ex.ipynb": 3.0},
+        tasks=[("ann", "01_ex.ipynb")],
+        handed={"ann": {"01_ex.ipynb": {"file": "01_ex.ipynb", "how": ""}}},
+    )
     outputs = ClassOutputs(roster=roster, missing=missing)
     write_class(tmp_path / "out", run, [result], outputs, {"01_ex.ipynb": {"ex-a": 3.0}}, pairs=[])
     book = {row["learner"]: row for row in _rows(tmp_path / "out" / "gradebook.csv")}
@@ -188,9 +204,19 @@ def _api(path: Path, submissions: list[dict]) -> str:
     """Canvas's submissions API answer for one assignment (the fields we read, and more)."""
     import json
 
-    full = [{"id": 9000 + n, "assignment_id": 5501, "attempt": 1, "workflow_state": "submitted",
-             "late": False, "seconds_late": 0, "score": None, **item}
-            for n, item in enumerate(submissions)]
+    full = [
+        {
+            "id": 9000 + n,
+            "assignment_id": 5501,
+            "attempt": 1,
+            "workflow_state": "submitted",
+            "late": False,
+            "seconds_late": 0,
+            "score": None,
+            **item,
+        }
+        for n, item in enumerate(submissions)
+    ]
     path.write_text(json.dumps(full), encoding="utf-8")
     return str(path)
 
@@ -204,8 +230,11 @@ def _anonymous_class(tmp_path: Path) -> dict[str, Path]:
     write_notebook(_instructor(), source / "02_ex.ipynb")
     files = tmp_path / "files"
     members = {}
-    for name in ("anon_Xa7Qp_9001_01_ex.ipynb", "anon_Xa7Qp_9002_02_ex.ipynb",
-                 "anon_bT3kZ_9003_01_ex-1.ipynb"):
+    for name in (
+        "anon_Xa7Qp_9001_01_ex.ipynb",
+        "anon_Xa7Qp_9002_02_ex.ipynb",
+        "anon_bT3kZ_9003_01_ex-1.ipynb",
+    ):
         write_notebook(_instructor(), files / name)
         members[name] = (files / name).read_bytes()
     roster = tmp_path / "roster.csv"
@@ -225,28 +254,41 @@ def test_an_anonymous_download_is_mapped_through_the_api_and_times_are_per_noteb
     notebooks = ["01_ex.ipynb", "02_ex.ipynb"]
     with pytest.raises(InputError, match="anonymous download"):
         collect(made["zip"], notebooks, tmp_path / "d", students)
-    lab1 = _api(tmp_path / "lab1.json", [
-        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-03T10:00:00Z"},
-        {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
-        {"user_id": 104, "anonymous_id": "qq111", "submitted_at": None},  # nothing handed in
-    ])
-    lab2 = _api(tmp_path / "lab2.json", [
-        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-05T08:30:00-05:00"},
-    ])
+    lab1 = _api(
+        tmp_path / "lab1.json",
+        [
+            {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-03T10:00:00Z"},
+            {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
+            {"user_id": 104, "anonymous_id": "qq111", "submitted_at": None},  # nothing handed in
+        ],
+    )
+    lab2 = _api(
+        tmp_path / "lab2.json",
+        [
+            {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-05T08:30:00-05:00"},
+        ],
+    )
     times = read_times([f"01_ex={lab1}", f"02_ex.ipynb={lab2}"], notebooks)
     intake = collect(made["zip"], notebooks, tmp_path / "d", students, times)
     assert sorted(intake.handed) == ["ann", "carol"]
     utc = timezone.utc
     assert intake.handed["ann"]["01_ex.ipynb"].submitted_at == datetime(2026, 12, 3, 10, tzinfo=utc)
-    assert intake.handed["ann"]["02_ex.ipynb"].submitted_at == datetime(2026, 12, 5, 13, 30,
-                                                                        tzinfo=utc)
-    assert intake.handed["carol"]["01_ex.ipynb"].submitted_at == datetime(2026, 12, 1, 12,
-                                                                          tzinfo=utc)
+    assert intake.handed["ann"]["02_ex.ipynb"].submitted_at == datetime(
+        2026, 12, 5, 13, 30, tzinfo=utc
+    )
+    assert intake.handed["carol"]["01_ex.ipynb"].submitted_at == datetime(
+        2026, 12, 1, 12, tzinfo=utc
+    )
     # a CSV still works, for every notebook or with a notebook column
     csv_times = tmp_path / "times.csv"
     csv_times.write_text("ID,notebook,submitted_at\n101,02_ex,2026-12-02T00:00:00Z\n")
-    intake = collect(made["zip"], notebooks, tmp_path / "d", students,
-                     read_times([lab1, str(csv_times)], notebooks))
+    intake = collect(
+        made["zip"],
+        notebooks,
+        tmp_path / "d",
+        students,
+        read_times([lab1, str(csv_times)], notebooks),
+    )
     assert intake.handed["ann"]["02_ex.ipynb"].submitted_at == datetime(2026, 12, 2, tzinfo=utc)
     bad = tmp_path / "bad.json"
     bad.write_text('{"errors": [{"message": "Invalid access token."}]}')
@@ -259,20 +301,53 @@ def test_an_anonymous_zip_grades_with_per_notebook_lateness_from_the_api(tmp_pat
     from course_utils.cli import main
 
     made = _anonymous_class(tmp_path)
-    lab1 = _api(tmp_path / "lab1.json", [  # Canvas's late: its own due dates and extensions
-        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-03T10:00:00Z",
-         "late": True, "seconds_late": 122460},
-        {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
-    ])
-    lab2 = _api(tmp_path / "lab2.json", [
-        {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-01T08:00:00Z"},
-    ])
+    lab1 = _api(
+        tmp_path / "lab1.json",
+        [  # Canvas's late: its own due dates and extensions
+            {
+                "user_id": 101,
+                "anonymous_id": "Xa7Qp",
+                "submitted_at": "2026-12-03T10:00:00Z",
+                "late": True,
+                "seconds_late": 122460,
+            },
+            {"user_id": 103, "anonymous_id": "bT3kZ", "submitted_at": "2026-12-01T12:00:00Z"},
+        ],
+    )
+    lab2 = _api(
+        tmp_path / "lab2.json",
+        [
+            {"user_id": 101, "anonymous_id": "Xa7Qp", "submitted_at": "2026-12-01T08:00:00Z"},
+        ],
+    )
     out = tmp_path / "out"
-    assert main(["grade-class", str(made["zip"]), "--source", str(made["source"]),
-                 "--roster", str(made["roster"]), "--out", str(out), "--jobs", "1",
-                 "--sandbox", "none", "--late-penalty", "10%/day",
-                 "--due", "2026-12-01T23:59:00Z",
-                 "--submitted-at", f"01_ex={lab1}", "--submitted-at", f"02_ex={lab2}"]) == 0
+    assert (
+        main(
+            [
+                "grade-class",
+                str(made["zip"]),
+                "--source",
+                str(made["source"]),
+                "--roster",
+                str(made["roster"]),
+                "--out",
+                str(out),
+                "--jobs",
+                "1",
+                "--sandbox",
+                "none",
+                "--late-penalty",
+                "10%/day",
+                "--due",
+                "2026-12-01T23:59:00Z",
+                "--submitted-at",
+                f"01_ex={lab1}",
+                "--submitted-at",
+                f"02_ex={lab2}",
+            ]
+        )
+        == 0
+    )
     book = {row["learner"]: row for row in _rows(out / "gradebook.csv")}
     assert sorted(book) == ["104", "ann", "carol"]
     assert book["ann"]["late"] == "01_ex.ipynb: 2 days late: -0.6"  # 02 was on time
@@ -286,18 +361,27 @@ def _check_cell(notebook: str, grade_id: str, student: bool) -> str:
     source = read_notebook(ROOT / "notebooks" / notebook)
     if student:
         source = student_version(source)
-    return next(cell.source for cell in source.cells
-                if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id)
+    return next(
+        cell.source
+        for cell in source.cells
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id
+    )
 
 
 @pytest.mark.parametrize(
     ("notebook", "grade_id", "answers"),
     [
         # the course's own mfu(), or an expected MFU (0.1 of 6.5 TFLOP per second on a T4)
-        ("02_nvidia_smi_and_monitoring.ipynb", "02-run-mfu-check",
-         [r"\bmfu\(", r"6\.5e12", r"\b0\.1\b\s*,\s*\""]),
-        ("03_data_loading_and_batch_size.ipynb", "03-accumulation-check",
-         [r"\b256\b", r"\b0\.8\b", r"scaled_lr\(", r"32 \* 8"]),
+        (
+            "02_nvidia_smi_and_monitoring.ipynb",
+            "02-run-mfu-check",
+            [r"\bmfu\(", r"6\.5e12", r"\b0\.1\b\s*,\s*\""],
+        ),
+        (
+            "03_data_loading_and_batch_size.ipynb",
+            "03-accumulation-check",
+            [r"\b256\b", r"\b0\.8\b", r"scaled_lr\(", r"32 \* 8"],
+        ),
     ],
 )
 def test_a_visible_check_states_properties_not_the_value(notebook, grade_id, answers):
@@ -311,8 +395,14 @@ def test_a_wrong_accumulation_that_keeps_the_rule_passes_the_visible_check_only(
     from course_utils.classroom import CheckFailed, check, check_close, passed
     from course_utils.training import scaled_lr
 
-    namespace = {"check": check, "check_close": check_close, "passed": passed,
-                 "scaled_lr": scaled_lr, "effective_batch": 64, "new_lr": 0.2}
+    namespace = {
+        "check": check,
+        "check_close": check_close,
+        "passed": passed,
+        "scaled_lr": scaled_lr,
+        "effective_batch": 64,
+        "new_lr": 0.2,
+    }
     nb03 = "03_data_loading_and_batch_size.ipynb"
     exec(_check_cell(nb03, "03-accumulation-check", student=True), dict(namespace))
     with pytest.raises(CheckFailed, match="effective_batch is 64"):
@@ -328,12 +418,20 @@ def test_torch_profiler_prints_nothing_on_a_machine_without_a_gpu():
 
     if nvml_status() == "ok":
         pytest.skip("an NVIDIA driver answers here: kineto's messages are left as they are")
-    code = ("import torch\nimport course_utils.profiling\n"
-            "from torch.profiler import ProfilerActivity, profile\n"
-            "with profile(activities=[ProfilerActivity.CPU]):\n    torch.ones(3) + 1\n")
+    code = (
+        "import torch\nimport course_utils.profiling\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "with profile(activities=[ProfilerActivity.CPU]):\n    torch.ones(3) + 1\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr, done.stderr
 
 
@@ -342,8 +440,9 @@ def test_the_grader_does_not_print_torchs_no_cuda_runtime_warning():
     import sys
 
     def stderr(code: str) -> str:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=300, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+        )
         return done.stderr
 
     if "No CUDA runtime is found" not in stderr("import torch.utils.benchmark"):
@@ -368,8 +467,9 @@ def test_a_colab_branch_without_a_solutions_branch_beside_it_says_so(tmp_path):
     import subprocess
 
     def git(where: Path, *args: str) -> str:
-        return subprocess.run(["git", "-C", str(where), *args], check=True, text=True,
-                              capture_output=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(where), *args], check=True, text=True, capture_output=True
+        ).stdout.strip()
 
     root = tmp_path / "private"
     (root / "notebooks").mkdir(parents=True)
@@ -384,8 +484,9 @@ def test_a_colab_branch_without_a_solutions_branch_beside_it_says_so(tmp_path):
     subprocess.run(["git", "init", "-q", "--bare", str(public)], check=True)
 
     def readme(answers_branch: str | None = publish.AUTO) -> str:
-        publish.publish(root, repo="org/public", ref="a" * 40, remote=str(public),
-                        answers_branch=answers_branch)
+        publish.publish(
+            root, repo="org/public", ref="a" * 40, remote=str(public), answers_branch=answers_branch
+        )
         return git(public, "show", "colab:README.md")
 
     assert "The answers are not published in this repository" in readme()  # two repositories

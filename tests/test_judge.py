@@ -20,7 +20,7 @@ ATTACKS = {
     "guard class": "import course_utils.instructor.guard as g\n"
     "g._Guard.run_check = lambda *a, **k: None\ng.read_signed = lambda *a: {'kind': 'result'}",
     "signing": "import hmac, hashlib, json\nhmac.compare_digest = lambda a, b: True\n"
-    "json.dumps = lambda *a, **k: '{\"kind\": \"result\", \"ename\": \"\", \"tampering\": []}'\n"
+    'json.dumps = lambda *a, **k: \'{"kind": "result", "ename": "", "tampering": []}\'\n'
     "hashlib.sha256 = lambda *a: None",
     "current frames": "import sys\ndef double(x):\n    for f in sys._current_frames().values():\n"
     "        f.f_globals['check'] = lambda *a, **k: None\n    return 0",
@@ -72,8 +72,14 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
     for name in ATTACKS:
         points = {c["grade_id"]: c["points"] for c in reports[name]["checks"]}
         assert points == dict.fromkeys(CHECKS, 0.0), (name, reports[name])
-    for name in ("current frames", "traceback frame", "audit hook", "proc memory",
-                 "start-up files", "check-named code"):
+    for name in (
+        "current frames",
+        "traceback frame",
+        "audit hook",
+        "proc memory",
+        "start-up files",
+        "check-named code",
+    ):
         assert reports[name]["tampering"], name
     for feedback in (out / "feedback").rglob("*.ipynb"):  # never a hidden check
         text = feedback.read_text()
@@ -84,9 +90,7 @@ def test_new_attacks_score_0_and_honest_scores_in_full(tmp_path):
 # -- a busy machine: a start past its limit leaves the submission ungraded, never 0 -----
 
 
-def test_a_judge_that_does_not_start_in_time_leaves_the_submission_ungraded(
-    tmp_path, monkeypatch
-):
+def test_a_judge_that_does_not_start_in_time_leaves_the_submission_ungraded(tmp_path, monkeypatch):
     """The judge's start (before any learner code) has a wall-time limit; past it the
     submission is not scored (``MachineBusy``: a note that says the machine was busy)."""
     import sys
@@ -134,17 +138,20 @@ def test_a_busy_start_is_a_row_that_says_so_not_a_score(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem", [
-    "01_runtime_and_devices",
-    "02_nvidia_smi_and_monitoring",
-    "03_data_loading_and_batch_size",
-    "04_memory_efficient_models",
-    "05_lightning",
-    "06_multi_gpu",
-    "07_gpu_memory_and_cache",
-    "08_capstone",
-    "09_transformers_on_the_gpu",
-])
+@pytest.mark.parametrize(
+    "stem",
+    [
+        "01_runtime_and_devices",
+        "02_nvidia_smi_and_monitoring",
+        "03_data_loading_and_batch_size",
+        "04_memory_efficient_models",
+        "05_lightning",
+        "06_multi_gpu",
+        "07_gpu_memory_and_cache",
+        "08_capstone",
+        "09_transformers_on_the_gpu",
+    ],
+)
 def test_the_reference_solutions_score_in_full_unflagged(stem, tmp_path, monkeypatch):
     """Library code that walks frames on a learner's behalf outside a check (typing's
     generics, torch.cuda's lazy-init traceback, logging) is no tampering: the course's own

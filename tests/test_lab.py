@@ -83,8 +83,13 @@ def test_jupyterlab_lists_nbgrader_disabled_with_the_course_config(tmp_path):
     target = tmp_path / "share" / "labextensions" / name
     target.parent.mkdir(parents=True)
     target.symlink_to(Path(nbgrader.__file__).parent / "labextension")
-    env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "share"), "HOME": str(tmp_path),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "user-config"), "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "JUPYTER_PATH": str(tmp_path / "share"),
+        "HOME": str(tmp_path),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "user-config"),
+        "NO_COLOR": "1",
+    }
     listing = [sys.executable, "-c", "from jupyterlab.labextensions import main; main()", "list"]
 
     def state(config_path: str | None) -> str:

@@ -12,7 +12,8 @@ import pytest
 from babel.messages.pofile import read_po
 
 from course_utils import language, translate
-from course_utils.classroom import MESSAGES_01, CheckFailed, check_time_it_median
+from course_utils.checks.nb01 import check_time_it_median
+from course_utils.classroom import MESSAGES_01, CheckFailed
 from course_utils.language import LANGUAGE_VAR, LANGUAGES, Messages, translated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,11 +113,11 @@ def test_a_check_says_its_feedback_in_the_learners_language(fake_catalogs, monke
 
     monkeypatch.setenv(LANGUAGE_VAR, "ne")
     with pytest.raises(CheckFailed) as told:
-        check_time_it_median(mean, {})
+        check_time_it_median(mean)
     assert str(told.value).startswith("दोहोराइहरू 10 ms, 30 ms") and "मध्यक" in str(told.value)
     monkeypatch.setenv(LANGUAGE_VAR, "en")
     with pytest.raises(CheckFailed, match="the mean of the repeats"):
-        check_time_it_median(mean, {})
+        check_time_it_median(mean)
 
 
 def test_every_message_table_is_extracted_and_named_once():

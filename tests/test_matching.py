@@ -34,8 +34,12 @@ def _found(matches) -> dict[str, tuple[int, bool]]:
 
 def test_every_cell_is_found_by_content_when_all_metadata_is_gone():
     matches = match_cells(_strip(_instructor()), _instructor())
-    assert _found(matches) == {"t-double": (2, True), "t-double-check": (3, True),
-                               "t-greet": (4, True), "t-greet-check": (5, True)}
+    assert _found(matches) == {
+        "t-double": (2, True),
+        "t-double-check": (3, True),
+        "t-greet": (4, True),
+        "t-greet-check": (5, True),
+    }
     assert "double" in matches["t-double"].how and "greet" in matches["t-greet"].how
     assert "like the check" in matches["t-greet-check"].how
 
@@ -65,7 +69,8 @@ def test_a_cell_unlike_any_exercise_is_not_matched():
 
 
 def test_a_notebook_without_any_metadata_gets_full_marks_and_the_matching_is_reported(
-        tmp_path, source):
+    tmp_path, source
+):
     report = grade(_submit(tmp_path, _strip(_instructor())), source)
     assert (report.score, report.max_score) == (3, 3), report.format()
     assert len(report.matched) == 4 and all("cell" in line for line in report.matched)
@@ -98,7 +103,10 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_the_course_exercises_are_found_in_a_student_copy_without_metadata(path):
     instructor = nbformat.read(path, as_version=4)
-    expected = {cell.metadata["nbgrader"]["grade_id"]: index
-                for index, cell in enumerate(instructor.cells) if "nbgrader" in cell.metadata}
+    expected = {
+        cell.metadata["nbgrader"]["grade_id"]: index
+        for index, cell in enumerate(instructor.cells)
+        if "nbgrader" in cell.metadata
+    }
     matches = match_cells(_strip(student_version(instructor)), instructor)
     assert {gid: match.index for gid, match in matches.items()} == expected

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 import course_utils.checks
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
+from course_utils.checks import nb01
 from course_utils.checks import nb03 as checks_nb03
 from course_utils.checks import nb06 as checks_nb06
 from course_utils.checks import nb07 as checks_nb07
@@ -85,7 +86,7 @@ def test_the_names_made_by_code_are_in_their_tables():
     ]
     names += [(classroom.MESSAGES_04, name) for name in techniques._AMP_STEP_ERRORS.values()]
     names += [(classroom.MESSAGES_04, name) for name in techniques._CLIPPING_MISTAKES]
-    names += [(classroom.MESSAGES_01, name) for name in classroom._time_it_mistakes([1.0], [1.0])]
+    names += [(classroom.MESSAGES_01, name) for name in nb01._time_it_mistakes([1.0], [1.0])]
     names += [(classroom.MESSAGES_04, n) for n in classroom._largest_batch_mistakes(9, 1, 2)]
     names += [
         (classroom.MESSAGES_04A, n) for n in classroom._adam_mistakes(torch.nn.Linear(1, 1))[1]
@@ -151,9 +152,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_01,
         "mixed_forward autocast",
         "{gpu} এর জন্য model(x) চালান torch.autocast(x.device.type, dtype=torch.{dtype}) এর মধ্যে",
-        lambda: classroom.check_mixed_forward(
-            lambda model, x, capability: model(x), (8, 0), namespace={}
-        ),
+        lambda: nb01.check_mixed_forward(lambda model, x, capability: model(x), (8, 0)),
     ),
     "03": (
         classroom.MESSAGES_03,

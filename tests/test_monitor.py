@@ -107,9 +107,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_utilization_experiment_rows_on_cpu():
-    rows = monitor.utilization_experiment(
-        "cpu", tiny_n=4, large_n=64, seconds=0.1, interval_s=0.05
-    )
+    rows = monitor.utilization_experiment("cpu", tiny_n=4, large_n=64, seconds=0.1, interval_s=0.05)
     assert [row["workload"] for row in rows] == ["tiny 4x4 matmuls", "large 64x64 matmuls"]
     for row in rows:
         assert row["source"] == "cpu" and row["achieved_flops_per_s"] > 0

@@ -31,7 +31,10 @@ def test_the_peak_memory_lines_agree_with_batch_size_sweep():
     for row in sweep.rows:
         by_hand = _peak_by_hand(trial, row.batch_size, device)
         assert abs(by_hand - row.peak_bytes) <= 0.05 * row.peak_bytes + 2**20, (
-            row.batch_size, by_hand, row.peak_bytes)
+            row.batch_size,
+            by_hand,
+            row.peak_bytes,
+        )
     assert sweep.rows[1].peak_bytes > sweep.rows[0].peak_bytes
 
 

@@ -57,10 +57,20 @@ def fake_pynvml(gpus: list[dict], fail_init: bool = False) -> types.SimpleNamesp
 
 
 TWO_GPUS = [
-    {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-aaaa-1111", "bus": "00000000:07:00.0",
-     "memory_mib": (40960, 1024), "cc": (8, 0)},
-    {"name": "Tesla T4", "uuid": "GPU-bbbb-2222", "bus": "00000000:0F:00.0",
-     "memory_mib": (15360, 5000), "cc": None},  # capability query "not supported"
+    {
+        "name": "NVIDIA A100-SXM4-40GB",
+        "uuid": "GPU-aaaa-1111",
+        "bus": "00000000:07:00.0",
+        "memory_mib": (40960, 1024),
+        "cc": (8, 0),
+    },
+    {
+        "name": "Tesla T4",
+        "uuid": "GPU-bbbb-2222",
+        "bus": "00000000:0F:00.0",
+        "memory_mib": (15360, 5000),
+        "cc": None,
+    },  # capability query "not supported"
 ]
 
 
@@ -148,8 +158,10 @@ def full_fake(mig: bool = False, process_memory: int | None = 700 * MIB):
         return types.SimpleNamespace(gpu=97, memory=41)
 
     def processes(handle):
-        return [types.SimpleNamespace(pid=4242, usedGpuMemory=process_memory),
-                types.SimpleNamespace(pid=77, usedGpuMemory=None)]
+        return [
+            types.SimpleNamespace(pid=4242, usedGpuMemory=process_memory),
+            types.SimpleNamespace(pid=77, usedGpuMemory=None),
+        ]
 
     def graphics(handle):
         return [types.SimpleNamespace(pid=77, usedGpuMemory=None)]
@@ -186,7 +198,10 @@ def test_snapshot_reads_every_field_with_processes(monkeypatch):
     shot = nvml.snapshot(0)
     assert (shot.name, shot.uuid, shot.bus_id) == ("Tesla T4", "GPU-bbbb-2222", "00000000:0F:00.0")
     assert (shot.memory_total_mib, shot.memory_used_mib, shot.memory_free_mib) == (
-        15360, 5000, 10360)
+        15360,
+        5000,
+        10360,
+    )
     assert (shot.utilization_gpu_pct, shot.utilization_memory_pct) == (97, 41)
     assert (shot.power_draw_w, shot.power_limit_w) == (68.41, 70.0)
     assert (shot.temperature_c, shot.sm_clock_mhz, shot.pstate) == (61, 1590, "P0")
@@ -222,10 +237,28 @@ def test_a_gpu_without_any_optional_query_gives_nones(monkeypatch):
 
 
 MIG_GPUS = [
-    GpuInfo(0, "NVIDIA A100-SXM4-40GB", "GPU-aaaa-1111", None, 1, 0, 1, (8, 0),
-            mig_uuids=("MIG-1111-aaaa", "MIG-2222-bbbb")),
-    GpuInfo(1, "NVIDIA A100-SXM4-40GB", "GPU-bbbb-2222", None, 1, 0, 1, (8, 0),
-            mig_uuids=("MIG-3333-cccc",)),
+    GpuInfo(
+        0,
+        "NVIDIA A100-SXM4-40GB",
+        "GPU-aaaa-1111",
+        None,
+        1,
+        0,
+        1,
+        (8, 0),
+        mig_uuids=("MIG-1111-aaaa", "MIG-2222-bbbb"),
+    ),
+    GpuInfo(
+        1,
+        "NVIDIA A100-SXM4-40GB",
+        "GPU-bbbb-2222",
+        None,
+        1,
+        0,
+        1,
+        (8, 0),
+        mig_uuids=("MIG-3333-cccc",),
+    ),
 ]
 
 
@@ -266,8 +299,11 @@ def test_mig_uuids_are_read_from_nvml(monkeypatch):
 
 def test_cuda_index_maps_through_cuda_visible_devices(monkeypatch):
     monkeypatch.setattr(nvml, "list_gpus", lambda: list(GPUS))
-    for value, expected in [("2,0", [2, 0, None]), ("GPU-bbbb", [1, None, None]),
-                            (None, [0, 1, 2])]:
+    for value, expected in [
+        ("2,0", [2, 0, None]),
+        ("GPU-bbbb", [1, None, None]),
+        (None, [0, 1, 2]),
+    ]:
         if value is None:
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
@@ -277,10 +313,14 @@ def test_cuda_index_maps_through_cuda_visible_devices(monkeypatch):
 
 def test_once_cuda_runs_the_uuid_decides(monkeypatch):
     # CUDA already started (fastest-first order, say): cuda:0 reports GPU 2's UUID.
-    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        is_initialized=lambda: True,
-        get_device_properties=lambda k: types.SimpleNamespace(uuid=["cccc-3333", "aaaa-1111"][k]),
-    ))
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(
+            is_initialized=lambda: True,
+            get_device_properties=lambda k: types.SimpleNamespace(
+                uuid=["cccc-3333", "aaaa-1111"][k]
+            ),
+        )
+    )
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert nvml.gpu_for_cuda_index(0, GPUS).index == 2

@@ -48,7 +48,8 @@ def test_check_parts_scores_the_share_of_parts_right():
     with pytest.raises(PartialCredit) as one_of_two:
         check_parts({"double": right, "square": wrong})
     assert one_of_two.value.earned == 0.5 and "square: square(3) should be 9" in str(
-        one_of_two.value)
+        one_of_two.value
+    )
     with pytest.raises(PartialCredit) as two_of_three:
         check_parts({"a": right, "b": broken, "c": right})
     assert two_of_three.value.earned == pytest.approx(2 / 3)

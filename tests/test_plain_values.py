@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, lightning, transformer_checks
-from course_utils.checks import nb02, nb03, nb07
+from course_utils.checks import nb01, nb02, nb03, nb07
 from course_utils.checks import nb08 as checks_nb08
 from course_utils.checks import nb09 as checks_09
 from course_utils.classroom import CheckFailed, plain_value
@@ -143,10 +143,10 @@ def _median_time_it(median):
 def test_check_time_it_median():
     _fails_as_plain(
         "Close",
-        lambda: classroom.check_time_it_median(_median_time_it(lambda times: Close(0.0)), {}),
+        lambda: nb01.check_time_it_median(_median_time_it(lambda times: Close(0.0))),
     )
     for median in (statistics.median, np.median, lambda times: float(np.median(times))):
-        classroom.check_time_it_median(_median_time_it(median), {})
+        nb01.check_time_it_median(_median_time_it(median))
 
 
 def _mfu(flops, step_s, peak_tflops, gpus=1):
@@ -255,9 +255,7 @@ def _read_gpu(nvml: FakeNvml, index: int):
 def test_check_read_gpu_edge_cases():
     _fails_as_plain(
         "Pair",
-        lambda: nb02.check_read_gpu_edge_cases(
-            lambda nvml, index: Pair(_read_gpu(nvml, index))
-        ),
+        lambda: nb02.check_read_gpu_edge_cases(lambda nvml, index: Pair(_read_gpu(nvml, index))),
     )
     _fails_as_plain(
         "Yes",
@@ -306,9 +304,7 @@ def _drop(namespace, blank=""):
 def test_check_drop_from_history():
     _fails_as_plain(
         "Lying",
-        lambda: nb07.check_drop_from_history(
-            lambda namespace: _drop(namespace, Lying("kept"))
-        ),
+        lambda: nb07.check_drop_from_history(lambda namespace: _drop(namespace, Lying("kept"))),
     )
     nb07.check_drop_from_history(_drop)
 
@@ -360,8 +356,8 @@ def test_check_moves_batch_compares_a_dicts_keys_by_type():
         return {Lying(key): value for key, value in moved(batch, device).items()}
 
     batch = {"x": torch.ones(2), "y": [1, "a"]}
-    _fails_as_plain("Lying", lambda: classroom.check_moves_batch(lying_keys, batch, namespace={}))
-    classroom.check_moves_batch(moved, batch, namespace={})
+    _fails_as_plain("Lying", lambda: nb01.check_moves_batch(lying_keys, batch))
+    nb01.check_moves_batch(moved, batch)
 
 
 def _mixed_forward(model, x, capability):
@@ -383,14 +379,12 @@ def test_check_mixed_forward_on_a_pretend_gpu():
     for on_gpu in (False, True):
         _fails_as_plain(
             "Agreeable",
-            lambda on_gpu=on_gpu: classroom.check_mixed_forward(
-                subclassed, (8, 0), namespace={}, on_gpu=on_gpu
-            ),
+            lambda on_gpu=on_gpu: nb01.check_mixed_forward(subclassed, (8, 0), on_gpu=on_gpu),
         )
-        classroom.check_mixed_forward(_mixed_forward, (8, 0), namespace={}, on_gpu=on_gpu)
+        nb01.check_mixed_forward(_mixed_forward, (8, 0), on_gpu=on_gpu)
     _fails_as_plain(
         "Lying",
-        lambda: classroom.check_mixed_forward(lying_device, (8, 0), namespace={}, on_gpu=True),
+        lambda: nb01.check_mixed_forward(lying_device, (8, 0), on_gpu=True),
     )
 
 
@@ -539,10 +533,10 @@ def _synced_time_it(device_of):
 def test_check_time_it_device_reads_synchronize_arguments_as_plain_values():
     _fails_as_plain(
         "Named",
-        lambda: classroom.check_time_it_device(_synced_time_it(lambda d: Named("cuda:0")), {}),
+        lambda: nb01.check_time_it_device(_synced_time_it(lambda d: Named("cuda:0"))),
     )
     for device_of in (lambda d: d, str, lambda d: d.index):
-        classroom.check_time_it_device(_synced_time_it(device_of), {})
+        nb01.check_time_it_device(_synced_time_it(device_of))
 
 
 def _fast_loop(pin=True, non_blocking=True, scaler_device="cuda"):

@@ -51,10 +51,14 @@ def test_actionlint_finds_nothing_wrong():
 
 def test_actionlint_would_catch_a_broken_workflow(tmp_path):
     broken = tmp_path / "broken.yml"
-    broken.write_text(WORKFLOW.read_text().replace("${{ steps.deployment.outputs.page_url }}",
-                                                   "${{ steps.nowhere.outputs.page_url }}"))
-    done = subprocess.run([actionlint(), "-no-color", "-oneline", str(broken)],
-                          capture_output=True, text=True)
+    broken.write_text(
+        WORKFLOW.read_text().replace(
+            "${{ steps.deployment.outputs.page_url }}", "${{ steps.nowhere.outputs.page_url }}"
+        )
+    )
+    done = subprocess.run(
+        [actionlint(), "-no-color", "-oneline", str(broken)], capture_output=True, text=True
+    )
     assert done.returncode == 1 and "nowhere" in done.stdout
 
 
@@ -138,8 +142,9 @@ def replay_colab_job(tmp_path: Path, origin: Path, run: str) -> str:
     """The colab job's steps after a push to main (a shallow clone, as actions/checkout
     leaves it); return the commit of main they published."""
     checkout = tmp_path / f"checkout-{run}"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{origin}", str(checkout)],
-                   check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", f"file://{origin}", str(checkout)], check=True
+    )
     sha = git(checkout, "rev-parse", "HEAD")
     bin_dir = tmp_path / "bin"  # `python` on the runner: setup-python's (here, with nbgrader)
     if not bin_dir.exists():
@@ -147,14 +152,24 @@ def replay_colab_job(tmp_path: Path, origin: Path, run: str) -> str:
         (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COURSE_", "GIT_"))}
-    env |= {"PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "GITHUB_REPOSITORY": REPOSITORY,
-            "GITHUB_SHA": sha, "HOME": str(tmp_path)}
+    env |= {
+        "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}",
+        "GITHUB_REPOSITORY": REPOSITORY,
+        "GITHUB_SHA": sha,
+        "HOME": str(tmp_path),
+    }
     replayed = 0
     for step in steps("colab"):
         if "run" not in step or "pip install" in step["run"]:  # the packages are here already
             continue
-        done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=checkout, env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ["bash", "-e", "-c", step["run"]],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, f"{step.get('name')}:\n{done.stdout}\n{done.stderr}"
         replayed += 1
     assert replayed >= 3  # the publisher's name and both branches
@@ -172,7 +187,10 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
     assert not (branch / ".github").exists()
     assert ".github" not in git(branch, "log", "--name-only", "--format=")
     assert sorted(p.name for p in branch.iterdir() if p.name != ".git") == [
-        "README.md", "colab_setup.sh", "notebooks"]
+        "README.md",
+        "colab_setup.sh",
+        "notebooks",
+    ]
     sha256 = colab.script_sha256(branch)
     notebooks = sorted((branch / "notebooks").glob("*.ipynb"))
     assert len(notebooks) == len(list((ROOT / "notebooks").glob("*.ipynb")))
@@ -210,12 +228,14 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
     assert readme[2].startswith("[![Open In Colab]") and f"`{name}` branch" in readme[4]
 
 
-def check_translations(branch: Path, name: str, sha: str, sha256: str, english: list[Path], *,
-                       answers: bool) -> None:
+def check_translations(
+    branch: Path, name: str, sha: str, sha256: str, english: list[Path], *, answers: bool
+) -> None:
     """notebooks/{bn,ar,ne}/: every notebook in each language, translated, with the English
     code cells, its badge opening its own path on the branch, and (on colab) no answer."""
     assert sorted(p.name for p in (branch / "notebooks").iterdir() if p.is_dir()) == sorted(
-        colab.TRANSLATIONS)
+        colab.TRANSLATIONS
+    )
     for language in colab.TRANSLATIONS:
         paths = sorted((branch / "notebooks" / language).glob("*.ipynb"))
         assert [p.name for p in paths] == [p.name for p in english], language
@@ -285,8 +305,11 @@ def test_the_colab_job_publishes_twice_across_a_workflow_change_without_answers(
     git(source, "push", "-q", "origin", "main")
     # ...and is refused after a workflow change, as GitHub refuses it
     git(source, "commit", "-q", "--allow-empty", "-m", "old way")
-    old_way = subprocess.run(["git", "-C", str(source), "push", "-q", "--force", "origin",
-                              "HEAD:refs/heads/old-colab"], capture_output=True, text=True)
+    old_way = subprocess.run(
+        ["git", "-C", str(source), "push", "-q", "--force", "origin", "HEAD:refs/heads/old-colab"],
+        capture_output=True,
+        text=True,
+    )
     assert old_way.returncode != 0 and "workflow" in old_way.stderr
 
     second = replay_colab_job(tmp_path, origin, "2")

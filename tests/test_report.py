@@ -22,9 +22,7 @@ from course_utils.report import (
 
 def test_record_measurement_prints_outside_ipython(capsys):
     figure = record_measurement("speed-up", 12.3456, "x", label="measured on this machine (CPU)")
-    assert capsys.readouterr().out.strip() == (
-        "speed-up: 12.35 x [measured on this machine (CPU)]"
-    )
+    assert capsys.readouterr().out.strip() == ("speed-up: 12.35 x [measured on this machine (CPU)]")
     assert figure is None  # a cell ending with the call echoes nothing more
 
 
@@ -37,7 +35,8 @@ def test_a_cell_ending_with_record_measurement_shows_the_line_once():
         shell.display_pub.publish = lambda data, **_: shown.append(data)
         result = shell.run_cell(
             "from course_utils.report import record_measurement\n"
-            "record_measurement('speed-up', 2.5, 'x', label='CPU')", store_history=True
+            "record_measurement('speed-up', 2.5, 'x', label='CPU')",
+            store_history=True,
         )
         assert result.success and result.result is None  # no Out[...] echo
         assert [d["text/plain"] for d in shown] == ["speed-up: 2.5 x [CPU]"]
@@ -56,14 +55,20 @@ def test_figures_are_found_in_executed_notebook_outputs():
     notebook = {
         "cells": [
             {"cell_type": "markdown", "source": "text"},
-            {"cell_type": "code", "outputs": [
-                {"output_type": "stream", "text": "hello"},
-                {"output_type": "display_data", "data": {MEASUREMENT_MIME: good}},
-            ]},
-            {"cell_type": "code", "outputs": [
-                {"output_type": "display_data", "data": {MEASUREMENT_MIME: {"name": "bad"}}},
-                {"output_type": "display_data", "data": {"text/plain": "x"}},
-            ]},
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {"output_type": "stream", "text": "hello"},
+                    {"output_type": "display_data", "data": {MEASUREMENT_MIME: good}},
+                ],
+            },
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {"output_type": "display_data", "data": {MEASUREMENT_MIME: {"name": "bad"}}},
+                    {"output_type": "display_data", "data": {"text/plain": "x"}},
+                ],
+            },
         ]
     }
     assert measurements_in_notebook(notebook) == [Measurement("a", 1.5, "ms", "CPU")]
@@ -91,8 +96,11 @@ def test_report_lists_notebooks_figures_and_environment(tmp_path):
 
 def test_the_hardware_label_shows_once_per_notebook_and_per_place(tmp_path):
     cpu, t4 = "measured on this machine (CPU)", "published: NVIDIA T4 datasheet"
-    figures = [Measurement("a", 1.0, "s", cpu), Measurement("b", 2, "", cpu),
-               Measurement("c", 65, "TFLOPS", t4)]
+    figures = [
+        Measurement("a", 1.0, "s", cpu),
+        Measurement("b", 2, "", cpu),
+        Measurement("c", 65, "TFLOPS", t4),
+    ]
     results = [NotebookResult("notebooks/01.ipynb", "ok", 1.0, None, figures)]
     page = write_report(results, {}, tmp_path).read_text()
     assert page.count(cpu) == 1 and page.count(t4) == 1
@@ -106,15 +114,26 @@ def test_plots_are_found_and_embedded_and_the_rendering_is_linked(tmp_path):
     notebook = {
         "cells": [
             {"cell_type": "markdown", "source": "![x](data:image/png;base64,AAAA)"},
-            {"cell_type": "code", "outputs": [
-                {"output_type": "display_data", "data": {"image/png": png + "\n",
-                                                         "text/plain": "<Figure>"}},
-                {"output_type": "stream", "text": "hello"},
-            ]},
-            {"cell_type": "code", "outputs": [
-                {"output_type": "execute_result", "data": {"image/svg+xml": [svg[:20], svg[20:]]}},
-                {"output_type": "display_data", "data": {"image/png": ""}},
-            ]},
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {
+                        "output_type": "display_data",
+                        "data": {"image/png": png + "\n", "text/plain": "<Figure>"},
+                    },
+                    {"output_type": "stream", "text": "hello"},
+                ],
+            },
+            {
+                "cell_type": "code",
+                "outputs": [
+                    {
+                        "output_type": "execute_result",
+                        "data": {"image/svg+xml": [svg[:20], svg[20:]]},
+                    },
+                    {"output_type": "display_data", "data": {"image/png": ""}},
+                ],
+            },
         ]
     }
     plots = plots_in_notebook(notebook)

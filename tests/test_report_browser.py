@@ -52,10 +52,20 @@ def screenshot(page, out, tmp_path):
     import matplotlib.image
 
     done = subprocess.run(
-        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={out}",
-         "--window-size=1400,900", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={out}",
+            "--window-size=1400,900",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0 and out.exists(), done.stderr[-2000:]
     return matplotlib.image.imread(out)[..., :3]

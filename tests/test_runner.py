@@ -34,8 +34,9 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
     write_notebook(notebooks / "02_fails.ipynb", "1 / 0", "print('never')")
     write_notebook(notebooks / "03_after.ipynb", "x = 1")
     progress = io.StringIO()
-    failed = run_course([notebooks], tmp_path / "build", workload_name="small",
-                        cell_timeout_s=60, progress=progress)
+    failed = run_course(
+        [notebooks], tmp_path / "build", workload_name="small", cell_timeout_s=60, progress=progress
+    )
     assert failed == 1
     text = progress.getvalue()
     assert "[1/3] 01_ok.ipynb: ok" in text
@@ -90,8 +91,15 @@ def test_reuse_keeps_a_copy_whose_inputs_did_not_change(tmp_path, monkeypatch):
         nbf.write(nbf.read(path, as_version=4), out_dir / path.name)
         (out_dir / f"{path.stem}.html").write_text("<html></html>")
         status = "failed" if fail["now"] else "ok"
-        return NotebookResult(str(path), status, 1.5, "boom" if fail["now"] else None, [], [],
-                              f"notebooks/{path.stem}.html")
+        return NotebookResult(
+            str(path),
+            status,
+            1.5,
+            "boom" if fail["now"] else None,
+            [],
+            [],
+            f"notebooks/{path.stem}.html",
+        )
 
     monkeypatch.setattr(runner, "run_notebook", fake_run)
     monkeypatch.setattr("course_utils.env.doctor", lambda: {})

@@ -164,7 +164,12 @@ def test_hidden_paths_under_a_shown_folder_are_covered(tmp_path):
     shown = str(tmp_path / "shown")
     hidden = (f"{shown}/submissions", f"{shown}/solution.ipynb", f"{shown}/not-yet", "/elsewhere")
     assert sandbox._hide(hidden, [(shown, "/inside")]) == [
-        "--tmpfs", "/inside/submissions", "--ro-bind", "/dev/null", "/inside/solution.ipynb"]
+        "--tmpfs",
+        "/inside/submissions",
+        "--ro-bind",
+        "/dev/null",
+        "/inside/solution.ipynb",
+    ]
 
 
 def test_a_checkout_under_tmp_stays_visible_above_the_private_tmp(tmp_path, monkeypatch):

@@ -140,12 +140,19 @@ def test_the_form_explains_itself_above_its_fields():
         ("https://github.com/teacher/fork", "v2", URL),
         ("https://github.com/teacher/fork.git", "v2", URL),
         ("github.com/teacher/fork/tree/main", "v2", URL),
-        ("https://colab.research.google.com/github/teacher/fork/blob/main/notebooks/"
-         "02_nvidia_smi_and_monitoring.ipynb#scrollTo=abc", "v2", URL),
+        (
+            "https://colab.research.google.com/github/teacher/fork/blob/main/notebooks/"
+            "02_nvidia_smi_and_monitoring.ipynb#scrollTo=abc",
+            "v2",
+            URL,
+        ),
         ("teacher/fork/blob/main/notebooks/02_nvidia_smi_and_monitoring.ipynb", "v2", URL),
         # with COURSE_REF emptied, the ref in the pasted address
-        ("https://github.com/teacher/fork/blob/v3/notebooks/01_x.ipynb", "",
-         URL.replace("v2", "v3")),
+        (
+            "https://github.com/teacher/fork/blob/v3/notebooks/01_x.ipynb",
+            "",
+            URL.replace("v2", "v3"),
+        ),
         ("teacher/fork", "", URL.replace("v2", "main")),
     ],
 )

@@ -44,37 +44,70 @@ def make_notebooks(folder: Path) -> None:
     """Two executed notebooks: a long output then a plot in the first, a word in the second."""
     folder.mkdir(parents=True)
     plot = magenta_plot()
-    first = executed_notebook("01_tiny", [
-        nbformat.v4.new_code_cell(
-            "import torch\nprint('measured on this machine (CPU)')",
-            execution_count=1,
-            outputs=[nbformat.v4.new_output(
-                "stream", name="stdout", text="measured on this machine (CPU)\n")],
-        ),
-        nbformat.v4.new_code_cell(
-            "for i in range(300): print(i)",
-            execution_count=2,
-            outputs=[nbformat.v4.new_output(
-                "stream", name="stdout", text="".join(f"line {i}\n" for i in range(300)))],
-        ),
-        nbformat.v4.new_code_cell(
-            "plt.plot(x, y)",
-            execution_count=3,
-            outputs=[nbformat.v4.new_output("display_data", data={plot.mime: plot.data})],
-        ),
-    ])
-    second = executed_notebook("02_tiny", [
-        nbformat.v4.new_markdown_cell(f"## Mixed precision: `torch.autocast`\n\nThe {WORD} rule."),
-    ])
+    first = executed_notebook(
+        "01_tiny",
+        [
+            nbformat.v4.new_code_cell(
+                "import torch\nprint('measured on this machine (CPU)')",
+                execution_count=1,
+                outputs=[
+                    nbformat.v4.new_output(
+                        "stream", name="stdout", text="measured on this machine (CPU)\n"
+                    )
+                ],
+            ),
+            nbformat.v4.new_code_cell(
+                "for i in range(300): print(i)",
+                execution_count=2,
+                outputs=[
+                    nbformat.v4.new_output(
+                        "stream", name="stdout", text="".join(f"line {i}\n" for i in range(300))
+                    )
+                ],
+            ),
+            nbformat.v4.new_code_cell(
+                "plt.plot(x, y)",
+                execution_count=3,
+                outputs=[nbformat.v4.new_output("display_data", data={plot.mime: plot.data})],
+            ),
+        ],
+    )
+    second = executed_notebook(
+        "02_tiny",
+        [
+            nbformat.v4.new_markdown_cell(
+                f"## Mixed precision: `torch.autocast`\n\nThe {WORD} rule."
+            ),
+        ],
+    )
     # a widget with its saved state (a monitor or a progress bar): nbconvert would load
     # the widget renderer from unpkg.com for it
-    second.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {
-        "state": {}, "version_major": 2, "version_minor": 0}}
-    second.cells.append(nbformat.v4.new_code_cell("bar", execution_count=1, outputs=[
-        nbformat.v4.new_output("display_data", data={
-            "application/vnd.jupyter.widget-view+json": {
-                "model_id": "m", "version_major": 2, "version_minor": 0},
-            "text/plain": "progress"})]))
+    second.metadata["widgets"] = {
+        "application/vnd.jupyter.widget-state+json": {
+            "state": {},
+            "version_major": 2,
+            "version_minor": 0,
+        }
+    }
+    second.cells.append(
+        nbformat.v4.new_code_cell(
+            "bar",
+            execution_count=1,
+            outputs=[
+                nbformat.v4.new_output(
+                    "display_data",
+                    data={
+                        "application/vnd.jupyter.widget-view+json": {
+                            "model_id": "m",
+                            "version_major": 2,
+                            "version_minor": 0,
+                        },
+                        "text/plain": "progress",
+                    },
+                )
+            ],
+        )
+    )
     nbformat.write(first, folder / "01_tiny.ipynb")
     nbformat.write(second, folder / "02_tiny.ipynb")
 
@@ -128,9 +161,18 @@ def link_problems(site: Path) -> list[str]:
 
 def chromium(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--user-data-dir={tmp_path / 'profile'}", *args],
-        capture_output=True, text=True, timeout=120,
+        [
+            browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -141,8 +183,15 @@ def site(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("site")
     make_notebooks(work / "notebooks")
     figures = [Measurement("speed-up", 3.5, "x", "measured on this machine (CPU)")]
-    result = NotebookResult("notebooks/01_tiny.ipynb", "ok", 2.0, None, figures,
-                            [magenta_plot()], "notebooks/01_tiny.html")
+    result = NotebookResult(
+        "notebooks/01_tiny.ipynb",
+        "ok",
+        2.0,
+        None,
+        figures,
+        [magenta_plot()],
+        "notebooks/01_tiny.html",
+    )
     report = write_report([result], {}, work)
     root = work / "root"  # the checkout, with an Arabic catalog of 02_tiny
     root.mkdir()
@@ -161,8 +210,8 @@ ARABIC_CELL = (
     "| ما يقوله المنشور | ما يحدث فعلًا |\n|---|---|\n"
     "| استدعِ `model.half()` لكل شيء |"
     " يعمل، لكن `torch.autocast` يختار النوع لكل عملية على GPU |\n\n"
-    "يكفي سطر واحد: `torch.device(\"cuda\" if torch.cuda.is_available() else\n"
-    "\"cpu\")`. أما `choose_device()` فتختار أيضًا.\n\n"
+    'يكفي سطر واحد: `torch.device("cuda" if torch.cuda.is_available() else\n'
+    '"cpu")`. أما `choose_device()` فتختار أيضًا.\n\n'
     "فقرة قصيرة."
 )
 
@@ -180,10 +229,16 @@ def translate_tiny_into_arabic(notebook: Path, translations: Path) -> None:
 
 
 def test_the_site_has_every_page_and_no_broken_or_external_link(site):
-    for page in ("index.html", "notebooks/01_tiny.html", "notebooks/02_tiny.html",
-                 "docs/instructor-guide.html", "run-report.html", "report.html",
-                 "notebooks/01_tiny.ipynb",
-                 "assets/colab-badge.svg"):
+    for page in (
+        "index.html",
+        "notebooks/01_tiny.html",
+        "notebooks/02_tiny.html",
+        "docs/instructor-guide.html",
+        "run-report.html",
+        "report.html",
+        "notebooks/01_tiny.ipynb",
+        "assets/colab-badge.svg",
+    ):
         assert (site / page).is_file(), page
     assert link_problems(site) == []
     first = (site / "notebooks" / "01_tiny.html").read_text(encoding="utf-8")
@@ -213,16 +268,24 @@ def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path
     import matplotlib.image
 
     shot = tmp_path / "notebook.png"
-    done = chromium(f"--screenshot={shot}", "--window-size=1400,1600",
-                    (site / "notebooks" / "01_tiny.html").as_uri(), tmp_path=tmp_path)
+    done = chromium(
+        f"--screenshot={shot}",
+        "--window-size=1400,1600",
+        (site / "notebooks" / "01_tiny.html").as_uri(),
+        tmp_path=tmp_path,
+    )
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
     # the 400 x 300 px magenta plot is drawn: most of its filled area is on the screen,
     # below the 300-line output before it (5000 px unfolded): long outputs are folded
     assert magenta_pixels(matplotlib.image.imread(shot)[..., :3]) > 200 * 150
     # the landing page's search box, given a word only the second notebook has (?q=, as
     # a shared search link), lists that notebook, from file:// (the index ships inline)
-    landing = chromium("--dump-dom", "--virtual-time-budget=8000",
-                       (site / "index.html").as_uri() + f"?q={WORD}", tmp_path=tmp_path)
+    landing = chromium(
+        "--dump-dom",
+        "--virtual-time-budget=8000",
+        (site / "index.html").as_uri() + f"?q={WORD}",
+        tmp_path=tmp_path,
+    )
     assert landing.returncode == 0, landing.stderr[-2000:]
     assert 'class="md-search__input' in landing.stdout
     found = re.findall(r'<a href="([^"]+)" class="md-search-result__link"', landing.stdout)
@@ -234,8 +297,9 @@ def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_p
     from course_utils.cli import main
 
     (tmp_path / "notebooks").mkdir()
-    status = main(["site", str(tmp_path / "notebooks"), "--out", str(tmp_path / "site"),
-                   "--root", str(ROOT)])
+    status = main(
+        ["site", str(tmp_path / "notebooks"), "--out", str(tmp_path / "site"), "--root", str(ROOT)]
+    )
     error = capsys.readouterr().err
     assert status == 2 and error.count("\n") == 1 and "run make course first" in error, error
     assert not (tmp_path / "site").exists()
@@ -246,19 +310,36 @@ def test_the_learners_site_shows_lessons_as_run_but_no_answer(tmp_path):
     from course_utils.site import SITE_BADGE_LINE, stage
 
     notebook = executed_notebook("01_ex", [])
-    lesson = nbformat.v4.new_code_cell("print('lesson')", execution_count=1, outputs=[
-        nbformat.v4.new_output("stream", name="stdout", text="lesson output\n")])
+    lesson = nbformat.v4.new_code_cell(
+        "print('lesson')",
+        execution_count=1,
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="lesson output\n")],
+    )
     answer = nbformat.v4.new_code_cell(
         "def f():\n    ### BEGIN SOLUTION\n    return 42\n    ### END SOLUTION",
-        execution_count=2, outputs=[nbformat.v4.new_output("stream", name="stdout", text="42\n")])
-    answer.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "f",
-                                   "locked": False, "schema_version": 3}
+        execution_count=2,
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="42\n")],
+    )
+    answer.metadata["nbgrader"] = {
+        "solution": True,
+        "grade": False,
+        "grade_id": "f",
+        "locked": False,
+        "schema_version": 3,
+    }
     check = nbformat.v4.new_code_cell(
         "assert f() is not None\n### BEGIN HIDDEN TESTS\nassert f() == 42\n### END HIDDEN TESTS",
-        execution_count=3, outputs=[nbformat.v4.new_output(
-            "stream", name="stdout", text="✓ all checks passed\n")])
-    check.metadata["nbgrader"] = {"solution": False, "grade": True, "grade_id": "f-check",
-                                  "points": 1, "locked": True, "schema_version": 3}
+        execution_count=3,
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="✓ all checks passed\n")],
+    )
+    check.metadata["nbgrader"] = {
+        "solution": False,
+        "grade": True,
+        "grade_id": "f-check",
+        "points": 1,
+        "locked": True,
+        "schema_version": 3,
+    }
     notebook.cells += [lesson, answer, check]
     (tmp_path / "executed").mkdir()
     nbformat.write(notebook, tmp_path / "executed" / "01_ex.ipynb")
@@ -291,12 +372,14 @@ def test_each_language_has_its_site_and_the_switcher_opens_the_same_page(site):
         assert "measured on this machine (CPU)" in page  # the executed outputs
         assert f'<html lang="{language}"' in page
         assert ('<body dir="rtl"' in page) == (language == "ar")
-        switcher = dict(re.findall(r'<a href="([^"]+)" hreflang="(\w+)" class="md-select__link"',
-                                   page))
+        switcher = dict(
+            re.findall(r'<a href="([^"]+)" hreflang="(\w+)" class="md-select__link"', page)
+        )
         expected = {f"../../{other}/notebooks/01_tiny.html": other for other in SAMPLES}
         expected = {"../../notebooks/01_tiny.html": "en", **expected}
-        expected = {("01_tiny.html" if lang == language else link): lang
-                    for link, lang in expected.items()}
+        expected = {
+            ("01_tiny.html" if lang == language else link): lang for link, lang in expected.items()
+        }
         assert switcher == expected, switcher
     english = (site / "notebooks" / "02_tiny.html").read_text(encoding="utf-8")
     assert 'href="../ar/notebooks/02_tiny.html" hreflang="ar"' in english
@@ -321,10 +404,21 @@ def devtools_session(url: str, tmp_path: Path):
         os.dup2(writes, 4)
 
     process = subprocess.Popen(
-        [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,900", "about:blank"],
-        pass_fds=(3, 4), preexec_fn=pipes,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            browser(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,900",
+            "about:blank",
+        ],
+        pass_fds=(3, 4),
+        preexec_fn=pipes,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     os.close(to_browser)
     os.close(from_browser)
     reader = os.fdopen(browser_out, "rb")
@@ -357,6 +451,7 @@ def devtools_session(url: str, tmp_path: Path):
         if state["result"]["value"] == "complete":
             break
         import time
+
         time.sleep(0.1)
     send("DOM.enable", session)
     send("CSS.enable", session)
@@ -396,8 +491,9 @@ def letters_of(text: str, script: str) -> str:
 def covering_fonts(letters: str) -> set[str]:
     """The font families fontconfig knows with a glyph for each of ``letters``."""
     points = " ".join(f"{ord(c):x}" for c in sorted(set(letters)))
-    listed = subprocess.run(["fc-list", f":charset={points}", "family"], capture_output=True,
-                            text=True, timeout=60).stdout
+    listed = subprocess.run(
+        ["fc-list", f":charset={points}", "family"], capture_output=True, text=True, timeout=60
+    ).stdout
     return {name.strip() for line in listed.splitlines() for name in line.split(",")}
 
 
@@ -412,8 +508,10 @@ def glyph_problems(drawn: dict[str, int], text: str, script: str, covering: set[
     if not own:
         return f"{script} drawn with {drawn}, none of which has its letters (boxes)"
     if others > len(text) - len(letters):
-        return (f"{script}: {others} glyph(s) from fonts without its letters ({drawn}) for "
-                f"{len(text) - len(letters)} other character(s): some letters are boxes")
+        return (
+            f"{script}: {others} glyph(s) from fonts without its letters ({drawn}) for "
+            f"{len(text) - len(letters)} other character(s): some letters are boxes"
+        )
     return ""
 
 
@@ -422,10 +520,12 @@ def test_glyph_problems_sees_boxes():
     text = "এখনও বাংলায়: নিচে"
     covering = {"Noto Sans Bengali", "Noto Serif Bengali"}
     assert glyph_problems({"Liberation Serif": 16}, text, "Bengali", covering)
-    assert glyph_problems({"Noto Sans Bengali": 3, "Liberation Serif": 13}, text, "Bengali",
-                          covering)
-    assert not glyph_problems({"Noto Sans Bengali": 13, "Liberation Serif": 3}, text,
-                              "Bengali", covering)
+    assert glyph_problems(
+        {"Noto Sans Bengali": 3, "Liberation Serif": 13}, text, "Bengali", covering
+    )
+    assert not glyph_problems(
+        {"Noto Sans Bengali": 13, "Liberation Serif": 3}, text, "Bengali", covering
+    )
     assert letters_of("নিচে: x", "Bengali") == "নিচে"
 
 
@@ -460,8 +560,10 @@ def test_a_browser_draws_arabic_right_to_left_with_code_left_to_right_and_real_g
                 assert evaluate(command, "getComputedStyle(document.body).direction") == "rtl"
                 content = "getComputedStyle(document.querySelector('.md-content')).direction"
                 assert evaluate(command, content) == "rtl"
-                marker = ("getComputedStyle(document.querySelector("
-                          "'.jupyter-wrapper blockquote')).direction")
+                marker = (
+                    "getComputedStyle(document.querySelector("
+                    "'.jupyter-wrapper blockquote')).direction"
+                )
                 assert evaluate(command, marker) == "rtl"
                 code = "getComputedStyle(document.querySelector('.jupyter-wrapper pre')).direction"
                 assert evaluate(command, code) == "ltr"

@@ -16,7 +16,12 @@ from course_utils.smi import SmiParseError, diagnose, explain, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "smi"
 NOHEADER_FIELDS = [
-    "index", "name", "memory.used", "memory.total", "utilization.gpu", "power.draw",
+    "index",
+    "name",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "power.draw",
     "clocks.sm",
 ]
 
@@ -42,9 +47,10 @@ def test_driver_384_table_without_cuda_version_and_old_process_columns():
     assert gpu1["power_draw_w"] is None and gpu1["power_limit_w"] is None  # N/A / N/A
     assert gpu1["compute_mode"] == "E. Process"
     # the "Not Supported" process row is skipped, the others keep their full names
-    assert [(p["gpu_index"], p["pid"], p["type"], p["name"], p["used_memory_mib"])
-            for p in parsed["processes"]] == [
-        (0, 1234, "G", "/usr/lib/xorg/Xorg", 330), (0, 2345, "C", "python train.py", 210)]
+    assert [
+        (p["gpu_index"], p["pid"], p["type"], p["name"], p["used_memory_mib"])
+        for p in parsed["processes"]
+    ] == [(0, 1234, "G", "/usr/lib/xorg/Xorg", 330), (0, 2345, "C", "python train.py", 210)]
 
 
 def test_driver_470_mig_table_devices_processes_and_na_utilization():
@@ -71,11 +77,20 @@ def test_csv_with_header_and_units_maps_fields_and_not_available_values():
     parsed = parse(load("csv_header_units.txt"))
     assert parsed["format"] == "csv" and parsed["query"] == "gpu"
     first, second = parsed["gpus"]
-    assert first == {**first, "index": 0, "name": "Tesla T4", "bus_id": "00000000:00:04.0",
-                     "fan_pct": None, "temperature_c": 61, "pstate": "P0",
-                     "power_draw_w": 68.41, "power_limit_w": 70.0,
-                     "memory_used_mib": 3511, "memory_total_mib": 15360,
-                     "utilization_gpu_pct": 96}
+    assert first == {
+        **first,
+        "index": 0,
+        "name": "Tesla T4",
+        "bus_id": "00000000:00:04.0",
+        "fan_pct": None,
+        "temperature_c": 61,
+        "pstate": "P0",
+        "power_draw_w": 68.41,
+        "power_limit_w": 70.0,
+        "memory_used_mib": 3511,
+        "memory_total_mib": 15360,
+        "utilization_gpu_pct": 96,
+    }
     assert second["fan_pct"] is None and second["power_draw_w"] is None
     assert second["utilization_gpu_pct"] is None
     assert parsed["units"]["power.draw"] == "W"
@@ -101,9 +116,9 @@ def test_noheader_csv_needs_the_fields_and_uses_them():
 def test_compute_apps_csv_gives_processes():
     parsed = parse(load("compute_apps.csv"))
     assert parsed["query"] == "compute-apps" and parsed["gpus"] == []
-    assert [(p["pid"], p["name"], p["used_memory_mib"], p["type"])
-            for p in parsed["processes"]] == [
-        (4242, "/usr/bin/python3", 15094, "C"), (4343, "python", None, "C")]
+    assert [
+        (p["pid"], p["name"], p["used_memory_mib"], p["type"]) for p in parsed["processes"]
+    ] == [(4242, "/usr/bin/python3", 15094, "C"), (4343, "python", None, "C")]
 
 
 def test_xml_schema_12_two_gpus_power_and_processes():
@@ -113,17 +128,23 @@ def test_xml_schema_12_two_gpus_power_and_processes():
     first, second = parsed["gpus"]
     assert (first["power_draw_w"], first["power_limit_w"]) == (68.41, 70.0)
     assert (first["memory_used_mib"], first["memory_free_mib"], first["sm_clock_mhz"]) == (
-        3511, 11599, 1590)
+        3511,
+        11599,
+        1590,
+    )
     assert second["index"] == 1 and second["fan_pct"] is None and second["power_draw_w"] is None
     assert [(p["gpu_index"], p["pid"], p["used_memory_mib"]) for p in parsed["processes"]] == [
-        (0, 4242, 3506)]
+        (0, 4242, 3506)
+    ]
 
 
 def test_list_form_with_a_mig_device():
     parsed = parse(load("list_two_gpus.txt"))
     assert parsed["format"] == "list"
     assert [(g["index"], g["name"]) for g in parsed["gpus"]] == [
-        (0, "Tesla T4"), (1, "NVIDIA A100-SXM4-40GB")]
+        (0, "Tesla T4"),
+        (1, "NVIDIA A100-SXM4-40GB"),
+    ]
     assert parsed["mig_devices"][0]["gpu_index"] == 1
     assert parsed["mig_devices"][0]["profile"] == "3g.20gb"
 
@@ -217,7 +238,8 @@ def test_query_gpus_passes_the_fields_and_parses_noheader_output(monkeypatch, tm
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     gpus = smi.query_gpus(["index", "utilization.gpu", "memory.used"])
     assert (tmp_path / "args").read_text().strip() == (
-        "--query-gpu=index,utilization.gpu,memory.used")
+        "--query-gpu=index,utilization.gpu,memory.used"
+    )
     assert (gpus[0]["utilization_gpu_pct"], gpus[0]["memory_used_mib"]) == (45, 1200)
 
 
@@ -227,7 +249,10 @@ def test_query_gpus_passes_the_fields_and_parses_noheader_output(monkeypatch, tm
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "course_utils", "smi", *args],
-        input=stdin, capture_output=True, text=True, timeout=60,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
 
@@ -236,15 +261,27 @@ def test_cli_parse_json_has_the_documented_shape():
     done = run_cli("parse", str(FIXTURES / "table_driver384_two_gpus.txt"), "--json")
     assert done.returncode == 0, done.stderr
     parsed = json.loads(done.stdout)
-    assert set(parsed) >= {"format", "driver_version", "cuda_version", "gpus", "processes",
-                           "diagnostics"}
+    assert set(parsed) >= {
+        "format",
+        "driver_version",
+        "cuda_version",
+        "gpus",
+        "processes",
+        "diagnostics",
+    }
     assert set(parsed["gpus"][0]) >= set(smi.GPU_KEYS)
     assert set(parsed["processes"][0]) >= set(smi.PROCESS_KEYS)
 
 
 def test_cli_reads_stdin_with_fields_and_explains():
-    done = run_cli("parse", "-", "--fields", ",".join(NOHEADER_FIELDS), "--json",
-                   stdin=load("csv_noheader_nounits.txt"))
+    done = run_cli(
+        "parse",
+        "-",
+        "--fields",
+        ",".join(NOHEADER_FIELDS),
+        "--json",
+        stdin=load("csv_noheader_nounits.txt"),
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["gpus"][0]["memory_used_mib"] == 19818
     explained = run_cli("explain", str(FIXTURES / "table_driver470_mig.txt"))
@@ -276,7 +313,9 @@ def test_cli_smi_imports_no_torch():
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(FIXTURES / "list_two_gpus.txt")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
     )
     assert "Tesla T4" in done.stdout
@@ -321,13 +360,18 @@ ALIAS_CSV = "Tesla T4, GPU-1111-aaaa, 00000000:00:04.0, 1590, 585, 45\n"
 def test_every_alias_of_a_gpu_field_reads_the_same(fields):
     (gpu,) = smi.parse(ALIAS_CSV, fields.split(","))["gpus"]
     assert (gpu["name"], gpu["uuid"], gpu["bus_id"]) == (
-        "Tesla T4", "GPU-1111-aaaa", "00000000:00:04.0")
+        "Tesla T4",
+        "GPU-1111-aaaa",
+        "00000000:00:04.0",
+    )
     assert (gpu["sm_clock_mhz"], gpu["utilization_gpu_pct"]) == (1590, 45)
 
 
 def test_the_alias_tables_map_both_names_of_every_known_field():
-    for groups, table in [(smi.GPU_FIELD_ALIASES, smi.CSV_FIELDS),
-                          (smi.PROCESS_FIELD_ALIASES, smi.PROCESS_FIELDS)]:
+    for groups, table in [
+        (smi.GPU_FIELD_ALIASES, smi.CSV_FIELDS),
+        (smi.PROCESS_FIELD_ALIASES, smi.PROCESS_FIELDS),
+    ]:
         for group in groups:
             assert len(group) >= 2
             mapped = {table.get(name) for name in group}

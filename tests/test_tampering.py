@@ -49,16 +49,18 @@ CHECKS = ["t-double-check", "t-halve-check", "t-area-check"]
 
 
 def _instructor() -> nbformat.NotebookNode:
-    return _notebook([
-        ("markdown", "# Exercises an attacker would rather not solve", {}),
-        ("code", IMPORTS, {}),
-        ("code", DOUBLE, _meta("t-double", solution=True)),
-        ("code", DOUBLE_CHECK, _meta("t-double-check", solution=False)),
-        ("code", HALVE, _meta("t-halve", solution=True)),
-        ("code", HALVE_CHECK, _meta("t-halve-check", solution=False)),
-        ("code", AREA, _meta("t-area", solution=True)),
-        ("code", AREA_CHECK, _meta("t-area-check", solution=False)),
-    ])
+    return _notebook(
+        [
+            ("markdown", "# Exercises an attacker would rather not solve", {}),
+            ("code", IMPORTS, {}),
+            ("code", DOUBLE, _meta("t-double", solution=True)),
+            ("code", DOUBLE_CHECK, _meta("t-double-check", solution=False)),
+            ("code", HALVE, _meta("t-halve", solution=True)),
+            ("code", HALVE_CHECK, _meta("t-halve-check", solution=False)),
+            ("code", AREA, _meta("t-area", solution=True)),
+            ("code", AREA_CHECK, _meta("t-area-check", solution=False)),
+        ]
+    )
 
 
 def _attack(code: str, *, where: int = 2, new_cell: bool = False) -> nbformat.NotebookNode:
@@ -85,8 +87,9 @@ def _grade(tmp_path: Path, notebooks: dict[str, nbformat.NotebookNode], **limits
     options = Options(sandbox="none", jobs=2, threads=1, **limits)
     results = grade_tasks(tasks, options, None, io.StringIO(), resume=False)
     pairs = list(zip(tasks, results, strict=True))
-    ungraded = {task.learner: result.get("error") for task, result in pairs
-                if "report" not in result}
+    ungraded = {
+        task.learner: result.get("error") for task, result in pairs if "report" not in result
+    }
     assert not ungraded, ungraded  # the grader's own error for each submission it did not grade
     return {task.learner: result["report"] for task, result in zip(tasks, results, strict=True)}
 
@@ -131,13 +134,18 @@ def test_guard_spec_pins_instructor_imports_and_builtins_not_the_learners_names(
 @pytest.mark.slow
 def test_honest_submissions_score_in_full_and_are_not_flagged(tmp_path):
     helpers = _instructor()  # honest, unusual: helper cells, re-imports, gc, a namedtuple
-    helpers.cells.insert(2, nbformat.v4.new_code_cell(
-        "import gc, collections\nfrom course_utils.classroom import check\n"
-        "Point = collections.namedtuple('Point', 'x y', defaults=(0,))\ngc.collect()\n"
-        "def twice(x):\n    return x + x"))
+    helpers.cells.insert(
+        2,
+        nbformat.v4.new_code_cell(
+            "import gc, collections\nfrom course_utils.classroom import check\n"
+            "Point = collections.namedtuple('Point', 'x y', defaults=(0,))\ngc.collect()\n"
+            "def twice(x):\n    return x + x"
+        ),
+    )
     helpers.cells[3].source = "def double(x):\n    return twice(x)"
-    helpers.cells[5].source = "def halve(t):\n    sum = 0  # a local that shadows a built-in\n" \
-        "    return t * 0.5"
+    helpers.cells[5].source = (
+        "def halve(t):\n    sum = 0  # a local that shadows a built-in\n    return t * 0.5"
+    )
     reports = _grade(tmp_path, {"plain": _instructor(), "helpers": helpers})
     for name, report in reports.items():
         assert (report["score"], report["max_score"]) == (3, 3), (name, report)
@@ -153,22 +161,30 @@ def test_honest_submissions_score_in_full_and_are_not_flagged(tmp_path):
 @pytest.mark.slow
 def test_rebinding_the_names_a_check_calls_scores_0(tmp_path):
     fake_math = "math = type('m', (), {'isclose': staticmethod(lambda *a, **k: True), 'pi': 3})"
-    reports = _grade(tmp_path, {
-        "lambda": _attack("check = check_close = passed = lambda *a, **k: None\n" + fake_math),
-        "globals": _attack(
-            "g = globals()\ng['check'] = g['check_close'] = lambda *a, **k: None\n"
-            "g['torch'] = type('t', (), {'allclose': staticmethod(lambda *a: True), "
-            "'tensor': staticmethod(lambda x: x), 'ones': staticmethod(lambda n: 1.0), "
-            "'full': staticmethod(lambda *a: 1.0)})", new_cell=True),
-        "encoded": _attack(_encoded(
-            "check = check_close = lambda *a, **k: None\n" + fake_math)),
-        "frames": _attack(  # the answer, while the check runs, rebinds the check's names
-            "import sys\ndef double(x):\n"
-            "    sys._getframe(1).f_globals.update(check=lambda *a, **k: None)\n    return 0"),
-        "builtins": _attack(
-            "all = isinstance = lambda *a, **k: True\n"
-            "import course_utils.classroom as c\ncheck = c.check_close\n" + fake_math),
-    })
+    reports = _grade(
+        tmp_path,
+        {
+            "lambda": _attack("check = check_close = passed = lambda *a, **k: None\n" + fake_math),
+            "globals": _attack(
+                "g = globals()\ng['check'] = g['check_close'] = lambda *a, **k: None\n"
+                "g['torch'] = type('t', (), {'allclose': staticmethod(lambda *a: True), "
+                "'tensor': staticmethod(lambda x: x), 'ones': staticmethod(lambda n: 1.0), "
+                "'full': staticmethod(lambda *a: 1.0)})",
+                new_cell=True,
+            ),
+            "encoded": _attack(
+                _encoded("check = check_close = lambda *a, **k: None\n" + fake_math)
+            ),
+            "frames": _attack(  # the answer, while the check runs, rebinds the check's names
+                "import sys\ndef double(x):\n"
+                "    sys._getframe(1).f_globals.update(check=lambda *a, **k: None)\n    return 0"
+            ),
+            "builtins": _attack(
+                "all = isinstance = lambda *a, **k: True\n"
+                "import course_utils.classroom as c\ncheck = c.check_close\n" + fake_math
+            ),
+        },
+    )
     _assert_nothing_faked(reports)
     said = " ".join(reports["lambda"]["tampering"])
     assert "the name check no longer refers to course_utils.classroom.check" in said
@@ -182,29 +198,39 @@ def test_rebinding_the_names_a_check_calls_scores_0(tmp_path):
 
 @pytest.mark.slow
 def test_patching_the_check_module_or_its_code_scores_0(tmp_path):
-    reports = _grade(tmp_path, {
-        "code": _attack(
-            "import course_utils.classroom as c\n"
-            "c.check.__code__ = (lambda *a, **k: None).__code__\nmath.isclose = c.check"),
-        "module": _attack(
-            "import importlib\nm = importlib.import_module('course_utils.' + 'classroom')\n"
-            "setattr(m, 'check', lambda *a, **k: None)\nsetattr(math, 'isclose', m.check)",
-            new_cell=True),
-        "defaults": _attack(
-            "check_close.__kwdefaults__ = {'rtol': 1e9, 'atol': 1e9}\n"
-            "import sys\nsys.modules['course_utils.classroom'].CheckFailed = Warning"),
-        "referrers": _attack(
-            "import gc\nfake = lambda *a, **k: None\n"
-            "for d in gc.get_referrers(check):\n"
-            "    if isinstance(d, dict) and d.get('check') is check:\n"
-            "        d['check'] = fake"),
-        "swapped back": _attack(  # replaced and restored before any check: flagged
-            "import course_utils.classroom as c\nold = c.check.__code__\n"
-            "c.check.__code__ = (lambda *a, **k: None).__code__\nc.check.__code__ = old"),
-    })
+    reports = _grade(
+        tmp_path,
+        {
+            "code": _attack(
+                "import course_utils.classroom as c\n"
+                "c.check.__code__ = (lambda *a, **k: None).__code__\nmath.isclose = c.check"
+            ),
+            "module": _attack(
+                "import importlib\nm = importlib.import_module('course_utils.' + 'classroom')\n"
+                "setattr(m, 'check', lambda *a, **k: None)\nsetattr(math, 'isclose', m.check)",
+                new_cell=True,
+            ),
+            "defaults": _attack(
+                "check_close.__kwdefaults__ = {'rtol': 1e9, 'atol': 1e9}\n"
+                "import sys\nsys.modules['course_utils.classroom'].CheckFailed = Warning"
+            ),
+            "referrers": _attack(
+                "import gc\nfake = lambda *a, **k: None\n"
+                "for d in gc.get_referrers(check):\n"
+                "    if isinstance(d, dict) and d.get('check') is check:\n"
+                "        d['check'] = fake"
+            ),
+            "swapped back": _attack(  # replaced and restored before any check: flagged
+                "import course_utils.classroom as c\nold = c.check.__code__\n"
+                "c.check.__code__ = (lambda *a, **k: None).__code__\nc.check.__code__ = old"
+            ),
+        },
+    )
     _assert_nothing_faked(reports)
-    assert any("__code__ of course_utils.classroom.check" in t
-               for t in reports["swapped back"]["tampering"])
+    assert any(
+        "__code__ of course_utils.classroom.check" in t
+        for t in reports["swapped back"]["tampering"]
+    )
     assert any("gc.get_referrers" in t for t in reports["referrers"]["tampering"])
 
 
@@ -214,29 +240,38 @@ def test_patching_the_check_module_or_its_code_scores_0(tmp_path):
 @pytest.mark.slow
 def test_changing_how_later_cells_run_scores_0(tmp_path):
     shell = "get_ipython()"
-    reports = _grade(tmp_path, {
-        "input transformer": _attack(
-            f"{shell}.input_transformers_post.append("
-            "lambda lines: [l for l in lines if 'check' not in l and 'assert' not in l])"),
-        "ast transformer": _attack(
-            "import ast\nclass Drop(ast.NodeTransformer):\n"
-            "    def visit_Expr(self, node):\n        return None\n"
-            f"    def visit_Assert(self, node):\n        return None\n"
-            f"{shell}.ast_transformers.append(Drop())", new_cell=True),
-        "exception handler": _attack(
-            f"{shell}.set_custom_exc((BaseException,), lambda *a, **k: None)\n"
-            f"{shell}.showtraceback = lambda *a, **k: None"),
-        "event hook": _attack(
-            "def fake(*a, **k):\n"
-            "    get_ipython().user_ns.update(check=lambda *a, **k: None, "
-            "check_close=lambda *a, **k: None)\n"
-            f"{shell}.events.register('pre_run_cell', fake)"),
-        "tracers": _attack(
-            "import sys, threading\ndef tracer(frame, event, arg):\n"
-            "    return tracer\n"
-            "sys.settrace(tracer)\nsys.setprofile(tracer)\nthreading.settrace(tracer)\n"
-            "sys.excepthook = lambda *a: None"),
-    })
+    reports = _grade(
+        tmp_path,
+        {
+            "input transformer": _attack(
+                f"{shell}.input_transformers_post.append("
+                "lambda lines: [l for l in lines if 'check' not in l and 'assert' not in l])"
+            ),
+            "ast transformer": _attack(
+                "import ast\nclass Drop(ast.NodeTransformer):\n"
+                "    def visit_Expr(self, node):\n        return None\n"
+                f"    def visit_Assert(self, node):\n        return None\n"
+                f"{shell}.ast_transformers.append(Drop())",
+                new_cell=True,
+            ),
+            "exception handler": _attack(
+                f"{shell}.set_custom_exc((BaseException,), lambda *a, **k: None)\n"
+                f"{shell}.showtraceback = lambda *a, **k: None"
+            ),
+            "event hook": _attack(
+                "def fake(*a, **k):\n"
+                "    get_ipython().user_ns.update(check=lambda *a, **k: None, "
+                "check_close=lambda *a, **k: None)\n"
+                f"{shell}.events.register('pre_run_cell', fake)"
+            ),
+            "tracers": _attack(
+                "import sys, threading\ndef tracer(frame, event, arg):\n"
+                "    return tracer\n"
+                "sys.settrace(tracer)\nsys.setprofile(tracer)\nthreading.settrace(tracer)\n"
+                "sys.excepthook = lambda *a: None"
+            ),
+        },
+    )
     # The learner's kernel runs no check and the judge runs no cell through IPython: these
     # change nothing the grader runs (flagging them is not needed to score them 0).
     _assert_nothing_faked(reports, flagged=False)
@@ -249,20 +284,30 @@ def test_changing_how_later_cells_run_scores_0(tmp_path):
 
 @pytest.mark.slow
 def test_patching_library_functions_scores_0(tmp_path):
-    reports = _grade(tmp_path, {
-        "math and torch": _attack(
-            "math.isclose = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
-            "torch.testing.assert_close = lambda *a, **k: None"),
-        "tensor method": _attack(
-            "setattr(getattr(__import__('tor' + 'ch'), 'Tensor'), 'double', "
-            "lambda self: __import__('torch').zeros(self.shape, dtype=__import__('torch')"
-            ".float64))", new_cell=True),
-        "module dict": _attack(_encoded(
-            "vars(__import__('math'))['isclose'] = lambda *a, **k: True\n"
-            "import builtins\nvars(builtins)['all'] = lambda *a: True")),
-        "builtins": _attack(
-            "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True"),
-    })
+    reports = _grade(
+        tmp_path,
+        {
+            "math and torch": _attack(
+                "math.isclose = lambda *a, **k: True\ntorch.allclose = lambda *a, **k: True\n"
+                "torch.testing.assert_close = lambda *a, **k: None"
+            ),
+            "tensor method": _attack(
+                "setattr(getattr(__import__('tor' + 'ch'), 'Tensor'), 'double', "
+                "lambda self: __import__('torch').zeros(self.shape, dtype=__import__('torch')"
+                ".float64))",
+                new_cell=True,
+            ),
+            "module dict": _attack(
+                _encoded(
+                    "vars(__import__('math'))['isclose'] = lambda *a, **k: True\n"
+                    "import builtins\nvars(builtins)['all'] = lambda *a: True"
+                )
+            ),
+            "builtins": _attack(
+                "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.all = lambda x: True"
+            ),
+        },
+    )
     _assert_nothing_faked(reports)
     said = {name: " ".join(report["tampering"]) for name, report in reports.items()}
     assert "math.isclose was replaced" in said["math and torch"]
@@ -281,15 +326,20 @@ def test_exiting_or_killing_the_kernel_scores_0(tmp_path):
             notebook.cells[index].source = f"import os, sys\ndef {name}:\n    {code}"
         return notebook
 
-    reports = _grade(tmp_path, {
-        "os._exit": during("os._exit(0)"),
-        "sys.exit": during("sys.exit(0)"),
-        "kill": during("os.kill(os.getpid(), 9)"),
-        "interrupt": during("raise KeyboardInterrupt"),
-        "system exit": during("raise SystemExit(0)"),
-        "loop": during("while True: pass"),
-        "rebind then exit": _attack(
-            "check = check_close = passed = lambda *a, **k: None\nimport os\nos._exit(0)"),
-    }, cell_timeout_s=5)
+    reports = _grade(
+        tmp_path,
+        {
+            "os._exit": during("os._exit(0)"),
+            "sys.exit": during("sys.exit(0)"),
+            "kill": during("os.kill(os.getpid(), 9)"),
+            "interrupt": during("raise KeyboardInterrupt"),
+            "system exit": during("raise SystemExit(0)"),
+            "loop": during("while True: pass"),
+            "rebind then exit": _attack(
+                "check = check_close = passed = lambda *a, **k: None\nimport os\nos._exit(0)"
+            ),
+        },
+        cell_timeout_s=5,
+    )
     _assert_nothing_faked(reports, flagged=False)
     assert all(check["reason"] for r in reports.values() for check in r["checks"])

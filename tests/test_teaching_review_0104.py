@@ -43,8 +43,12 @@ def test_02_the_mfu_gap_is_measured_on_a_batch_already_on_the_gpu():
     loader_bound_s = 1000.0  # per step: the run waited on its input pipeline
     claims, peak = Claims(), PeakFlops(1e12, "a fake GPU's datasheet")
     namespace.update(
-        device=torch.device("cpu"), HAS_GPU=True, loader=[batch], large={"mfu": 0.5},
-        step=TrainStep(build_model("small_cnn", width=8), "cpu"), gpu_claim=claims,
+        device=torch.device("cpu"),
+        HAS_GPU=True,
+        loader=[batch],
+        large={"mfu": 0.5},
+        step=TrainStep(build_model("small_cnn", width=8), "cpu"),
+        gpu_claim=claims,
         result=SimpleNamespace(seconds=10 * loader_bound_s, steps=10),
         device_peak_flops=lambda *args, **kwargs: peak,
     )
@@ -92,15 +96,18 @@ def test_03_cudnn_benchmark_is_compared_on_shapes_nothing_ran_before(monkeypatch
         exec(cells["nb03-07"], namespace)
         trial = CachedPlans(namespace["SWEEP_SIZES"])  # the sweep ran first, flag off
         namespace.update(
-            trial=trial, label="a fake T4",
+            trial=trial,
+            label="a fake T4",
             time_in_turns=lambda functions, **kwargs: timing.time_in_turns(
-                functions, **{**kwargs, "device": "cpu"}),
+                functions, **{**kwargs, "device": "cpu"}
+            ),
         )
         exec(cells["nb03-tuning"], namespace)
         assert {flag for _, flag, _ in trial.calls} == {False, True}, "both settings ran"
         for size, flag, plan in trial.calls:
             assert plan == ("autotuned" if flag else "heuristics"), (
-                f"batch {size} with cudnn.benchmark={flag} ran a {plan} plan cached before")
+                f"batch {size} with cudnn.benchmark={flag} ran a {plan} plan cached before"
+            )
         assert torch.backends.cudnn.benchmark is False, "the default is restored"
 
 
@@ -115,7 +122,10 @@ def test_03_lightnings_edge_above_the_courses_is_a_claim_not_a_stop():
     found = {"ours": 100, "power": 64, "binsearch": int(0.95 * 108)}
     namespace.update(
         {name: SimpleNamespace(batch_size=size) for name, size in found.items()},
-        device=torch.device("cuda"), label="a fake T4", FINDER_CAP_MIB=2048, gpu_claim=claims,
+        device=torch.device("cuda"),
+        label="a fake T4",
+        FINDER_CAP_MIB=2048,
+        gpu_claim=claims,
         runs_out=lambda size: size > found["ours"],  # the course's edge holds again
     )
     exec(cells["nb03-29b"], namespace)
@@ -135,10 +145,12 @@ class ProxyTorch:
 class ProxyNn:
     def __getattr__(self, name: str) -> object:
         if name == "Conv2d":
+
             def conv(*args: object, **kwargs: object) -> object:
                 module = torch.nn.Conv2d(*args, **kwargs)
                 module.to = lambda *args, **kwargs: module  # type: ignore[method-assign]
                 return module
+
             return conv
         return getattr(torch.nn, name)
 
@@ -153,7 +165,10 @@ def test_04_a_conv_whose_tf32_setting_changes_nothing_is_reported_not_a_stop(mon
     namespace: dict = {}
     exec(cells["nb04-03b"], namespace)
     namespace.update(
-        torch=ProxyTorch(), nn=ProxyNn(), device=SimpleNamespace(type="cuda"), gpu_claim=claims,
+        torch=ProxyTorch(),
+        nn=ProxyNn(),
+        device=SimpleNamespace(type="cuda"),
+        gpu_claim=claims,
         base=SimpleNamespace(mfu=0.3, peak_source="a fake A100's TF32 column"),
         measured_on=lambda device: "a fake A100",
     )
@@ -167,16 +182,30 @@ def _pipeline_table(shares_fraction: float, row5_cpu_s: float) -> dict:
     from course_utils.timing import CpuShare
 
     def row(samples_per_s: float, starved: float, cpu_s: float) -> SimpleNamespace:
-        return SimpleNamespace(samples_per_s=samples_per_s, starved_fraction=starved,
-                               cpu_per_step_s=cpu_s)
+        return SimpleNamespace(
+            samples_per_s=samples_per_s, starved_fraction=starved, cpu_per_step_s=cpu_s
+        )
 
-    names = ["0 baseline: decode+augment per sample, 0 workers", "1 workers alone: num_workers=2",
-             "5 + augmentation on the device, 0 workers"]
-    results = dict(zip(names, [row(100, 0.95, 0.050), row(90, 0.5, 0.010),
-                               row(120, 0.14, row5_cpu_s)], strict=True))
+    names = [
+        "0 baseline: decode+augment per sample, 0 workers",
+        "1 workers alone: num_workers=2",
+        "5 + augmentation on the device, 0 workers",
+    ]
+    results = dict(
+        zip(
+            names,
+            [row(100, 0.95, 0.050), row(90, 0.5, 0.010), row(120, 0.14, row5_cpu_s)],
+            strict=True,
+        )
+    )
     shares = {name: CpuShare(wall_s=1.0, cpu_s=shares_fraction) for name in names}
-    return {"results": results, "shares": shares, "baseline": results[names[0]],
-            "device": torch.device("cpu"), "label": "CPU"}
+    return {
+        "results": results,
+        "shares": shares,
+        "baseline": results[names[0]],
+        "device": torch.device("cpu"),
+        "label": "CPU",
+    }
 
 
 def test_03_on_a_cpu_the_pipeline_check_weighs_cpu_seconds_not_the_starved_share():
@@ -210,9 +239,18 @@ def test_04_the_technique_table_says_when_the_machine_was_too_busy_to_rank(capsy
         return []
 
     namespace.update(
-        device=torch.device("cpu"), SMALLER="small_cnn", SMALLER_KWARGS={"width": 8},
-        MODEL="small_cnn", MODEL_KWARGS={}, BATCH=4, IMAGE_SIZE=16, budget=1, HIGH=8,
-        REPEATS=1, GPU_CAP_MIB=0, compare_techniques=waited_for_a_core,
+        device=torch.device("cpu"),
+        SMALLER="small_cnn",
+        SMALLER_KWARGS={"width": 8},
+        MODEL="small_cnn",
+        MODEL_KWARGS={},
+        BATCH=4,
+        IMAGE_SIZE=16,
+        budget=1,
+        HIGH=8,
+        REPEATS=1,
+        GPU_CAP_MIB=0,
+        compare_techniques=waited_for_a_core,
         format_table=lambda results: "(the table)",
     )
     exec(cells["nb04-17"], namespace)
@@ -226,18 +264,32 @@ def test_03_the_new_gpu_claims_run_on_a_gpu_branch(monkeypatch):
     exec(cells["nb03-04"], namespace)
     exec(cells["nb03-04b"], namespace)
     monkeypatch.setenv("COURSE_WORKLOAD", "full")
-    rows = [SimpleNamespace(batch_size=size, peak_bytes=2**20 * (40 + size // 2),
-                            samples_per_s=1000 * size / (8 + size), cpu_samples_per_s=0.0)
-            for size in (8, 64, 512, 4096)]
+    rows = [
+        SimpleNamespace(
+            batch_size=size,
+            peak_bytes=2**20 * (40 + size // 2),
+            samples_per_s=1000 * size / (8 + size),
+            cpu_samples_per_s=0.0,
+        )
+        for size in (8, 64, 512, 4096)
+    ]
     sweep = SimpleNamespace(knee=lambda: rows[1], best=rows[-1], fitted=rows)
     claims = Claims()
-    namespace.update(device=torch.device("cuda"), label="a fake T4", sweep=sweep,
-                     model_name="resnet18", gpu_claim=claims)
+    namespace.update(
+        device=torch.device("cuda"),
+        label="a fake T4",
+        sweep=sweep,
+        model_name="resnet18",
+        gpu_claim=claims,
+    )
     exec(cells["nb03-10"], namespace)
     exec(cells["nb03-10b"], namespace)
     table = _pipeline_table(shares_fraction=1.0, row5_cpu_s=0.020)
     namespace.update(table, device=torch.device("cuda"))
     exec(cells["nb03-25"], namespace)
     assert claims.values["peak memory, batch 4096 / batch 8"] > 2
-    assert {"throughput gain, batch 8 -> 64", "augmentation on the device / baseline samples/s",
-            "augmentation on the device / baseline starved share"} <= set(claims.values)
+    assert {
+        "throughput gain, batch 8 -> 64",
+        "augmentation on the device / baseline samples/s",
+        "augmentation on the device / baseline starved share",
+    } <= set(claims.values)

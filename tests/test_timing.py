@@ -103,7 +103,9 @@ def test_time_in_turns_alternates_and_synchronizes_around_each_call():
     events = []
     result = timing.time_in_turns(
         {"a": lambda: events.append("a"), "b": lambda: events.append("b")},
-        warmup=1, rounds=2, sync=lambda: events.append("sync"),
+        warmup=1,
+        rounds=2,
+        sync=lambda: events.append("sync"),
     )
     assert events == ["a", "b"] + ["sync", "a", "sync", "sync", "b", "sync"] * 2
     assert [len(t.times_s) for t in result.values()] == [2, 2]
@@ -111,8 +113,9 @@ def test_time_in_turns_alternates_and_synchronizes_around_each_call():
 
 
 def test_time_in_turns_charges_each_function_its_own_time():
-    result = timing.time_in_turns({"fast": lambda: None, "slow": lambda: time.sleep(0.02)},
-                                  warmup=0, rounds=3)
+    result = timing.time_in_turns(
+        {"fast": lambda: None, "slow": lambda: time.sleep(0.02)}, warmup=0, rounds=3
+    )
     assert result["slow"].median_s >= 0.02 > result["fast"].median_s
 
 

@@ -93,8 +93,9 @@ def _tiny(tmp_path: Path, cells: list[tuple[str, str, str]]) -> Path:
 
 def test_update_adds_marks_changed_fuzzy_removed_obsolete_and_does_not_churn(tmp_path):
     root = tmp_path / "translations"
-    nb = _tiny(tmp_path, [("markdown", "a", "One `x`."), ("code", "c", "x = 1"),
-                          ("markdown", "b", "Two.")])
+    nb = _tiny(
+        tmp_path, [("markdown", "a", "One `x`."), ("code", "c", "x = 1"), ("markdown", "b", "Two.")]
+    )
     first = translate.update_catalog("bn", nb, root)
     assert (first.added, first.changed, first.removed) == (2, 0, 0)
     path = catalog_path("bn", nb, root)
@@ -143,8 +144,9 @@ def test_catalogs_pass_msgfmt_check_with_a_percent_sign_translated(tmp_path):
             message.string = "عند ٪100 من GPU-Util (`%timeit`)."
     write_catalog(catalog, path)
     assert "python-format" not in path.read_text(encoding="utf-8")
-    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [msgfmt, "--check", "-o", "/dev/null", str(path)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -287,8 +289,9 @@ def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     capsys.readouterr()
     assert main(["translate", "check", "--root", str(tmp_path), "--lang", "ar"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("ar/01_runtime_and_devices.po nb01-01: code spans differ")
-               for line in out)
+    assert any(
+        line.startswith("ar/01_runtime_and_devices.po nb01-01: code spans differ") for line in out
+    )
     stale = [line for line in out if "stale" in line]
     assert stale and all("02_nvidia" in line and "translate update" in line for line in stale)
     # bad input: one line, exit 2
@@ -376,8 +379,8 @@ def _spans(codes) -> Counter:
 
 
 def test_a_code_span_going_on_over_a_line_break_stays_one_span_right_to_left():
-    english = "See `torch.device(\"cuda\" if ok else\n\"cpu\")`. And `choose_device()` too."
-    arabic = "انظر `torch.device(\"cuda\" if ok else\n\"cpu\")`. أما `choose_device()` فأيضًا."
+    english = 'See `torch.device("cuda" if ok else\n"cpu")`. And `choose_device()` too.'
+    arabic = 'انظر `torch.device("cuda" if ok else\n"cpu")`. أما `choose_device()` فأيضًا.'
     reading = _read(translate.right_to_left(arabic))
     spans = translate.protected_parts(english)["code spans"].elements()
     assert _spans(reading.codes) == _spans(spans)
@@ -385,9 +388,7 @@ def test_a_code_span_going_on_over_a_line_break_stays_one_span_right_to_left():
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
-def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(
-    tmp_path, language
-):
+def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(tmp_path, language):
     for built in translate.build(language, NOTEBOOKS, tmp_path):
         for cell_id, text in translate.markdown_cells(_notebook(built)):
             reading = _read(text)
@@ -407,7 +408,9 @@ def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
     lines[2] = badge_line("someone/course", "colab", "notebooks/" + NB01.name)
     notebook["cells"][0]["source"] = "\n".join(lines)
     catalog = _translate(
-        catalogs, "ne", NB01,
+        catalogs,
+        "ne",
+        NB01,
         lambda m: m.id.replace("Runtime", "रनटाइम") if m.context == "nb01-01" else None,
     )
     built = translate.translated_notebook(notebook, catalog, "ne", NB01.name)
@@ -428,7 +431,9 @@ def test_a_published_arabic_title_cell_keeps_its_title_and_gets_its_badge(catalo
     lines[2] = badge_line("someone/course", "colab", "notebooks/" + NB01.name)
     notebook["cells"][0]["source"] = "\n".join(lines)
     catalog = _translate(
-        catalogs, "ar", NB01,
+        catalogs,
+        "ar",
+        NB01,
         lambda m: m.id.replace("Runtime", "وقت التشغيل") if m.context == "nb01-01" else None,
     )
     built = translate.translated_notebook(notebook, catalog, "ar", NB01.name)
@@ -466,8 +471,11 @@ def test_coverage_is_complete(language):
 
 
 # --- translated notebooks run, grade and strip like the English ones ----------------------
-RUN = {"bn": "01_runtime_and_devices", "ar": "02_nvidia_smi_and_monitoring",
-       "ne": "07_gpu_memory_and_cache"}
+RUN = {
+    "bn": "01_runtime_and_devices",
+    "ar": "02_nvidia_smi_and_monitoring",
+    "ne": "07_gpu_memory_and_cache",
+}
 
 
 @pytest.mark.slow
@@ -477,9 +485,11 @@ def test_a_translated_notebook_runs_under_nbval(tmp_path, catalogs, language, st
     _translate(catalogs, language, source, _glossed(language))
     (built,) = translate.build(language, [source], tmp_path / "built", catalogs)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax",
-         str(built)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval-lax", str(built)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
         env={**os.environ, "COURSE_WORKLOAD": "small", "COURSE_PROGRESS": "off"},
     )
     assert result.returncode == 0, result.stdout[-3000:]
@@ -519,7 +529,7 @@ def test_the_student_version_of_a_translated_notebook_strips_the_answers(tmp_pat
 
 def test_a_multi_line_previous_english_is_kept_and_msgfmt_reads_it(tmp_path):
     msgfmt = _msgfmt()
-    root, old = tmp_path / "translations", "### Exercise (c)\n\nWrite `f(x)`:\na \"quoted\" line."
+    root, old = tmp_path / "translations", '### Exercise (c)\n\nWrite `f(x)`:\na "quoted" line.'
     nb = _tiny(tmp_path, [("markdown", "a", old)])
     translate.update_catalog("ne", nb, root)
     path = catalog_path("ne", nb, root)
@@ -529,8 +539,9 @@ def test_a_multi_line_previous_english_is_kept_and_msgfmt_reads_it(tmp_path):
     text = path.read_text(encoding="utf-8")
     previous = [line for line in text.splitlines() if line.startswith("#|")]
     assert len(previous) == len(old.split("\n")) + 1  # msgid "" and one line each
-    result = subprocess.run([msgfmt, "--check", "-o", "/dev/null", str(path)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [msgfmt, "--check", "-o", "/dev/null", str(path)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     (entry,) = [m for m in read_catalog(path, "ne") if m.id]
     assert entry.fuzzy and entry.previous_id == [old]

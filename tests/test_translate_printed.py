@@ -19,7 +19,7 @@ from course_utils.translate import printed_texts, python_literal, translated_cod
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-CELL = '''\
+CELL = """\
 name, times = "T4", 3  # নাম: a comment that is not ASCII before the literal
 !echo a shell line that is not Python
 print("torch.cuda.is_available():", name == "T4")
@@ -27,7 +27,7 @@ if times:
     print(f"No GPU here: a {name} would run this {times * 2:d} times "
           "({{braces}} stay) and say \\"done\\"\\n")
 print("ok")
-'''
+"""
 
 
 def _catalog(translations: dict[str, str], fuzzy: bool = False) -> Catalog:
@@ -51,7 +51,7 @@ def test_a_cell_s_explanations_are_found_and_its_code_like_strings_are_not():
     (printed,) = printed_texts("c1", CELL)
     assert printed.context == "c1:print:1"
     assert printed.template == (
-        'No GPU here: a {name} would run this {times * 2:d} times ({{{{braces}}}} stay) '
+        "No GPU here: a {name} would run this {times * 2:d} times ({{{{braces}}}} stay) "
         'and say "done"\n'
     )
     literal = CELL[printed.start : printed.end]  # offsets in characters, after the Bengali
@@ -136,6 +136,7 @@ def test_update_adds_a_code_cell_s_explanations_to_the_catalog(tmp_path):
 def test_a_changed_text_keeps_its_format_flag_beside_fuzzy(tmp_path):
     """msgfmt --check compares a translation's {fields} only where the entry says
     python-brace-format: an English edit marks the entry fuzzy without dropping that."""
+
     def write(text: str) -> Path:
         cell = {"cell_type": "code", "id": "c1", "metadata": {}, "outputs": [],
                 "execution_count": None, "source": f'print(f"{text}")'}  # fmt: skip

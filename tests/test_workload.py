@@ -35,13 +35,16 @@ def test_pick_returns_the_size_for_the_workload(monkeypatch):
         assert workload.pick(small=1, cpu=2, gpu=3) == expected
 
 
-@pytest.mark.parametrize(("gpus", "expected"), [
-    ([("Tesla T4", 15360)], "full"),
-    ([("NVIDIA GeForce RTX 3050 Laptop GPU", 4096)], "cpu"),
-    ([("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9856)], "cpu"),  # a slice: its own memory
-    ([("NVIDIA H200", 143771), ("NVIDIA GeForce GTX 1660", 6144)], "cpu"),  # the smaller
-    ([("NVIDIA H200", None)], "full"),  # NVML did not say: the GPU's sizes
-])
+@pytest.mark.parametrize(
+    ("gpus", "expected"),
+    [
+        ([("Tesla T4", 15360)], "full"),
+        ([("NVIDIA GeForce RTX 3050 Laptop GPU", 4096)], "cpu"),
+        ([("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 9856)], "cpu"),  # a slice: its own memory
+        ([("NVIDIA H200", 143771), ("NVIDIA GeForce GTX 1660", 6144)], "cpu"),  # the smaller
+        ([("NVIDIA H200", None)], "full"),  # NVML did not say: the GPU's sizes
+    ],
+)
 def test_auto_picks_the_full_sizes_only_where_they_fit_in_the_gpus_memory(
     monkeypatch, gpus, expected
 ):
@@ -60,8 +63,12 @@ def test_auto_picks_the_full_sizes_only_where_they_fit_in_the_gpus_memory(
 
 # --- sizes that follow the GPU's memory (issue 42: every GPU size) -----------------------------
 
-_LAPTOP = {"name": "NVIDIA GeForce RTX 3060 Laptop GPU", "uuid": "GPU-lap-0", "cc": (8, 6),
-           "memory_mib": (6144, 300)}
+_LAPTOP = {
+    "name": "NVIDIA GeForce RTX 3060 Laptop GPU",
+    "uuid": "GPU-lap-0",
+    "cc": (8, 6),
+    "memory_mib": (6144, 300),
+}
 _H200 = {"name": "NVIDIA H200", "uuid": "GPU-h200-0", "cc": (9, 0), "memory_mib": (143771, 0)}
 
 
@@ -69,8 +76,11 @@ def _mig_1g5gb():
     from test_gpu_review import a100_with_migs
 
     gpu = a100_with_migs(0, 1)
-    gpu["migs"][0] = {**gpu["migs"][0], "name": "NVIDIA A100-PCIE-40GB MIG 1g.5gb",
-                      "memory_mib": (4864, 13)}
+    gpu["migs"][0] = {
+        **gpu["migs"][0],
+        "name": "NVIDIA A100-PCIE-40GB MIG 1g.5gb",
+        "memory_mib": (4864, 13),
+    }
     return gpu
 
 
@@ -97,13 +107,21 @@ def nvml_with(monkeypatch):
     return install
 
 
-@pytest.mark.parametrize(("gpu", "usable", "old_pick", "three_gib", "six_gib"), [
-    (_LAPTOP, 5120, 2, 3, 2),  # a 6 GiB laptop GPU: auto was cpu for everything
-    ("mig", 3840, 2, 3, 2),  # a MIG 1g.5gb slice: its own 4.75 GiB
-    ({"name": "Tesla T4", "uuid": "GPU-t4", "cc": (7, 5), "memory_mib": (15360, 0)},
-     14336, 3, 3, 3),
-    (_H200, 142747, 3, 3, 3),
-])
+@pytest.mark.parametrize(
+    ("gpu", "usable", "old_pick", "three_gib", "six_gib"),
+    [
+        (_LAPTOP, 5120, 2, 3, 2),  # a 6 GiB laptop GPU: auto was cpu for everything
+        ("mig", 3840, 2, 3, 2),  # a MIG 1g.5gb slice: its own 4.75 GiB
+        (
+            {"name": "Tesla T4", "uuid": "GPU-t4", "cc": (7, 5), "memory_mib": (15360, 0)},
+            14336,
+            3,
+            3,
+            3,
+        ),
+        (_H200, 142747, 3, 3, 3),
+    ],
+)
 def test_an_experiments_gpu_size_follows_the_gpus_memory(
     nvml_with, gpu, usable, old_pick, three_gib, six_gib
 ):
