@@ -706,7 +706,8 @@ def mark_checker_process() -> None:
 
 
 class NeedsBeside(RuntimeError):
-    """A check that must run beside the answer (in the learner's process) ran apart."""
+    """What must run beside the answer (in the learner's process: an observing half of
+    :mod:`course_utils.checks.evidence`) ran in the grader's checker."""
 
 
 @contextlib.contextmanager
@@ -729,7 +730,7 @@ def course_helpers_refused(namespace: dict[str, Any], *names: str) -> Iterator[N
     if _IN_CHECKER[0]:  # the learner's function runs elsewhere: nothing would be refused
         raise NeedsBeside(
             f"refusing {', '.join(names)} needs the learner's function in this process: "
-            "mark the check cell '# graded beside the answer: <why>' (instructor guide)"
+            "call it from an observing half (course_utils.checks.evidence, instructor guide)"
         )
     swapped: list[tuple[Any, Any]] = []
     replaced: list[tuple[str, Any]] = []

@@ -311,10 +311,11 @@ def test_evidence_observed_with_the_answer_sees_its_change_and_a_plain_call_does
     assert points == {"m-observed": 1.0, "m-apart": 0.0}, result["report"]
 
 
-def test_refusing_course_helpers_apart_says_to_grade_the_check_beside(monkeypatch):
+def test_refusing_course_helpers_in_the_checker_says_to_observe_the_answer(monkeypatch):
     """In the checker the learner's function runs in another process: refusing the course's
     helpers there would refuse nothing (a shortcut through them would pass), so it stops the
-    check with a line telling the instructor to mark it beside; elsewhere it refuses."""
+    check with a line telling the instructor to call the answer from an observing half;
+    elsewhere it refuses."""
     from course_utils import classroom
     from course_utils.footprint import optimizer_state_bytes
 
@@ -325,26 +326,30 @@ def test_refusing_course_helpers_apart_says_to_grade_the_check_beside(monkeypatc
     with pytest.raises(classroom.CheckFailed, match="course's own"):
         classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
     monkeypatch.setattr(classroom, "_IN_CHECKER", [True])
-    with pytest.raises(classroom.NeedsBeside, match="graded beside the answer"):
+    with pytest.raises(classroom.NeedsBeside, match="observing half"):
         classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
 
 
-def test_course_checks_that_refuse_helpers_are_marked_beside():
-    """Every course check cell that refuses the course's helpers while the answer runs is
-    graded beside the answer (else the refusal would not reach the learner's process)."""
+def test_course_checks_refuse_helpers_only_in_observing_halves():
+    """The course's helpers are refused while the answer runs only where the answer runs:
+    no check cell refuses them itself (in the checker that would refuse nothing), and the
+    observing halves that do are recorded by the guard."""
+    import pkgutil
     from pathlib import Path
 
-    refusing = ("without_course_helpers", "course_helpers_refused", "check_precision_flag")
+    import course_utils.checks.evidence as evidence
+
+    refusing = ("without_course_helpers", "course_helpers_refused")
     root = Path(__file__).resolve().parent.parent / "notebooks"
-    found = 0
     for path in sorted(root.glob("0*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
-            if cell.metadata.get("nbgrader", {}).get("grade") and any(
-                name in cell.source for name in refusing
-            ):
-                found += 1
-                assert checker.beside(cell.source), (path.name, cell.metadata["nbgrader"])
-    assert found >= 2
+            if cell.metadata.get("nbgrader", {}).get("grade"):
+                assert not any(name in cell.source for name in refusing), (path.name, cell.id)
+    modules = [m.name for m in pkgutil.iter_modules(evidence.__path__)]
+    observing = [m for m in modules if any(
+        name in (Path(evidence.__path__[0]) / f"{m}.py").read_text() for name in refusing
+    )]  # fmt: skip
+    assert len(observing) >= 4, observing  # 01, 03, 04, 05, 09 refuse the course's helpers
 
 
 @pytest.mark.slow

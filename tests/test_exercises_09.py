@@ -23,7 +23,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.checks.evidence.nb09 import step_inputs
 from course_utils.classroom import CheckFailed
-from course_utils.instructor import checker
 from course_utils.transformer_checks import MESSAGES_09
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -958,7 +957,7 @@ def _failed_naming(verdict: dict, name: str) -> None:
 def test_the_checks_of_b_and_c_gather_evidence_beside_and_decide_apart(grade_id):
     source = _check_cell(grade_id)
     assert source.startswith("# evidence beside your answer, verdict apart: "), source
-    assert not checker.beside(source) and len(source.splitlines()) <= 20
+    assert not source.startswith("# graded beside the answer:") and len(source.splitlines()) <= 20
     assert "lambda" not in source and "globals()" not in source
 
 

@@ -119,7 +119,7 @@ def _observe(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, An
     checker, lets the guard verify the course's instruments (their changes fail the check,
     as ``tampered``), runs the observing half, and writes only its result, as plain data,
     on a pipe of its own. A child that ends without a whole reply is ``ended``."""
-    import signal
+    import signal  # lazy: only an observation needs it
 
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a forked child cannot use it
