@@ -12,7 +12,7 @@ from course_utils.classroom import MESSAGES_CHECKS, CheckFailed
 
 def answered(record: dict[str, Any]) -> Any:
     """The value in ``record`` (:func:`~course_utils.checks.evidence.values.value_of`, or
-    ``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.raised`); else
+    ``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.exception_seen`); else
     :class:`CheckFailed` naming the subclass where a plain type was due, or saying what
     the answer raised.
 
@@ -38,7 +38,7 @@ def answered(record: dict[str, Any]) -> Any:
 def raised_sentence(raised: dict[str, Any]) -> str:
     """ "your function raised <class>: <message>" (as
     :func:`course_utils.classroom.answer_or_error` says it) for what the answer raised
-    (:func:`~course_utils.checks.evidence.values.raised`); its message is the learner's
+    (:func:`~course_utils.checks.evidence.values.exception_seen`); its message is the learner's
     (:func:`~course_utils.checks.said_by_your_code`)."""
     said_by_your_code(raised["message"])
     if raised["kind"] not in raised["builtins"] and not _course_or_torch(raised["module"]):

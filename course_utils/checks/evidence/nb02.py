@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.evidence.values import raised, value_of
+from course_utils.checks.evidence.values import exception_seen, value_of
 from course_utils.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -21,7 +21,7 @@ def _read(read_gpu: Any, nvml: FakeNvml, index: int) -> dict[str, Any]:
     except NotImplementedError:
         raise
     except Exception as error:  # the learner's mistake: the check says it in words
-        return {"raised": raised(error), "nvml": isinstance(error, FakeNvml.NVMLError)}
+        return {"raised": exception_seen(error), "nvml": isinstance(error, FakeNvml.NVMLError)}
     return value_of(got, f"read_gpu(nvml, {index})")
 
 

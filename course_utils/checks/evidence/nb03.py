@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import RandomSampler, TensorDataset
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.evidence.values import raised, value_of
+from course_utils.checks.evidence.values import exception_seen, value_of
 from course_utils.classroom import (
     MESSAGES_CHECKS,
     TO_GPU_TENSORS,
@@ -34,7 +34,7 @@ def loader_settings(gpu_loader: Any) -> dict[str, Any]:
     """``gpu_loader(dataset, 4, workers=2)`` and ``gpu_loader(dataset, 4, workers=0)`` on a
     small dataset, and the first batch of the second: ``{"failed": ...}`` when the second
     raised ``ValueError``, ``{"raised": ...}`` when anything else raised
-    (:func:`~course_utils.checks.evidence.values.raised`); else both loaders'
+    (:func:`~course_utils.checks.evidence.values.exception_seen`); else both loaders'
     ``pin_memory`` and the first's :data:`LOADER_SETTINGS` (:func:`~course_utils.checks.
     evidence.values.value_of`; a setting it lacks reads None), whether both shuffle (a
     ``RandomSampler``), whether CUDA is there and the batch came pinned."""
@@ -47,7 +47,7 @@ def loader_settings(gpu_loader: Any) -> dict[str, Any]:
                 plain = gpu_loader(dataset, 4, workers=0)
                 batch = next(iter(plain))
             except ValueError as error:
-                return {"failed": raised(error)}
+                return {"failed": exception_seen(error)}
         pins = [value_of(one.pin_memory, "loader.pin_memory") for one in (loader, plain)]
         return {
             "pins": pins,
@@ -60,7 +60,7 @@ def loader_settings(gpu_loader: Any) -> dict[str, Any]:
             "batch pinned": all(tensor.is_pinned() for tensor in batch),
         }
     except Exception as error:  # the learner's code failed: the part says how
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
 
 
 def _pretend_pinned(tensor: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
     ``.cuda`` calls recorded and the course's ``to_device`` refused: ``{"refused": True}``
     when it called ``to_device``; ``{"check failed": message}`` for another
     :class:`~course_utils.classroom.CheckFailed` raised inside it; ``{"raised": ...}``
-    when it raised (:func:`~course_utils.checks.evidence.values.raised`), ``{"crashed":
+    when it raised (:func:`~course_utils.checks.evidence.values.exception_seen`), ``{"crashed":
     ...}`` when reading what it returned raised; else whether it left the batch's dict as
     it was, whether the result has the batch's shape (then its keys and names, and for
     each tensor of :data:`~course_utils.classroom.TO_GPU_TENSORS` whether it was copied,
@@ -100,11 +100,11 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
                 return {"refused": True}
             return {"check failed": said}
         except Exception as error:  # the learner's code failed: the check says how
-            return {"raised": raised(error)}
+            return {"raised": exception_seen(error)}
     try:
         return _copies(result, inner, where, moves)
     except Exception as error:  # reading what it returned failed: the part says how
-        return {"crashed": raised(error)}
+        return {"crashed": exception_seen(error)}
 
 
 def _copies(result: Any, inner: dict[str, Any], where: dict[str, Any], moves: list[Any]) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.evidence.values import impostor, raised, value_of
+from course_utils.checks.evidence.values import exception_seen, impostor, value_of
 
 #: The entries of the fake namespace whose values the check compares.
 _ENTRIES = ("_4", "_5", "_7", "_9", "_", "__", "___")
@@ -52,7 +52,7 @@ def history_after_drop(drop_from_history: Any, tensor_at: list[str]) -> dict[str
     except NotImplementedError:  # not answered
         raise
     except Exception as error:  # any mistake of the learner's: the check says it in words
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
     found = impostor(fake, "namespace")  # its entries, Out's keys and values too
     if found is not None:
         return {"impostor": found}
@@ -100,7 +100,7 @@ def retry_on_bug(retry_halving: Any, shape_bug: Any, bug: str) -> dict[str, Any]
     try:
         retry_halving(step, 8)
     except (ZeroDivisionError, RuntimeError) as error:
-        said = raised(error)
+        said = exception_seen(error)
         sizes = [_entry(size) for size in calls]
         return {"builtins": said["builtins"], "mat1": "mat1" in said["message"], "calls": sizes}
     return None
@@ -117,5 +117,8 @@ def retry_at_the_bottom(
     try:
         got = retry_halving(limited(limit, [], []), batch_size)
     except RuntimeError as error:
-        return {"raised": raised(error), "oom": isinstance(error, torch.cuda.OutOfMemoryError)}
+        return {
+            "raised": exception_seen(error),
+            "oom": isinstance(error, torch.cuda.OutOfMemoryError),
+        }
     return value_of(got, f"retry_halving(step, {batch_size})")

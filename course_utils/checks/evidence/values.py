@@ -139,12 +139,12 @@ def value_of(value: Any, what: str) -> dict[str, Any]:
     return {"value": _crossing(value, 0, frozenset())}
 
 
-def raised(error: BaseException) -> dict[str, Any]:
+def exception_seen(error: BaseException) -> dict[str, Any]:
     """What the answer raised, as evidence: its class's name and module, the names of the
     built-in exceptions it is an instance of (``isinstance`` on the checker's side) and its
     message (the learner's text: :func:`course_utils.checks.said_by_your_code`).
 
-    >>> raised(ZeroDivisionError("division by zero"))["builtins"][:2]
+    >>> exception_seen(ZeroDivisionError("division by zero"))["builtins"][:2]
     ['ZeroDivisionError', 'ArithmeticError']
     """
     kind = type(error)
