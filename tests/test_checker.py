@@ -1,8 +1,9 @@
-"""Checks graded apart (issue 33): the verdict is computed by the grader's checker, a
-process no learner code runs in; the learner's runtime sends it plain data only, read by
-a restricted unpickler. Attempts of our own against such checks score 0; honest
-submissions score in full; a check marked ``# graded beside the answer:`` still runs in
-the learner's runtime (it sees what the answer does to the objects it passes)."""
+"""Every check is graded apart (issues 33 and 43): the verdict is computed by the grader's
+checker, a process no learner code runs in; the learner's runtime sends it plain data only.
+Attempts of our own against such checks score 0; honest submissions score in full; a check
+that needs the answer's own objects gets them observed where the answer runs (an observing
+half of course_utils.checks.evidence, in a child forked from the runtime) and still decides
+in the checker."""
 
 from __future__ import annotations
 
