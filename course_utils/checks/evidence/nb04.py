@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.evidence.values import raised, value_of
+from course_utils.checks.evidence.values import exception_seen, value_of
 from course_utils.classroom import MESSAGES_CHECKS, CheckFailed, without_course_helpers
 from course_utils.footprint import expected_optimizer_state_bytes, optimizer_state_bytes
 from course_utils.models import build_model
@@ -27,7 +27,7 @@ def answer_refusing(
     """What ``function(*args)`` gave with the course's ``helpers`` refused while it runs
     (:func:`~course_utils.classroom.without_course_helpers`): its value
     (:func:`~course_utils.checks.evidence.values.value_of`, ``what`` naming it), what it
-    raised (``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.raised`), or
+    raised (``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.exception_seen`), or
     ``{"refused": name}``: the helper it called. An unanswered exercise's
     ``NotImplementedError`` goes through.
 
@@ -48,7 +48,7 @@ def answer_refusing(
             refusal = MESSAGES_CHECKS["refused"].format(name=helper.__name__)
             if type(error) is CheckFailed and str(error) == refusal:
                 return {"refused": helper.__name__}
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
     return value_of(out, what)
 
 
@@ -146,7 +146,7 @@ def amp_step_run(
     first call (never cleared, wherever a step clears them) and autocast still on. The
     evidence: the first call's loss and update (flattened), the first layer's output dtype,
     the scale after the first call, and what the hooks saw; or what a call raised
-    (``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.raised`)."""
+    (``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.exception_seen`)."""
     where = torch.device(device)
     net, batches = amp_case(where)
     start, first = copy.deepcopy(net), cast(nn.Linear, net[0])
@@ -171,7 +171,7 @@ def amp_step_run(
     except NotImplementedError:  # not answered: the grader says so
         raise
     except Exception as error:  # PyTorch's error for a wrongly ordered step, or another
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
     return {
         "loss": value,
         "loss_detached": not (isinstance(loss, torch.Tensor) and loss.requires_grad),

@@ -17,7 +17,7 @@ from torch import nn
 
 from course_utils.checks.boundary import observed
 from course_utils.checks.evidence.nb04 import answer_refusing
-from course_utils.checks.evidence.values import impostor, raised, value_of
+from course_utils.checks.evidence.values import exception_seen, impostor, value_of
 from course_utils.models import build_model
 
 # ------------------------------------------------------- exercise (a): a LightningModule
@@ -64,7 +64,7 @@ def training_step_seen(module: Any, batch: Sequence[Any]) -> dict[str, Any]:
     numbers it holds), and, for a one-number loss that requires grad, its value with the
     network's logits on the batch, twice, and the targets: the deciding half tells a loss
     that is not the batch's cross-entropy. What else the step raised: ``{"raised": ...}``
-    (:func:`~course_utils.checks.evidence.values.raised`)."""
+    (:func:`~course_utils.checks.evidence.values.exception_seen`)."""
     seen: dict[str, Any] = {"asked optimizers": False, "backwards": 0, "nothing": False}
     seen.update(kind="", tensor=False, impostor=None, requires_grad=False, numel=0, loss=None)
     seen.update(logits=None, again=None, targets=None)
@@ -86,7 +86,7 @@ def training_step_seen(module: Any, batch: Sequence[Any]) -> dict[str, Any]:
             asked = "not attached to a `Trainer`" in str(error)
             if isinstance(error, RuntimeError) and asked and "optimizers" in _called_from(error):
                 return {**seen, "asked optimizers": True}
-            return {"raised": raised(error)}
+            return {"raised": exception_seen(error)}
         finally:
             torch.autograd.backward = original
     seen["backwards"], seen["nothing"] = len(backwards), out is None
@@ -115,7 +115,7 @@ def my_module_step(my_module: type, loader: Iterable[Any], image_size: int, lr: 
     except NotImplementedError:  # not answered: the grader says so
         raise
     except Exception as error:
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
     return training_step_seen(yours, next(iter(loader)))
 
 
@@ -162,7 +162,7 @@ def my_module_fit(my_module: type, loader: Iterable[Any], image_size: int, lr: f
     except NotImplementedError:  # not answered: the grader says so
         raise
     except Exception as error:
-        return {"raised": raised(error)}
+        return {"raised": exception_seen(error)}
     return {
         "optimizers": optimizers_seen(trainer.optimizers),
         "metrics": value_of(dict(trainer.callback_metrics), "trainer.callback_metrics"),
