@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from course_utils.device import pick_precision  # the course's own: refused
-from course_utils.footprint import optimizer_state_bytes
 from course_utils.language import Messages
 from course_utils.smi import sample_output
 
@@ -1261,64 +1259,6 @@ MESSAGES_04A = Messages(
 )
 
 
-def _adam_models() -> dict[str, nn.Module]:
-    """Exercise 04 (a)'s models: float32, bfloat16, float64, and one half frozen."""
-    frozen = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
-    frozen[0].requires_grad_(False)
-    return {
-        "a float32 nn.Linear(10, 5)": nn.Linear(10, 5),
-        "a bfloat16 nn.Linear(10, 5)": nn.Linear(10, 5).to(torch.bfloat16),
-        "a float64 nn.Linear(6, 3)": nn.Linear(6, 3).to(torch.float64),
-        "two Linear layers, the first frozen": frozen,
-    }
-
-
-def _adam_mistakes(model: nn.Module) -> tuple[int, dict[str, int]]:
-    """The right Adam state of ``model`` and what each usual mistake counts."""
-    every = list(model.parameters())
-    trainable = [p for p in every if p.requires_grad]
-    size = sum(p.numel() * p.element_size() for p in trainable)
-    right = 2 * size + 4 * len(trainable)
-    return right, {
-        "adam_state no step": 2 * size,
-        "adam_state one step": 2 * size + 4,
-        "adam_state four bytes": 2 * 4 * sum(p.numel() for p in trainable) + 4 * len(trainable),
-        "adam_state one average": size + 4 * len(trainable),
-        "adam_state frozen counted": 2 * sum(p.numel() * p.element_size() for p in every)
-        + 4 * len(every),
-        "adam_state gradients counted": 3 * size + 4 * len(trainable),
-        "adam_state elements": 2 * sum(p.numel() for p in trainable) + len(trainable),
-    }
-
-
-def check_adam_state(adam_state_bytes: Callable[[nn.Module], Any]) -> None:
-    """Exercise 04 (a): ``adam_state_bytes(model)`` on :func:`_adam_models`; the feedback
-    names the usual mistake every result matches (no step counter or one per model, 4 bytes
-    per element, one average, frozen parameters or gradients counted, elements for bytes),
-    else describes one model's result, never the bytes that model needs."""
-    models = _adam_models()
-    got: list[Any] = []
-    for label, model in models.items():
-        out, error = answer_and_error(adam_state_bytes, model)
-        check(error is None, MESSAGES_04A["adam_state raised"].format(model=label, error=error))
-        plain_value(out, f"adam_state_bytes({label})")
-        out = out.item() if isinstance(out, torch.Tensor) and out.numel() == 1 else out
-        check(
-            isinstance(out, int | float) and not isinstance(out, bool),
-            MESSAGES_04A["adam_state not a number"].format(model=label, got=out),
-        )
-        got.append(out)
-    counted = [_adam_mistakes(model) for model in models.values()]
-    right = [want for want, _ in counted]
-    if got == right:
-        return
-    values = {name: [each[name] for _, each in counted] for name in counted[0][1]}
-    name = matching_mistake(got, values, right, lambda a, b: a == b)
-    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if a != b)
-    label = list(models)[first]
-    raise CheckFailed(MESSAGES_04A[name or "adam_state wrong"].format(model=label, got=got[first]))
-
-
 #: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
 MESSAGES_07 = Messages(
     "07",
@@ -1643,51 +1583,4 @@ None, 3.0])
         check(
             recorded.get(field) == value,
             MESSAGES_02["parse H200 field"].format(field=field, got=recorded.get(field)),
-        )
-
-
-def check_same_parameters(
-    mine: torch.nn.Module,
-    theirs: torch.nn.Module,
-    when: str,
-    *,
-    rtol: float = 1e-5,
-    atol: float = 1e-8,
-) -> None:
-    """Check that each parameter of ``mine`` is close to the same parameter of ``theirs``
-    (the reference model), naming the first one that is not and ``when`` it was compared.
-
-    >>> check_same_parameters(torch.nn.Linear(2, 1), torch.nn.Linear(2, 1), "at the start")
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: your model's weight at the start ...
-    """
-    for (name, mine_p), theirs_p in zip(mine.named_parameters(), theirs.parameters(), strict=False):
-        check_close(mine_p, theirs_p, f"your model's {name} {when}", rtol=rtol, atol=atol)
-
-
-def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module], int]) -> None:
-    """Exercise 04 (a): Adam's averages take the parameters' dtype, so a bf16 and a float64
-    ``nn.Linear(10, 5)`` must give what a real Adam keeps after one step (not 4 bytes per
-    element).
-
-    >>> def right(model):
-    ...     state = sum(2 * p.numel() * p.element_size() for p in model.parameters())
-    ...     return state + 4 * len(list(model.parameters()))
-    >>> check_adam_state_follows_dtype(right)
-    >>> check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8)
-    Traceback (most recent call last):
-    ...
-    course_utils.classroom.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
-    """
-    for dtype in (torch.bfloat16, torch.float64):
-        layer = torch.nn.Linear(10, 5).to(dtype)
-        real = torch.optim.Adam(layer.parameters())
-        layer(torch.randn(2, 10, dtype=dtype)).sum().backward()
-        real.step()
-        want, got = optimizer_state_bytes(real), answer_or_error(adam_state_bytes, layer)
-        plain_value(got, f"adam_state_bytes(nn.Linear(10, 5).to({dtype}))")
-        check(
-            got == want,
-            MESSAGES_04A["adam_state dtype"].format(dtype=str(dtype)[6:], want=want, got=got),
         )

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,16 +35,12 @@ from torch.utils.data import DataLoader, Dataset
 from course_utils import monitor, progress
 from course_utils.batch import MaxBatchSize, Trial
 from course_utils.classroom import (
-    RULE_CAPABILITIES,
     CheckFailed,
     answer_or_error,
-    course_helpers_refused,
-    exact_tensor,
     is_raised,
     plain_value,
-    precision_rule_feedback,
 )
-from course_utils.device import AUTO, Precision, pick_device, pick_precision, precision_support
+from course_utils.device import AUTO, Precision, pick_device, pick_precision
 from course_utils.env import where_am_i
 from course_utils.footprint import PeakMemory, peak_memory
 from course_utils.language import Messages
@@ -639,7 +635,7 @@ def saved_step(path: Path | str) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
 
 
-# ------------------------------------------------------------ exercise 05 (a) feedback
+# ----------------------------------------------------------- exercise 05 feedback
 
 
 #: Notebook 05's check messages, by a stable name (see
@@ -715,143 +711,6 @@ MESSAGES_05 = Messages(
         "lost at step {ex_lost}, that is {ex_answer})",
     },
 )
-
-
-def _loss_mistake(module: pl.LightningModule, batch: Sequence[Any], loss: Any) -> str | None:
-    """What is wrong with ``loss``, the loss training_step returned on ``batch``, when it is
-    not the batch's plain cross-entropy: label smoothing (0.01 to 0.2), nll_loss of the raw
-    logits, or another value (``None``: the plain cross-entropy, or the model's logits could
-    not be computed again, alike, to tell)."""
-    network = getattr(module, "model", module)
-    try:
-        with torch.no_grad():
-            logits, targets = network(batch[0]), batch[1]
-            value = float(loss.detach())
-
-            def close(wanted: torch.Tensor) -> bool:
-                return math.isclose(value, float(wanted), rel_tol=1e-5)
-
-            def cross_entropy(smoothing: float = 0.0) -> torch.Tensor:
-                return nn.functional.cross_entropy(logits, targets, label_smoothing=smoothing)
-
-            if close(cross_entropy()):
-                return None
-            smoothing = next(
-                (s for s in (0.1, 0.05, 0.2, 0.15, 0.01) if close(cross_entropy(s))), None
-            )
-            if smoothing is not None:
-                return MESSAGES_05["label smoothing"].format(smoothing=smoothing)
-            if close(nn.functional.nll_loss(logits, targets)):
-                return MESSAGES_05["loss nll on logits"]
-            again = network(batch[0])  # a model that is not deterministic cannot tell
-            if not isinstance(logits, torch.Tensor) or not torch.equal(logits, again):
-                return None
-            return MESSAGES_05["loss not cross-entropy"].format(value=value)
-    except (RuntimeError, TypeError, ValueError, IndexError):  # not a classifier's batch
-        return None
-
-
-def training_step_mistake(module: pl.LightningModule, batch: Sequence[Any]) -> str | None:
-    """What is wrong with what ``module.training_step(batch, 0)`` returns, in plain words
-    (``None``: a loss tensor that backward can use, alone or as ``{"loss": ...}``). A
-    training_step that runs backward itself, or asks for the Trainer's optimizers, is told
-    that the Trainer does that part; a loss that is not the batch's cross-entropy is told
-    here, before :func:`logged_loss_mistake` looks at what was logged."""
-    backwards: list[int] = []
-    original = torch.autograd.backward
-
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        backwards.append(1)
-        return original(*args, **kwargs)
-
-    with warnings.catch_warnings():  # self.log outside a Trainer only warns
-        warnings.simplefilter("ignore")
-        torch.autograd.backward = watched  # Tensor.backward's too
-        try:
-            out = module.training_step(batch, 0)
-        except RuntimeError as error:
-            if "not attached to a `Trainer`" in str(error) and "optimizers" in _called_from(error):
-                return MESSAGES_05["training_step optimizers"]
-            raise
-        finally:
-            torch.autograd.backward = original
-    if backwards:
-        return MESSAGES_05["training_step backward"]
-    if out is None:
-        return MESSAGES_05["training_step returns nothing"]
-    loss = out.get("loss") if isinstance(out, dict) else out
-    if not isinstance(loss, torch.Tensor):
-        return MESSAGES_05["training_step not a tensor"].format(kind=type(loss).__name__)
-    exact_tensor(loss, "training_step(batch, 0)")  # its float() is compared
-    if not loss.requires_grad or loss.numel() != 1:
-        return MESSAGES_05["training_step cut off"]
-    # the loss itself before what is logged: a logged loss that is the returned one is right
-    return _loss_mistake(module, batch, loss)
-
-
-def _called_from(error: BaseException) -> list[str]:
-    """The names of the functions ``error``'s traceback passed through."""
-    names, frame = [], error.__traceback__
-    while frame is not None:
-        names.append(frame.tb_frame.f_code.co_name)
-        frame = frame.tb_next
-    return names
-
-
-def logged_loss_mistake(
-    metrics: Mapping[str, torch.Tensor], losses: Sequence[float], name: str = "train_loss"
-) -> str | None:
-    """What is wrong with the loss a module logged as ``name`` over steps whose batch losses
-    were ``losses`` (the plain loop's), in plain words (``None``: right). Each step's value
-    (``on_step=True``, the default in training_step, then ``name`` or ``name_step``) must be
-    the last batch's loss; the epoch's mean alone (``on_step=False, on_epoch=True``) is fine
-    too when it is the mean of the batches' losses."""
-    plain_value(dict(metrics), "trainer.callback_metrics")  # its keys and values are compared
-    step = metrics.get(f"{name}_step", metrics.get(name))
-    epoch = metrics.get(f"{name}_epoch")
-    if step is None:
-        return MESSAGES_05["log the loss"].format(name=name)
-    value, last, mean = float(step), losses[-1], sum(losses) / len(losses)
-    if f"{name}_step" in metrics or epoch is not None:  # on_step=True (on_epoch too, or not)
-        if math.isclose(value, last, rel_tol=1e-4):
-            return None
-        return MESSAGES_05["logged loss"].format(name=name, value=value, last=last)
-    if math.isclose(value, last, rel_tol=1e-4) or math.isclose(value, mean, rel_tol=1e-4):
-        return None  # each step's value, or (on_step=False, on_epoch=True) their mean
-    return MESSAGES_05["logged loss not the mean"].format(
-        name=name, value=value, last=last, steps=len(losses), mean=mean
-    )
-
-
-def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> None:
-    """Exercise 05 (b): ``precision_flag(capability)`` against the course's rule
-    (:func:`lightning_precision` of :func:`~course_utils.device.pick_precision`) on GPUs
-    from Kepler to Blackwell (:data:`~course_utils.classroom.RULE_CAPABILITIES`), with the
-    course's precision helpers refused while the learner's function runs (the exercise is
-    to write the rule); the feedback names the rule's usual mistake that the flags match
-    (:func:`~course_utils.classroom.precision_rule_feedback`)."""
-    helpers = {
-        "lightning_precision": lightning_precision,
-        "pick_precision": pick_precision,
-        "precision_support": precision_support,
-    }
-    with course_helpers_refused(helpers, *helpers):
-        got = {c: answer_or_error(precision_flag, c) for c in RULE_CAPABILITIES}
-    for capability, flag in got.items():
-        if is_raised(flag):
-            raise CheckFailed(
-                MESSAGES_05["precision_flag raised"].format(
-                    capability=f"{capability[0]}.{capability[1]}", error=flag
-                )
-            )
-        plain_value(flag, f"precision_flag({capability})")  # a dict key below
-    names = {flag: name for name, flag in LIGHTNING_PRECISION.items()}
-    feedback = precision_rule_feedback(
-        {c: names.get(flag) if isinstance(flag, str) else None for c, flag in got.items()},
-        {c: repr(flag) for c, flag in got.items()},
-    )
-    if feedback:  # names the rule's mistake, never the flag of the capability it names
-        raise CheckFailed(feedback)
 
 
 #: Example cases (every, lost_at) a message of exercise 05 (c) works through, by where the
@@ -954,23 +813,3 @@ def check_resume_step(
         feedback = _wasted_feedback(every, lost_at, got)
         if feedback:
             raise CheckFailed(feedback)
-
-
-def optimizer_mistake(optimizers: Sequence[torch.optim.Optimizer], lr: float) -> str | None:
-    """What is wrong with a Trainer's ``optimizers`` for plain SGD at ``lr``, in plain words
-    (``None``: one ``torch.optim.SGD``, no momentum or weight decay, learning rate ``lr``
-    before any scheduler changed it)."""
-    if len(optimizers) != 1:
-        return MESSAGES_05["optimizer count"].format(count=len(optimizers))
-    optimizer = optimizers[0]
-    if type(optimizer) is not torch.optim.SGD:
-        return MESSAGES_05["optimizer not SGD"].format(kind=type(optimizer).__name__)
-    group = plain_value(dict(optimizer.param_groups[0]), "optimizer.param_groups[0]")
-    used = group.get("initial_lr", group["lr"])  # a scheduler keeps the starting rate here
-    if not math.isclose(used, lr, rel_tol=1e-9):
-        return MESSAGES_05["optimizer lr"].format(used=used, lr=lr)
-    if group.get("momentum", 0.0) or group.get("nesterov"):
-        return MESSAGES_05["optimizer momentum"]
-    if group.get("weight_decay", 0.0):
-        return MESSAGES_05["optimizer weight decay"].format(decay=group["weight_decay"])
-    return None

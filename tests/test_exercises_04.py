@@ -11,14 +11,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
-from notebook_cells import grade_cell, messages_matching, run_cells
+from notebook_cells import grade_apart, grade_cell, messages_matching, run_cells
 from torch import nn
 
+from course_utils.checks.nb04 import run_amp_step_against_fp32
 from course_utils.classroom import (
     MESSAGES_04,
     MESSAGES_04A,
@@ -28,7 +30,6 @@ from course_utils.classroom import (
     passed,
 )
 from course_utils.footprint import optimizer_state_bytes
-from course_utils.techniques import run_amp_step_against_fp32
 
 NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_memory_efficient_models.ipynb"
 ce = nn.functional.cross_entropy
@@ -585,3 +586,102 @@ def test_one_step_counter_for_the_model_is_named(nb04):
 def test_adam_state_counted_on_a_real_optimizer_by_hand_passes(nb04, capsys):
     _check_a_b(nb04, "04-adam-state-check", "adam_state_bytes", adam_real_optimizer_counted_by_hand)
     assert "all checks passed" in capsys.readouterr().out
+
+
+# ------------------------- graded apart: the evidence beside the answer, the verdict apart
+
+
+def _reference_answer(name: str):
+    """The notebook's own answer ``name`` (its solution cell), defined in a namespace of its
+    own."""
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+             for c in nbformat.read(NB04, as_version=4).cells}
+    namespace = {"torch": torch, "nn": nn}
+    exec(cells[{"adam_state_bytes": "04-adam-state", "amp_step": "04-amp-step"}[name]], namespace)
+    return namespace[name]
+
+
+def _apart(nb04, grade_id, name, answer) -> dict:
+    return grade_apart(NB04, grade_id, dict(nb04, **{name: answer}))
+
+
+class Always(int):
+    """An int equal to everything (a number that would pass any comparison)."""
+
+    __eq__ = lambda self, other: True  # noqa: E731
+    __ne__ = lambda self, other: False  # noqa: E731
+    __hash__ = int.__hash__
+
+
+def adam_raises(model):
+    raise ValueError("no Adam here")
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (None, None),  # the notebook's answer
+        (adam_real_optimizer_counted_by_hand, None),
+        (adam_four_bytes, r"a bfloat16 nn.Linear\(10, 5\) .* as if every element took 4 bytes"),
+        (adam_one_counter, "one step counter for the model"),
+        (adam_by_course_counter, "called the course's own optimizer_state_bytes()"),
+        (adam_by_course_formula, "called the course's own expected_optimizer_state_bytes()"),
+        (adam_raises, r"^your function raised ValueError: \(your code's message\) \(on a float32"),
+        (lambda model: Always(0), r"should be of type int, but it is of type Always$"),
+    ],
+    ids=["reference", "by-hand", "four-bytes", "one-counter", "course-counter", "course-formula",
+         "raises", "lying-int"],
+)
+def test_adam_state_graded_apart(nb04, answer, feedback):
+    """04 (a) across the grader's boundary: the answer runs in the learner's runtime with
+    the course's counters refused there; the verdict, and every expected value, is the
+    checker's. A value that equals anything fails: the evidence says its type, and it never
+    reaches the comparison."""
+    verdict = _apart(nb04, "04-adam-state-check", "adam_state_bytes",
+                     answer or _reference_answer("adam_state_bytes"))
+    if feedback is None:
+        assert verdict["status"] == "completed", verdict
+        return
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    assert re.search(feedback, verdict["evalue"]), verdict
+
+
+def _step_and_lie(model, opt, scaler, x, y, dtype=torch.float16, max_norm=1.0):
+    """No step at all, and a loss equal to everything."""
+    return Always(0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "name"),
+    [
+        (None, None),  # the notebook's answer
+        (zero_grad_at_the_start, None),
+        (no_clipping, "amp_step no clipping"),
+        (clip_before_unscale, "amp_step clipped scaled"),
+        (unscaled_backward, "amp_step scale is None"),
+        (no_autocast, "amp_step no autocast"),
+        (optimizer_step_itself, ""),  # the overflowing step was not skipped
+        (loss_with_its_graph, ""),
+        (_step_and_lie, ""),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_amp_step_graded_apart(nb04, answer, name):
+    """04 (c) across the grader's boundary: the two steps, the hooks and the scaler run in
+    the learner's runtime; the float32 reference and each clipping mistake's update are
+    computed in the checker from the same seeded model and batches."""
+    verdict = _apart(nb04, "04-amp-step-check", "amp_step", answer or _reference_answer("amp_step"))
+    if name is None:
+        assert verdict["status"] == "completed", verdict
+        return
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    if name:
+        assert messages_matching(verdict["evalue"], MESSAGES_04) == [name], verdict
+    if answer is unscaled_backward:  # PyTorch's words are the runtime's: never shown
+        assert verdict["evalue"].endswith("(PyTorch raised: (your code's message))"), verdict
+    if answer is optimizer_step_itself:
+        assert "must be skipped" in verdict["evalue"], verdict
+    if answer is loss_with_its_graph:
+        assert "return the loss detached" in verdict["evalue"], verdict
+    if answer is _step_and_lie:
+        assert "did not move" in verdict["evalue"] or "autocast" in verdict["evalue"], verdict

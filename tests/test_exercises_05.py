@@ -7,6 +7,7 @@ learner's ``MyModule`` defined in the same namespace.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from notebook_cells import grade_cell, messages_matching, run_cells
+from notebook_cells import grade_apart, grade_cell, messages_matching, run_cells
 from torch import nn
 
 from course_utils.classroom import MESSAGES_PRECISION_RULE, CheckFailed
@@ -571,3 +572,116 @@ def test_each_resume_mistake_is_named_and_no_other(nb05, name):
     message = str(failure.value)
     named = set(messages_matching(message, MESSAGES_05)) - {"resume raised"}  # matches any
     assert named == {name}, message
+
+
+# ------------------------- graded apart: the evidence beside the answer, the verdict apart
+
+
+@pytest.fixture
+def apart(monkeypatch):
+    """``grade_apart`` on notebook 05. Its Colab cell imports ``google.colab``, absent here:
+    the grader imports the checks' modules skipping one it cannot import
+    (``checker.prepare``), and so does this (until ``grade_apart`` does it itself)."""
+    real = importlib.import_module
+
+    def lenient(name, package=None):
+        try:
+            return real(name, package)
+        except ModuleNotFoundError:
+            if name.split(".")[0] != "google":
+                raise
+            return None
+
+    monkeypatch.setattr(importlib, "import_module", lenient)
+    return lambda grade_id, namespace: grade_apart(NB05, grade_id, namespace)
+
+
+def _notebook_answer(grade_id: str, name: str):
+    """The notebook's own answer ``name`` (its solution cell ``grade_id``)."""
+    namespace = {"pl": pl, "nn": nn, "torch": torch}
+    exec(_grade_cell(grade_id), namespace)
+    return namespace[name]
+
+
+class LyingLoss(Right):  # a loss tensor of a subclass: it could answer any comparison
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        self.log("train_loss", loss)
+        return loss.as_subclass(_Agreeable)
+
+
+class _Agreeable(torch.Tensor):
+    """A tensor subclass (whatever it would answer)."""
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (None, None),  # the notebook's MyModule
+        (RightDictWithScheduler, None),
+        (StepAndEpoch, None),
+        (IgnoresLr, "optimizer lr"),
+        (ReturnsNothing, "training_step returns nothing"),
+        (ManualStep, "training_step optimizers"),
+        (ManualBackward, "training_step backward"),
+        (LogsDoubled, "logged loss not the mean"),
+        (WrongLoss, "loss nll on logits"),
+        (LyingLoss, "of type _Agreeable, a subclass of torch.Tensor"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_my_module_graded_apart(nb05, apart, answer, feedback):
+    """05 (a) across the grader's boundary: the learner's class is built, stepped by hand and
+    fitted by a Trainer in the learner's runtime; the plain loop's reference training and
+    every comparison are the checker's."""
+    answer = answer or _notebook_answer("05-training-step", "MyModule")
+    verdict = apart("05-training-step-check", dict(nb05, MyModule=answer))
+    if feedback is None:
+        assert verdict["status"] == "completed", verdict
+        return
+    assert verdict["status"] == "failed" and verdict["ename"] == "CheckFailed", verdict
+    if answer is LyingLoss:  # the evidence says its type: it never reaches a comparison
+        assert feedback in verdict["evalue"], verdict
+    else:
+        assert feedback in messages_matching(verdict["evalue"], MESSAGES_05), verdict
+
+
+def _flag_raises(capability):
+    raise ValueError("no flag for this GPU")
+
+
+@pytest.mark.parametrize(
+    ("answer", "feedback"),
+    [
+        (None, None),  # the notebook's precision_flag
+        (flag_by_major, None),
+        (PRECISION_FLAG_MISTAKES["precision as text"], "compared as text"),
+        (PRECISION_FLAG_MISTAKES["precision from 7.5"], "not at 7.5"),
+        (flag_by_course_helpers, "called the course's own pick_precision()"),
+        (flag_by_support, "called the course's own precision_support()"),
+        (_flag_raises, r"compute capability 3.7: your function raised ValueError: \(your code's"),
+        (lambda capability: _LyingText(flag_by_tuples(capability)),
+         r"precision_flag\(\(3, 7\)\) should be of type str, but it is of type _LyingText"),
+    ],
+    ids=["reference", "by-major", "as-text", "from-7.5", "course-rule", "course-support",
+         "raises", "lying-str"],
+)
+def test_precision_flag_graded_apart(nb05, apart, answer, feedback):
+    """05 (b) across the grader's boundary: the learner's function runs in the learner's
+    runtime with the course's precision helpers refused there; the rule's verdict is the
+    checker's. A flag that equals anything fails: it never reaches the comparison."""
+    answer = answer or _notebook_answer("05-precision-flag", "precision_flag")
+    verdict = apart("05-precision-flag-check", dict(nb05, precision_flag=answer))
+    if feedback is None:
+        assert verdict["status"] == "completed", verdict
+        return
+    assert verdict["status"] == "failed", verdict
+    assert re.search(feedback, verdict["ename"] + ": " + verdict["evalue"]), verdict
+
+
+class _LyingText(str):
+    """A str equal to everything."""
+
+    __eq__ = lambda self, other: True  # noqa: E731
+    __ne__ = lambda self, other: False  # noqa: E731
+    __hash__ = str.__hash__

@@ -1,6 +1,7 @@
-"""The check messages of classroom, distributed, lightning, capstone and techniques are kept
-in Messages tables (course_utils/language.py): every name the code looks up is in its table,
-and a wrong answer gets its feedback from the learner's language's catalog."""
+"""The check messages of classroom, distributed, lightning, capstone, techniques and the
+checks' deciding halves (course_utils.checks.nbNN) are kept in Messages tables
+(course_utils/language.py): every name the code looks up is in its table, and a wrong answer
+gets its feedback from the learner's language's catalog."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import course_utils.checks
 from course_utils import capstone, classroom, distributed, language, lightning, techniques
 from course_utils.checks import nb01
 from course_utils.checks import nb03 as checks_nb03
+from course_utils.checks import nb04 as checks_nb04
 from course_utils.checks import nb06 as checks_nb06
 from course_utils.checks import nb07 as checks_nb07
 from course_utils.checks import nb08 as checks_nb08
@@ -84,12 +86,12 @@ def test_the_names_made_by_code_are_in_their_tables():
         )
         if (tensor, mistake) != ("mask", "blocking")  # the mask is not pinned
     ]
-    names += [(classroom.MESSAGES_04, name) for name in techniques._AMP_STEP_ERRORS.values()]
-    names += [(classroom.MESSAGES_04, name) for name in techniques._CLIPPING_MISTAKES]
+    names += [(classroom.MESSAGES_04, name) for name in checks_nb04._AMP_STEP_ERRORS.values()]
+    names += [(classroom.MESSAGES_04, name) for name in checks_nb04._CLIPPING_MISTAKES]
     names += [(classroom.MESSAGES_01, name) for name in nb01._time_it_mistakes([1.0], [1.0])]
     names += [(classroom.MESSAGES_04, n) for n in classroom._largest_batch_mistakes(9, 1, 2)]
     names += [
-        (classroom.MESSAGES_04A, n) for n in classroom._adam_mistakes(torch.nn.Linear(1, 1))[1]
+        (classroom.MESSAGES_04A, n) for n in checks_nb04._adam_mistakes(torch.nn.Linear(1, 1))[1]
     ]
     names += [(distributed.MESSAGES_06, name) for name in distributed.RANK_MISTAKES]
     names += [(classroom.MESSAGES_PRECISION_RULE, n) for n in classroom.PRECISION_RULE_MISTAKES]
@@ -170,14 +172,14 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         classroom.MESSAGES_04,
         "amp_step scale is None",
         "লসের বদলে scaler.scale(loss) এর উপর backward ডাকুন (PyTorch তুলেছে: {error})",
-        lambda: techniques._call_learner_step(_unscaled_backward),
+        lambda: checks_nb04.run_amp_step_against_fp32(_unscaled_backward),
     ),
     "04a": (
         classroom.MESSAGES_04A,
         "adam_state dtype",
         "একটি {dtype} nn.Linear(10, 5) পায় {want} বাইট Adam অবস্থা, {got} নয়: প্রতি উপাদানে "
         "p.element_size() বাইট",
-        lambda: classroom.check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8),
+        lambda: checks_nb04.check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8),
     ),
     "05": (
         lightning.MESSAGES_05,

@@ -21,9 +21,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from course_utils import capstone, classroom, lightning, transformer_checks
-from course_utils.checks import nb01, nb02, nb03, nb07
+from course_utils.checks import nb01, nb02, nb03, nb04, nb05, nb07
 from course_utils.checks import nb08 as checks_nb08
 from course_utils.checks import nb09 as checks_09
+from course_utils.checks.evidence import nb05 as evidence05
 from course_utils.classroom import CheckFailed, plain_value
 from course_utils.fake_nvml import FakeNvml
 from course_utils.profiling import LoopProfile
@@ -170,14 +171,14 @@ def _adam_bytes(model):
 
 
 def test_check_adam_state():
-    _fails_as_plain("Yes", lambda: classroom.check_adam_state(lambda model: Yes(0)))
+    _fails_as_plain("Yes", lambda: nb04.check_adam_state(lambda model: Yes(0)))
     for idiom in (int, float, torch.tensor):
-        classroom.check_adam_state(lambda model, idiom=idiom: idiom(_adam_bytes(model)))
+        nb04.check_adam_state(lambda model, idiom=idiom: idiom(_adam_bytes(model)))
 
 
 def test_check_adam_state_follows_dtype():
-    _fails_as_plain("Yes", lambda: classroom.check_adam_state_follows_dtype(lambda m: Yes(0)))
-    classroom.check_adam_state_follows_dtype(_adam_bytes)
+    _fails_as_plain("Yes", lambda: nb04.check_adam_state_follows_dtype(lambda m: Yes(0)))
+    nb04.check_adam_state_follows_dtype(_adam_bytes)
 
 
 def test_check_after_empty_cache():
@@ -580,8 +581,8 @@ def _flag(capability):
 
 
 def test_check_precision_flag():
-    _fails_as_plain("Lying", lambda: lightning.check_precision_flag(lambda c: Lying(_flag(c))))
-    lightning.check_precision_flag(_flag)
+    _fails_as_plain("Lying", lambda: nb05.check_precision_flag(lambda c: Lying(_flag(c))))
+    nb05.check_precision_flag(_flag)
 
 
 def _resume(every, lost_at):
@@ -600,25 +601,22 @@ def test_check_resume_step():
 
 def test_optimizer_mistake_reads_the_learning_rate_as_a_plain_value():
     params = [nn.Parameter(torch.ones(2))]
-    _fails_as_plain(
-        "Close", lambda: lightning.optimizer_mistake([torch.optim.SGD(params, lr=Close(9.0))], 0.1)
-    )
-    assert lightning.optimizer_mistake([torch.optim.SGD(params, lr=0.1)], 0.1) is None
-    assert "momentum" in str(
-        lightning.optimizer_mistake([torch.optim.SGD(params, lr=0.1, momentum=0.9)], 0.1)
-    )
+    def mistake(optimizers, lr):  # the evidence of the Trainer's optimizers, then the verdict
+        return nb05.optimizer_mistake(evidence05.optimizers_seen(optimizers), lr)
+
+    _fails_as_plain("Close", lambda: mistake([torch.optim.SGD(params, lr=Close(9.0))], 0.1))
+    assert mistake([torch.optim.SGD(params, lr=0.1)], 0.1) is None
+    assert "momentum" in str(mistake([torch.optim.SGD(params, lr=0.1, momentum=0.9)], 0.1))
 
 
 def test_logged_loss_mistake_reads_the_metrics_as_plain_values():
     agreeable = torch.tensor(0.1).as_subclass(Agreeable)
-    _fails_as_plain(
-        "Agreeable", lambda: lightning.logged_loss_mistake({"train_loss": agreeable}, [0.5])
-    )
+    _fails_as_plain("Agreeable", lambda: nb05.logged_loss_mistake({"train_loss": agreeable}, [0.5]))
     _fails_as_plain(
         "Lying",
-        lambda: lightning.logged_loss_mistake({Lying("train_loss"): torch.tensor(0.5)}, [0.5]),
+        lambda: nb05.logged_loss_mistake({Lying("train_loss"): torch.tensor(0.5)}, [0.5]),
     )
-    assert lightning.logged_loss_mistake({"train_loss": torch.tensor(0.5)}, [0.7, 0.5]) is None
+    assert nb05.logged_loss_mistake({"train_loss": torch.tensor(0.5)}, [0.7, 0.5]) is None
 
 
 class _Stepper(nn.Module):
@@ -634,11 +632,10 @@ class _Stepper(nn.Module):
 
 def test_training_step_mistake_reads_the_loss_as_a_plain_tensor():
     batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
-    _fails_as_plain(
-        "Agreeable",
-        lambda: lightning.training_step_mistake(
-            _Stepper(lambda t: t.as_subclass(Agreeable)), batch
-        ),
-    )
+    def mistake(module, batch):  # the evidence of a training_step, then the verdict
+        return nb05.training_step_mistake(evidence05.training_step_seen(module, batch))
+
+    agreeable = _Stepper(lambda loss: loss.as_subclass(Agreeable))
+    _fails_as_plain("Agreeable", lambda: mistake(agreeable, batch))
     for wrap in (lambda loss: loss, lambda loss: {"loss": loss}):
-        assert lightning.training_step_mistake(_Stepper(wrap), batch) is None
+        assert mistake(_Stepper(wrap), batch) is None

@@ -241,7 +241,7 @@ def _notebook_04_cells(*ids, **names):
     """Run notebook 04's cells ``ids`` in a fresh namespace (with ``names``); return it."""
     import nbformat
 
-    from course_utils.techniques import run_amp_step_against_fp32
+    from course_utils.checks.nb04 import run_amp_step_against_fp32
 
     cells = {c.get("id"): c.source for c in nbformat.read(NOTEBOOK_04, as_version=4).cells}
     namespace = {
