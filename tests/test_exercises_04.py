@@ -594,8 +594,10 @@ def test_adam_state_counted_on_a_real_optimizer_by_hand_passes(nb04, capsys):
 def _reference_answer(name: str):
     """The notebook's own answer ``name`` (its solution cell), defined in a namespace of its
     own."""
-    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
-             for c in nbformat.read(NB04, as_version=4).cells}
+    cells = {
+        c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+        for c in nbformat.read(NB04, as_version=4).cells
+    }
     namespace = {"torch": torch, "nn": nn}
     exec(cells[{"adam_state_bytes": "04-adam-state", "amp_step": "04-amp-step"}[name]], namespace)
     return namespace[name]
@@ -629,16 +631,28 @@ def adam_raises(model):
         (adam_raises, r"^your function raised ValueError: \(your code's message\) \(on a float32"),
         (lambda model: Always(0), r"should be of type int, but it is of type Always$"),
     ],
-    ids=["reference", "by-hand", "four-bytes", "one-counter", "course-counter", "course-formula",
-         "raises", "lying-int"],
+    ids=[
+        "reference",
+        "by-hand",
+        "four-bytes",
+        "one-counter",
+        "course-counter",
+        "course-formula",
+        "raises",
+        "lying-int",
+    ],
 )
 def test_adam_state_graded_apart(nb04, answer, feedback):
     """04 (a) across the grader's boundary: the answer runs in the learner's runtime with
     the course's counters refused there; the verdict, and every expected value, is the
     checker's. A value that equals anything fails: the evidence says its type, and it never
     reaches the comparison."""
-    verdict = _apart(nb04, "04-adam-state-check", "adam_state_bytes",
-                     answer or _reference_answer("adam_state_bytes"))
+    verdict = _apart(
+        nb04,
+        "04-adam-state-check",
+        "adam_state_bytes",
+        answer or _reference_answer("adam_state_bytes"),
+    )
     if feedback is None:
         assert verdict["status"] == "completed", verdict
         return

@@ -601,6 +601,7 @@ def test_check_resume_step():
 
 def test_optimizer_mistake_reads_the_learning_rate_as_a_plain_value():
     params = [nn.Parameter(torch.ones(2))]
+
     def mistake(optimizers, lr):  # the evidence of the Trainer's optimizers, then the verdict
         return nb05.optimizer_mistake(evidence05.optimizers_seen(optimizers), lr)
 
@@ -632,6 +633,7 @@ class _Stepper(nn.Module):
 
 def test_training_step_mistake_reads_the_loss_as_a_plain_tensor():
     batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
+
     def mistake(module, batch):  # the evidence of a training_step, then the verdict
         return nb05.training_step_mistake(evidence05.training_step_seen(module, batch))
 

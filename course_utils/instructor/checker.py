@@ -520,14 +520,11 @@ class Channel:
         run in the learner's runtime, in a process forked at the check's place, on these
         arguments: plain data only comes back (:meth:`load`). What the instruments found
         tampered with there fails the check (:class:`Tampered`)."""
-        try:
-            self.send(("observe", module, name, args, kwargs))
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise AnswerError(
-                f"the check could not pass its arguments to {name} ({error}): pass the "
-                "answer, the notebook's objects and plain data only"
-            ) from None
-        header, blob = self.reply()
+        header, blob = self._request(
+            ("observe", module, name, args, kwargs),
+            name,
+            "pass the answer, the notebook's objects and plain data only",
+        )
         kind = header["kind"]
         if kind == "data" and blob is not None:
             return self.load(blob, f"the evidence of {name} holds")
@@ -542,6 +539,19 @@ class Channel:
                 f"({_text(header.get('why'))})"
             )
         raise AnswerError(not_plain_message(f"the evidence of {name} holds"))
+
+    def _request(
+        self, message: tuple[Any, ...], name: str, hint: str
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """Send a call or an observation of ``name`` and read its reply; arguments that
+        cannot be sent are an :class:`AnswerError` that says so (``hint``: what can)."""
+        try:
+            self.send(message)
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise AnswerError(
+                f"the check could not pass its arguments to {name} ({error}): {hint}"
+            ) from None
+        return self.reply()
 
     def _raise_again(self, header: dict[str, Any], name: str) -> None:
         """What the learner's code raised (``header``), raised again here, marked as the
@@ -609,15 +619,12 @@ class Channel:
             return None
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            self.send(("call", name, args, kwargs))
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise AnswerError(
-                f"the check could not pass its arguments to {name} ({error}): a check that "
-                "passes functions or objects to the answer does so in an observing half "
-                "(course_utils.checks.evidence)"
-            ) from None
-        header, blob = self.reply()
+        header, blob = self._request(
+            ("call", name, args, kwargs),
+            name,
+            "a check that passes functions or objects to the answer does so in an observing "
+            "half (course_utils.checks.evidence)",
+        )
         kind = header["kind"]
         if kind == "data" and blob is not None:
             return self.load(blob, f"{name} returned")
@@ -887,7 +894,10 @@ def start(
                 with contextlib.suppress(OSError):
                     os.close(fd)
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (never closed)
-        own_user = os.geteuid() == 0 and _others_can_read(sys.prefix, sandbox._PACKAGE_DIR)
+        stdlib = os.path.dirname(os.__file__)  # the interpreter's own modules (cProfile ...)
+        own_user = os.geteuid() == 0 and _others_can_read(
+            sys.prefix, sys.base_prefix, stdlib, sandbox._PACKAGE_DIR
+        )
         user = sandbox.UID_BASE + 2 * 2**22 + grader if own_user else None
         os.chdir(folder)
         _isolate(folder, procs, limits, user)

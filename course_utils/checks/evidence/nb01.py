@@ -32,6 +32,7 @@ from course_utils.checks.boundary import observed
 from course_utils.classroom import (
     MESSAGES_CHECKS,
     CheckFailed,
+    _is_numpy_scalar,
     course_helpers_refused,
     record_autocast,
 )
@@ -95,16 +96,6 @@ def _type_key(kind: type) -> str:
     return f"{module}.{qualname}" if found is kind else ""
 
 
-@functools.cache
-def _numpy_scalar_types(numpy: Any) -> frozenset[type]:
-    return frozenset(numpy.sctypeDict.values())
-
-
-def _numpy_scalar(kind: type) -> bool:
-    numpy = sys.modules.get("numpy")  # not imported: the value cannot be one of its scalars
-    return numpy is not None and kind in _numpy_scalar_types(numpy)
-
-
 #: A subclass of a built-in scalar type's value, as the built-in type holds it.
 _RAW: dict[type, Callable[[Any], Any]] = {
     int: int.__int__,
@@ -135,7 +126,7 @@ class _Seeing:
             return ("dv", str(value))
         if kind is torch.dtype:
             return ("dt", str(value).removeprefix("torch."))
-        if _numpy_scalar(kind):
+        if _is_numpy_scalar(kind):
             item = value.item()
             return ("np", name, item) if type(item) in _SCALARS else ("O", key, name)
         base = next((b for b in _CONTAINERS if issubclass(kind, b)), None)
