@@ -1,6 +1,7 @@
 """How long grade-class takes for a class of generated submissions, sequentially
 (``--jobs 1``) and in parallel (the default ``--jobs``: one more than the CPU cores), in
-one run, with the grader's protections on (each check run by the kernel's guard).
+one run, with the grader's protections on (every check decided by the grader's checker;
+the third observes the answer in a child forked from the learner's runtime).
 
 The class: CLASS_SIZE learners, one notebook each, against a generated instructor notebook
 with three exercises that use torch (as the course's do): solved, unsolved, half solved,
@@ -56,26 +57,47 @@ EXERCISES = [
     (
         "def count_params(model):\n    ### BEGIN SOLUTION\n"
         "    return sum(p.numel() for p in model.parameters())\n    ### END SOLUTION",
+        # evidence observed with the answer (a child forked from the learner's runtime)
         "import torch\nfrom course_utils.classroom import check, passed\n"
-        "check(count_params(torch.nn.Linear(10, 5)) == 55, 'Linear(10, 5) has 55')\n"
-        "passed('count_params')",
+        "from course_utils.checks.evidence.common import results_of\n"
+        "[seen] = results_of(count_params, [((torch.nn.Linear(10, 5),), {})])\n"
+        "check(seen['returned'] == 55, 'Linear(10, 5) has 55')\npassed('count_params')",
     ),
 ]
 
 
 def instructor() -> nbformat.NotebookNode:
     notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
+    notebook.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     notebook.cells.append(nbformat.v4.new_markdown_cell("# Generated exercises"))
     for number, (solution, check) in enumerate(EXERCISES, 1):
         notebook.cells.append(nbformat.v4.new_markdown_cell(f"## Exercise {number}"))
         base = {"schema_version": 3, "task": False, "grade_id": f"b-{number}"}
-        notebook.cells.append(nbformat.v4.new_code_cell(solution, metadata={"nbgrader": {
-            **base, "solution": True, "grade": False, "locked": False}}))
-        notebook.cells.append(nbformat.v4.new_code_cell(check, metadata={"nbgrader": {
-            **base, "grade_id": f"b-{number}-check", "solution": False, "grade": True,
-            "locked": True, "points": 1}}))
+        notebook.cells.append(
+            nbformat.v4.new_code_cell(
+                solution,
+                metadata={"nbgrader": {**base, "solution": True, "grade": False, "locked": False}},
+            )
+        )
+        notebook.cells.append(
+            nbformat.v4.new_code_cell(
+                check,
+                metadata={
+                    "nbgrader": {
+                        **base,
+                        "grade_id": f"b-{number}-check",
+                        "solution": False,
+                        "grade": True,
+                        "locked": True,
+                        "points": 1,
+                    }
+                },
+            )
+        )
     return notebook
 
 
