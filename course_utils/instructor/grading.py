@@ -6,10 +6,12 @@ The learner's cells run in order in a fresh CPU kernel (``COURSE_WORKLOAD=small`
 scratch folder, sandboxed when bubblewrap works (:mod:`course_utils.instructor.sandbox`). A cell
 past its limit or that kills the kernel gets a fresh kernel replaying the cells that had
 succeeded; when the whole run's time is up, the checks not yet run score 0. The checks do
-not run as cells: :mod:`course_utils.instructor.guard`, armed before any learner code, runs each one
-out of reach of what the learner's cells changed, and sends its signed verdict back; a
-check scores its ``points`` when that verdict says it ran to its end without an exception
-and nothing it depends on was tampered with. Tampering is reported in
+not run as cells, nor in any process that runs learner code: the cells run again in the
+judge (:mod:`course_utils.instructor.judge`, the learner's runtime, guarded), and each check
+is decided by the checker (:mod:`course_utils.instructor.checker`) from plain data, evidence
+observed with the answer included (:mod:`course_utils.checks`); a check scores its
+``points`` when the checker's verdict says it ran to its end without an exception and
+nothing it observed with was tampered with. Tampering is reported in
 :attr:`GradeReport.tampering` (docs/instructor-guide.md, "Threat model").
 """
 

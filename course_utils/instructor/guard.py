@@ -108,11 +108,11 @@ _LIBRARIES = tuple(
 _QUOTE = _json.encode_basestring_ascii
 
 
-def encode_verdict(message: dict[str, Any]) -> str:
+def encode_message(message: dict[str, Any]) -> str:
     """JSON for a message of strings, numbers and lists of strings, written with C
     functions only (a learner's ``json.dumps = ...`` changes nothing).
 
-    >>> encode_verdict({"kind": "flag", "what": ["a", 'b"']})
+    >>> encode_message({"kind": "flag", "what": ["a", 'b"']})
     '{"kind":"flag","what":["a","b\\\\""]}'
     """
     parts = []
@@ -362,7 +362,7 @@ class _Guard:
 
     # -- reporting --------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
-        data = (encode_verdict(message) + "\n").encode()
+        data = (encode_message(message) + "\n").encode()
         while data:
             written = self.write(self.fd, data)
             data = data[written:]
@@ -482,7 +482,7 @@ class _Guard:
             return
         if what == "apart":
             self.inspect(str(args[1]))
-        elif what == "at":  # where the judge is, signed: a learner's line is a forgery
+        elif what == "at":  # where the judge is (advice on time: learner code could say it too)
             self.send({"kind": "at", "cell": str(args[1])})
         elif what == "done":
             self.send({"kind": "done"})
@@ -587,14 +587,16 @@ def _ipython_transform() -> Callable[[str], str]:
 
 
 def arm(spec: dict[str, Any], namespace: dict[str, Any], fd: int, observer: Any = None) -> None:
-    """Arm the guard in the judge, before any learner code: ``spec`` has ``key`` (hex),
-    ``checks`` (grade id: ``source``, ``pinned`` names, ``builtins`` names) and ``modules``
-    to record; ``namespace`` is where the learner's cells run; ``fd`` the pipe to the
-    grader. Afterwards only the audit hook holds the guard."""
+    """Arm the guard in the judge, before any learner code: ``spec`` has ``checks`` (grade
+    id: ``pinned`` names, ``builtins`` names; never their source) and ``modules`` to record;
+    ``namespace`` is where the learner's cells run; ``fd`` the pipe to the grader;
+    ``observer`` the code of the judge's function that forks an observing child (only it
+    may ask for the instruments to be verified). Afterwards only the audit hook holds the
+    guard."""
     guard = _Guard(spec, namespace, fd)
-    guard.runner = sys._getframe(1).f_code  # only this code (the judge's loop) runs checks
+    guard.runner = sys._getframe(1).f_code  # only this code (the judge's loop) says where it is
     guard.observer = observer  # only this code asks for the instruments to be verified
-    spec.clear()  # the key and the checks' source live on only inside the guard
+    spec.clear()  # what the guard was told lives on only inside it
     sys.addaudithook(guard.hook)
     guard.send({"kind": "armed", "modules": sorted(guard.record.modules)})
     package = sys.modules.get("course_utils.instructor")

@@ -221,7 +221,7 @@ def run_judge(argv: list[str]) -> None:
     guard.arm(spec, namespace, fd, observer=_observe.__code__)
     del guard, spec
     for number, cell in enumerate(cells):
-        sys.audit(event, "at", str(number), "")  # the guard says it, signed
+        sys.audit(event, "at", str(number), "")  # the guard says it (advice on time)
         if cell["kind"] == "apart":
             sys.audit(event, "apart", cell["grade_id"], "")  # the guard's findings: flags
             _serve(namespace, requests, replies, cell["grade_id"])
