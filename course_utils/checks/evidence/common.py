@@ -22,10 +22,9 @@ def results_of(answer: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]])
     >>> results_of(lambda m: m.in_features, [((torch.nn.Linear(3, 2),), {})])[0]["arguments"]
     [None]
     """
-    # lazy: the guard imports this module before any learner code, and it stays light
-    import copy
+    import copy  # lazy: only an observation needs it
 
-    from course_utils.instructor.checker import plain
+    from course_utils.instructor.checker import plain  # lazy: the checker's own module
 
     seen = []
     for args, kwargs in calls:
