@@ -17,7 +17,7 @@
 #      OUT=/some/dir bash .ci/gpu-record-device.sh [SECONDS] [GPU_RECORD_OPTION...]
 #    SECONDS (default $GPU_SLOT_S, else 570) is the time this script is given, all included:
 #    the install, the checks, the record's budget (what is left less a margin to stop and
-#    pack) and the copying out. If `course_utils.gpu_record.missing_packages()` names
+#    pack) and the copying out. If `course_utils.tooling.gpu_record.missing_packages()` names
 #    anything, installs exactly that from .gpu-wheels/ into a scratch environment that sees
 #    this Python's own packages (torch stays the machine's; nothing else changes, no
 #    network), then runs `python -m course_utils gpu-record`, which copies the record to $OUT
@@ -103,7 +103,7 @@ if [ -z "${COURSE_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1 && [ -f "
   COURSE_COMMIT=$(cat "$WHEELS/commit.txt"); export COURSE_COMMIT  # a copy without .git
 fi
 
-if ! missing=$("$PY" -c 'from course_utils.gpu_record import missing_packages; print(" ".join(missing_packages()))' 2>>"$LOG"); then
+if ! missing=$("$PY" -c 'from course_utils.tooling.gpu_record import missing_packages; print(" ".join(missing_packages()))' 2>>"$LOG"); then
   say "error: could not ask $PY what is missing (see log.txt)"; exit 1
 fi
 echo "${missing:-nothing}" >"$OUT/missing.txt"

@@ -1,7 +1,7 @@
-"""``python -m course_utils``: see :mod:`course_utils.cli`."""
+"""``python -m course_utils``: see :mod:`course_utils.tooling.cli`."""
 
 import sys
 
-from course_utils.cli import main
+from course_utils.tooling.cli import main
 
 sys.exit(main())

@@ -140,7 +140,7 @@ def _show(verdict: ClaimVerdict) -> None:
 
 def claims_in_notebook(notebook: dict[str, Any]) -> list[ClaimVerdict]:
     """The GPU claims' verdicts recorded in an executed notebook, in order."""
-    from course_utils.report import output_data  # lazy: report imports IPython
+    from course_utils.measurements import output_data  # lazy: it imports IPython
 
     found = []
     for data in output_data(notebook):

@@ -12,8 +12,8 @@ import urllib.parse
 import nbformat
 import pytest
 
-from course_utils import colab
-from course_utils.cli import main
+from course_utils.tooling import colab
+from course_utils.tooling.cli import main
 
 OLD_REPO, OLD_REF = "somebody/course", "main"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

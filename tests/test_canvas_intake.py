@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from test_grader import _instructor
 
-from course_utils.cli import main
 from course_utils.instructor.adjust import LatePolicy, adjust, days_late, late_policy
 from course_utils.instructor.intake import collect, match_notebook, unpack_zip
 from course_utils.instructor.student import InputError, student_version, write_notebook
+from course_utils.tooling.cli import main
 
 NOTEBOOKS = ["01_runtime_and_devices.ipynb", "03_data_loading.ipynb", "03_data_loading_extra.ipynb"]
 

@@ -16,13 +16,13 @@ import nbformat
 import pytest
 from test_grader import _instructor
 
-from course_utils.cli import main
 from course_utils.instructor import gradebook
 from course_utils.instructor.grading import CheckResult, GradeReport, _read_judge
 from course_utils.instructor.intake import unpack_zip
 from course_utils.instructor.paths import OutsideOutput, safe_name, under
 from course_utils.instructor.similarity import OWN_CODE, RUNS_TEXT, runs_text, similar_pairs
 from course_utils.instructor.student import read_notebook, write_notebook
+from course_utils.tooling.cli import main
 
 
 def _fake_grade(submission: Path, source: Path, **_: object) -> tuple[GradeReport, object]:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from test_grader import _instructor, _meta, _notebook
 
-from course_utils.cli import main
 from course_utils.instructor.canvas import POINTS_POSSIBLE, parse_columns, write_canvas
 from course_utils.instructor.gradebook import write_gradebook
 from course_utils.instructor.shards import parse_shard, share
 from course_utils.instructor.similarity import similar_pairs
 from course_utils.instructor.student import InputError, student_version, write_notebook
+from course_utils.tooling.cli import main
 
 # An exercise long enough to copy: an AMP training step (the instructor's solution).
 STEP = """def train_step(model, batch, optimizer, scaler):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from course_utils.classroom import CheckFailed, check, check_close, passed, record_tensor_to
-from course_utils.cli import main
 from course_utils.instructor.student import RAISES_TAG, nbgrader_role, student_version
+from course_utils.tooling.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

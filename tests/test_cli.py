@@ -10,8 +10,8 @@ import sys
 import pytest
 from conftest import NO_GPU_ENV
 
-from course_utils import cli
-from course_utils.cli import main
+from course_utils.tooling import cli
+from course_utils.tooling.cli import main
 
 
 def run_cli(*args, env=None):
@@ -102,7 +102,7 @@ def test_smi_output_that_cannot_be_parsed_is_bad_input(tmp_path):
 HIDE_AND_RUN = """
 import sys
 sys.modules[sys.argv[1]] = None  # "import <module>" now fails, as when it is not installed
-from course_utils.cli import main
+from course_utils.tooling.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

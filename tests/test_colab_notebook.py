@@ -27,7 +27,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from test_colab_setup import PROJECT_SITE, _make_venv, _make_view, _offline_build_env
 
-from course_utils import colab
+from course_utils.tooling import colab
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "01_runtime_and_devices.ipynb"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.colab import retarget_course
+from course_utils.tooling.colab import retarget_course
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "colab_setup.sh"

@@ -298,7 +298,7 @@ def test_ddp_on_two_gpus_uses_nccl(tmp_path):
 
 
 def test_ddp_check_rejects_bad_input_with_one_error_line(capsys):
-    from course_utils.cli import main
+    from course_utils.tooling.cli import main
 
     assert main(["ddp-check", "--nproc", "0"]) == 2  # bad input
     error = capsys.readouterr().err

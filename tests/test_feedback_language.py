@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import translate
 from course_utils.language import LANGUAGE_VAR, LANGUAGES
+from course_utils.tooling import translate
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = {

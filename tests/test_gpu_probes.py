@@ -1,4 +1,5 @@
-"""The GPU probes (``course_utils.gpu_probes``) and their step in ``gpu-record``, with no GPU.
+"""The GPU probes (``course_utils.tooling.gpu_probes``) and their step in ``gpu-record``,
+with no GPU.
 
 On this CPU machine every probe says ``skipped: no GPU`` at once. Probes that raise or
 hang are recorded as ``error``/``timeout`` and the run goes on; a probes' process that is
@@ -21,10 +22,10 @@ from types import SimpleNamespace
 import pytest
 from test_gpu_record import SAMPLES, FakeClock, fake_t4, stand_in  # noqa: F401
 
-from course_utils import gpu_probes, gpu_record
-from course_utils.gpu_probes import PROBES, Probe, run_probes
 from course_utils.records import RecordError, load_records, validate_record
-from course_utils.records.compare import comparison_page
+from course_utils.tooling import gpu_probes, gpu_record
+from course_utils.tooling.gpu_probes import PROBES, Probe, run_probes
+from course_utils.tooling.record_compare import comparison_page
 
 SAMPLE = SAMPLES / "gpu-record-SAMPLE-tesla-t4-x1-20261204-090000.json"
 
@@ -257,5 +258,5 @@ def test_every_probe_says_which_finding_it_checks():
 
 def test_the_probe_command_runs_this_python(tmp_path):
     command = gpu_probes.probe_command(Path(tmp_path / "p.json"), 99.6)
-    assert command[:3] == [sys.executable, "-m", "course_utils.gpu_probes"]
+    assert command[:3] == [sys.executable, "-m", "course_utils.tooling.gpu_probes"]
     assert command[-2:] == ["--budget-s", "100"]

@@ -26,10 +26,11 @@ import tomllib
 from conftest import NO_GPU_ENV
 from test_gpu_review import T4, Driver
 
-from course_utils import device, gpu_record, nvml, records
-from course_utils.cli import main
+from course_utils import device, nvml, records
 from course_utils.records import RecordError, load_record, load_records, validate_record
-from course_utils.records.compare import comparison_page
+from course_utils.tooling import gpu_record
+from course_utils.tooling.cli import main
+from course_utils.tooling.record_compare import comparison_page
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -64,7 +65,7 @@ def stand_in(folder: Path, name: str, *sources: str) -> Path:
 
 
 MEASURE_AND_CLAIM = f"""
-from course_utils.report import record_measurement
+from course_utils.measurements import record_measurement
 from course_utils.claims import gpu_claim
 import os
 record_measurement("GPT training: tokens per second", 41000.0, "tokens/s", label={LABEL!r})
@@ -341,7 +342,7 @@ sys.path.insert(0, {str(ROOT / "tests")!r})
 import torch
 from test_gpu_review import Driver, T4
 from course_utils import device, nvml
-from course_utils.cli import main
+from course_utils.tooling.cli import main
 nvml._pynvml = Driver([T4], 13000)
 torch.backends.cuda.is_built = lambda: True
 torch.cuda.is_initialized = lambda: False
@@ -486,7 +487,7 @@ def test_the_comparison_page_puts_every_recorded_gpu_side_by_side():
 
 
 def test_the_report_shows_each_notebooks_recorded_gpu_figures(tmp_path):
-    from course_utils.report import Measurement, NotebookResult, write_report
+    from course_utils.tooling.report import Measurement, NotebookResult, write_report
 
     cpu = [Measurement("GPT training: tokens per second (fp32)", 950.0, "tokens/s", "CPU")]
     results = [
@@ -502,7 +503,7 @@ def test_the_report_shows_each_notebooks_recorded_gpu_figures(tmp_path):
 @pytest.mark.slow
 def test_the_site_builds_the_gpu_comparison_page_from_the_records(tmp_path):
     pytest.importorskip("mkdocs")
-    from course_utils.site import build_site
+    from course_utils.tooling.site import build_site
 
     notebooks = tmp_path / "notebooks"
     stand_in(notebooks, "01_tiny.ipynb", "x = 1")

@@ -18,9 +18,10 @@ import torch
 from test_gpu_record import MEASURE_AND_CLAIM, fake_gpu_python, small_tests, stand_in
 from test_gpu_review import T4, Driver
 
-from course_utils import device, gpu_probes, gpu_record, nvml
-from course_utils.gpu_probes import PROBES, Probe
+from course_utils import device, nvml
 from course_utils.records import load_record
+from course_utils.tooling import gpu_probes, gpu_record
+from course_utils.tooling.gpu_probes import PROBES, Probe
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".ci" / "gpu-record-device.sh"
@@ -59,7 +60,7 @@ SMALL_GPU = {**T4, "name": "NVIDIA GeForce RTX 3070", "uuid": "GPU-3070", "cc": 
 
 def test_g1_without_ipython_the_check_names_what_is_missing_instead_of_crashing():
     code = WITHOUT_IPYTHON + (
-        "from course_utils.gpu_record import missing_packages\n"
+        "from course_utils.tooling.gpu_record import missing_packages\n"
         "from course_utils.claims import gpu_claim\n"
         "print(missing_packages())\n"
         "gpu_claim('x', 2.0, at_least=1.0, why='w', label='l')\n"
@@ -94,7 +95,7 @@ def test_g5_g8_on_colab_the_notebooks_setup_cells_pass_and_a_small_gpu_runs_cpu_
     fake_gpu(monkeypatch, [SMALL_GPU])
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261201-060000_RC00")
     setup = first_code_cell(ROOT / "notebooks" / "01_runtime_and_devices.ipynb")
-    measure = "import os\nfrom course_utils.report import record_measurement\n"
+    measure = "import os\nfrom course_utils.measurements import record_measurement\n"
     measure += "record_measurement('workload', os.environ['COURSE_WORKLOAD'], label='here')"
     stand_in(tmp_path / "notebooks", "09_tiny.ipynb", setup, measure)
     settings = gpu_record.Settings(out=tmp_path / "out", notebooks=[tmp_path / "notebooks"],
@@ -155,7 +156,7 @@ def test_g13_a_probe_past_its_limit_ends_its_process_and_the_rest_run_in_a_fresh
 
     child = (
         "import json, sys\n"
-        "from course_utils.gpu_probes import PROBES, entry\n"
+        "from course_utils.tooling.gpu_probes import PROBES, entry\n"
         "out, only = sys.argv[1], (sys.argv[2].split(',') if len(sys.argv) > 2 else None)\n"
         "probes = [p for p in PROBES if only is None or p.name in only]\n"
         "found = [entry(probes[0], 'ok' if only else 'timeout', 1.0)]\n"

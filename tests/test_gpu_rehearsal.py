@@ -87,7 +87,7 @@ def test_the_record_rehearsed_as_a_lent_machine_runs_it_passes_every_notebook(tm
     python = machine_python(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTHON"))}
     lacks = subprocess.run(
-        [str(python), "-c", "from course_utils.gpu_record import missing_packages as m; "
+        [str(python), "-c", "from course_utils.tooling.gpu_record import missing_packages as m; "
          "print(' '.join(m()))"], cwd=ROOT, capture_output=True, text=True, env=env, check=True,
     ).stdout.split()  # fmt: skip
     assert "ipython" in lacks and "torch" not in lacks and "lightning" not in lacks

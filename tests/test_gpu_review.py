@@ -18,10 +18,10 @@ import torch
 from test_footprint import ESTIMATE_FACTOR, GPU_BREAKDOWN_BAND, GPU_BREAKDOWN_BATCH
 
 from course_utils import batch, device, nvml, workload
-from course_utils.cli import main
 from course_utils.footprint import activation_estimate
 from course_utils.models import build_model
 from course_utils.oom import is_out_of_memory
+from course_utils.tooling.cli import main
 from course_utils.units import MIB
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_grader import _instructor
 
-from course_utils.cli import main
 from course_utils.instructor.gradebook import find_submissions
 from course_utils.instructor.student import student_version, write_notebook
+from course_utils.tooling.cli import main
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.cli import main
 from course_utils.instructor.grading import GradeReport, grade_submission
 from course_utils.instructor.student import student_version, write_notebook
+from course_utils.tooling.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

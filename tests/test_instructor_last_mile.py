@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import publish
 from course_utils.instructor.gradebook import Task, _answers
 from course_utils.instructor.similarity import OWN_CODE, SOLUTION, boilerplate, similar_pairs
 from course_utils.instructor.student import nbgrader_role, read_notebook, write_notebook
+from course_utils.tooling import publish
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB1 = "01_runtime_and_devices.ipynb"
@@ -298,7 +298,7 @@ def test_an_anonymous_download_is_mapped_through_the_api_and_times_are_per_noteb
 
 @pytest.mark.slow
 def test_an_anonymous_zip_grades_with_per_notebook_lateness_from_the_api(tmp_path, capsys):
-    from course_utils.cli import main
+    from course_utils.tooling.cli import main
 
     made = _anonymous_class(tmp_path)
     lab1 = _api(
@@ -454,7 +454,8 @@ def test_the_grader_does_not_print_torchs_no_cuda_runtime_warning():
 
 
 def test_the_call_for_a_gpu_record_goes_to_contributors_not_learners(capsys):
-    from course_utils import records, report
+    from course_utils import records
+    from course_utils.tooling import report
 
     assert records.recorded_gpu_figures("05", records=[]) == []
     said = capsys.readouterr().out

@@ -36,7 +36,7 @@ def test_make_lab_reads_the_course_config_that_turns_nbgrader_off():
 
 
 def test_make_lab_opens_the_student_versions_and_keeps_a_learners_work(tmp_path):
-    from course_utils.publish import answers_left
+    from course_utils.tooling.publish import answers_left
 
     folder = tmp_path / "mine"
     commands = _lab_commands("lab", f"LAB_DIR={folder}")

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from babel.messages.pofile import read_po
 
-from course_utils import language, translate
+from course_utils import language
 from course_utils.checks.nb01 import check_time_it_median
 from course_utils.classroom import MESSAGES_01, CheckFailed
 from course_utils.language import LANGUAGE_VAR, LANGUAGES, Messages, translated
+from course_utils.tooling import translate
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGS = sorted((ROOT / "translations").glob("*/*.po"))
@@ -164,8 +165,8 @@ def test_every_message_is_translated(code):
 def test_a_language_sites_home_page_is_the_readmes_course_part_translated(tmp_path):
     """The README's introduction and its Colab and Notebooks sections, block by block: the
     translation where there is one, the English under the marker where not; not the rest."""
-    from course_utils import site
-    from course_utils.colab import README_BADGE_LINE
+    from course_utils.tooling import site
+    from course_utils.tooling.colab import README_BADGE_LINE
 
     readme = (
         f"# Course\n\n{README_BADGE_LINE}\n\n"

@@ -11,7 +11,7 @@ import pytest
 import tomllib
 import yaml
 
-from course_utils import colab
+from course_utils.tooling import colab
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from course_utils import colab, publish, translate
+from course_utils.tooling import colab, publish, translate
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "publish.yml"

@@ -8,14 +8,12 @@ import math
 
 import pytest
 
-from course_utils.report import (
-    MEASUREMENT_MIME,
-    Measurement,
+from course_utils.measurements import MEASUREMENT_MIME, Measurement, record_measurement
+from course_utils.tooling.report import (
     NotebookResult,
     Plot,
     measurements_in_notebook,
     plots_in_notebook,
-    record_measurement,
     write_report,
 )
 
@@ -34,7 +32,7 @@ def test_a_cell_ending_with_record_measurement_shows_the_line_once():
     try:
         shell.display_pub.publish = lambda data, **_: shown.append(data)
         result = shell.run_cell(
-            "from course_utils.report import record_measurement\n"
+            "from course_utils.measurements import record_measurement\n"
             "record_measurement('speed-up', 2.5, 'x', label='CPU')",
             store_history=True,
         )

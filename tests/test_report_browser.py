@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from course_utils.report import Measurement, NotebookResult, Plot, write_report
+from course_utils.tooling.report import Measurement, NotebookResult, Plot, write_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MAGENTA = (1.0, 0.0, 1.0)  # a colour nothing else on the page uses

@@ -8,7 +8,7 @@ import json
 import nbformat
 import pytest
 
-from course_utils.runner import find_notebooks, run_course
+from course_utils.tooling.runner import find_notebooks, run_course
 
 
 def write_notebook(path, *sources):
@@ -25,7 +25,7 @@ def test_run_course_runs_all_notebooks_and_reports_failures(tmp_path, monkeypatc
     notebooks.mkdir()
     write_notebook(
         notebooks / "01_ok.ipynb",
-        "from course_utils.report import record_measurement\nimport os",
+        "from course_utils.measurements import record_measurement\nimport os",
         "record_measurement('answer', 42, 'units', label='measured here')",
         "assert os.environ['COURSE_WORKLOAD'] == 'small'",
         "assert os.environ['COURSE_PROGRESS'] == 'line'  # one line per long helper, no widget",
@@ -76,8 +76,8 @@ def test_reuse_keeps_a_copy_whose_inputs_did_not_change(tmp_path, monkeypatch):
     file, the package or the workload changed, or when its last run failed."""
     import nbformat as nbf
 
-    from course_utils import runner
-    from course_utils.report import NotebookResult
+    from course_utils.tooling import runner
+    from course_utils.tooling.report import NotebookResult
 
     source = tmp_path / "notebooks"
     source.mkdir()

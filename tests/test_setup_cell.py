@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from course_utils.colab import setup_cell_source
+from course_utils.tooling.colab import setup_cell_source
 
 GOOD = 'echo "$COURSE_REPO@$COURSE_REF" > "$RAN_LOG"\n'
 GOOD_SHA = hashlib.sha256(GOOD.encode()).hexdigest()

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from test_report_browser import browser, magenta_pixels, magenta_plot
 
-from course_utils.report import Measurement, NotebookResult, write_report
+from course_utils.tooling.report import Measurement, NotebookResult, write_report
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("mkdocs")
@@ -178,7 +178,7 @@ def chromium(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    from course_utils.site import build_site
+    from course_utils.tooling.site import build_site
 
     work = tmp_path_factory.mktemp("site")
     make_notebooks(work / "notebooks")
@@ -217,7 +217,7 @@ ARABIC_CELL = (
 
 
 def translate_tiny_into_arabic(notebook: Path, translations: Path) -> None:
-    from course_utils import translate
+    from course_utils.tooling import translate
 
     translate.update_catalog("ar", notebook, translations)
     path = translate.catalog_path("ar", notebook, translations)
@@ -294,7 +294,7 @@ def test_a_browser_shows_the_plot_and_the_search_finds_a_notebook(site, tmp_path
 
 
 def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_path, capsys):
-    from course_utils.cli import main
+    from course_utils.tooling.cli import main
 
     (tmp_path / "notebooks").mkdir()
     status = main(
@@ -306,8 +306,8 @@ def test_without_executed_notebooks_the_command_says_run_make_course_first(tmp_p
 
 
 def test_the_learners_site_shows_lessons_as_run_but_no_answer(tmp_path):
-    from course_utils.colab import README_BADGE_LINE
-    from course_utils.site import SITE_BADGE_LINE, stage
+    from course_utils.tooling.colab import README_BADGE_LINE
+    from course_utils.tooling.site import SITE_BADGE_LINE, stage
 
     notebook = executed_notebook("01_ex", [])
     lesson = nbformat.v4.new_code_cell(
@@ -362,7 +362,7 @@ SAMPLES = {"bn": "Bengali", "ne": "Devanagari", "ar": "Arabic"}  # the script of
 
 
 def test_each_language_has_its_site_and_the_switcher_opens_the_same_page(site):
-    from course_utils.translate import NOT_YET
+    from course_utils.tooling.translate import NOT_YET
 
     for language in SAMPLES:
         for page in ("index.html", "notebooks/01_tiny.html", "notebooks/01_tiny.ipynb"):
@@ -535,7 +535,7 @@ def test_a_browser_draws_arabic_right_to_left_with_code_left_to_right_and_real_g
 ):
     import os
 
-    from course_utils.translate import NOT_YET
+    from course_utils.tooling.translate import NOT_YET
 
     fonts = subprocess.run(["fc-list"], capture_output=True, text=True).stdout
     if "Noto Sans Bengali" not in fonts:
@@ -661,7 +661,7 @@ def test_built_arabic_notebooks_read_right_to_left_in_jupyterlabs_stylesheet(ste
     from babel.messages.pofile import read_po, write_po
     from nbconvert import HTMLExporter
 
-    from course_utils import translate
+    from course_utils.tooling import translate
 
     catalogs = translate.TRANSLATIONS
     if stem == "untranslated":

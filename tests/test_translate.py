@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from babel.messages.catalog import Catalog
 
-from course_utils import translate
-from course_utils.cli import main
-from course_utils.translate import (
+from course_utils.tooling import translate
+from course_utils.tooling.cli import main
+from course_utils.tooling.translate import (
     LANGUAGES,
     TRANSLATIONS,
     catalog_path,
@@ -151,7 +151,7 @@ def test_catalogs_pass_msgfmt_check_with_a_percent_sign_translated(tmp_path):
 
 
 def test_publishing_the_badges_does_not_make_a_catalog_stale(tmp_path, catalogs):
-    from course_utils.colab import badge_line
+    from course_utils.tooling.colab import badge_line
 
     notebook = _notebook(NB01)
     lines = "".join(notebook["cells"][0]["source"]).split("\n")
@@ -401,7 +401,7 @@ def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(tm
 
 
 def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
-    from course_utils.colab import badge_line
+    from course_utils.tooling.colab import badge_line
 
     notebook = _notebook(NB01)
     lines = "".join(notebook["cells"][0]["source"]).split("\n")
@@ -424,7 +424,7 @@ def test_a_published_title_cell_gets_its_own_language_badge(catalogs):
 def test_a_published_arabic_title_cell_keeps_its_title_and_gets_its_badge(catalogs):
     # the right to left wrapping adds lines above the title: the badge must still replace
     # the translator's badge line, not the title
-    from course_utils.colab import badge_line
+    from course_utils.tooling.colab import badge_line
 
     notebook = _notebook(NB01)
     lines = "".join(notebook["cells"][0]["source"]).split("\n")
@@ -517,7 +517,7 @@ def test_the_student_version_of_a_translated_notebook_strips_the_answers(tmp_pat
     import nbformat
 
     from course_utils.instructor.student import student_version
-    from course_utils.publish import answers_left
+    from course_utils.tooling.publish import answers_left
 
     _translate(catalogs, "ne", NB01, _glossed("ne"))
     (built,) = translate.build("ne", [NB01], tmp_path / "ne", catalogs)

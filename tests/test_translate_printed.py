@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from babel.messages.catalog import Catalog, Message
 
-from course_utils import translate
-from course_utils.translate import printed_texts, python_literal, translated_code
+from course_utils.tooling import translate
+from course_utils.tooling.translate import printed_texts, python_literal, translated_code
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

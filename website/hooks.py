@@ -12,7 +12,7 @@
   an anchor that matches no heading); each entry takes the id and text of its heading.
 - The language switcher (Material's ``extra.alternate``) opens the same page in each of
   the course's languages (one site each: English at the top, ``bn/``, ``ar/``, ``ne/``;
-  ``course_utils.site.build_site`` passes them in ``extra.course_sites``), or that
+  ``course_utils.tooling.site.build_site`` passes them in ``extra.course_sites``), or that
   language's home page where the page is English only; every link relative.
 - A page in a language whose interface is Material's English (Nepali) still says its
   content's language: ``<html lang="ne">``.

@@ -70,7 +70,7 @@ from course_utils.instructor.similarity import (
     write_similarity,
 )
 from course_utils.instructor.student import InputError, read_notebook, write_notebook
-from course_utils.runner import find_notebooks
+from course_utils.tooling.runner import find_notebooks
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
 COURSE_NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

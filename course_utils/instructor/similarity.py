@@ -113,7 +113,7 @@ def own_code(
 #: the same in the instructor's text, so no k-gram spans two cells (two learners who kept
 #: the same two given cells next to each other share nothing there).
 _CELL_BREAK = "\n" + "(" * 16 + ")" * 16 + "  # -- next cell --\n"
-#: The tag of the setup cell (:mod:`course_utils.colab`), whose form fields publish fills in.
+#: The tag of the setup cell (:mod:`course_utils.tooling.colab`): publish fills in its fields.
 SETUP_TAG = "colab-setup"
 #: A form field's value (``NAME = "..."``, as the setup cell writes them).
 _FIELD = re.compile(r'^([A-Z][A-Z0-9_]*) = "[^"\n]*"', re.MULTILINE)

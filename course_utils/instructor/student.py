@@ -19,7 +19,7 @@ from typing import Any
 
 import nbformat
 
-from course_utils.runner import find_notebooks
+from course_utils.tooling.runner import find_notebooks
 
 #: The tag that lets a cell fail without stopping "Run all", nbclient or nbval.
 RAISES_TAG = "raises-exception"

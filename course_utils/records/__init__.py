@@ -1,8 +1,8 @@
 """GPU records: the course run on real GPUs, kept in the package and shown beside CPU runs.
 
 A GPU record is one JSON file written by ``python -m course_utils gpu-record`` (see
-:mod:`course_utils.gpu_record`): the machine (GPU, driver, CUDA, torch...), each notebook's
-status and time, every figure it recorded with :func:`course_utils.report.record_measurement`
+:mod:`course_utils.tooling.gpu_record`): the machine (GPU, driver, CUDA, torch...), each notebook's
+status and time, every figure it recorded with :func:`course_utils.measurements.record_measurement`
 and every GPU claim's verdict. Records shipped with the course live in this folder
 (``course_utils/records/*.json``; its README says how to add one); :func:`load_records`
 reads them, :func:`validate_record` checks one against ``schema.json``, and

@@ -32,7 +32,6 @@ from typing import Any
 from babel.messages.catalog import Catalog, Message
 from babel.messages.pofile import normalize, read_po, unescape, write_po
 
-from course_utils.colab import SETUP_TAG, translated_badge_line
 from course_utils.language import (
     _FIELD,
     LANGUAGE_VAR,
@@ -42,8 +41,9 @@ from course_utils.language import (
     Messages,
     template_fields,
 )
+from course_utils.tooling.colab import SETUP_TAG, translated_badge_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TRANSLATIONS = ROOT / "translations"
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -289,7 +289,7 @@ def _blocks(text: str) -> Iterator[str]:
 def readme_entries(text: str) -> list[tuple[str, str]]:
     """``(context, block)`` of each block of the README's course part (not its Colab line:
     each site page has its own badge)."""
-    from course_utils.colab import is_badge_line  # lazy: as in _badge_line_index
+    from course_utils.tooling.colab import is_badge_line  # lazy: as in _badge_line_index
 
     entries: list[tuple[str, str]] = []
     section, kept, count = "intro", True, 0
@@ -335,7 +335,7 @@ def update_documents(language: str, root: Path = TRANSLATIONS) -> list[UpdateRes
 
 
 # --- The title cell's badge line -------------------------------------------------------
-# Cell 0's third line is written by ``python -m course_utils badges`` (course_utils.colab),
+# Cell 0's third line is written by ``python -m course_utils badges`` (course_utils.tooling.colab),
 # not by an author: it changes when the course is published. Catalogs hold it in its
 # committed form (TITLE_BADGE_LINE), so publishing never makes a catalog stale; a built
 # notebook gets its own language's badge line.
@@ -347,7 +347,7 @@ TITLE_BADGE_LINE = (
 
 
 def _badge_line_index(text: str) -> int | None:
-    from course_utils.colab import is_badge_line  # lazy: colab imports nothing heavy
+    from course_utils.tooling.colab import is_badge_line  # lazy: colab imports nothing heavy
 
     lines = text.split("\n")
     for index in range(min(3, len(lines))):
@@ -1010,7 +1010,7 @@ def translated_notebook(
         else:
             text = translated_text(language, english, message)
         cell["source"] = text.splitlines(keepends=True)
-    # after the title and the Colab setup cell (which must stay cell 1: course_utils.colab)
+    # after the title and the Colab setup cell (which must stay cell 1: course_utils.tooling.colab)
     cells = built["cells"]
     setup = len(cells) > 1 and SETUP_TAG in cells[1].get("metadata", {}).get("tags", [])
     cells.insert(2 if setup else 1, language_cell(language))

@@ -26,9 +26,9 @@ from typing import Any, NoReturn
 
 # These import the standard library only: the quick commands start fast.
 from course_utils import smi, workload
-from course_utils.colab import is_commit, retarget_course, script_at_ref
 from course_utils.instructor.sandbox import Limits
-from course_utils.site import build_site
+from course_utils.tooling.colab import is_commit, retarget_course, script_at_ref
+from course_utils.tooling.site import build_site
 from course_utils.units import GIB
 
 PROG = "python -m course_utils"
@@ -270,7 +270,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from course_utils.env import doctor, format_doctor  # lazy: imports torch
 
     if args.require_gpu:
-        from course_utils.gpu_record import require_gpu  # lazy: imports torch
+        from course_utils.tooling.gpu_record import require_gpu  # lazy: imports torch
 
         require_gpu()
     report = doctor()
@@ -320,7 +320,7 @@ def _badges(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from course_utils.publish import publish  # lazy: nbgrader (student versions)
+    from course_utils.tooling.publish import publish  # lazy: nbgrader (student versions)
 
     done = publish(
         args.root,
@@ -344,14 +344,14 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _run_notebooks(args: argparse.Namespace) -> int:
-    from course_utils.runner import run_course  # lazy: imports nbclient (notebooks extra)
+    from course_utils.tooling.runner import run_course  # lazy: imports nbclient (notebooks extra)
 
     failed = run_course(args.paths, args.out, args.workload, args.cell_timeout, reuse=args.reuse)
     return min(1, failed)
 
 
 def _gpu_record(args: argparse.Namespace) -> int:
-    from course_utils import gpu_record  # lazy: keeps the other commands' start fast
+    from course_utils.tooling import gpu_record  # lazy: keeps the other commands' start fast
 
     limits = {"--budget-s": args.budget_s, "--notebook-timeout-s": args.notebook_timeout_s}
     limits["--tests-timeout-s"] = args.tests_timeout_s
@@ -524,7 +524,7 @@ def _grade_merge(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from course_utils import translate  # lazy: Babel
+    from course_utils.tooling import translate  # lazy: Babel
 
     if args.lang is not None and args.lang not in translate.LANGUAGES:
         raise ValueError(f"unknown language {args.lang!r}: one of {', '.join(translate.LANGUAGES)}")

@@ -2,17 +2,18 @@
 
 The README (landing page), the notebooks as ``make course`` executed them, the instructor
 guide, the run report and the GPU comparison (the GPU records shipped in
-``course_utils/records/``, :mod:`course_utils.records.compare`) are staged in a temporary
+``course_utils/records/``, :mod:`course_utils.tooling.record_compare`) are staged in a temporary
 folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
 nothing from another host and works from disk or under any sub-path. The site is for
 learners: its notebooks are student versions (no solution, no hidden check, no exercise
 output), unless built with ``answers=True`` (``--answers``).
 
-The course in each of its other languages (:data:`course_utils.translate.LANGUAGES`) is a
+The course in each of its other languages (:data:`course_utils.tooling.translate.LANGUAGES`) is a
 site of its own in ``LANG/`` beside the English one (``bn/``, ``ar/``, ``ne/``): the same
-executed notebooks, their markdown translated (:func:`course_utils.translate.translated_notebook`:
-outputs kept), in Material's interface in that language (English for Nepali, which
-Material lacks; the pages still say ``lang="ne"``), Arabic right to left. Every page's
+executed notebooks, their markdown translated
+(:func:`course_utils.tooling.translate.translated_notebook`: outputs kept), in Material's
+interface in that language (English for Nepali, which Material lacks; the pages still say
+``lang="ne"``), Arabic right to left. Every page's
 language switcher (Material's ``extra.alternate``) opens the same page in each language
 where it has one, else that language's home page. (One mkdocs build per language:
 mkdocs-static-i18n renders notebooks as raw JSON, ultrabug/mkdocs-static-i18n#198.)
@@ -27,11 +28,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from course_utils.colab import README_BADGE_LINE
 from course_utils.records import Record, load_records
-from course_utils.records.compare import comparison_page
+from course_utils.tooling.colab import README_BADGE_LINE
+from course_utils.tooling.record_compare import comparison_page
 
-WEBSITE = Path(__file__).resolve().parent.parent / "website"
+WEBSITE = Path(__file__).resolve().parents[2] / "website"
 # Shipped with every site (website/): styles, the Colab badge, the search shim for file://
 ASSETS = ("course.css", "colab-badge.svg", "iframe-worker/shim.js", "iframe-worker/LICENSE")
 
@@ -171,7 +172,7 @@ def stage_language(
     """Lay out the pages of the site in ``language`` under ``docs``: each executed notebook
     in ``notebooks`` with its markdown translated (outputs kept; student versions unless
     ``answers``) and a home page listing them; return mkdocs's ``nav``."""
-    from course_utils import translate  # lazy: Babel
+    from course_utils.tooling import translate  # lazy: Babel
 
     executed = sorted(notebooks.glob("*.ipynb")) if notebooks.is_dir() else []
     if not executed:
@@ -205,7 +206,7 @@ def stage_language(
 def _readme_in(language: str, root: Path) -> list[str]:
     """The README's course part in ``language`` (translate.readme_entries), block by block:
     the translation, or the English under the "not yet translated" marker."""
-    from course_utils import translate  # lazy: Babel
+    from course_utils.tooling import translate  # lazy: Babel
 
     readme = root / "README.md"
     if not readme.is_file():
@@ -232,7 +233,9 @@ def _build(docs: Path, out: Path, nav: list[NavItem], language: str, sites: dict
     from mkdocs.commands.build import build  # lazy: optional (site extra)
     from mkdocs.config import load_config
 
-    from course_utils.translate import RIGHT_TO_LEFT  # lazy: Babel, only when a site is built
+    from course_utils.tooling.translate import (
+        RIGHT_TO_LEFT,  # lazy: Babel, only when a site is built
+    )
 
     config = load_config(
         str(WEBSITE / "mkdocs.yml"), docs_dir=str(docs), site_dir=str(out.resolve()), nav=nav
@@ -261,7 +264,7 @@ def build_site(
     landing page. ``root`` is the course checkout (README, docs); ``records``: the GPU
     records to compare (default: those shipped in the package); ``answers`` False: a
     site for learners (see the module doc)."""
-    from course_utils.translate import LANGUAGES  # lazy: Babel
+    from course_utils.tooling.translate import LANGUAGES  # lazy: Babel
 
     with tempfile.TemporaryDirectory(prefix="course-site-") as staging:
         english = stage(root, notebooks, report, Path(staging) / "en", records, answers=answers)

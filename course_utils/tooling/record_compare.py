@@ -3,7 +3,7 @@
 One table per lesson: a row per recorded figure, a column per GPU record. The figures a
 learner compares first (step time, MFU, largest batch, memory, tokens/s, throughput)
 lead each table; the others follow in the order the notebook recorded them. Then the GPU
-probes (:mod:`course_utils.gpu_probes`), a small table each, and every GPU claim's
+probes (:mod:`course_utils.tooling.gpu_probes`), a small table each, and every GPU claim's
 verdict. Built from the records in the package (:func:`load_records`).
 """
 
@@ -131,7 +131,7 @@ def comparison_page(records: list[Record]) -> str:
             "## GPU probes",
             "",
             "Short checks of the GPU-only mechanisms behind the course's findings "
-            "(`course_utils.gpu_probes`), run before the notebooks; a probe's docstring "
+            "(`course_utils.tooling.gpu_probes`), run before the notebooks; a probe's docstring "
             "says which finding it checks.",
         ]
     for name, rows in probes.items():

@@ -8,10 +8,10 @@ default ``colab``, holding only what a learner needs:
   solution, no hidden test; checked again here before anything is committed), or with
   ``--answers`` the full notebooks (the ``solutions`` branch, for self-learners); their
   "Open in Colab" badges open that branch and their setup cells install the course from
-  the commit being published (:mod:`course_utils.colab`); notebooks 02 onwards ask
+  the commit being published (:mod:`course_utils.tooling.colab`); notebooks 02 onwards ask
   Colab for a GPU runtime (01 teaches the menu);
 * ``notebooks/{bn,ar,ne}/``: the same notebooks in each language of ``translations/``
-  (:mod:`course_utils.translate`'s build, from the retargeted English notebooks, so each
+  (:mod:`course_utils.tooling.translate`'s build, from the retargeted English notebooks, so each
   one's badge opens its own path on the branch and links the English and the other
   languages), student versions or full like the English ones;
 * ``colab_setup.sh`` (the setup cells download it from the commit, but learners read it
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from course_utils.colab import retarget_course
-from course_utils.translate import LANGUAGES, build
+from course_utils.tooling.colab import retarget_course
+from course_utils.tooling.translate import LANGUAGES, build
 
 #: Files of the checkout's top level that a published branch carries (when present).
 TOP_FILES = ("README.md", "colab_setup.sh", "LICENSE", "LICENSE.md", "LICENSE.txt")

@@ -40,7 +40,7 @@ UNPUBLISHED_BADGE_LINE = (
     "answers; the `solutions` branch has them). In Bengali, Arabic and Nepali: "
     "`notebooks/bn/`, `notebooks/ar/` and `notebooks/ne/` on that branch."
 )
-# The languages the course is translated into (course_utils.translate.LANGUAGES), in the
+# The languages the course is translated into (course_utils.tooling.translate.LANGUAGES), in the
 # order of the badge line's links.
 TRANSLATIONS = {"bn": "বাংলা", "ar": "العربية", "ne": "नेपाली"}
 README_BADGE_LINE = (

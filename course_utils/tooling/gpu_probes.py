@@ -3,7 +3,7 @@
 The reviewer's ``gpu-check.sh`` (``docs/reviews/2026-12-gpu-check.sh``) carried these as a
 script; here each is one small function returning a JSON-able dict of its figures and,
 where the probe has one, a ``"verdict"``. ``gpu-record`` runs them right after the
-doctor's check, in a child process (``python -m course_utils.gpu_probes --out FILE``)
+doctor's check, in a child process (``python -m course_utils.tooling.gpu_probes --out FILE``)
 that writes its results after every probe, so that the recorder never starts CUDA, a
 probe that crashes the process costs only the probes after it, and a killed run keeps
 the probes done. In that child each probe has its own time limit (:data:`PROBES`); one
@@ -520,7 +520,7 @@ def write_entries(entries: list[Result], path: Path) -> None:
 
 def probe_command(out: Path, budget_s: float, only: Sequence[str] = ()) -> list[str]:
     """The child process that runs the probes (``only``: these; replaced in tests)."""
-    command = [sys.executable, "-m", "course_utils.gpu_probes", "--out", str(out)]
+    command = [sys.executable, "-m", "course_utils.tooling.gpu_probes", "--out", str(out)]
     return (
         command + ["--budget-s", f"{budget_s:.0f}"] + (["--only", ",".join(only)] if only else [])
     )
@@ -582,7 +582,7 @@ def probe_step(out: Path, limit_s: float) -> list[Result]:
 
 
 def run_from_command_line(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.gpu_probes")
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tooling.gpu_probes")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of entries")
     parser.add_argument("--budget-s", type=float, default=600.0)
     parser.add_argument("--only", help="probe names, comma-separated (default: all)")

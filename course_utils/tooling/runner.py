@@ -2,7 +2,7 @@
 
 Each notebook runs in a fresh kernel on whatever hardware is present; the executed copies
 go to ``<out>/notebooks/`` with an HTML rendering beside each, and ``<out>/report.html``
-(:mod:`course_utils.report`) sums them up. A failing notebook does not stop the others.
+(:mod:`course_utils.tooling.report`) sums them up. A failing notebook does not stop the others.
 With ``reuse`` (``run-notebooks --reuse``, the website's workflow), a notebook whose
 executed copy ran without error from the same inputs (the notebook's file, every file of
 the package, the workload) is not run again: the copy records their SHA-256.
@@ -29,7 +29,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 from course_utils import workload
 from course_utils.progress import ENV_VAR as PROGRESS_VAR
 from course_utils.records import load_records
-from course_utils.report import (
+from course_utils.tooling.report import (
     NotebookResult,
     measurements_in_notebook,
     plots_in_notebook,
@@ -145,7 +145,7 @@ def render_html(notebook: Any, target: Path, relative_to: Path) -> str | None:
 
 #: Where an executed copy records what it was run from (its notebook metadata).
 RUN_METADATA = "course_run"
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def inputs_sha256(path: Path, size: str) -> str:

@@ -5,7 +5,7 @@ that has torch and a GPU: it installs nothing and needs no network. First it che
 seconds, what it needs and stops with one line when something is missing (the packages
 the course and the notebook runner import, with the ``pip install --no-index`` line that
 adds them from a wheel folder; a GPU this torch can use: the doctor's ``--require-gpu``).
-Then it runs the GPU probes (:mod:`course_utils.gpu_probes`: short checks of the GPU-only
+Then it runs the GPU probes (:mod:`course_utils.tooling.gpu_probes`: short checks of the GPU-only
 mechanisms behind the course's findings, in a child process, about a minute), the
 ``gpu``/``multigpu`` tests (when pytest and the tests are there) and
 every notebook at the ``full`` workload, most informative first (:data:`ORDER`), each
@@ -41,8 +41,8 @@ from typing import Any, TextIO
 from unittest import mock
 
 import course_utils
-from course_utils.gpu_probes import probe_step
 from course_utils.records import SCHEMA_ID, Record, notebook_key, validate_record
+from course_utils.tooling.gpu_probes import probe_step
 
 # The order notebooks run in, most informative per GPU-minute first, so that a short slot
 # (9 minutes) records what matters most: 09, 04, 03 and 08 hold the GPU-only checks the
@@ -345,7 +345,7 @@ def run_one_notebook(
     import nbformat  # lazy: the runner's packages, checked by check_ready() first
 
     from course_utils.claims import claims_in_notebook  # lazy: IPython (likewise)
-    from course_utils.runner import run_notebook  # lazy: imports nbclient (likewise)
+    from course_utils.tooling.runner import run_notebook  # lazy: imports nbclient (likewise)
 
     deadline = time.monotonic() + limit_s
     result = run_notebook(
@@ -455,7 +455,7 @@ def gpu_record(
     """Check, then run the tests and notebooks and write the record after each step;
     return the record's path and the record (``outcome``: passed or failed)."""
     from course_utils.env import doctor, format_doctor  # lazy: imports torch (checked first)
-    from course_utils.runner import find_notebooks  # lazy: imports nbclient (likewise)
+    from course_utils.tooling.runner import find_notebooks  # lazy: imports nbclient (likewise)
 
     check_ready(settings.rehearse)
     if settings.rehearse:
@@ -522,7 +522,7 @@ def gpu_record(
         progress.write(f"  tests: {record['pytest']['status']}: {record['pytest']['summary']}\n")
         save()
     # The kernels import the course_utils that records them (a checkout not installed too)
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     updates = {"COURSE_WORKLOAD": workload_name, "COURSE_CLAIMS": "report", **KERNEL_SETUP}
     updates |= {"COURSE_PROGRESS": "line", "PYTHONPATH": python_path, "MPLBACKEND": "Agg"}
