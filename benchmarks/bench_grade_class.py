@@ -42,7 +42,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))  # pairs of (sequential, paral
 EXERCISES = [
     (
         "def scale(x, k):\n    ### BEGIN SOLUTION\n    return x * k\n    ### END SOLUTION",
-        "import torch\nfrom course_utils.classroom import check_close, passed\n"
+        "import torch\nfrom course_utils.checks.core import check_close, passed\n"
         "check_close(scale(torch.ones(3), 2.0), torch.full((3,), 2.0), 'scale')\n"
         "### BEGIN HIDDEN TESTS\ncheck_close(scale(torch.arange(4.0), -1), -torch.arange(4.0),"
         " 'scale')\n### END HIDDEN TESTS\npassed('scale')",
@@ -50,7 +50,7 @@ EXERCISES = [
     (
         "def matmul_sum(a, b):\n    ### BEGIN SOLUTION\n    return (a @ b).sum()\n"
         "    ### END SOLUTION",
-        "import torch\nfrom course_utils.classroom import check_close, passed\n"
+        "import torch\nfrom course_utils.checks.core import check_close, passed\n"
         "a = torch.randn(64, 64)\ncheck_close(matmul_sum(a, a.T), (a @ a.T).sum(), 'the sum',"
         " rtol=1e-4)\npassed('matmul_sum')",
     ),
@@ -58,7 +58,7 @@ EXERCISES = [
         "def count_params(model):\n    ### BEGIN SOLUTION\n"
         "    return sum(p.numel() for p in model.parameters())\n    ### END SOLUTION",
         # evidence observed with the answer (a child forked from the learner's runtime)
-        "import torch\nfrom course_utils.classroom import check, passed\n"
+        "import torch\nfrom course_utils.checks.core import check, passed\n"
         "from course_utils.checks.evidence.common import results_of\n"
         "[seen] = results_of(count_params, [((torch.nn.Linear(10, 5),), {})])\n"
         "check(seen['returned'] == 55, 'Linear(10, 5) has 55')\npassed('count_params')",

@@ -20,15 +20,12 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from course_utils.classroom import (
-    TensorMove,
-    plain_value,
-    record_tensor_to,
-)
+from course_utils.checks.core import plain_value
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
 from course_utils.profiling import LoopProfile, StepProfiler
+from course_utils.spies import TensorMove, record_tensor_to
 from course_utils.timing import synchronizer, time_in_turns
 from course_utils.training import TrainConfig, TrainStep
 
@@ -339,7 +336,7 @@ def _fixed_batch_loss(
 
 class _MoveWatch:
     """Which tensors of each batch the loop gave to ``.to``/``.cuda`` before asking for the
-    next batch (the moves come from :func:`~course_utils.classroom.record_tensor_to`). On a
+    next batch (the moves come from :func:`~course_utils.spies.record_tensor_to`). On a
     CPU grader labels left on the CPU train anyway; on a GPU ``cross_entropy`` would fail:
     a batch whose inputs were moved and labels not (or the reverse) is counted."""
 

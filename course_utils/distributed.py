@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import progress
-from course_utils.classroom import (
-    CheckFailed,
-    answer_and_error,
-    matching_mistake,
-)
 from course_utils.data import SyntheticImages
 from course_utils.device import cuda_gpu_count, to_device
-from course_utils.language import Messages
 from course_utils.models import build_model
 from course_utils.training import TrainConfig, TrainStep, train
 from course_utils.units import MIB
@@ -634,161 +628,6 @@ def sampler_indices(size: int, world_size: int, rank: int, seed: int, epoch: int
     )
     sampler.set_epoch(epoch)
     return list(sampler)
-
-
-#: Notebook 06's check messages for exercise (a), by a stable name: one sentence each,
-#: ``{placeholders}`` for the case the answer failed (never what the sampler gives there).
-MESSAGES_06 = Messages(
-    "06",
-    {
-        "rank_indices raised": "{error} (rank {rank} of {world}, order {order})",
-        "rank_indices not indices": "rank {rank} of {world}: return the indices as a list of "
-        "ints, got {kind}",
-        "rank_indices positions": "rank {rank} of {world}, order {order}: you gave {got}, the "
-        "positions rank, rank + world_size, ...: deal the elements of the order itself, "
-        "order[rank::world_size]",
-        "rank_indices sorted order": "rank {rank} of {world}, order {order}: you gave {got}, the "
-        "sorted order dealt out: the sampler deals the shuffled order as it is, "
-        "order[rank::world_size]",
-        "rank_indices dealt then sorted": "rank {rank} of {world}, order {order}: you gave {got}, "
-        "the right indices but sorted: keep the order they are dealt in, order[rank::world_size]",
-        "rank_indices reordered": "rank {rank} of {world}, order {order}: you gave {got}, the "
-        "right indices in another order: keep the order they are dealt in, "
-        "order[rank::world_size]",
-        "rank_indices block": "rank {rank} of {world}, order {order}: you gave {got}, a "
-        "contiguous block of the order: DistributedSampler deals it like cards, one index to "
-        "each process in turn, order[rank::world_size]",
-        "rank_indices from 1": "rank {rank} of {world}, order {order}: you gave {got}, starting "
-        "one place off: ranks count from 0, and rank r's first index is order[r]",
-        "rank_indices from 1 wrapped": "rank {rank} of {world}, order {order}: you gave {got}, "
-        "the next rank's share: ranks count from 0, and rank r's first index is order[r]",
-        "rank_indices swapped": "rank {rank} of {world}, order {order}: your function read rank "
-        "as the number of processes and world_size as the rank: the arguments come as "
-        "rank_indices(order, rank, world_size)",
-        "rank_indices wrong": "rank {rank} of {world}, order {order}: you gave {got}, which is not "
-        "what DistributedSampler deals that rank: one index to each process in turn, like "
-        "cards (order 7, 3, 9, 1 on 2 processes: rank 1 gets 3 and 1)",
-        "average not a gradient": "return one tensor with the gradient's shape (or change it "
-        "in place)",
-        "average own": "each process kept its own gradient: combine them across processes with "
-        "dist.all_reduce(gradient), which sums the tensor in place on every process (it returns "
-        "None, not the sum), then divide it",
-        "average own divided": "each process divided its own gradient by the world size, but "
-        "never got the others': combine them across processes with dist.all_reduce(gradient), "
-        "which sums the tensor in place on every process (it returns None, not the sum), then "
-        "divide it",
-        "average summed": "you summed the gradients: DDP averages them (divide by "
-        "dist.get_world_size())",
-        "average by 2": "you divided by 2, but {world} processes ran: divide by "
-        "dist.get_world_size(), not by a number you know",
-        "average floor": "you divided with // (floor division), which rounds each value down: "
-        "divide with /",
-        "average max": "each value is the largest of the processes' (op=ReduceOp.MAX): sum them, "
-        "the default op=ReduceOp.SUM, then divide by dist.get_world_size()",
-        "average rank 0 only": "rank 0 has the average but ranks {ranks} do not: dist.reduce "
-        "sends the sum to one process only; dist.all_reduce gives it to every process",
-        "ddp no wrapper": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}: wrap the model in DDP(model) in every process: without it each process "
-        "trains its own copy on its shard, and backward never averages the gradients across "
-        "processes",
-        "ddp no shuffle": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}: your DistributedSampler does not shuffle: DistributedSampler(dataset, "
-        "shuffle=True, seed=0)",
-        "ddp seed": "your weights differ from one process on the combined batch by {gap:.1e}: "
-        "your DistributedSampler's seed is {got}: give every process the same seed, {seed}, so "
-        "that they deal out one shuffled order",
-        "ddp seeds differ": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}: your processes' DistributedSamplers have different seeds ({seeds}): every "
-        "process must use the same seed, so that they deal out one shuffled order",
-        "ddp batch size": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}: your DataLoader's batch_size is {got}: use the batch_size argument "
-        "({batch_size} per process)",
-        "ddp steps": "your weights differ from one process on the combined batch by {gap:.1e}: "
-        "each process should take {steps} optimizer steps (epochs × batches per epoch); yours "
-        "took {got}: loop over range(epochs), and over the whole loader in each",
-        "ddp loss divided": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}: you divided the loss by the world size: DDP already averages the gradients "
-        "across processes, so each step was {world} times too small",
-        "ddp no zero_grad": "your weights differ from one process on the combined batch by "
-        "{gap:.1e}, and are those of a run that never clears its gradients: call "
-        "optimizer.zero_grad() once per batch, before backward, or each step adds in every "
-        "earlier batch's gradients",
-        "ddp wrong": "your weights differ from one process on the combined batch by {gap:.1e}: "
-        "wrap the model in DDP, give the loader the DistributedSampler, and take one optimizer "
-        "step per batch after zero_grad and backward",
-    },
-)
-
-
-def _rank_cases() -> list[tuple[list[int], int, int]]:
-    """Exercise 06 (a)'s cases (order, rank, world_size): three of the sampler's shuffles
-    on 1, 2 and 4 processes, and a made-up order of a subset's indices (not 0 to n - 1), so
-    that positions, the sorted order and the order itself all differ."""
-    orders = [[21, 5, 13, 8, 30, 2, 17, 11]]  # first: the feedback shows the first failed
-    orders += [sampler_indices(n, 1, 0, seed, epoch) for n, seed, epoch in SHUFFLES]
-    return [
-        (order, rank, world) for order in orders for world in (4, 2, 1) for rank in range(world)
-    ]
-
-
-SHUFFLES = [(12, 0, 0), (12, 3, 1), (16, 7, 2)]  # (size, seed, epoch) of 06 (a)'s orders
-
-
-def _outcome(function: Callable[..., Any], *args: Any) -> Any:
-    """What ``function(*args)`` gives as a list of ints, or the name of what it raised."""
-    out, error = answer_and_error(function, *args)
-    if error is not None:
-        return ("raised", error)
-    try:
-        return [int(i) for i in out]
-    except (TypeError, ValueError):
-        return ("not indices", out)
-
-
-#: Each usual mistake of exercise 06 (a), as what it returns for (order, rank, world_size).
-RANK_MISTAKES: dict[str, Callable[[list[int], int, int], list[int]]] = {
-    "rank_indices positions": lambda order, rank, world: list(range(rank, len(order), world)),
-    "rank_indices sorted order": lambda order, rank, world: sorted(order)[rank::world],
-    "rank_indices dealt then sorted": lambda order, rank, world: sorted(order[rank::world]),
-    "rank_indices reordered": lambda order, rank, world: order[rank::world][::-1],
-    "rank_indices block": lambda order, rank, world: order[
-        rank * (len(order) // world) : (rank + 1) * (len(order) // world)
-    ],
-    "rank_indices from 1": lambda order, rank, world: order[rank + 1 :: world],
-    "rank_indices from 1 wrapped": lambda order, rank, world: order[(rank + 1) % world :: world],
-    "rank_indices swapped": lambda order, rank, world: order[world::rank],
-}
-
-
-def check_rank_indices(rank_indices: Callable[[list[int], int, int], Any]) -> None:
-    """Exercise 06 (a): ``rank_indices(order, rank, world_size)`` against
-    :func:`sampler_indices` on :func:`_rank_cases`; the feedback names the usual mistake
-    (:data:`RANK_MISTAKES`) whose results match the answer's on every case, or else says
-    what it gave for the first case it got wrong, never what the sampler gives there."""
-    cases = _rank_cases()
-    got = [_outcome(rank_indices, list(order), rank, world) for order, rank, world in cases]
-    right = [order[rank::world] for order, rank, world in cases]
-    if got == right:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if a != b)
-    order, rank, world = cases[first]
-    where = {"rank": rank, "world": world, "order": order}
-    values = {
-        name: [_outcome(mistake, list(o), r, w) for o, r, w in cases]
-        for name, mistake in RANK_MISTAKES.items()
-    }
-    name = matching_mistake(got, values, right, lambda a, b: a == b)
-    if name is None and isinstance(got[first], tuple):
-        kind, what = got[first]
-        if kind == "raised":
-            raise CheckFailed(MESSAGES_06["rank_indices raised"].format(error=what, **where))
-        raise CheckFailed(
-            MESSAGES_06["rank_indices not indices"].format(
-                kind="None" if what is None else type(what).__name__, **where
-            )
-        )
-    shown = got[first] if isinstance(got[first], list) else got[first][1]
-    raise CheckFailed(MESSAGES_06[name or "rank_indices wrong"].format(got=shown, **where))
 
 
 # --------------------------------------------------------- exercise 06 (b): all-reduce

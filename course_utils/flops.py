@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.timing import benchmark, synchronizer
@@ -318,3 +320,31 @@ def launch_for(
             return count, now - start
         if now - began < 0.02 and group < 4096:
             group *= 2
+
+
+def step_flops(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    backward: bool = True,
+    math_kernel: bool = True,
+) -> int:
+    """FLOPs of one training step's forward (and backward) of ``model`` on tokens ``x``
+    and targets ``y``, counted by ``FlopCounterMode``; attention under the math kernel
+    (whose matmuls the counter sees), or the default one. The gradients are cleared after."""
+    kernel = sdpa_kernel(SDPBackend.MATH) if math_kernel else _nothing()
+    with kernel, FlopCounterMode(display=False) as counter:
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        if backward:
+            loss.backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *args: Any) -> None:
+        return None

@@ -179,7 +179,7 @@ def test_the_workers_server_imports_the_course_modules_the_checks_need(tmp_path)
     assert preload == [
         "torch",
         "course_utils",
-        "course_utils.classroom",
+        "course_utils.checks.core",
         "course_utils.timing",
         "nbconvert",
     ]
@@ -211,7 +211,7 @@ ANSWERS = {  # (double, halve, area) of a learner who solved nothing and lies in
                    "type('D', (dict,), {'__eq__': lambda s, o: True})()"),
 }  # fmt: skip
 ATTACKS = {
-    "patched library": "import builtins, course_utils.classroom as c\n"
+    "patched library": "import builtins, course_utils.checks.core as c\n"
     "torch.allclose = lambda *a, **k: True\nmath.isclose = lambda *a, **k: True\n"
     "c.check = c.check_close = lambda *a, **k: None\nbuiltins.all = lambda x: True\n"
     "builtins.abs = lambda x: 0\ncheck = check_close = lambda *a, **k: None",
@@ -291,7 +291,7 @@ def _mutating() -> nbformat.NotebookNode:
     )
     check = "d = {}\nfill(d)\ncheck(d == {'a': 1}, 'fill(d) should set d[\"a\"] = 1')"
     return _notebook([
-        ("code", "from course_utils.classroom import check", {}),
+        ("code", "from course_utils.checks.core import check", {}),
         ("code", "def fill(d):\n    d['a'] = 1", _meta("m-fill", solution=True)),
         ("code", observed, _meta("m-observed", solution=False)),
         ("code", check, _meta("m-apart", solution=False)),
@@ -317,18 +317,18 @@ def test_refusing_course_helpers_in_the_checker_says_to_observe_the_answer(monke
     helpers there would refuse nothing (a shortcut through them would pass), so it stops the
     check with a line telling the instructor to call the answer from an observing half;
     elsewhere it refuses."""
-    from course_utils import classroom
+    from course_utils.checks import core
     from course_utils.footprint import optimizer_state_bytes
 
     def shortcut(optimizer):
         return optimizer_state_bytes(optimizer)
 
     sgd = torch.optim.SGD([torch.ones(1, requires_grad=True)])
-    with pytest.raises(classroom.CheckFailed, match="course's own"):
-        classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
-    monkeypatch.setattr(classroom, "_IN_CHECKER", [True])
-    with pytest.raises(classroom.NeedsBeside, match="observing half"):
-        classroom.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
+    with pytest.raises(core.CheckFailed, match="course's own"):
+        core.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
+    monkeypatch.setattr(core, "_IN_CHECKER", [True])
+    with pytest.raises(core.NeedsBeside, match="observing half"):
+        core.without_course_helpers(shortcut, optimizer_state_bytes)(sgd)
 
 
 def test_course_checks_refuse_helpers_only_in_observing_halves():
@@ -359,7 +359,7 @@ def test_a_check_apart_reads_a_submodule_its_dotted_import_names(tmp_path):
     submodule too (nothing in the grader does), so the check finds ``course_utils.text``."""
     check = "check(course_utils.text.decode(encode_sum()) == '1+1=2', 'encode 1+1=2')"
     notebook = _notebook([
-        ("code", "import course_utils.text\nfrom course_utils.classroom import check", {}),
+        ("code", "import course_utils.text\nfrom course_utils.checks.core import check", {}),
         ("code", "def encode_sum():\n    return course_utils.text.encode('1+1=2')",
          _meta("d-encode", solution=True)),
         ("code", check, _meta("d-check", solution=False)),

@@ -14,8 +14,9 @@ import nbformat
 import pytest
 import torch
 
-from course_utils.classroom import CheckFailed, check, check_close, passed, record_tensor_to
+from course_utils.checks.core import CheckFailed, check, check_close, passed
 from course_utils.instructor.student import RAISES_TAG, nbgrader_role, student_version
+from course_utils.spies import record_tensor_to
 from course_utils.tooling.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching, run_cells
 
-from course_utils.classroom import MESSAGES_02, CheckFailed
+from course_utils.checks.core import CheckFailed
+from course_utils.checks.nb02 import MESSAGES_02
 
 ROOT = Path(__file__).resolve().parent.parent
 NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"
@@ -290,7 +291,7 @@ class _Agrees(tuple):
 
 def test_read_gpu_check_refuses_a_tuple_that_equals_anything(namespace):
     """The check cell compares the answer with ``==`` beside the answer: it first requires
-    a plain tuple (classroom.plain_value)."""
+    a plain tuple (core.plain_value)."""
 
     def agrees(nvml, index):
         nvml.nvmlInit()

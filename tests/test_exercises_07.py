@@ -15,7 +15,8 @@ import pytest
 import torch
 from notebook_cells import grade_apart, grade_cell, messages_matching
 
-from course_utils.classroom import MESSAGES_07, CheckFailed
+from course_utils.checks.core import CheckFailed
+from course_utils.checks.nb07 import MESSAGES_07
 from course_utils.oom import is_out_of_memory
 
 NB07 = Path(__file__).resolve().parent.parent / "notebooks" / "07_gpu_memory_and_cache.ipynb"
@@ -351,7 +352,7 @@ def test_a_string_in_underscores_is_kept(nb07):
 
 
 def _after_empty_cache_check(answer) -> None:
-    from course_utils.classroom import check, passed
+    from course_utils.checks.core import check, passed
 
     exec(
         _grade_cell("07-after-empty-cache-check"),
@@ -415,7 +416,7 @@ class _Agrees(int):
 
 def test_retry_check_refuses_an_int_that_equals_anything(nb07):
     """The check cell compares the answer with ``==`` beside the answer: it first requires
-    a plain int (classroom.plain_value)."""
+    a plain int (core.plain_value)."""
     with pytest.raises(CheckFailed, match="should be of type int, but it is of type _Agrees"):
         _check(nb07, lambda step, batch_size: _Agrees(7))
 

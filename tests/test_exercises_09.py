@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from course_utils.checks.core import CheckFailed
 from course_utils.checks.evidence.nb09 import step_inputs
-from course_utils.classroom import CheckFailed
-from course_utils.transformer_checks import MESSAGES_09
+from course_utils.checks.nb09 import MESSAGES_09
 
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"
@@ -330,7 +330,8 @@ def test_causal_attention_check_names_the_mistake(namespace, solution, feedback)
 def test_every_attention_mistake_is_told_apart_on_the_visible_cases():
     """Each mistake the check knows differs from the right answer, and from every other
     mistake, on at least one visible case: no message stands for two mistakes."""
-    from course_utils.transformer_checks import ATTENTION_MISTAKES, attention
+    from course_utils.attention import attention
+    from course_utils.checks.nb09 import ATTENTION_MISTAKES
 
     torch.manual_seed(0)
     cases = [(2, 6, 8, 2), (2, 4, 8, 2)]

@@ -62,7 +62,7 @@ def _instructor() -> nbformat.NotebookNode:
     return _notebook(
         [
             ("markdown", "# Synthetic exercises", {}),
-            ("code", "from course_utils.classroom import check, passed", {}),
+            ("code", "from course_utils.checks.core import check, passed", {}),
             ("code", SOLUTION_A, _meta("t-double", solution=True)),
             ("code", CHECK_A, _meta("t-double-check", solution=False)),
             ("code", SOLUTION_B, _meta("t-greet", solution=True)),

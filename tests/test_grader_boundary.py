@@ -162,17 +162,17 @@ def test_the_checker_runs_as_its_own_user_in_its_own_pid_namespace(tmp_path):
     """Whatever it is made to call, the checker reaches no process of the grader's: it is
     process 1 of its own PID namespace, and (as root) runs as a user id of its own."""
     source = (
-        "import os\nfrom course_utils.classroom import check\n"
+        "import os\nfrom course_utils.checks.core import check\n"
         "try:\n    os.kill(GRADER, 0)\n    reached = 'yes'\n"
         "except OSError:\n    reached = 'no'\n"
         "check(False, f'pid={os.getpid()} uid={os.getuid()} reached={reached}')"
     ).replace("GRADER", str(os.getpid()))
-    pinned = {"os": ["os", None], "check": ["course_utils.classroom", "check"]}
+    pinned = {"os": ["os", None], "check": ["course_utils.checks.core", "check"]}
     check = {"grade_id": "g", "nonce": "n", "source": source, "builtins": ["OSError"],
              "pinned": pinned}  # fmt: skip
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
-    pid, verdicts = checker.start([check], ["course_utils.classroom"], str(tmp_path), 1,
+    pid, verdicts = checker.start([check], ["course_utils.checks.core"], str(tmp_path), 1,
                                   (requests_write, replies_read))  # fmt: skip
     os.close(requests_write)
     os.close(replies_read)
@@ -217,7 +217,7 @@ BESIDE_CHECK = (  # a check whose evidence is gathered with the answer, decided 
 
 def _beside(answer: str) -> object:
     return _notebook([
-        ("code", "from course_utils.classroom import check", {}),
+        ("code", "from course_utils.checks.core import check", {}),
         ("code", answer, _meta("b-double", solution=True)),
         ("code", BESIDE_CHECK, _meta("b-check", solution=False)),
     ])  # fmt: skip
@@ -230,7 +230,7 @@ ERRORS = {  # answers that raise what would read as a pass, or leak the hidden t
     "        raise RuntimeError('no')\nE.__name__ = ''\ndef double(x):\n    raise E()",
     "named like a pass": "class CheckFailed(Exception):\n    pass\n"
     "def double(x):\n    raise CheckFailed('LEAK %r' % x)",
-    "the course's class": "from course_utils.classroom import CheckFailed\n"
+    "the course's class": "from course_utils.checks.core import CheckFailed\n"
     "def double(x):\n    raise CheckFailed('LEAK %r' % x)",
     "base exception": "class Quiet(BaseException):\n    pass\nQuiet.__name__ = ''\n"
     "def double(x):\n    raise Quiet('LEAK %r' % x)",
@@ -357,7 +357,7 @@ def test_a_file_name_that_is_not_utf8_is_a_note_for_its_learner(tmp_path):
 
 
 def test_a_failure_is_named_only_by_an_exact_trusted_class():
-    from course_utils import classroom
+    from course_utils.checks import core as classroom
 
     liar = type("NameError", (Exception,), {})
     assert checker.verdict_of(liar("LEAK"), classroom, True) == {

@@ -13,20 +13,18 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import language, transformer_checks
+from course_utils import language
 from course_utils.checks import nb09 as checks_09
-from course_utils.checks.nb09 import check_pad_vocabulary
-from course_utils.classroom import CheckFailed
-from course_utils.transformer_checks import (
+from course_utils.checks.core import CheckFailed
+from course_utils.checks.nb09 import (
     ATTENTION_MISTAKES,
     MESSAGES_09,
     check_causal_attention,
+    check_pad_vocabulary,
 )
 
-#: The modules that look the table up: (a)'s check, and (b)'s and (c)'s deciding halves.
-SOURCES = [
-    Path(module.__file__).read_text(encoding="utf-8") for module in (transformer_checks, checks_09)
-]
+#: The module that looks the table up: (a)'s check, and (b)'s and (c)'s deciding halves.
+SOURCES = [Path(checks_09.__file__).read_text(encoding="utf-8")]
 #: How each name of the table starts: the exercise whose check says it.
 NAME = re.compile(r"^(causal_attention|pad_vocabulary|step_throughput) ")
 

@@ -20,13 +20,17 @@ import torch
 from torch.utils.data import DataLoader
 
 import course_utils.checks
-from course_utils import capstone, classroom, distributed, language, lightning, techniques
-from course_utils.checks import nb01
+from course_utils import capstone, distributed, language, lightning, techniques
+from course_utils.checks import core, nb01
+from course_utils.checks import nb01 as checks_nb01
+from course_utils.checks import nb02 as checks_nb02
 from course_utils.checks import nb03 as checks_nb03
 from course_utils.checks import nb04 as checks_nb04
+from course_utils.checks import nb05 as checks_nb05
 from course_utils.checks import nb06 as checks_nb06
 from course_utils.checks import nb07 as checks_nb07
 from course_utils.checks import nb08 as checks_nb08
+from course_utils.checks.evidence import nb03 as evidence_nb03
 from course_utils.language import LANGUAGE_VAR, Messages, template_fields
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +39,7 @@ CHECK_MODULES = [
     importlib.import_module(found.name)
     for found in pkgutil.walk_packages(course_utils.checks.__path__, "course_utils.checks.")
 ]
-MODULES = [classroom, distributed, lightning, capstone, techniques, *CHECK_MODULES]
+MODULES = [core, distributed, lightning, capstone, techniques, *CHECK_MODULES]
 
 #: Every table of these modules, by the name the code gives it.
 TABLES: dict[str, Messages] = {
@@ -80,21 +84,21 @@ def test_the_names_made_by_code_are_in_their_tables():
     """Names put together or kept apart from the lookup (mistakes, PyTorch's errors, the
     tensors of 03 (b)'s batch) are in the tables too."""
     names = [
-        (classroom.MESSAGES_03, f"to_gpu {tensor} {mistake}")
+        (checks_nb03.MESSAGES_03, f"to_gpu {tensor} {mistake}")
         for tensor, mistake in itertools.product(
-            classroom.TO_GPU_TENSORS, ("rebuilt", "not copied", "not its copy", "blocking")
+            evidence_nb03.TO_GPU_TENSORS, ("rebuilt", "not copied", "not its copy", "blocking")
         )
         if (tensor, mistake) != ("mask", "blocking")  # the mask is not pinned
     ]
-    names += [(classroom.MESSAGES_04, name) for name in checks_nb04._AMP_STEP_ERRORS.values()]
-    names += [(classroom.MESSAGES_04, name) for name in checks_nb04._CLIPPING_MISTAKES]
-    names += [(classroom.MESSAGES_01, name) for name in nb01._time_it_mistakes([1.0], [1.0])]
-    names += [(classroom.MESSAGES_04, n) for n in classroom._largest_batch_mistakes(9, 1, 2)]
+    names += [(checks_nb04.MESSAGES_04, name) for name in checks_nb04._AMP_STEP_ERRORS.values()]
+    names += [(checks_nb04.MESSAGES_04, name) for name in checks_nb04._CLIPPING_MISTAKES]
+    names += [(checks_nb01.MESSAGES_01, name) for name in nb01._time_it_mistakes([1.0], [1.0])]
+    names += [(checks_nb04.MESSAGES_04, n) for n in checks_nb04._largest_batch_mistakes(9, 1, 2)]
     names += [
-        (classroom.MESSAGES_04A, n) for n in checks_nb04._adam_mistakes(torch.nn.Linear(1, 1))[1]
+        (checks_nb04.MESSAGES_04A, n) for n in checks_nb04._adam_mistakes(torch.nn.Linear(1, 1))[1]
     ]
-    names += [(distributed.MESSAGES_06, name) for name in distributed.RANK_MISTAKES]
-    names += [(classroom.MESSAGES_PRECISION_RULE, n) for n in classroom.PRECISION_RULE_MISTAKES]
+    names += [(checks_nb06.MESSAGES_06, name) for name in checks_nb06.RANK_MISTAKES]
+    names += [(checks_nb01.MESSAGES_PRECISION_RULE, n) for n in checks_nb01.PRECISION_RULE_MISTAKES]
     assert [name for table, name in names if name not in table] == []
 
 
@@ -145,50 +149,50 @@ RAISED_BN = "আপনার ফাংশন {kind} তুলেছে: {error}"
 #: One wrong answer per table: (the table, the message's name, its Bengali, the check).
 WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
     "checks": (
-        classroom.MESSAGES_CHECKS,
+        core.MESSAGES_CHECKS,
         "close number",
         "{what} হল {actual:.6g}, প্রত্যাশিত {expected:.6g} (rtol={rtol:g} এর মধ্যে)",
-        lambda: classroom.check_close(2.0, 3.0, "the speed-up"),
+        lambda: core.check_close(2.0, 3.0, "the speed-up"),
     ),
     "01": (
-        classroom.MESSAGES_01,
+        checks_nb01.MESSAGES_01,
         "mixed_forward autocast",
         "{gpu} এর জন্য model(x) চালান torch.autocast(x.device.type, dtype=torch.{dtype}) এর মধ্যে",
         lambda: nb01.check_mixed_forward(lambda model, x, capability: model(x), (8, 0)),
     ),
     "03": (
-        classroom.MESSAGES_03,
+        checks_nb03.MESSAGES_03,
         "gpu_loader not pinned",
         "pin_memory=True ছাড়া ব্যাচগুলি পেজযোগ্য মেমরিতে থাকে",
         lambda: checks_nb03.check_gpu_loader(_unpinned_loader),
     ),
     "02": (
-        classroom.MESSAGES_02,
+        checks_nb02.MESSAGES_02,
         "parse nounits",
         "nounits দিয়ে ছাপা মানের কোনো একক নেই",
-        lambda: classroom.check_parses_other_lines(_parse_with_units_only),
+        lambda: checks_nb02.check_parses_other_lines(_parse_with_units_only),
     ),
     "04": (
-        classroom.MESSAGES_04,
+        checks_nb04.MESSAGES_04,
         "amp_step scale is None",
         "লসের বদলে scaler.scale(loss) এর উপর backward ডাকুন (PyTorch তুলেছে: {error})",
         lambda: checks_nb04.run_amp_step_against_fp32(_unscaled_backward),
     ),
     "04a": (
-        classroom.MESSAGES_04A,
+        checks_nb04.MESSAGES_04A,
         "adam_state dtype",
         "একটি {dtype} nn.Linear(10, 5) পায় {want} বাইট Adam অবস্থা, {got} নয়: প্রতি উপাদানে "
         "p.element_size() বাইট",
         lambda: checks_nb04.check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8),
     ),
     "05": (
-        lightning.MESSAGES_05,
+        checks_nb05.MESSAGES_05,
         "resume raised",
         "ত্রুটি resume_step({every}, {lost_at}): {error}",
-        lambda: lightning.check_resume_step(_raising_step, _raising_step, [(5, 7)]),
+        lambda: checks_nb05.check_resume_step(_raising_step, _raising_step, [(5, 7)]),
     ),
     "06": (
-        distributed.MESSAGES_06,
+        checks_nb06.MESSAGES_06,
         "average own",
         "প্রতিটি প্রক্রিয়া নিজের গ্রেডিয়েন্ট রেখেছে",
         lambda: checks_nb06.check_averaged_gradients(
@@ -200,7 +204,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         ),
     ),
     "07": (
-        classroom.MESSAGES_07,
+        checks_nb07.MESSAGES_07,
         "retry did not raise",
         "যখন 1 এর ব্যাচও আঁটে না, RuntimeError তুলুন",
         lambda: checks_nb07.check_retry_halving_down_to_one(
@@ -208,7 +212,7 @@ WRONG_ANSWERS: dict[str, tuple[Messages, str, str, Callable[[], object]]] = {
         ),
     ),
     "08": (
-        classroom.MESSAGES_08,
+        checks_nb08.MESSAGES_08,
         "loop empties the cache",
         "আপনি লুপে torch.cuda.empty_cache() ডাকেন: এটি বাদ দিন",
         lambda: checks_nb08.check_loop_habits(
@@ -227,13 +231,13 @@ def test_a_wrong_answer_gets_the_translated_message(table, tmp_path, monkeypatch
     monkeypatch.setattr(language, "_PACKAGED", tmp_path)
     entries = [(messages, name, bengali)]
     if table != "checks":  # the learner's error inside another message: translated too
-        entries.append((classroom.MESSAGES_CHECKS, "function raised", RAISED_BN))
+        entries.append((core.MESSAGES_CHECKS, "function raised", RAISED_BN))
     _catalog(tmp_path, "bn", entries)
     monkeypatch.delenv(LANGUAGE_VAR, raising=False)
-    with pytest.raises(classroom.CheckFailed) as english:
+    with pytest.raises(core.CheckFailed) as english:
         wrong()
     monkeypatch.setenv(LANGUAGE_VAR, "bn")
-    with pytest.raises(classroom.CheckFailed) as translated:
+    with pytest.raises(core.CheckFailed) as translated:
         wrong()
     words = [piece for piece in re.split(r"\{[^{}]*\}", bengali) if piece.strip()]
     assert words and all(piece in str(translated.value) for piece in words), translated.value
@@ -253,16 +257,16 @@ def test_an_answer_that_raised_is_told_in_the_language_and_still_counts_as_raise
         tmp_path,
         "bn",
         [
-            (classroom.MESSAGES_CHECKS, "function raised", RAISED_BN),
-            (lightning.MESSAGES_05, "resume raised", resume),
+            (core.MESSAGES_CHECKS, "function raised", RAISED_BN),
+            (checks_nb05.MESSAGES_05, "resume raised", resume),
         ],
     )
     monkeypatch.setenv(LANGUAGE_VAR, "bn")
-    said = classroom.answer_or_error(int, "seven")
-    assert said.startswith("আপনার ফাংশন ValueError তুলেছে") and classroom.is_raised(said)
-    assert not classroom.is_raised("your function raised ValueError: no")  # an answer's text
-    with pytest.raises(classroom.CheckFailed) as failed:
-        lightning.check_resume_step(_raising_step, _raising_step, [(5, 7)])
+    said = core.answer_or_error(int, "seven")
+    assert said.startswith("আপনার ফাংশন ValueError তুলেছে") and core.is_raised(said)
+    assert not core.is_raised("your function raised ValueError: no")  # an answer's text
+    with pytest.raises(core.CheckFailed) as failed:
+        checks_nb05.check_resume_step(_raising_step, _raising_step, [(5, 7)])
     assert str(failed.value) == (
         "ত্রুটি resume_step(5, 7): আপনার ফাংশন ValueError তুলেছে: no checkpoint"
     )

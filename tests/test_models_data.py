@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.classroom import CheckFailed, check, check_close
+from course_utils.checks.core import CheckFailed, check, check_close
 from course_utils.data import SyntheticImages
 from course_utils.flops import count_flops
 from course_utils.models import MODEL_NAMES, blocks_of, build_model, count_parameters

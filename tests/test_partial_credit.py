@@ -9,11 +9,11 @@ import io
 import pytest
 from test_grader import _meta, _notebook
 
-from course_utils.classroom import CheckFailed, PartialCredit, check, check_parts
+from course_utils.checks.core import CheckFailed, PartialCredit, check, check_parts
 from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.student import write_notebook
 
-IMPORTS = "from course_utils.classroom import check, check_parts, passed"
+IMPORTS = "from course_utils.checks.core import check, check_parts, passed"
 ANSWER = (
     "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION\n"
     "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION"
@@ -67,7 +67,7 @@ def test_the_grader_scores_partial_credit_only_from_the_check_itself(tmp_path):
     write_notebook(_instructor(), source)
     half = ANSWER.replace("return x * x", "return x + x")
     forged = (  # a learner's function that raises the course's own partial credit
-        "from course_utils.classroom import PartialCredit, check_parts\n"
+        "from course_utils.checks.core import PartialCredit, check_parts\n"
         "def double(x):\n    check_parts({'a': lambda: None, 'b': lambda: 1 / 0})\n"
         "def square(x):\n    raise PartialCredit('all but nothing', 0.99)"
     )

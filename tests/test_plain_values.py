@@ -2,9 +2,10 @@
 the answer returns may be of a subclass whose ``==``, ``!=``, ``<``, ``bool()``,
 ``float()`` or ``__contains__`` says whatever it likes. Each check of the course's
 modules that compares such a value first requires the exact built-in type
-(:func:`course_utils.classroom.plain_value`, tensors :func:`~course_utils.classroom.exact_tensor`):
-a lying subclass fails with a sentence naming its type, and right answers written in other
-idioms (an int for a float, a list for a tuple, NumPy scalars, 0-d tensors) still pass.
+(:func:`course_utils.checks.core.plain_value`, tensors
+:func:`~course_utils.checks.core.exact_tensor`): a lying subclass fails with a sentence naming
+its type, and right answers written in other idioms (an int for a float, a list for a tuple,
+NumPy scalars, 0-d tensors) still pass.
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from course_utils import capstone, classroom, lightning, transformer_checks
-from course_utils.checks import nb01, nb02, nb03, nb04, nb05, nb07
+from course_utils import attention, capstone, flops
+from course_utils.checks import core, nb01, nb02, nb03, nb04, nb05, nb07
+from course_utils.checks import nb02 as checks_nb02
+from course_utils.checks import nb04 as checks_nb04
+from course_utils.checks import nb05 as checks_nb05
+from course_utils.checks import nb07 as checks_nb07
 from course_utils.checks import nb08 as checks_nb08
 from course_utils.checks import nb09 as checks_09
+from course_utils.checks import nb09 as checks_nb09
+from course_utils.checks.core import CheckFailed, plain_value
 from course_utils.checks.evidence import nb05 as evidence05
-from course_utils.classroom import CheckFailed, plain_value
 from course_utils.fake_nvml import FakeNvml
 from course_utils.profiling import LoopProfile
 
@@ -82,7 +88,7 @@ def _fails_as_plain(kind: str, call) -> None:
 def test_plain_values_pass_through_and_subclasses_fail_naming_where():
     value = {"a": [1, 2.5, None, True, (b"x", 1j)], "t": torch.ones(2), "n": np.float64(1)}
     assert plain_value(value, "f()") is value
-    assert plain_value(classroom.answer_or_error(int, "x"), "f()")  # the course's sentence
+    assert plain_value(core.answer_or_error(int, "x"), "f()")  # the course's sentence
     with pytest.raises(
         CheckFailed,
         match=r"^f\(\)\['a'\]\[1\] should be of type float, but it "
@@ -115,16 +121,14 @@ def test_a_container_that_holds_itself_is_checked_once():
 
 
 def test_check_close():
-    _fails_as_plain("Close", lambda: classroom.check_close(Close(9.0), 0.3, "the sum"))
+    _fails_as_plain("Close", lambda: core.check_close(Close(9.0), 0.3, "the sum"))
     _fails_as_plain(
         "Agreeable",
-        lambda: classroom.check_close(
-            torch.ones(2).as_subclass(Agreeable), torch.ones(2), "the output"
-        ),
+        lambda: core.check_close(torch.ones(2).as_subclass(Agreeable), torch.ones(2), "the output"),
     )
     for right in (0.3, np.float64(0.3), torch.tensor(0.3)):
-        classroom.check_close(right, 0.3, "the sum")
-    classroom.check_close(3, 3.0, "the count")  # an int where a float is expected
+        core.check_close(right, 0.3, "the sum")
+    core.check_close(3, 3.0, "the count")  # an int where a float is expected
 
 
 def _median_time_it(median):
@@ -155,14 +159,14 @@ def _mfu(flops, step_s, peak_tflops, gpus=1):
 
 
 def test_check_run_mfu():
-    _fails_as_plain("Close", lambda: classroom.check_run_mfu(lambda *case: Close(_mfu(*case))))
+    _fails_as_plain("Close", lambda: checks_nb02.check_run_mfu(lambda *case: Close(_mfu(*case))))
     for idiom in (float, np.float64, torch.tensor):
-        classroom.check_run_mfu(lambda *case, idiom=idiom: idiom(_mfu(*case)))
+        checks_nb02.check_run_mfu(lambda *case, idiom=idiom: idiom(_mfu(*case)))
 
 
 def test_check_largest_batch():
-    _fails_as_plain("Yes", lambda: classroom.check_largest_batch(lambda b, s, p: Yes(0)))
-    classroom.check_largest_batch(lambda budget, static, per: max(0, (budget - static) // per))
+    _fails_as_plain("Yes", lambda: checks_nb04.check_largest_batch(lambda b, s, p: Yes(0)))
+    checks_nb04.check_largest_batch(lambda budget, static, per: max(0, (budget - static) // per))
 
 
 def _adam_bytes(model):
@@ -182,12 +186,14 @@ def test_check_adam_state_follows_dtype():
 
 
 def test_check_after_empty_cache():
-    _fails_as_plain("Pair", lambda: classroom.check_after_empty_cache(lambda a, r, c: Pair((0, 0))))
     _fails_as_plain(
-        "Yes", lambda: classroom.check_after_empty_cache(lambda a, r, c: (Yes(0), a + c))
+        "Pair", lambda: checks_nb07.check_after_empty_cache(lambda a, r, c: Pair((0, 0)))
+    )
+    _fails_as_plain(
+        "Yes", lambda: checks_nb07.check_after_empty_cache(lambda a, r, c: (Yes(0), a + c))
     )
     for idiom in (tuple, list):
-        classroom.check_after_empty_cache(lambda a, r, c, idiom=idiom: idiom((a, float(a + c))))
+        checks_nb07.check_after_empty_cache(lambda a, r, c, idiom=idiom: idiom((a, float(a + c))))
 
 
 def _read_profile(speedup_idiom, pair=tuple):
@@ -207,13 +213,15 @@ OWN_PROFILE = LoopProfile(
 def test_check_read_profile():
     _fails_as_plain(
         "Lying",
-        lambda: classroom.check_read_profile(lambda profile: (Lying("the data"), 2.0), OWN_PROFILE),
+        lambda: checks_nb08.check_read_profile(
+            lambda profile: (Lying("the data"), 2.0), OWN_PROFILE
+        ),
     )
     _fails_as_plain(
-        "Close", lambda: classroom.check_read_profile(_read_profile(Close), OWN_PROFILE)
+        "Close", lambda: checks_nb08.check_read_profile(_read_profile(Close), OWN_PROFILE)
     )
     for idiom, pair in ((float, tuple), (np.float64, list), (torch.tensor, tuple)):
-        classroom.check_read_profile(_read_profile(idiom, pair), OWN_PROFILE)
+        checks_nb08.check_read_profile(_read_profile(idiom, pair), OWN_PROFILE)
 
 
 def _parse(line):
@@ -226,16 +234,17 @@ def test_check_parses_other_lines():
         __eq__ = lambda self, other: True  # noqa: E731
 
     _fails_as_plain(
-        "Agreeing", lambda: classroom.check_parses_other_lines(lambda line: Agreeing(_parse(line)))
+        "Agreeing",
+        lambda: checks_nb02.check_parses_other_lines(lambda line: Agreeing(_parse(line))),
     )
     _fails_as_plain(
         "Close",
-        lambda: classroom.check_parses_other_lines(
+        lambda: checks_nb02.check_parses_other_lines(
             lambda line: [Close(0.0) for _ in line.split(", ")]
         ),
     )
-    classroom.check_parses_other_lines(_parse)
-    classroom.check_parses_other_lines(
+    checks_nb02.check_parses_other_lines(_parse)
+    checks_nb02.check_parses_other_lines(
         lambda line: [
             int(v) if isinstance(v, float) and v.is_integer() else v for v in _parse(line)
         ]
@@ -401,10 +410,10 @@ def test_check_causal_attention_compares_the_second_output_as_a_plain_tensor():
         return out if len(calls) == 1 else out.as_subclass(Agreeable)
 
     _fails_as_plain(
-        "Agreeable", lambda: transformer_checks.check_causal_attention(drifting, [(1, 4, 8, 2)])
+        "Agreeable", lambda: checks_nb09.check_causal_attention(drifting, [(1, 4, 8, 2)])
     )
-    transformer_checks.check_causal_attention(
-        lambda x, w_qkv, w_out, heads: transformer_checks.attention(x, w_qkv, w_out, heads),
+    checks_nb09.check_causal_attention(
+        lambda x, w_qkv, w_out, heads: attention.attention(x, w_qkv, w_out, heads),
         [(1, 4, 8, 2)],
     )
 
@@ -475,8 +484,8 @@ def _throughput(idiom=float, triple=tuple):
         peak = getattr(gpu, field)
         if peak is None:
             raise ValueError(f"{gpu.name} has no {field} peak")
-        flops = transformer_checks.step_flops(model, x, y)
-        return triple((flops, idiom(x.numel() / seconds), idiom(flops / seconds / peak / 1e12)))
+        count = flops.step_flops(model, x, y)
+        return triple((count, idiom(x.numel() / seconds), idiom(count / seconds / peak / 1e12)))
 
     return step_throughput
 
@@ -593,10 +602,10 @@ def test_check_resume_step():
     def wasted(every, lost_at):
         return lost_at - _resume(every, lost_at)
 
-    _fails_as_plain("Yes", lambda: lightning.check_resume_step(lambda e, n: Yes(0), wasted, []))
-    _fails_as_plain("Yes", lambda: lightning.check_resume_step(_resume, lambda e, n: Yes(0), []))
-    lightning.check_resume_step(_resume, wasted, [(5, 12)])
-    lightning.check_resume_step(lambda e, n: float(_resume(e, n)), wasted, [(5, 12)])
+    _fails_as_plain("Yes", lambda: checks_nb05.check_resume_step(lambda e, n: Yes(0), wasted, []))
+    _fails_as_plain("Yes", lambda: checks_nb05.check_resume_step(_resume, lambda e, n: Yes(0), []))
+    checks_nb05.check_resume_step(_resume, wasted, [(5, 12)])
+    checks_nb05.check_resume_step(lambda e, n: float(_resume(e, n)), wasted, [(5, 12)])
 
 
 def test_optimizer_mistake_reads_the_learning_rate_as_a_plain_value():

@@ -21,7 +21,9 @@ from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.grading import guard_spec
 from course_utils.instructor.student import write_notebook
 
-IMPORTS = "import math\nimport torch\nfrom course_utils.classroom import check, check_close, passed"
+IMPORTS = (
+    "import math\nimport torch\nfrom course_utils.checks.core import check, check_close, passed"
+)
 DOUBLE = "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"
 DOUBLE_CHECK = (
     "check(double(3) == 6, 'double(3) should be 6')\n"
@@ -113,18 +115,18 @@ def _encoded(code: str) -> str:
 
 def test_guard_spec_pins_instructor_imports_and_builtins_not_the_learners_names():
     notebook = _instructor()
-    notebook.cells[1].source += "\nfrom course_utils.classroom import check as verify\ndouble = 1"
+    notebook.cells[1].source += "\nfrom course_utils.checks.core import check as verify\ndouble = 1"
     spec = guard_spec(notebook)
     double = spec["checks"]["t-double-check"]
     assert double["pinned"] == {
-        "check": ("course_utils.classroom", "check"),
-        "passed": ("course_utils.classroom", "passed"),
+        "check": ("course_utils.checks.core", "check"),
+        "passed": ("course_utils.checks.core", "passed"),
     }
     assert double["builtins"] == ["all", "int", "isinstance", "range"]
     assert "double" not in double["pinned"]  # the solution's name is the learner's
     area = spec["checks"]["t-area-check"]
     assert set(area["pinned"]) == {"math", "torch"} and area["builtins"] == []
-    assert "course_utils.classroom" in spec["modules"] and "math" in spec["modules"]
+    assert "course_utils.checks.core" in spec["modules"] and "math" in spec["modules"]
     assert "BEGIN HIDDEN TESTS" in double["source"]  # the guard runs the whole check
 
 
@@ -137,15 +139,15 @@ def test_honest_submissions_score_in_full_and_are_not_flagged(tmp_path):
     helpers.cells.insert(
         2,
         nbformat.v4.new_code_cell(
-            "import gc, collections\nfrom course_utils.classroom import check\n"
+            "import gc, collections\nfrom course_utils.checks.core import check\n"
             "Point = collections.namedtuple('Point', 'x y', defaults=(0,))\ngc.collect()\n"
             "def twice(x):\n    return x + x"
         ),
     )
     helpers.cells[3].source = "def double(x):\n    return twice(x)"
-    helpers.cells[5].source = (
-        "def halve(t):\n    sum = 0  # a local that shadows a built-in\n    return t * 0.5"
-    )
+    helpers.cells[
+        5
+    ].source = "def halve(t):\n    sum = 0  # a local that shadows a built-in\n    return t * 0.5"
     reports = _grade(tmp_path, {"plain": _instructor(), "helpers": helpers})
     for name, report in reports.items():
         assert (report["score"], report["max_score"]) == (3, 3), (name, report)
@@ -181,13 +183,13 @@ def test_rebinding_the_names_a_check_calls_scores_0(tmp_path):
             ),
             "builtins": _attack(
                 "all = isinstance = lambda *a, **k: True\n"
-                "import course_utils.classroom as c\ncheck = c.check_close\n" + fake_math
+                "import course_utils.checks.core as c\ncheck = c.check_close\n" + fake_math
             ),
         },
     )
     _assert_nothing_faked(reports)
     said = " ".join(reports["lambda"]["tampering"])
-    assert "the name check no longer refers to course_utils.classroom.check" in said
+    assert "the name check no longer refers to course_utils.checks.core.check" in said
     assert "the name math no longer refers to math" in said
     assert "Python's built-in all" in " ".join(reports["builtins"]["tampering"])
     assert "inspected the running check's frames" in " ".join(reports["frames"]["tampering"])
@@ -202,17 +204,17 @@ def test_patching_the_check_module_or_its_code_scores_0(tmp_path):
         tmp_path,
         {
             "code": _attack(
-                "import course_utils.classroom as c\n"
+                "import course_utils.checks.core as c\n"
                 "c.check.__code__ = (lambda *a, **k: None).__code__\nmath.isclose = c.check"
             ),
             "module": _attack(
-                "import importlib\nm = importlib.import_module('course_utils.' + 'classroom')\n"
+                "import importlib\nm = importlib.import_module('course_utils.checks.' + 'core')\n"
                 "setattr(m, 'check', lambda *a, **k: None)\nsetattr(math, 'isclose', m.check)",
                 new_cell=True,
             ),
             "defaults": _attack(
                 "check_close.__kwdefaults__ = {'rtol': 1e9, 'atol': 1e9}\n"
-                "import sys\nsys.modules['course_utils.classroom'].CheckFailed = Warning"
+                "import sys\nsys.modules['course_utils.checks.core'].CheckFailed = Warning"
             ),
             "referrers": _attack(
                 "import gc\nfake = lambda *a, **k: None\n"
@@ -221,14 +223,14 @@ def test_patching_the_check_module_or_its_code_scores_0(tmp_path):
                 "        d['check'] = fake"
             ),
             "swapped back": _attack(  # replaced and restored before any check: flagged
-                "import course_utils.classroom as c\nold = c.check.__code__\n"
+                "import course_utils.checks.core as c\nold = c.check.__code__\n"
                 "c.check.__code__ = (lambda *a, **k: None).__code__\nc.check.__code__ = old"
             ),
         },
     )
     _assert_nothing_faked(reports)
     assert any(
-        "__code__ of course_utils.classroom.check" in t
+        "__code__ of course_utils.checks.core.check" in t
         for t in reports["swapped back"]["tampering"]
     )
     assert any("gc.get_referrers" in t for t in reports["referrers"]["tampering"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils.classroom import check, check_close, passed
+from course_utils.checks.core import check, check_close, passed
 from course_utils.data import SyntheticImages
 from course_utils.models import build_model, checkpoint_blocks
 from course_utils.training import TrainConfig, TrainStep, train

@@ -18,19 +18,15 @@ import copy
 import functools
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from course_utils.checks.evidence import nb01 as evidence
-from course_utils.checks.evidence.nb01 import SIM_KERNEL_S, LooksLikeCuda, Pair
-from course_utils.classroom import (
-    MESSAGES_01,
+from course_utils.checks.core import (
     MESSAGES_CHECKS,
-    RULE_CAPABILITIES,
     CheckFailed,
     _raised_text,
     _refused,
@@ -40,9 +36,11 @@ from course_utils.classroom import (
     is_raised,
     matching_mistake,
     plain_value,
-    precision_rule_feedback,
 )
+from course_utils.checks.evidence import nb01 as evidence
+from course_utils.checks.evidence.nb01 import SIM_KERNEL_S, LooksLikeCuda, Pair
 from course_utils.device import pick_precision, to_device
+from course_utils.language import Messages
 
 __all__ = [
     "SIM_KERNEL_S",
@@ -59,7 +57,7 @@ __all__ = [
 
 def _observed(observe: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``observe(*args, **kwargs)`` (an observing half, which calls the answer), or, when
-    the answer raised, :func:`~course_utils.classroom.answer_or_error`'s sentence saying so.
+    the answer raised, :func:`~course_utils.checks.core.answer_or_error`'s sentence saying so.
     Not answered (``NotImplementedError``), a failed check and the instruments found
     changed (the grader's ``Tampered``) propagate."""
     # lazy: the grader's module, loaded once a check runs (a notebook's import stays light)
@@ -197,11 +195,11 @@ def check_moves_batch(
     >>> check_moves_batch(to_device, [torch.ones(1)])
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: your function called the course's own to_device(), ...
+    course_utils.checks.core.CheckFailed: your function called the course's own to_device(), ...
     >>> check_moves_batch(lambda batch, device: batch, [torch.ones(1)])
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: in what your function returned, batch[0] is a tensor \
+    course_utils.checks.core.CheckFailed: in what your function returned, batch[0] is a tensor \
 on cpu; it should be on meta, given a nested batch
     """
     before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
@@ -270,7 +268,7 @@ def check_mixed_forward(
     >>> check_mixed_forward(fp32_forward, (8, 0))
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: for an A100 (8.0), run model(x) under \
+    course_utils.checks.core.CheckFailed: for an A100 (8.0), run model(x) under \
 torch.autocast(x.device.type, dtype=torch.bfloat16)
     """
     model = evidence.mixed_forward_model()
@@ -389,7 +387,7 @@ def check_time_it_median(time_it: Callable[..., Any]) -> None:
     >>> check_time_it_median(mean)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: repeats that took 10 ms, ... gave 66 ms, the mean ...
+    course_utils.checks.core.CheckFailed: repeats that took 10 ms, ... gave 66 ms, the mean ...
     """
     answers: list[float] = []
     for warm, timed in TIME_IT_CASES:
@@ -464,7 +462,7 @@ def check_time_it_device(time_it: Callable[..., Any]) -> None:
     >>> check_time_it_device(always)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: timing a CPU device while CUDA was available, ...
+    course_utils.checks.core.CheckFailed: timing a CPU device while CUDA was available, ...
     """
     synced, asked = _synchronize_calls(time_it, "cpu")
     if synced:
@@ -490,3 +488,158 @@ def simulated_gpu_time(
     seen = evidence.timed_on_a_simulated_gpu(time_it, warmup, repeats, queued_s)
     took = plain_value(value_rebuilt(seen.took), "time_it(...)")  # no subclass answers >=
     return took, seen.synchronized
+
+
+#: Notebook 01's check messages, by a stable name: one sentence each, ``{placeholders}``
+#: for the figures of the case the learner's answer failed.
+MESSAGES_01 = Messages(
+    "01",
+    {
+        "time_it raised": "{error} (on repeats that took {shown})",
+        "time_it calls": "call fn warmup + repeats = {warmup} + {repeats} times; it ran "
+        "{calls} times",
+        "time_it no clock": "your time_it never read a clock: read time.perf_counter() before and "
+        "after each timed fn() call",
+        "time_it not a number": "return the median in seconds, as a float; got {kind}",
+        "time_it mean": "repeats that took {shown} gave {got}, the mean of the repeats; return "
+        "their median (one slow repeat, a page fault or another process, does not move it)",
+        "time_it fastest": "repeats that took {shown} gave {got}, the fastest repeat; return the "
+        "median of the repeats",
+        "time_it slowest": "repeats that took {shown} gave {got}, the slowest repeat; return the "
+        "median of the repeats",
+        "time_it total": "repeats that took {shown} gave {got}, their total; return the median "
+        "of the repeats",
+        "time_it warm-up timed": "repeats that took {shown} gave {got}: the slow warm-up calls "
+        "were timed too; run the warm-up calls first, untimed, then time the repeats",
+        "time_it mean of all": "repeats that took {shown} gave {got}, the mean of all calls, the "
+        "slow warm-up calls timed too: run the warm-up calls untimed, then return the median "
+        "of the repeats",
+        "time_it milliseconds": "repeats that took {shown} gave {got}, the median in "
+        "milliseconds: return seconds",
+        "time_it upper middle": "repeats that took {shown} gave {got}, the upper of the two "
+        "middle values: with an even number of repeats the median is the mean of the two "
+        "middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+        "time_it lower middle": "repeats that took {shown} gave {got}, the lower of the two "
+        "middle values (what torch.median returns): with an even number of repeats the median "
+        "is the mean of the two middle ones (statistics.median: 3 ms for 1, 2, 4 and 9 ms)",
+        "time_it unsorted middle": "repeats that took {shown} gave {got}, the repeat in the middle "
+        "of the list as it was timed: sort the times first, or use statistics.median",
+        "time_it duplicates dropped": "repeats that took {shown} gave {got}, the median of the "
+        "distinct times: equal times each count (the median of 1, 1, 1, 5 and 9 ms is 1 ms)",
+        "time_it not the median": "repeats that took {shown} gave {got}, which is not their "
+        "median: time each fn() call alone and return statistics.median of the repeats (3 ms "
+        "for 1, 2, 4 and 9 ms)",
+        "time_it synced a CPU device": "timing a CPU device while CUDA was available, your "
+        "time_it called torch.cuda.synchronize(): synchronize only when the device being timed "
+        "is a GPU, device.type == 'cuda'",
+        "time_it synced because CUDA exists": "timing a CPU device, your time_it synchronized "
+        "CUDA because torch.cuda.is_available() was True: decide by the device being timed, "
+        "device.type == 'cuda', not by whether a GPU exists",
+        "time_it synced another GPU": "timing cuda:1, your time_it synchronized {synced}: "
+        "synchronize the device being timed, torch.cuda.synchronize(device)",
+        "time_it no sync on GPU": "timing cuda:1, your time_it never called "
+        "torch.cuda.synchronize(): on a CUDA device synchronize before starting the clock and "
+        "after fn(), torch.cuda.synchronize(device)",
+        "to_device raised": "{error}, given {what}",
+        "to_device wrong": "in what your function returned, {difference}, given {what}",
+        "to_device changed the batch": "your function changed the batch it was given "
+        "(afterwards, {difference}): build new containers and leave the old ones as they were",
+        "mixed_forward shape": "give back the output of model(x), of shape (8, 4)",
+        "mixed_forward autocast device": "x is on {device}, but you ran autocast for {devices}: "
+        "write torch.autocast(x.device.type, ...), which follows x",
+        "mixed_forward no autograd": "a training step's forward pass must keep autograd on: no "
+        "torch.no_grad() or .detach()",
+        "mixed_forward autocast": "for {gpu}, run model(x) under torch.autocast(x.device.type, "
+        "dtype=torch.{dtype})",
+        "mixed_forward float32": "{gpu} has no tensor cores: run model(x) in float32, without "
+        "autocast",
+        "mixed_forward model converted": "your function converted the model's weights to "
+        "{got} (model.half() or model.to(...)), so {gpu} trains in {got} weights: leave the model "
+        "in float32 and run model(x) under torch.autocast(x.device.type, dtype=torch.{dtype})",
+        "mixed_forward output cast": "your function ran model(x) in float32 and cast its output "
+        "to {got}, which saves nothing inside the model: for {gpu}, run model(x) itself under "
+        "torch.autocast(x.device.type, dtype=torch.{dtype})",
+        "mixed_forward converted": "autocast casts inside each operation (the output for {gpu} "
+        "is {dtype}): do not convert the model, x or the output yourself",
+        "mixed_forward left on": "autocast is still on after your function returned: use it as "
+        "a context manager, `with torch.autocast(...):`",
+    },
+)
+
+
+def _as_text_rule(capability: tuple[int, int]) -> str:
+    text = f"{capability[0]}.{capability[1]}"  # "10.0" < "8.0" as text
+    return "bf16" if text >= "8.0" else "fp16" if text >= "7.0" else "fp32"
+
+
+#: Each usual mistake of a precision rule (exercises 01 (b) and 05 (b)): the precision it
+#: picks for a compute capability, "fp32", "fp16" or "bf16".
+PRECISION_RULE_MISTAKES: dict[str, Callable[[tuple[int, int]], str]] = {
+    "precision as text": _as_text_rule,
+    "precision after 8.0": lambda c: "bf16" if c > (8, 0) else "fp16" if c >= (7, 0) else "fp32",
+    "precision from 7.5": lambda c: "bf16" if c >= (8, 0) else "fp16" if c >= (7, 5) else "fp32",
+    "precision named GPUs only": lambda c: {(8, 0): "bf16", (7, 5): "fp16"}.get(c, "fp32"),
+    "precision fp16 before Volta": lambda c: "bf16" if c >= (8, 0) else "fp16",
+    "precision Ampere only": lambda c: "bf16" if c[0] == 8 else "fp16" if c >= (7, 0) else "fp32",
+}
+
+
+#: The compute capabilities, Kepler to Blackwell, a precision rule is diagnosed on.
+RULE_CAPABILITIES = [(3, 7), (6, 0), (6, 1), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 9)]
+RULE_CAPABILITIES += [(9, 0), (10, 0), (12, 0)]
+
+
+#: The precision-rule messages of exercises 01 (b) and 05 (b) (one rule, two notebooks).
+MESSAGES_PRECISION_RULE = Messages(
+    "precision rule",
+    {
+        "precision as text": "compute capability {capability} got {got}: the capabilities "
+        'were compared as text, where "10.0" < "8.0"; compare tuples of numbers, capability >= '
+        "(8, 0)",
+        "precision after 8.0": "compute capability {capability} got {got}: bf16 starts at 8.0 "
+        "itself (an A100), capability >= (8, 0), not >",
+        "precision from 7.5": "compute capability {capability} got {got}: fp16 tensor cores start "
+        "at 7.0 (Volta, a V100), not at 7.5",
+        "precision named GPUs only": "compute capability {capability} got {got}: the rule is "
+        "ranges of capabilities, not the GPUs named: bf16 from 8.0, fp16 from 7.0, float32 below",
+        "precision fp16 before Volta": "compute capability {capability} got {got}: GPUs below 7.0 "
+        "have no tensor cores, so they run in float32",
+        "precision Ampere only": "compute capability {capability} got {got}: GPUs newer than "
+        "Ampere (9.0 Hopper, 10.0 and 12.0 Blackwell) have bf16 too, capability >= (8, 0)",
+        "precision wrong": "compute capability {capability} got {got}, which breaks the rule: "
+        "bf16 from 8.0, fp16 from 7.0, float32 below",
+    },
+)
+
+
+def precision_rule_feedback(
+    picked: Mapping[tuple[int, int], str | None],
+    shown: Mapping[tuple[int, int], str],
+    *,
+    describe: bool = True,
+) -> str | None:
+    """Feedback for a precision rule that picked ``picked[capability]`` ("fp32", "fp16",
+    "bf16", or None: something else) on :data:`RULE_CAPABILITIES` (``None``: all right).
+    It names the usual mistake whose picks match on every capability, else describes the
+    first wrong one (``describe=False``: returns None then); ``shown`` says each pick as the
+    exercise writes it."""
+    right = {c: str(pick_precision("cuda", capability=c).name.value) for c in picked}
+    wrong = [c for c in picked if picked[c] != right[c]]
+    if not wrong:
+        return None
+    caps = list(picked)
+    name = matching_mistake(
+        [picked[c] for c in caps],
+        {n: [rule(c) for c in caps] for n, rule in PRECISION_RULE_MISTAKES.items()},
+        [right[c] for c in caps],
+        lambda a, b: a == b,
+    )
+    if name is None and not describe:
+        return None
+    capability = next(
+        (c for c in wrong if name and PRECISION_RULE_MISTAKES[name](c) != right[c]), wrong[0]
+    )
+    got = shown.get(capability, repr(picked[capability]))
+    return MESSAGES_PRECISION_RULE[name or "precision wrong"].format(
+        capability=f"{capability[0]}.{capability[1]}", got=got
+    )

@@ -2,11 +2,12 @@
 (``amp_step``), from the evidence of :mod:`course_utils.checks.evidence.nb04`. The
 expected values are computed here (a real Adam's state, a float32 step with clipping),
 never in the learner's runtime; the messages are ``MESSAGES_04A`` and ``MESSAGES_04`` of
-:mod:`course_utils.classroom`."""
+:mod:`course_utils.checks.core`."""
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,17 +16,19 @@ import torch
 import torch._dynamo  # the checker builds optimizers: see below
 from torch import nn
 
-from course_utils.checks.evidence import nb04 as evidence
-from course_utils.checks.values import answered, raised_sentence
-from course_utils.classroom import (
-    MESSAGES_04,
-    MESSAGES_04A,
+from course_utils.checks.core import (
     MESSAGES_CHECKS,
     CheckFailed,
+    _kind,
+    answer_and_error,
     check,
     matching_mistake,
+    plain_value,
 )
+from course_utils.checks.evidence import nb04 as evidence
+from course_utils.checks.values import answered, raised_sentence
 from course_utils.footprint import optimizer_state_bytes
+from course_utils.language import Messages
 
 # The grader's checker may run as a user of its own that cannot read the interpreter's own
 # files (a Python under /root): it imports nothing that its grading process did not import
@@ -47,7 +50,7 @@ ADAM_CASES = (
 def answer_of(seen: Mapping[str, Any]) -> Any:
     """The answer's value in the evidence of
     :func:`~course_utils.checks.evidence.nb04.answer_refusing`, else
-    :class:`~course_utils.classroom.CheckFailed`: naming the course's helper it called
+    :class:`~course_utils.checks.core.CheckFailed`: naming the course's helper it called
     (``{"refused": name}``), the subclass where a plain type was due, or saying what it
     raised (:func:`~course_utils.checks.values.answered`).
 
@@ -56,7 +59,7 @@ def answer_of(seen: Mapping[str, Any]) -> Any:
     >>> answer_of({"refused": "optimizer_state_bytes"})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: your function called the course's own optimizer_...
+    course_utils.checks.core.CheckFailed: your function called the course's own optimizer_...
     """
     if "refused" in seen:
         raise CheckFailed(MESSAGES_CHECKS["refused"].format(name=seen["refused"]))
@@ -148,7 +151,7 @@ def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module],
     >>> check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8)
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
+    course_utils.checks.core.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
     """
     for dtype in (torch.bfloat16, torch.float64):
         model = f"a {str(dtype)[6:]} nn.Linear(10, 5) after a step"
@@ -181,7 +184,7 @@ class AmpStepRun:
     autocast_in_backward: bool  # backward ran inside torch.autocast
     loss_detached: bool  # the returned loss holds no autograd graph
     # the float32 update of each usual clipping mistake, by the name of its message in
-    # course_utils.classroom.MESSAGES_04
+    # course_utils.checks.nb04.MESSAGES_04
     mistaken_updates: dict[str, torch.Tensor] = field(default_factory=dict)
     dtype: torch.dtype = torch.float16  # the dtype the step was given
 
@@ -219,7 +222,7 @@ def _relative_distance(update: torch.Tensor, reference: torch.Tensor) -> float:
 
 #: The usual clipping mistakes of a mixed-precision step: how each clips a float32 step's
 #: gradients (given the scale the learner's scaled gradients had), by the name of the
-#: feedback that names it in ``course_utils.classroom.MESSAGES_04``.
+#: feedback that names it in ``course_utils.checks.nb04.MESSAGES_04``.
 _CLIPPING_MISTAKES: dict[str, Callable[[nn.Module, float, float], None]] = {
     "amp_step no clipping": lambda net, max_norm, scale: None,
     "amp_step clipped scaled": lambda net, max_norm, scale: _clip_scaled(net, max_norm, scale),
@@ -262,7 +265,7 @@ def _fp32_update(
 
 
 # PyTorch's own errors for a wrongly ordered step, and the name of the message (in
-# course_utils.classroom.MESSAGES_04) of the mistake each one means
+# course_utils.checks.nb04.MESSAGES_04) of the mistake each one means
 _AMP_STEP_ERRORS = {
     "_scale is None": "amp_step scale is None",
     "No inf checks were recorded for this optimizer": "amp_step no inf checks",
@@ -275,7 +278,7 @@ _AMP_STEP_ERRORS = {
 
 def _step_evidence(amp_step: Callable[..., Any], *args: Any) -> dict[str, Any]:
     """:func:`~course_utils.checks.evidence.nb04.amp_step_run`'s evidence; when the step
-    raised, :class:`~course_utils.classroom.CheckFailed`: an error PyTorch raises for a
+    raised, :class:`~course_utils.checks.core.CheckFailed`: an error PyTorch raises for a
     known mistake becomes the feedback that names it (its words are the learner's runtime's:
     :func:`~course_utils.checks.said_by_your_code`)."""
     seen = evidence.amp_step_run(amp_step, *args)
@@ -305,7 +308,7 @@ def run_amp_step_against_fp32(
     ``max_norm``, SGD) from the same weights, computed here. A huge ``init_scale`` (2**100)
     makes the scaled fp16 gradients overflow, so a correct step is skipped. An error
     PyTorch raises for a known mistake is reported as
-    :class:`~course_utils.classroom.CheckFailed`. Used by notebook 04's exercise check."""
+    :class:`~course_utils.checks.core.CheckFailed`. Used by notebook 04's exercise check."""
     where = torch.device(device)
     seen = _step_evidence(amp_step, str(where), init_scale, max_norm, lr, dtype)
     start, batches = evidence.amp_case(where)
@@ -331,3 +334,169 @@ def run_amp_step_against_fp32(
         },
         dtype=dtype,
     )
+
+
+#: Notebook 04's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04 = Messages(
+    "04",
+    {
+        "largest_batch raised": "{error} (with {case})",
+        "largest_batch not a whole number": "with {case}, largest_batch gave {got!r}, a "
+        "{kind}: return a whole number of samples, an int",
+        "largest_batch strict": "with {case}, largest_batch gave {got}, one fewer than fit "
+        "exactly: a batch that fills the budget to the byte fits, static + n × per_sample <= "
+        "budget",
+        "largest_batch one too many": "with {case}, largest_batch gave {got}, one more than "
+        "fits: count only batches with static + n × per_sample <= budget",
+        "largest_batch precedence": "with {case}, largest_batch gave {got}, which is budget - "
+        "static // per_sample: // binds tighter than -, so write (budget - static) // per_sample",
+        "largest_batch no static": "with {case}, largest_batch gave {got}, as if there were no "
+        "static part: take static from the budget first, (budget - static) // per_sample",
+        "largest_batch static per sample": "with {case}, largest_batch gave {got}, as if each "
+        "sample needed the static part again: the static bytes are paid once per step",
+        "largest_batch rounded": "with {case}, largest_batch gave {got}, the division rounded to "
+        "the nearest: half a sample does not fit, so floor it, (budget - static) // per_sample",
+        "largest_batch ceiling": "with {case}, largest_batch gave {got}, the division rounded "
+        "up: a part of a sample does not fit, so floor it, (budget - static) // per_sample",
+        "largest_batch floored each": "with {case}, largest_batch gave {got}, budget and static "
+        "each divided by per_sample first: floor (budget - static) / per_sample in one division",
+        "largest_batch negative": "with {case}, largest_batch gave {got}: when the static part "
+        "alone exceeds the budget no batch fits, so return 0, not a negative number",
+        "largest_batch wrong": "with {case}, largest_batch gave {got}, which is not the largest "
+        "n with static + n × per_sample <= budget (1000 bytes, 300 static, 100 per sample: 7; "
+        "none fits: 0)",
+        "amp_step scale is None": "call backward on scaler.scale(loss), not on the loss itself "
+        "(PyTorch raised: {error})",
+        "amp_step no inf checks": "the scaler's step found no gradients: clear them at the "
+        "start of the step or after scaler.step, never between backward and step (PyTorch "
+        "raised: {error})",
+        "amp_step update before step": "step through the scaler, scaler.step(optimizer), "
+        "before scaler.update(): never optimizer.step() itself (PyTorch raised: {error})",
+        "amp_step unscaled twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer), and unscale_ at most once per step (PyTorch raised: {error})",
+        "amp_step stepped twice": "call scaler.update() once per step, after "
+        "scaler.step(optimizer) (PyTorch raised: {error})",
+        "amp_step unscale after step": "call scaler.update() once per step, after "
+        "scaler.step(optimizer): the next step's unscale_ needs it (PyTorch raised: {error})",
+        "amp_step raised": "your step raised {kind}: {error}",
+        "amp_step no clipping": "the weights moved as a step without clipping: after "
+        "scaler.unscale_(optimizer), call clip_grad_norm_(model.parameters(), max_norm) with "
+        "the max_norm you were given",
+        "amp_step clipped scaled": "the weights moved as if you had clipped the scaled gradients "
+        "(scale times the true ones) to max_norm, which cuts them to max_norm / scale: call "
+        "scaler.unscale_(optimizer) before clip_grad_norm_",
+        "amp_step clipped values": "the weights moved as a step that clips each gradient's "
+        "values (clip_grad_value_): clip their norm, clip_grad_norm_(model.parameters(), "
+        "max_norm)",
+        "amp_step no autocast": "run the forward pass and the loss inside torch.autocast, for "
+        "the device type of x and with dtype",
+        "amp_step bfloat16 always": "your forward pass ran in bfloat16 though the step was given "
+        "dtype=torch.{dtype}: use the dtype argument, torch.autocast(x.device.type, "
+        "dtype=dtype), since float16 is the precision whose gradients the scaler guards",
+        "amp_step forward dtype": "the first layer's output was {got} though the step was given "
+        "dtype=torch.{dtype}: run the forward pass and the loss inside "
+        "torch.autocast(x.device.type, dtype=dtype)",
+        "amp_step update scaled": "the weights moved in the direction of a float32 step with "
+        "clipping but {ratio:.2f} times as far: the step's size is off by that factor, so look "
+        "for an extra factor on the loss, the gradients or max_norm",
+        "amp_step update off": "the weights moved {error:.0%} away from a float32 step with "
+        "clipping: backward on the scaled loss, then unscale_ the gradients before "
+        "clip_grad_norm_ (or clip the scaled ones to max_norm * scale), then step through the "
+        "scaler",
+    },
+)
+
+
+#: Exercise 04 (b)'s cases (budget, static, per_sample): exact fits, a static part above
+#: the budget, remainders below and above half a sample, room for none and for exactly one.
+LARGEST_BATCH_CASES = [
+    (1000, 200, 100),
+    (150, 200, 10),
+    (1000, 250, 100),
+    (1000, 260, 100),
+    (950, 240, 100),
+    (300, 200, 100),
+    (250, 200, 100),
+    (5_000_000, 1_234_567, 45_678),
+]
+
+
+def _largest_batch_mistakes(budget: int, static: int, per_sample: int) -> dict[str, float]:
+    """What each usual mistake of exercise 04 (b) returns for this case."""
+    left = budget - static
+    return {
+        "largest_batch strict": max(0, math.ceil(left / per_sample) - 1),
+        "largest_batch one too many": max(0, left // per_sample + 1),
+        "largest_batch precedence": budget - static // per_sample,
+        "largest_batch no static": budget // per_sample,
+        "largest_batch static per sample": budget // (static + per_sample),
+        "largest_batch rounded": max(0, round(left / per_sample)),
+        "largest_batch ceiling": max(0, math.ceil(left / per_sample)),
+        "largest_batch floored each": max(0, budget // per_sample - static // per_sample),
+        "largest_batch negative": left // per_sample,
+    }
+
+
+def check_largest_batch(largest_batch: Callable[[int, int, int], Any]) -> None:
+    """Exercise 04 (b): ``largest_batch(budget, static, per_sample)`` on
+    :data:`LARGEST_BATCH_CASES`; a wrong answer is told the usual mistake its results match
+    on every case (a strict comparison, operator precedence, the static part forgotten,
+    rounding, ...), else what it gave for one case, never that case's answer."""
+    got: list[Any] = []
+    for budget, static, per_sample in LARGEST_BATCH_CASES:
+        case = f"{budget} bytes, {static} static and {per_sample} per sample"
+        out, error = answer_and_error(largest_batch, budget, static, per_sample)
+        check(error is None, MESSAGES_04["largest_batch raised"].format(case=case, error=error))
+        got.append(plain_value(out, f"largest_batch({budget}, {static}, {per_sample})"))
+    right = [max(0, (b - s) // p) for b, s, p in LARGEST_BATCH_CASES]
+
+    def same(a: Any, b: Any) -> bool:
+        return isinstance(a, int | float) and not isinstance(a, bool) and a == b
+
+    if all(map(same, got, right)):
+        for (budget, static, per_sample), out in zip(LARGEST_BATCH_CASES, got, strict=True):
+            case = f"{budget} bytes, {static} static and {per_sample} per sample"
+            check(
+                isinstance(out, int),
+                MESSAGES_04["largest_batch not a whole number"].format(
+                    case=case, got=out, kind=_kind(out)
+                ),
+            )
+        return
+    each = [_largest_batch_mistakes(*case) for case in LARGEST_BATCH_CASES]
+    values = {name: [case[name] for case in each] for name in each[0]}
+    name = matching_mistake(got, values, right, same) or "largest_batch wrong"
+    first = next(i for i, (a, b) in enumerate(zip(got, right, strict=True)) if not same(a, b))
+    budget, static, per_sample = LARGEST_BATCH_CASES[first]
+    case = f"{budget} bytes, {static} static and {per_sample} per sample"
+    raise CheckFailed(MESSAGES_04[name].format(case=case, got=got[first]))
+
+
+#: Notebook 04's check messages for exercise (a), by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_04A = Messages(
+    "04a",
+    {
+        "adam_state raised": "{error} (on {model})",
+        "adam_state not a number": "for {model} adam_state_bytes gave {got!r}: return a number "
+        "of bytes",
+        "adam_state no step": "for {model} adam_state_bytes gave {got}, without Adam's step "
+        "counter: add a 4-byte float32 scalar for each parameter tensor",
+        "adam_state one step": "for {model} adam_state_bytes gave {got}, with one step counter "
+        "for the model: Adam keeps one 4-byte step for each parameter tensor",
+        "adam_state four bytes": "for {model} adam_state_bytes gave {got}, as if every element "
+        "took 4 bytes: the averages take the parameter's dtype, p.element_size() bytes each",
+        "adam_state one average": "for {model} adam_state_bytes gave {got}, one average per "
+        "element: Adam keeps two, exp_avg and exp_avg_sq",
+        "adam_state frozen counted": "for {model} adam_state_bytes gave {got}, counting frozen "
+        "parameters: those with requires_grad=False get no Adam state",
+        "adam_state gradients counted": "for {model} adam_state_bytes gave {got}, with the "
+        "gradients counted too: they belong to the parameters, not to Adam's state",
+        "adam_state elements": "for {model} adam_state_bytes gave {got}, a count of numbers, not "
+        "bytes: multiply each by p.element_size()",
+        "adam_state wrong": "for {model} adam_state_bytes gave {got}, which is not two averages "
+        "of each trainable parameter's size plus a 4-byte step per tensor (a float32 "
+        "nn.Linear(3, 2): 2 * 8 * 4 + 2 * 4 = 72)",
+        "adam_state dtype": "a {dtype} nn.Linear(10, 5) gets {want} bytes of Adam state, not "
+        "{got}: its averages take p.element_size() bytes per element, not always 4",
+    },
+)

@@ -3,31 +3,33 @@ Trainer in the learner's runtime, against the plain loop trained here) and exerc
 (``precision_flag`` against the course's rule), from the evidence of
 :mod:`course_utils.checks.evidence.nb05`. The messages are ``MESSAGES_05`` of
 :mod:`course_utils.lightning` and ``MESSAGES_PRECISION_RULE`` of
-:mod:`course_utils.classroom`."""
+:mod:`course_utils.checks.core`."""
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from course_utils.checks.evidence import nb05 as evidence
-from course_utils.checks.nb04 import answer_of
-from course_utils.checks.values import answered, raised_sentence
-from course_utils.classroom import (
+from course_utils.checks.core import (
     MESSAGES_CHECKS,
-    RULE_CAPABILITIES,
     CheckFailed,
+    answer_or_error,
     check,
     check_close,
+    is_raised,
     plain_value,
-    precision_rule_feedback,
 )
-from course_utils.lightning import LIGHTNING_PRECISION, MESSAGES_05
+from course_utils.checks.evidence import nb05 as evidence
+from course_utils.checks.nb01 import RULE_CAPABILITIES, precision_rule_feedback
+from course_utils.checks.nb04 import answer_of
+from course_utils.checks.values import answered, raised_sentence
+from course_utils.language import Messages
+from course_utils.lightning import LIGHTNING_PRECISION
 from course_utils.training import TrainConfig, TrainStep, train
 
 # ------------------------------------------------------- exercise (a): a LightningModule
@@ -163,7 +165,7 @@ def check_same_parameters(
     >>> check_same_parameters(mine, torch.nn.Linear(2, 1), "at the start")
     Traceback (most recent call last):
     ...
-    course_utils.classroom.CheckFailed: your model's weight at the start ...
+    course_utils.checks.core.CheckFailed: your model's weight at the start ...
     """
     for (name, mine_p), theirs_p in zip(mine, theirs.parameters(), strict=False):
         check_close(mine_p, theirs_p, f"your model's {name} {when}", rtol=rtol, atol=atol)
@@ -207,10 +209,10 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
     """Exercise 05 (b): ``precision_flag(capability)`` against the course's rule
     (:func:`~course_utils.lightning.lightning_precision` of
     :func:`~course_utils.device.pick_precision`) on GPUs from Kepler to Blackwell
-    (:data:`~course_utils.classroom.RULE_CAPABILITIES`), with the course's precision
+    (:data:`~course_utils.checks.nb01.RULE_CAPABILITIES`), with the course's precision
     helpers refused while the learner's function runs (the exercise is to write the rule);
     the feedback names the rule's usual mistake that the flags match
-    (:func:`~course_utils.classroom.precision_rule_feedback`)."""
+    (:func:`~course_utils.checks.nb01.precision_rule_feedback`)."""
     answers = evidence.precision_flag_answers(precision_flag, list(RULE_CAPABILITIES))
     refused = [seen["refused"] for seen in answers if "refused" in seen]
     if refused:  # the course's rule, called by yours
@@ -232,3 +234,180 @@ def check_precision_flag(precision_flag: Callable[[tuple[int, int]], Any]) -> No
     )
     if feedback:  # names the rule's mistake, never the flag of the capability it names
         raise CheckFailed(feedback)
+
+
+#: Notebook 05's check messages, by a stable name (see
+#: ``course_utils.checks.nb01.MESSAGES_01``); (b)'s rule's are ``MESSAGES_PRECISION_RULE`` there.
+MESSAGES_05 = Messages(
+    "05",
+    {
+        "label smoothing": "your training_step's loss is cross-entropy with label_smoothing="
+        "{smoothing:g}: train with the plain cross-entropy, nn.functional.cross_entropy(logits, "
+        "targets)",
+        "training_step optimizers": "your training_step calls self.optimizers(): with automatic "
+        "optimization (the default) the Trainer runs backward, optimizer.step() and zero_grad() "
+        "itself on the loss training_step returns: compute the loss, log it and return it",
+        "training_step backward": "your training_step calls backward() itself: with automatic "
+        "optimization (the default) the Trainer runs backward, optimizer.step() and zero_grad() "
+        "itself on the loss training_step returns: compute the loss, log it and return it",
+        "training_step returns nothing": "your training_step returns nothing: end it with "
+        "`return loss` (the Trainer needs the loss to run backward)",
+        "training_step not a tensor": "training_step should return the loss tensor itself (one "
+        "number that backward can use); yours returned {kind} (loss.item() or .detach() cut it "
+        "off from backward)",
+        "training_step cut off": "training_step should return the loss tensor itself (one "
+        "number that backward can use); yours returned a tensor (loss.item() or .detach() cut "
+        "it off from backward)",
+        "loss nll on logits": "your training_step's loss is nn.functional.nll_loss of the raw "
+        "logits, without log_softmax (nll_loss expects log-probabilities): use "
+        "nn.functional.cross_entropy(logits, targets), which applies log_softmax itself",
+        "loss not cross-entropy": "your training_step returned a loss of {value:.6g}, which is "
+        "not the batch's cross-entropy: compute the loss with "
+        "nn.functional.cross_entropy(logits, targets) on the model's raw logits",
+        "log the loss": 'log the loss: self.log("{name}", loss)',
+        "logged loss": "the logged {name} is {value:.6g}, but the batch's cross-entropy is "
+        "{last:.6g}: log the batch's cross-entropy, the loss training_step returns",
+        "logged loss not the mean": "the logged {name} is {value:.6g}, but the batch's "
+        "cross-entropy is {last:.6g} (the mean of the {steps} steps' losses: {mean:.6g}): log "
+        "the batch's cross-entropy, the loss training_step returns",
+        "optimizer count": "configure_optimizers should give one optimizer, not {count}",
+        "optimizer not SGD": "configure_optimizers should use torch.optim.SGD, not {kind}",
+        "optimizer lr": "the optimizer's learning rate is {used}, but self.lr is {lr}: pass "
+        "lr=self.lr",
+        "optimizer momentum": "plain SGD here: leave out momentum (the check compares with plain "
+        "SGD)",
+        "optimizer weight decay": "plain SGD here: leave out weight_decay (yours is {decay:g}; "
+        "the check compares with SGD without it)",
+        "precision_flag raised": "compute capability {capability}: {error}",
+        "resume raised": "resume_step({every}, {lost_at}): {error}",
+        "resume not a number": "resume_step({every}, {lost_at}) gave {got!r}: return a step "
+        "number (an int)",
+        "resume lost step": "resume_step({every}, {lost_at}) gave {got!r}: the checkpoint of "
+        "step {lost_at} would have been saved at the end of step {lost_at}, but the disconnect "
+        "came first, so it was never written",
+        "resume after": "resume_step({every}, {lost_at}) gave {got!r}: a run resumes from a "
+        "checkpoint saved before the disconnect, not after",
+        "resume negative": "resume_step({every}, {lost_at}) gave {got!r}, a negative step: a "
+        "run resumes from the step of a checkpoint it saved, or from step 0 when it saved none",
+        "resume not a multiple": "resume_step({every}, {lost_at}) gave {got!r}: checkpoints are "
+        "saved only at multiples of {every} ({every}, {twice}, {thrice}...): {got} is not one",
+        "resume older": "resume_step({every}, {lost_at}) gave {got!r}, a checkpoint older than "
+        "the newest one saved before the disconnect: resume from the newest multiple of {every} "
+        "below {lost_at} (saving every {ex_every} steps and lost at step {ex_lost}, that is step "
+        "{ex_answer})",
+        "wasted raised": "wasted({every}, {lost_at}): {error}",
+        "wasted at a checkpoint": "wasted({every}, {lost_at}) gave {got!r}: the checkpoint of "
+        "step {lost_at} was never written, so the steps since the checkpoint before it are "
+        "trained again, lost_at - resume_step(every, lost_at) (saving every {ex_every} steps "
+        "and lost at step {ex_lost}, that is {ex_answer})",
+        "wasted since a checkpoint": "wasted({every}, {lost_at}) gave {got!r}: count the steps "
+        "trained again since the last checkpoint, lost_at - resume_step(every, lost_at) (saving "
+        "every {ex_every} steps and lost at step {ex_lost}, that is {ex_answer})",
+        "wasted nothing saved": "wasted({every}, {lost_at}) gave {got!r}: nothing was saved "
+        "before the disconnect, so the run starts again from step 0, and the steps trained "
+        "again are lost_at - resume_step(every, lost_at) (saving every {ex_every} steps and "
+        "lost at step {ex_lost}, that is {ex_answer})",
+    },
+)
+
+
+#: Example cases (every, lost_at) a message of exercise 05 (c) works through, by where the
+#: disconnect falls: none is a case the check runs, and the second stands in for the first
+#: should the first be the case that failed or share its answer (a number pasted from the
+#: message never answers the failed case).
+_EXAMPLES = {
+    "between": [(8, 20), (9, 29)],
+    "at a checkpoint": [(8, 24), (9, 27)],
+    "nothing saved": [(8, 5), (9, 7)],
+}
+
+
+def _resume_answer(every: int, lost_at: int, wasted: bool) -> int:
+    """The step to resume from, or (``wasted``) the number of steps trained again."""
+    start = (lost_at - 1) // every * every
+    return lost_at - start if wasted else start
+
+
+def _example(kind: str, every: int, lost_at: int, wasted: bool) -> dict[str, int]:
+    """An example of ``kind`` whose answer (the step to resume from, or with ``wasted``
+    the steps trained again) is not that of the case ``(every, lost_at)`` that failed."""
+    want = _resume_answer(every, lost_at, wasted)
+    ex_every, ex_lost = next(
+        (e, lost)
+        for e, lost in _EXAMPLES[kind]
+        if (e, lost) != (every, lost_at) and _resume_answer(e, lost, wasted) != want
+    )
+    answer = _resume_answer(ex_every, ex_lost, wasted)
+    return {"ex_every": ex_every, "ex_lost": ex_lost, "ex_answer": answer}
+
+
+def _resume_feedback(every: int, lost_at: int, got: Any) -> str | None:
+    """Why ``got`` is not the step a run saving every ``every`` steps, lost right after step
+    ``lost_at`` (before saving it), resumes from (``None``: it is). No message gives the
+    step of the case that failed: "resume older" works through another case."""
+    want = (lost_at - 1) // every * every
+    if got == want and isinstance(got, int | float) and not isinstance(got, bool):
+        return None
+    case = {"every": every, "lost_at": lost_at, "got": got}
+    if is_raised(got):
+        return MESSAGES_05["resume raised"].format(every=every, lost_at=lost_at, error=got)
+    if not isinstance(got, int | float) or isinstance(got, bool):
+        return MESSAGES_05["resume not a number"].format(**case)
+    if got == lost_at and lost_at % every == 0:  # else no checkpoint was due at lost_at
+        return MESSAGES_05["resume lost step"].format(**case)
+    if got > lost_at:
+        return MESSAGES_05["resume after"].format(**case)
+    if got < 0:
+        return MESSAGES_05["resume negative"].format(**case)
+    if got % every:  # lost_at itself too, when it is not a multiple
+        return MESSAGES_05["resume not a multiple"].format(
+            twice=2 * every, thrice=3 * every, **case
+        )
+    # a multiple of every below want (got == lost_at and above want were told above)
+    example = _example("between", every, lost_at, wasted=False)
+    return MESSAGES_05["resume older"].format(**case, **example)
+
+
+def _wasted_feedback(every: int, lost_at: int, got: Any) -> str | None:
+    """Why ``got`` is not the number of steps trained again (``None``: it is). The message
+    gives the property and works through another case, never the number of this one."""
+    start = (lost_at - 1) // every * every
+    want = lost_at - start
+    if got == want and not isinstance(got, bool):
+        return None
+    if is_raised(got):
+        return MESSAGES_05["wasted raised"].format(every=every, lost_at=lost_at, error=got)
+    case = {"every": every, "lost_at": lost_at, "got": got}
+    if lost_at % every == 0:
+        kind, name = "at a checkpoint", "wasted at a checkpoint"
+    elif start:
+        kind, name = "between", "wasted since a checkpoint"
+    else:
+        kind, name = "nothing saved", "wasted nothing saved"
+    return MESSAGES_05[name].format(**case, **_example(kind, every, lost_at, wasted=True))
+
+
+def check_resume_step(
+    resume_step: Callable[[int, int], Any],
+    wasted: Callable[[int, int], Any],
+    cases: Iterable[tuple[int, int]],
+) -> None:
+    """Exercise 05 (c): ``resume_step(every, lost_at)`` is the newest multiple of ``every``
+    below ``lost_at`` (the checkpoint of step ``lost_at`` was never written), and
+    ``wasted`` the steps since it, on each ``(every, lost_at)`` of ``cases`` and then on
+    every ``lost_at`` from 1 to 4 checkpoints on, for intervals of 1 to 7 and 50 steps:
+    an answer that hard-codes the cases it was shown fails. The feedback names the
+    mistake (the lost step counted as saved, not a multiple, an older checkpoint...)."""
+    grid = [(every, lost) for every in (*range(1, 8), 50) for lost in range(1, 4 * every + 2)]
+    for every, lost_at in [*cases, *grid]:
+        got = plain_value(
+            answer_or_error(resume_step, every, lost_at), f"resume_step({every}, {lost_at})"
+        )
+        feedback = _resume_feedback(every, lost_at, got)
+        if feedback:
+            raise CheckFailed(feedback)
+    for every, lost_at in [*cases, *grid]:
+        got = plain_value(answer_or_error(wasted, every, lost_at), f"wasted({every}, {lost_at})")
+        feedback = _wasted_feedback(every, lost_at, got)
+        if feedback:
+            raise CheckFailed(feedback)

@@ -1,15 +1,23 @@
 """Notebook 07's deciding halves: from what :mod:`course_utils.checks.evidence.nb07` saw the
 learner's ``drop_from_history`` leave in a fake namespace and the learner's
 ``retry_halving`` return or raise on simulated steps, the verdict and its feedback
-(:data:`course_utils.classroom.MESSAGES_07`, and the check cell's own)."""
+(:data:`course_utils.checks.nb07.MESSAGES_07`, and the check cell's own)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from course_utils.checks.core import (
+    CheckFailed,
+    answer_and_error,
+    check,
+    matching_mistake,
+    plain_value,
+)
 from course_utils.checks.evidence.nb07 import history_after_drop, retry_at_the_bottom, retry_run
 from course_utils.checks.values import answered, raised_sentence
-from course_utils.classroom import MESSAGES_07, CheckFailed, check
+from course_utils.language import Messages
 
 
 def check_drop_from_history(drop_from_history: Any) -> None:
@@ -79,3 +87,98 @@ def check_retry_halving_down_to_one(retry_halving: Any, limited: Any) -> None:
     if "raised" not in seen:
         raise CheckFailed(MESSAGES_07["retry did not raise"])
     check(not seen["oom"], MESSAGES_07["retry raised OOM"])  # its words may say "out of memory"
+
+
+#: Notebook 07's check messages, by a stable name (see :data:`MESSAGES_01`).
+MESSAGES_07 = Messages(
+    "07",
+    {
+        "after_empty_cache raised": "{error} (on after_empty_cache({case}))",
+        "after_empty_cache not a pair": "after_empty_cache({case}) gave {got!r}: return a tuple "
+        "of two numbers, (reserved, smi)",
+        "after_empty_cache swapped": "after_empty_cache({case}) gave {got}, the two in the other "
+        "order: return (reserved, smi), reserved first",
+        "after_empty_cache nothing freed": "after_empty_cache({case}) gave {got}, as if "
+        "empty_cache() freed nothing: it gives the cached blocks (reserved but not allocated) "
+        "back to the driver",
+        "after_empty_cache live freed": "after_empty_cache({case}) gave {got}, as if the live "
+        "tensors were freed too: empty_cache() frees only cached blocks that no tensor uses",
+        "after_empty_cache no context": "after_empty_cache({case}) gave {got}, nvidia-smi "
+        "without the CUDA context: nvidia-smi shows what PyTorch reserved plus the context, "
+        "which is never freed",
+        "after_empty_cache old smi": "after_empty_cache({case}) gave {got}: nvidia-smi still "
+        "counts the reserved memory from before empty_cache(); it shows what is reserved after "
+        "it, plus the context",
+        "after_empty_cache wrong": "after_empty_cache({case}) gave {got}: after empty_cache() "
+        "PyTorch keeps reserved what live tensors use, and nvidia-smi shows that plus the CUDA "
+        "context (100 MiB allocated of 600 reserved, a 300 MiB context: (100, 400))",
+        "retry not down to 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave {got})",
+        "retry raised before 1": "only a batch of 1 fits here: halve 24, 12, 6, 3 down to 1 and "
+        "try that too (your function gave a RuntimeError)",
+        "retry raised OOM": "raise your own RuntimeError, not the OOM error",
+        "retry did not raise": "when not even a batch of 1 fits, raise RuntimeError",
+        "drop changed size": "{error}: you deleted from the dict while looping over it; loop "
+        "over a copy, list(history.items())",
+        "drop replaced Out": "IPython keeps the output history in one dict named both Out and "
+        "_oh: delete the tensor entries from it, do not replace it",
+        "drop parameter kept": "an nn.Parameter is a tensor too (a subclass): test "
+        "isinstance(value, torch.Tensor), not type(value) == torch.Tensor",
+        "drop Out left": "{left} still hold tensors: delete them from Out",
+        "drop twins left": "{twins} still hold the tensors of Out: each Out[N] has a twin "
+        "variable _N; delete it too (namespace.pop(f'_{{N}}', None))",
+        "drop string removed": "Out[5] and _5 held a string: keep history entries that hold no "
+        "tensor",
+        "drop underscore deleted": '{name} held a tensor: set it to "", do not delete it '
+        "(IPython sets _, __ and ___ after each output; a deleted one is a NameError until "
+        "then)",
+        "drop underscore kept": '{name} held a tensor: set it to ""',
+        "drop underscore string": '{name} held a string: leave it as it is (set it to "" only '
+        "when it holds a tensor)",
+        "drop still referenced": "the tensor of {place} is still referenced somewhere: keep no "
+        "reference to the tensors you remove",
+        "drop parameter still referenced": "the tensor of {place}, an nn.Parameter is still "
+        "referenced somewhere: keep no reference to the tensors you remove",
+    },
+)
+
+
+#: Exercise 07 (a)'s cases (allocated, reserved, context) in MiB.
+AFTER_EMPTY_CACHE_CASES = [(512, 1536, 400), (0, 2048, 300), (700, 1000, 250), (96, 900, 500)]
+
+
+def check_after_empty_cache(after_empty_cache: Callable[[int, int, int], Any]) -> None:
+    """Exercise 07 (a): ``after_empty_cache(allocated, reserved, context)`` gives
+    ``(reserved, smi)`` after ``empty_cache()`` on :data:`AFTER_EMPTY_CACHE_CASES`; the
+    feedback names the usual mistake every result matches (the pair swapped, nothing or
+    everything freed, the context left out, nvidia-smi read before), else describes one."""
+    got: list[Any] = []
+    for case in AFTER_EMPTY_CACHE_CASES:
+        shown = ", ".join(map(str, case))
+        out, error = answer_and_error(after_empty_cache, *case)
+        check(
+            error is None, MESSAGES_07["after_empty_cache raised"].format(case=shown, error=error)
+        )
+        pair = isinstance(plain_value(out, f"after_empty_cache({shown})"), tuple | list)
+        pair = pair and len(out) == 2
+        check(
+            pair and all(isinstance(v, int | float) and not isinstance(v, bool) for v in out),
+            MESSAGES_07["after_empty_cache not a pair"].format(case=shown, got=out),
+        )
+        got.append(tuple(out))
+    right = [(a, a + c) for a, _, c in AFTER_EMPTY_CACHE_CASES]
+    if got == right:
+        return
+    mistakes = {
+        "after_empty_cache swapped": [(a + c, a) for a, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache nothing freed": [(r, r + c) for _, r, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache live freed": [(0, c) for _, _, c in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache no context": [(a, a) for a, _, _ in AFTER_EMPTY_CACHE_CASES],
+        "after_empty_cache old smi": [(a, r + c) for a, r, c in AFTER_EMPTY_CACHE_CASES],
+    }
+    name = matching_mistake(got, mistakes, right, lambda x, y: x == y)
+    first = next(i for i, (x, y) in enumerate(zip(got, right, strict=True)) if x != y)
+    shown = ", ".join(map(str, AFTER_EMPTY_CACHE_CASES[first]))
+    raise CheckFailed(
+        MESSAGES_07[name or "after_empty_cache wrong"].format(case=shown, got=got[first])
+    )

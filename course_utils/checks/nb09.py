@@ -12,13 +12,20 @@ from typing import Any
 
 import torch
 
+from course_utils.attention import Attention, attention
+from course_utils.checks.core import (
+    MESSAGES_CHECKS,
+    CheckFailed,
+    answer_or_error,
+    check,
+    exact_tensor,
+)
 from course_utils.checks.evidence.nb09 import (
     StepCase,
     pad_vocabulary_evidence,
     step_throughput_evidence,
 )
-from course_utils.classroom import MESSAGES_CHECKS, CheckFailed, check
-from course_utils.transformer_checks import MESSAGES_09
+from course_utils.language import Messages
 
 __all__ = ["StepCase", "check_pad_vocabulary", "check_step_throughput"]
 
@@ -44,7 +51,7 @@ def _what_it_raised(observe: Callable[..., Any], kind: str) -> str:
 
 
 def _exact(seen: dict[str, Any], what: str) -> torch.Tensor:
-    """The plain tensor ``seen`` holds (:func:`~course_utils.classroom.exact_tensor`'s
+    """The plain tensor ``seen`` holds (:func:`~course_utils.checks.core.exact_tensor`'s
     rule, from the evidence): else :class:`CheckFailed`, as that function says it."""
     check(seen["is_tensor"], MESSAGES_CHECKS["not a tensor"].format(what=what, kind=seen["kind"]))
     tensor = seen["tensor"]
@@ -393,3 +400,293 @@ def _check_speed_and_mfu(
             mfu=utilization,
         )
     )
+
+
+#: Notebook 09's check messages, by a stable name (see
+#: :data:`course_utils.checks.nb01.MESSAGES_01`): one sentence each, ``{placeholders}`` for
+#: the case the learner's answer failed.
+MESSAGES_09 = Messages(
+    "09",
+    {
+        # (a) causal self-attention
+        "causal_attention raised": "with x of shape {shape} and {heads} heads, {error}",
+        "causal_attention not a tensor": "return one tensor (batch, seq, dim); yours returned "
+        "{kind}",
+        "causal_attention shape": "with x of shape {shape} and {heads} heads your output has "
+        "shape {got}: return (batch, seq, dim), the merged heads projected by w_out",
+        "causal_attention NaN": "your output holds NaN: some token may attend to nothing, not "
+        "even itself (a row of scores all -inf has no softmax). Hide only the keys after each "
+        "query; in F.scaled_dot_product_attention a boolean attn_mask is True where a token MAY "
+        "attend, the opposite of masked_fill's",
+        "causal_attention no mask": "with x of shape {shape} and {heads} heads: there is no "
+        "causal mask: each token also attended to the tokens after it; pass is_causal=True to "
+        "F.scaled_dot_product_attention",
+        "causal_attention mask sees next": "with x of shape {shape} and {heads} heads: the causal "
+        "mask is off by one: each token also saw the next token; hide only the keys after the "
+        "query (torch.ones(T, T).triu(1), or is_causal=True)",
+        "causal_attention mask hides self": "with x of shape {shape} and {heads} heads: the "
+        "causal mask hides the diagonal too: a token must be allowed to attend to itself; hide "
+        "only the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask hides past": "with x of shape {shape} and {heads} heads: the mask "
+        "hides the earlier tokens instead of the later ones: a token may attend to itself and "
+        "the tokens before it; hide the keys after it (triu(1), or is_causal=True)",
+        "causal_attention mask inverted": "with x of shape {shape} and {heads} heads: each token "
+        "attended only to the tokens after it: in F.scaled_dot_product_attention a boolean "
+        "attn_mask is True where a token MAY attend, the opposite of masked_fill's (or pass "
+        "is_causal=True)",
+        "causal_attention mask zero": "with x of shape {shape} and {heads} heads: the hidden "
+        "scores were set to 0, and the softmax still gives them weight (e^0 = 1): fill them "
+        "with float('-inf'), or pass is_causal=True",
+        "causal_attention mask after softmax": "with x of shape {shape} and {heads} heads: the "
+        "mask was applied after the softmax, so each row of weights no longer sums to 1: mask "
+        "the scores with -inf before the softmax (or pass is_causal=True)",
+        "causal_attention scaled twice": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/head_dim, not 1/√head_dim (as when q @ kᵀ is divided by head_dim, or "
+        "when q is divided by √head_dim before F.scaled_dot_product_attention, which scales by "
+        "1/√head_dim itself): the scale is 1/√head_dim, applied once",
+        "causal_attention not scaled": "with x of shape {shape} and {heads} heads: the scores "
+        "were not scaled: multiply q @ kᵀ by 1/√head_dim (F.scaled_dot_product_attention does "
+        "it for you)",
+        "causal_attention scaled by dim": "with x of shape {shape} and {heads} heads: the scores "
+        "were scaled by 1/√dim, the model's width: the scale is 1/√head_dim, head_dim = dim // "
+        "heads",
+        "causal_attention softmax dim": "with x of shape {shape} and {heads} heads: the softmax "
+        "ran over the wrong dimension (the queries): each query's weights over the keys must "
+        "sum to 1, softmax(dim=-1)",
+        "causal_attention split heads first": "with x of shape {shape} and {heads} heads: the "
+        "heads were split with .view(batch, heads, seq, head_dim), which mixes tokens into "
+        "heads: split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention split no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were split without .transpose(1, 2): attention ran across the heads instead of "
+        "across the tokens; split with .view(batch, seq, heads, head_dim).transpose(1, 2)",
+        "causal_attention merge no transpose": "with x of shape {shape} and {heads} heads: the "
+        "heads were merged with .reshape(batch, seq, dim) straight from (batch, heads, seq, "
+        "head_dim), which mixes tokens: .transpose(1, 2) first, then .reshape(batch, seq, dim)",
+        "causal_attention one head": "with x of shape {shape} and {heads} heads: you attended "
+        "with one head over the whole width: split into `heads` heads of dim // heads numbers "
+        "each",
+        "causal_attention order kqv": "with x of shape {shape} and {heads} heads: queries and "
+        "keys are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, "
+        "v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as keys, queries, values",
+        "causal_attention order qvk": "with x of shape {shape} and {heads} heads: keys and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as queries, values, keys",
+        "causal_attention order vkq": "with x of shape {shape} and {heads} heads: queries and "
+        "values are swapped: x @ w_qkv.T holds the queries, then the keys, then the values (q, "
+        "k, v = (x @ w_qkv.T).split(dim, dim=-1)); you read them as values, keys, queries",
+        "causal_attention order kvq": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as keys, values, queries",
+        "causal_attention order vqk": "with x of shape {shape} and {heads} heads: q, k, v are "
+        "mixed up: x @ w_qkv.T holds the queries, then the keys, then the values (q, k, v = (x "
+        "@ w_qkv.T).split(dim, dim=-1)); you read them as values, queries, keys",
+        "causal_attention keys not transposed": "with x of shape {shape} and {heads} heads: the "
+        "scores are q @ k without transposing k: they are q @ k.transpose(-2, -1) (one score "
+        "per query and key)",
+        "causal_attention no projection": "with x of shape {shape} and {heads} heads: the output "
+        "projection is missing: return the merged heads @ w_out.T",
+        "causal_attention projection not transposed": "with x of shape {shape} and {heads} "
+        "heads: the output was projected with @ w_out, not @ w_out.T: a weight is stored (out, "
+        "in) like nn.Linear's, so project with @ w_out.T (or F.linear(merged, w_out))",
+        "causal_attention sees later": "with x of shape {shape} and {heads} heads, changing the "
+        "last token changed earlier outputs: your mask lets tokens see later ones "
+        "(is_causal=True hides them)",
+        "causal_attention wrong": "with x of shape {shape} and {heads} heads your output differs "
+        "from causal self-attention, and not in one of the usual ways alone (mask, scale, "
+        "softmax dimension, head split or merge, projection): check each step against section "
+        "2's CausalSelfAttention",
+        # (b) pad a vocabulary
+        "pad_vocabulary raised": "vocabulary {vocab}, multiple {multiple}: {error}",
+        "pad_vocabulary raised, fewer rows": "vocabulary {vocab}, multiple {multiple}: {error} "
+        "(did the new embedding get fewer rows than the {vocab} old ones? Round up: "
+        "math.ceil(vocab / multiple) * multiple)",
+        "pad_vocabulary copied to another slice": "your new embedding for vocabulary {vocab} "
+        "and multiple {multiple} has the {rows} rows it should, but copying the old rows into "
+        "it raised, as the slice you copied into is not {vocab} rows: copy them into the first "
+        "rows, new.weight.data[:vocab] = old.weight",
+        "pad_vocabulary returned nothing": "return the model (the same one, padded)",
+        "pad_vocabulary not the model": "return the model, a {kind}, not {got}",
+        "pad_vocabulary width": "the embedding is {got} wide, it was {width}: pad the rows (one "
+        "per token), not the embedding width",
+        "pad_vocabulary rows kept": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you kept the old size: make a new "
+        "nn.Embedding with the padded number of rows",
+        "pad_vocabulary rows next multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: a vocabulary that is already a multiple "
+        "keeps its size (round up, not 'the next one')",
+        "pad_vocabulary rows added": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you added a multiple to it: round it up to "
+        "the next multiple instead",
+        "pad_vocabulary rows rounded down": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you rounded down (or to the nearest): "
+        "round up, so that every token keeps a row: math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary rows the multiple": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: you used the multiple itself: round the "
+        "vocabulary up to a multiple of it",
+        "pad_vocabulary rows wrong": "a vocabulary of {vocab}, padded to a multiple of "
+        "{multiple}, has {expected} rows, not {rows}: round up to the next multiple: "
+        "math.ceil(vocab / multiple) * multiple",
+        "pad_vocabulary untied": "the head is no longer tied to the embedding: after making the "
+        "new embedding, model.head.weight = model.tok.weight",
+        "pad_vocabulary dtype": "a {dtype} model came back with {got} rows: make the new "
+        "embedding in the old one's dtype (and device): nn.Embedding(rows, dim, "
+        "dtype=old.dtype, device=old.device)",
+        "pad_vocabulary rows not finite": "the extra rows hold NaN or inf, or were never given "
+        "values: torch.empty (new_empty, empty_like) leaves whatever was in memory; initialize "
+        "them (zeros, or nn.Embedding's own random rows) before copying the old rows in",
+        "pad_vocabulary logits": "the logits have {columns} columns, expected {expected}: the "
+        "head must score every row of the padded embedding",
+        "pad_vocabulary old rows at the end": "the old rows went to the end of the new "
+        "embedding: token i must keep row i, so copy the old rows into the first rows, "
+        "new.weight[:vocab] = old.weight",
+        "pad_vocabulary old rows changed": "the old rows changed slightly: copy them exactly "
+        "(new.weight.data[:vocab] = old.weight), with no arithmetic on them and in the old dtype",
+        "pad_vocabulary logits changed": "the real tokens' logits changed: copy the old rows "
+        "into the first rows of the new embedding (new.weight.data[:vocab] = old.weight), so "
+        "that each token keeps its row",
+        # (c) FLOPs, tokens/s, MFU of a step
+        "step_throughput no peak, raised": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError ({error})",
+        "step_throughput no peak, returned": "a {gpu} in {field}: a {gpu} has no {field} peak "
+        "(gpu.{field} is None): raise ValueError (yours returned a result)",
+        "step_throughput raised": "a {gpu} in {field}: {error}",
+        "step_throughput not three numbers": "return three numbers: (flops, tokens_per_second, "
+        "mfu)",
+        "step_throughput no counter": "count the step's FLOPs with FlopCounterMode around one "
+        "forward and backward (the exercise is the counter, not a formula)",
+        "step_throughput flops not a number": "the FLOPs should be a number, got {kind}",
+        "step_throughput flops forward only": "you counted the forward pass only: backward costs "
+        "about twice the forward, so call loss.backward() inside the FlopCounterMode block too",
+        "step_throughput flops no attention": "attention's matmuls are missing: PyTorch's CPU "
+        "flash kernel has no FLOP formula, so count under sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops forward only, no attention": "you counted the forward pass only, "
+        "without attention's matmuls: count forward and backward, under "
+        "sdpa_kernel(SDPBackend.MATH)",
+        "step_throughput flops per token": "that is the FLOPs per token: return the FLOPs of the "
+        "whole step (every token of the batch)",
+        "step_throughput flops per sequence": "that is the FLOPs per sequence: return the FLOPs "
+        "of the whole step (every sequence of the batch)",
+        "step_throughput flops two steps": "you counted two steps: count one forward and one "
+        "backward",
+        "step_throughput flops 6N": "that is 6·N·tokens, the rule of thumb, which leaves out "
+        "attention and counts parameters that do no matmul: count the step with FlopCounterMode",
+        "step_throughput flops wrong": "your step counted {flops:.4g} FLOPs, not what "
+        "FlopCounterMode counts for this model and batch: count one forward and one backward "
+        "inside the FlopCounterMode block, under sdpa_kernel(SDPBackend.MATH), and return "
+        "counter.get_total_flops()",
+        "step_throughput flops constant": "your FLOPs did not change with the model and the "
+        "batch: count them for the model and batch you are given",
+        "step_throughput speed not a number": "tokens per second should be a number, got {kind}",
+        "step_throughput mfu not a number": "MFU should be a number, got {kind}",
+        "step_throughput sequences per second": "that is sequences per second: count tokens, "
+        "batch × sequence length (x.numel()), per second",
+        "step_throughput seconds per token": "that is seconds per token: return tokens per "
+        "second, tokens / seconds",
+        "step_throughput speed wrong": "for {tokens} tokens in {seconds:g} s your tokens per "
+        "second is {speed:.6g}: divide the batch's tokens, x.numel(), by the step's seconds",
+        "step_throughput mfu percentage": "MFU is a fraction (0.2), not a percentage (20)",
+        "step_throughput mfu in TFLOP/s": "the peaks are in TFLOP/s: multiply them by 1e12 to "
+        "get FLOP/s",
+        "step_throughput mfu per token": "you divided the FLOPs per token by the step time: use "
+        "the FLOPs of the whole step",
+        "step_throughput mfu rounded": "you rounded the MFU: return it unrounded (round only "
+        "when you print it)",
+        "step_throughput mfu other peak": "a {field} run divides by the {field} peak ({peak:g} "
+        "TFLOP/s on a {gpu}), not {other}'s ({other_peak:g})",
+        "step_throughput mfu wrong": "for {flops:.4g} FLOPs in {seconds:g} s on a {gpu} in "
+        "{field} ({peak:g} TFLOP/s) your MFU is {mfu:.6g}: divide the FLOP/s by the peak in "
+        "FLOP/s, FLOPs / seconds / (peak in TFLOP/s × 1e12)",
+    },
+)
+
+
+#: Each usual mistake of exercise 09 (a), and the name of the feedback that names it in
+#: :data:`MESSAGES_09`.
+ATTENTION_MISTAKES: dict[Attention, str] = {
+    Attention(mask="none"): "causal_attention no mask",
+    Attention(mask="sees next"): "causal_attention mask sees next",
+    Attention(mask="hides self"): "causal_attention mask hides self",
+    Attention(mask="hides past"): "causal_attention mask hides past",
+    Attention(mask="inverted"): "causal_attention mask inverted",
+    Attention(mask="zero"): "causal_attention mask zero",
+    Attention(mask="after softmax"): "causal_attention mask after softmax",
+    Attention(scale="head_dim twice"): "causal_attention scaled twice",
+    Attention(scale="none"): "causal_attention not scaled",
+    Attention(scale="dim"): "causal_attention scaled by dim",
+    Attention(softmax_dim=-2): "causal_attention softmax dim",
+    Attention(split="heads first"): "causal_attention split heads first",
+    Attention(split="no transpose"): "causal_attention split no transpose",
+    Attention(merge="no transpose"): "causal_attention merge no transpose",
+    Attention(heads="one"): "causal_attention one head",
+    Attention(order="kqv"): "causal_attention order kqv",
+    Attention(order="qvk"): "causal_attention order qvk",
+    Attention(order="vkq"): "causal_attention order vkq",
+    Attention(order="kvq"): "causal_attention order kvq",
+    Attention(order="vqk"): "causal_attention order vqk",
+    Attention(keys="not transposed"): "causal_attention keys not transposed",
+    Attention(projection="none"): "causal_attention no projection",
+    Attention(projection="w_out"): "causal_attention projection not transposed",
+}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5, rtol=1e-4))
+
+
+def attention_mistake(
+    out: torch.Tensor, x: torch.Tensor, w_qkv: torch.Tensor, w_out: torch.Tensor, heads: int
+) -> str | None:
+    """The name in :data:`MESSAGES_09` of the feedback for the usual mistake whose output
+    ``out`` is (``None``: none is)."""
+    right = attention(x, w_qkv, w_out, heads)
+    for how, feedback in ATTENTION_MISTAKES.items():
+        try:
+            wrong = attention(x, w_qkv, w_out, heads, how)
+        except RuntimeError:  # a mistake whose shapes do not fit this case
+            continue
+        if not _same(wrong, right) and _same(out.detach().float(), wrong):
+            return feedback
+    return None
+
+
+def check_causal_attention(
+    causal_self_attention: Callable[..., Any], cases: Iterable[tuple[int, int, int, int]]
+) -> None:
+    """Exercise 09 (a): ``causal_self_attention(x, w_qkv, w_out, heads)`` against
+    :func:`attention` on random inputs of each case's (batch, seq, dim, heads); an output
+    that differs is compared with each usual mistake of :data:`ATTENTION_MISTAKES`, and the
+    feedback names the one it matches."""
+    torch.manual_seed(0)
+    for batch, seq, dim, heads in cases:
+        x = torch.randn(batch, seq, dim)
+        w_qkv, w_out = torch.randn(3 * dim, dim) / dim**0.5, torch.randn(dim, dim) / dim**0.5
+        shape = (batch, seq, dim)
+        out = answer_or_error(causal_self_attention, x.clone(), w_qkv, w_out, heads)
+        check(
+            not isinstance(out, str),
+            MESSAGES_09["causal_attention raised"].format(shape=shape, heads=heads, error=out),
+        )
+        check(
+            type(out) is torch.Tensor,
+            MESSAGES_09["causal_attention not a tensor"].format(kind=type(out).__name__),
+        )
+        check(
+            out.shape == x.shape,
+            MESSAGES_09["causal_attention shape"].format(
+                shape=shape, heads=heads, got=tuple(out.shape)
+            ),
+        )
+        check(not out.isnan().any(), MESSAGES_09["causal_attention NaN"])
+        if _same(out.detach(), attention(x, w_qkv, w_out, heads)):
+            continue
+        mistake = attention_mistake(out, x, w_qkv, w_out, heads)
+        if mistake is not None:
+            raise CheckFailed(MESSAGES_09[mistake].format(shape=shape, heads=heads))
+        x[:, -1] += 1  # change the last token only: no earlier output may move
+        later = answer_or_error(causal_self_attention, x, w_qkv, w_out, heads)
+        check(
+            isinstance(later, str)
+            or _same(exact_tensor(later, "causal_self_attention(x, ...)")[:, :-1], out[:, :-1]),
+            MESSAGES_09["causal_attention sees later"].format(shape=shape, heads=heads),
+        )
+        raise CheckFailed(MESSAGES_09["causal_attention wrong"].format(shape=shape, heads=heads))

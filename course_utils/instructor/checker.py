@@ -714,9 +714,7 @@ def builtin_error(kind: type) -> str:
     return name if found is kind and issubclass(kind, BaseException) else ""
 
 
-def verdict_of(
-    error: BaseException | None, classroom: Any, trusted_message: bool
-) -> dict[str, Any]:
+def verdict_of(error: BaseException | None, core: Any, trusted_message: bool) -> dict[str, Any]:
     """A check's verdict: ``completed`` when ``error`` is None, else ``failed`` with a name
     from :data:`TRUSTED_NAMES` (by the exact class: a learner's class named ``CheckFailed``
     or ``""`` is ``Error``) and a message only when ``trusted_message`` (the instructor's
@@ -731,9 +729,9 @@ def verdict_of(
         return {"status": "completed", "ename": "", "evalue": ""}
     kind = type(error)
     names = {
-        getattr(classroom, "CheckFailed", None): "CheckFailed",
-        getattr(classroom, "PartialCredit", None): "PartialCredit",
-        getattr(classroom, "NeedsBeside", None): "NeedsBeside",
+        getattr(core, "CheckFailed", None): "CheckFailed",
+        getattr(core, "PartialCredit", None): "PartialCredit",
+        getattr(core, "NeedsBeside", None): "NeedsBeside",
         AssertionError: "AssertionError",
         NotImplementedError: "NotImplementedError",
         AnswerError: "AnswerError",
@@ -756,7 +754,7 @@ def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
     here, so a message is the instructor's, except what the answer's exceptions said
     (raised again here, marked): those never reach the verdict, not even quoted inside a
     check's own message."""
-    classroom = importlib.import_module("course_utils.classroom")
+    core = importlib.import_module("course_utils.checks.core")
     channel.learner_texts = []
     try:
         code = compile(check["source"], f"<check {check['grade_id']}>", "exec")
@@ -780,13 +778,13 @@ def run_check(channel: Channel, check: dict[str, Any]) -> dict[str, Any]:
         learners = (
             bool(vars(error).get("course_from_answer")) if hasattr(error, "__dict__") else False
         )
-        verdict = verdict_of(error, classroom, trusted_message=not learners)
+        verdict = verdict_of(error, core, trusted_message=not learners)
         verdict["evalue"] = without_learner_texts(verdict["evalue"], channel.learner_texts)
-        earned = vars(error).get("earned") if type(error) is classroom.PartialCredit else None
+        earned = vars(error).get("earned") if type(error) is core.PartialCredit else None
         if type(earned) is float and 0.0 < earned < 1.0:
             verdict["earned"] = earned
         return verdict
-    return verdict_of(None, classroom, False)
+    return verdict_of(None, core, False)
 
 
 def without_learner_texts(message: str, texts: list[str]) -> str:
@@ -911,7 +909,7 @@ def start(
         for name in modules:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
-        importlib.import_module("course_utils.classroom").mark_checker_process()
+        importlib.import_module("course_utils.checks.core").mark_checker_process()
         allowed = set(modules) | roots | {"course_utils", "torch"}
         _serve_checks(checks, keep[0], keep[1], write_end, allowed)
     finally:

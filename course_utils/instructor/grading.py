@@ -107,7 +107,7 @@ class CellOutcome:
     #: For a check: what its guard found tampered with (the check then scores 0).
     tampering: list[str] = field(default_factory=list)
     #: For a failed check with separable parts: the share of its points earned
-    #: (:func:`course_utils.classroom.check_parts`).
+    #: (:func:`course_utils.checks.core.check_parts`).
     earned: float = 0.0
 
 

@@ -55,7 +55,7 @@ CORE_MODULES = (
     "torch.nn.functional",
     "torch.testing",
     "course_utils",
-    "course_utils.classroom",
+    "course_utils.checks.core",
     "course_utils.checks.boundary",
 )
 #: The package of the checks' observing halves: each of its modules is recorded (what runs

@@ -211,7 +211,7 @@ def run_judge(argv: list[str]) -> None:
     sys.stdin.close()
     cells: list[dict[str, Any]] = spec.pop("cells")
     # lazy: imported after the spec is read, so the guard records them as they are
-    import course_utils.classroom  # noqa: F401  (recorded by the guard)
+    import course_utils.checks.core  # noqa: F401  (recorded by the guard)
     from course_utils.instructor import guard
 
     shell = _shell()

@@ -229,12 +229,10 @@ def _update(language: str, path: Path, domain: str, entries: list[tuple[str, str
 MESSAGES_DOMAIN = "messages"
 MESSAGE_MODULES = (
     "course_utils.claims",
-    "course_utils.classroom",
-    "course_utils.distributed",
+    "course_utils.checks.core",
+    *(f"course_utils.checks.nb{number:02d}" for number in range(1, 10)),
     "course_utils.instructor.grading",
-    "course_utils.lightning",
     "course_utils.timing",
-    "course_utils.transformer_checks",
 )
 MESSAGE_NOTE = (
     "said by the course to a learner: keep each {field} as it is; {{ and }} print one brace"
@@ -250,7 +248,7 @@ def message_entries() -> list[tuple[str, str]]:
         for table in vars(importlib.import_module(name)).values():
             if isinstance(table, Messages):
                 entries += [(table.context(key), text) for key, text in table.english.items()]
-    return entries
+    return list(dict.fromkeys(entries))  # a table one module imports from another: once
 
 
 def update_catalogs(

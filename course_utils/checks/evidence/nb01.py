@@ -29,14 +29,14 @@ import torch
 from torch import nn
 
 from course_utils.checks.boundary import observed
-from course_utils.classroom import (
+from course_utils.checks.core import (
     MESSAGES_CHECKS,
     CheckFailed,
     _is_numpy_scalar,
     course_helpers_refused,
-    record_autocast,
 )
 from course_utils.device import pick_precision, precision_support, to_device
+from course_utils.spies import record_autocast
 from course_utils.timing import SimulatedGPU, benchmark, fake_cuda
 
 #: The course's own helpers an answer must not call (each exercise refuses some of them).
@@ -51,7 +51,7 @@ _PRECISION_HELPERS = ("pick_precision", "precision_support")
 
 def _refusal(failure: CheckFailed, *names: str) -> str:
     """The name of the course's helper whose refusal ``failure`` is
-    (:func:`~course_utils.classroom.course_helpers_refused`), else ``failure`` raised again."""
+    (:func:`~course_utils.checks.core.course_helpers_refused`), else ``failure`` raised again."""
     text = BaseException.__str__(failure)
     for name in names:
         if type(text) is str and text == MESSAGES_CHECKS["refused"].format(name=name):
@@ -285,7 +285,7 @@ def autocasts_seen() -> Iterator[list[tuple[str, str]]]:
     inside the block: ``(device_type, "")``, or ``(the str it holds, its class's name)``
     for a ``device_type`` of a subclass of ``str``. A CUDA one runs as a CPU autocast of
     the same dtype, so a CPU grader can watch code written for a GPU with
-    :func:`~course_utils.classroom.record_autocast`.
+    :func:`~course_utils.spies.record_autocast`.
 
     >>> with autocasts_seen() as made:
     ...     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -1,6 +1,6 @@
 """Notebook 03's observing halves, exercise (b): the DataLoader the learner's ``gpu_loader``
 builds, read setting by setting, and the copies the learner's ``to_gpu`` makes of a nested
-batch, watched with :func:`~course_utils.classroom.record_tensor_to` (``pretend_cuda``: a
+batch, watched with :func:`~course_utils.spies.record_tensor_to` (``pretend_cuda``: a
 CPU runtime watches code written for a GPU). What they should be is decided in
 :mod:`course_utils.checks.nb03`."""
 
@@ -14,16 +14,10 @@ import torch
 from torch.utils.data import RandomSampler, TensorDataset
 
 from course_utils.checks.boundary import observed
+from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed, course_helpers_refused
 from course_utils.checks.evidence.values import exception_seen, value_of
-from course_utils.classroom import (
-    MESSAGES_CHECKS,
-    TO_GPU_TENSORS,
-    CheckFailed,
-    course_helpers_refused,
-    is_cuda_target,
-    record_tensor_to,
-)
 from course_utils.device import to_device  # the course's own: refused
+from course_utils.spies import is_cuda_target, record_tensor_to
 
 #: The settings of the loader :func:`loader_settings` reads.
 LOADER_SETTINGS = ("batch_size", "num_workers", "persistent_workers", "prefetch_factor")
@@ -75,11 +69,11 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
     labels and boxes, a pageable mask, the file ``names``), its ``Tensor.to`` and
     ``.cuda`` calls recorded and the course's ``to_device`` refused: ``{"refused": True}``
     when it called ``to_device``; ``{"check failed": message}`` for another
-    :class:`~course_utils.classroom.CheckFailed` raised inside it; ``{"raised": ...}``
+    :class:`~course_utils.checks.core.CheckFailed` raised inside it; ``{"raised": ...}``
     when it raised (:func:`~course_utils.checks.evidence.values.exception_seen`), ``{"crashed":
     ...}`` when reading what it returned raised; else whether it left the batch's dict as
     it was, whether the result has the batch's shape (then its keys and names, and for
-    each tensor of :data:`~course_utils.classroom.TO_GPU_TENSORS` whether it was copied,
+    each tensor of :data:`~course_utils.checks.evidence.nb03.TO_GPU_TENSORS` whether it was copied,
     made anew, pinned, copied asynchronously, returned as its copy), and its containers'
     types."""
     images, labels = _pretend_pinned(torch.randn(4, 3, 2, 2)), _pretend_pinned(torch.arange(4))
@@ -141,3 +135,8 @@ def _copies(result: Any, inner: dict[str, Any], where: dict[str, Any], moves: li
     seen["exact types"] = [type(result) is tuple, type(result[3]) is list]
     seen["type names"] = [str.__str__(type(c).__name__) for c in (result, result[3])]
     return seen
+
+
+#: The tensors of exercise 03 (b)'s batch, each by the name its messages have in
+#: :data:`MESSAGES_03`.
+TO_GPU_TENSORS = ("images", "labels", "mask", "first boxes", "last boxes")

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from course_utils.checks.boundary import observed
+from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed, without_course_helpers
 from course_utils.checks.evidence.values import exception_seen, value_of
-from course_utils.classroom import MESSAGES_CHECKS, CheckFailed, without_course_helpers
 from course_utils.footprint import expected_optimizer_state_bytes, optimizer_state_bytes
 from course_utils.models import build_model
 
@@ -25,7 +25,7 @@ def answer_refusing(
     function: Callable[..., Any], helpers: Sequence[Callable[..., Any]], what: str, *args: Any
 ) -> dict[str, Any]:
     """What ``function(*args)`` gave with the course's ``helpers`` refused while it runs
-    (:func:`~course_utils.classroom.without_course_helpers`): its value
+    (:func:`~course_utils.checks.core.without_course_helpers`): its value
     (:func:`~course_utils.checks.evidence.values.value_of`, ``what`` naming it), what it
     raised (``{"raised": ...}``: :func:`~course_utils.checks.evidence.values.exception_seen`), or
     ``{"refused": name}``: the helper it called. An unanswered exercise's

@@ -19,16 +19,15 @@ from torch import nn
 
 from course_utils.capstone import compare_loops
 from course_utils.checks.boundary import observed
-from course_utils.classroom import (
-    CheckFailed,
+from course_utils.checks.core import CheckFailed, plain_value
+from course_utils.instructor.checker import builtin_error
+from course_utils.models import build_model
+from course_utils.spies import (
     is_cuda_target,
-    plain_value,
     record_autocast,
     record_autocast_devices,
     record_tensor_to,
 )
-from course_utils.instructor.checker import builtin_error
-from course_utils.models import build_model
 
 
 def _batch_tensors(batch: Any) -> list[torch.Tensor]:

@@ -20,16 +20,18 @@ import torch._dynamo
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.checks.boundary import observed
-from course_utils.classroom import (
+from course_utils.checks.core import (
     MESSAGES_CHECKS,
     CheckFailed,
     course_helpers_refused,
     plain_value_fault,
-    uninitialised_memory_filled,
 )
-from course_utils.flops import count_flops  # the course's own counter: refused in (c)
+from course_utils.flops import (
+    count_flops,  # the course's own counter: refused in (c)
+    step_flops,
+)
 from course_utils.instructor.checker import builtin_error
-from course_utils.transformer_checks import step_flops
+from course_utils.spies import uninitialised_memory_filled
 
 
 def _kind(value: Any) -> str:
@@ -179,7 +181,7 @@ def _counting() -> Iterator[list[int]]:
 
 
 def _number_seen(value: Any) -> Any:
-    """One item of a plain answer (:func:`~course_utils.classroom.plain_value_fault`), as a
+    """One item of a plain answer (:func:`~course_utils.checks.core.plain_value_fault`), as a
     check compares it: an int, float or bool itself (NumPy's float64, a float, as one),
     anything else as ``{"kind": the name of its type}``."""
     if type(value) in (int, float, bool):
