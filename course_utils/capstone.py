@@ -20,8 +20,8 @@ import psutil
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from course_utils.checks.core import plain_value
 from course_utils.data import EncodedImages, PreDecodedImages, augment_on_device
+from course_utils.feedback import plain_value
 from course_utils.models import build_model
 from course_utils.monitor import Reading, nvml_index_of, sample
 from course_utils.profiling import LoopProfile, StepProfiler

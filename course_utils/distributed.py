@@ -611,7 +611,7 @@ def run_as_ranks(
 def _pythons(error: BaseException) -> bool:
     """Whether ``error``'s class is one of Python's own exceptions (its name is not the
     learner's words)."""
-    from course_utils.instructor.checker import builtin_error  # lazy: only a failed rank
+    from course_utils.feedback import builtin_error  # lazy: only a failed rank
 
     return bool(builtin_error(type(error)))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from course_utils.checks.core import plain_value
+from course_utils.feedback import plain_value
 
 
 @dataclass(frozen=True)

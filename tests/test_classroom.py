@@ -14,7 +14,8 @@ import nbformat
 import pytest
 import torch
 
-from course_utils.checks.core import CheckFailed, check, check_close, passed
+from course_utils.checks.core import check, check_close, passed
+from course_utils.feedback import CheckFailed
 from course_utils.instructor.student import RAISES_TAG, nbgrader_role, student_version
 from course_utils.spies import record_tensor_to
 from course_utils.tooling.cli import main

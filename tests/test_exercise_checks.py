@@ -16,9 +16,9 @@ import torch
 from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching
 
 from course_utils.checks import nb01 as checks_01  # loaded before grade_apart (its evidence)
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb01 import MESSAGES_01
 from course_utils.fake_nvml import FakeGpu, FakeNvml, gpu_from_sample
+from course_utils.feedback import CheckFailed
 from course_utils.nvml import snapshot
 
 ROOT = Path(__file__).resolve().parent.parent

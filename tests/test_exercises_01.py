@@ -23,8 +23,9 @@ from torch import nn
 from torch.utils import _pytree
 
 from course_utils.checks import nb01  # loaded before grade_apart: its evidence's classes
-from course_utils.checks.core import CheckFailed, answer_or_error, first_difference
+from course_utils.checks.core import answer_or_error, first_difference
 from course_utils.checks.nb01 import MESSAGES_01, MESSAGES_PRECISION_RULE
+from course_utils.feedback import CheckFailed
 from course_utils.spies import record_autocast
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from notebook_cells import code_cells, grade_apart, grade_cell, messages_matching, run_cells
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb02 import MESSAGES_02
+from course_utils.feedback import CheckFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 NB02 = ROOT / "notebooks" / "02_nvidia_smi_and_monitoring.ipynb"

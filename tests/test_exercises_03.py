@@ -16,9 +16,9 @@ from notebook_cells import grade_apart, grade_cell
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb03 import check_copy_to_gpu
 from course_utils.device import to_device
+from course_utils.feedback import CheckFailed
 from course_utils.spies import record_tensor_to
 
 NB03 = Path(__file__).resolve().parent.parent / "notebooks" / "03_data_loading_and_batch_size.ipynb"

@@ -20,8 +20,9 @@ import torch
 from notebook_cells import grade_apart, grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.checks.core import CheckFailed, check, check_close, passed
+from course_utils.checks.core import check, check_close, passed
 from course_utils.checks.nb04 import MESSAGES_04, MESSAGES_04A, run_amp_step_against_fp32
+from course_utils.feedback import CheckFailed
 from course_utils.footprint import optimizer_state_bytes
 
 NB04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_memory_efficient_models.ipynb"

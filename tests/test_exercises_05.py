@@ -17,10 +17,10 @@ import torch
 from notebook_cells import grade_apart, grade_cell, messages_matching, run_cells
 from torch import nn
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb01 import MESSAGES_PRECISION_RULE
 from course_utils.checks.nb05 import MESSAGES_05
 from course_utils.device import pick_precision
+from course_utils.feedback import CheckFailed
 from course_utils.lightning import lightning_precision
 
 NB05 = Path(__file__).resolve().parent.parent / "notebooks" / "05_lightning.ipynb"

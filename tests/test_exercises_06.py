@@ -19,9 +19,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb06 import MESSAGES_06
 from course_utils.data import SyntheticImages
+from course_utils.feedback import CheckFailed
 from course_utils.models import build_model
 
 NB06 = Path(__file__).resolve().parent.parent / "notebooks" / "06_multi_gpu.ipynb"

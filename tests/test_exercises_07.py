@@ -15,8 +15,8 @@ import pytest
 import torch
 from notebook_cells import grade_apart, grade_cell, messages_matching
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb07 import MESSAGES_07
+from course_utils.feedback import CheckFailed
 from course_utils.oom import is_out_of_memory
 
 NB07 = Path(__file__).resolve().parent.parent / "notebooks" / "07_gpu_memory_and_cache.ipynb"

@@ -15,8 +15,8 @@ import pytest
 import torch
 from notebook_cells import grade_apart, grade_cell, messages_matching
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb08 import MESSAGES_08
+from course_utils.feedback import CheckFailed
 from course_utils.profiling import LoopProfile
 
 NB08 = Path(__file__).resolve().parent.parent / "notebooks" / "08_capstone.ipynb"

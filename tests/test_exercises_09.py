@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.evidence.nb09 import step_inputs
 from course_utils.checks.nb09 import MESSAGES_09
+from course_utils.feedback import CheckFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 NB09 = ROOT / "notebooks" / "09_transformers_on_the_gpu.ipynb"

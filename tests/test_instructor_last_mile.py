@@ -392,7 +392,8 @@ def test_a_visible_check_states_properties_not_the_value(notebook, grade_id, ans
 
 
 def test_a_wrong_accumulation_that_keeps_the_rule_passes_the_visible_check_only():
-    from course_utils.checks.core import CheckFailed, check, check_close, passed
+    from course_utils.checks.core import check, check_close, passed
+    from course_utils.feedback import CheckFailed
     from course_utils.training import scaled_lr
 
     namespace = {

@@ -12,8 +12,8 @@ import pytest
 from babel.messages.pofile import read_po
 
 from course_utils import language
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb01 import MESSAGES_01, check_time_it_median
+from course_utils.feedback import CheckFailed
 from course_utils.language import LANGUAGE_VAR, LANGUAGES, Messages, translated
 from course_utils.tooling import translate
 

@@ -15,13 +15,13 @@ from torch import nn
 
 from course_utils import language
 from course_utils.checks import nb09 as checks_09
-from course_utils.checks.core import CheckFailed
 from course_utils.checks.nb09 import (
     ATTENTION_MISTAKES,
     MESSAGES_09,
     check_causal_attention,
     check_pad_vocabulary,
 )
+from course_utils.feedback import CheckFailed
 
 #: The module that looks the table up: (a)'s check, and (b)'s and (c)'s deciding halves.
 SOURCES = [Path(checks_09.__file__).read_text(encoding="utf-8")]

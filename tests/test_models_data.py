@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.checks.core import CheckFailed, check, check_close
+from course_utils.checks.core import check, check_close
 from course_utils.data import SyntheticImages
+from course_utils.feedback import CheckFailed
 from course_utils.flops import count_flops
 from course_utils.models import MODEL_NAMES, blocks_of, build_model, count_parameters
 from course_utils.oom import is_out_of_memory

@@ -9,7 +9,8 @@ import io
 import pytest
 from test_grader import _meta, _notebook
 
-from course_utils.checks.core import CheckFailed, PartialCredit, check, check_parts
+from course_utils.checks.core import PartialCredit, check, check_parts
+from course_utils.feedback import CheckFailed
 from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.student import write_notebook
 

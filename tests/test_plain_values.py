@@ -2,7 +2,7 @@
 the answer returns may be of a subclass whose ``==``, ``!=``, ``<``, ``bool()``,
 ``float()`` or ``__contains__`` says whatever it likes. Each check of the course's
 modules that compares such a value first requires the exact built-in type
-(:func:`course_utils.checks.core.plain_value`, tensors
+(:func:`course_utils.feedback.plain_value`, tensors
 :func:`~course_utils.checks.core.exact_tensor`): a lying subclass fails with a sentence naming
 its type, and right answers written in other idioms (an int for a float, a list for a tuple,
 NumPy scalars, 0-d tensors) still pass.
@@ -30,9 +30,9 @@ from course_utils.checks import nb07 as checks_nb07
 from course_utils.checks import nb08 as checks_nb08
 from course_utils.checks import nb09 as checks_09
 from course_utils.checks import nb09 as checks_nb09
-from course_utils.checks.core import CheckFailed, plain_value
 from course_utils.checks.evidence import nb05 as evidence05
 from course_utils.fake_nvml import FakeNvml
+from course_utils.feedback import CheckFailed, plain_value
 from course_utils.profiling import LoopProfile
 
 

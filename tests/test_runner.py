@@ -8,7 +8,8 @@ import json
 import nbformat
 import pytest
 
-from course_utils.tooling.runner import find_notebooks, run_course
+from course_utils.instructor.student import find_notebooks
+from course_utils.tooling.runner import run_course
 
 
 def write_notebook(path, *sources):

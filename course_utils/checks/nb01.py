@@ -26,8 +26,6 @@ import torch
 from torch import nn
 
 from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
     _raised_text,
     _refused,
     check,
@@ -35,11 +33,11 @@ from course_utils.checks.core import (
     first_difference,
     is_raised,
     matching_mistake,
-    plain_value,
 )
 from course_utils.checks.evidence import nb01 as evidence
 from course_utils.checks.evidence.nb01 import SIM_KERNEL_S, LooksLikeCuda, Pair
 from course_utils.device import pick_precision, to_device
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, plain_value
 from course_utils.language import Messages
 
 __all__ = [
@@ -195,11 +193,11 @@ def check_moves_batch(
     >>> check_moves_batch(to_device, [torch.ones(1)])
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: your function called the course's own to_device(), ...
+    course_utils.feedback.CheckFailed: your function called the course's own to_device(), ...
     >>> check_moves_batch(lambda batch, device: batch, [torch.ones(1)])
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: in what your function returned, batch[0] is a tensor \
+    course_utils.feedback.CheckFailed: in what your function returned, batch[0] is a tensor \
 on cpu; it should be on meta, given a nested batch
     """
     before, want = to_device(batch, "cpu"), to_device(batch, "meta")  # the course's answers
@@ -268,7 +266,7 @@ def check_mixed_forward(
     >>> check_mixed_forward(fp32_forward, (8, 0))
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: for an A100 (8.0), run model(x) under \
+    course_utils.feedback.CheckFailed: for an A100 (8.0), run model(x) under \
 torch.autocast(x.device.type, dtype=torch.bfloat16)
     """
     model = evidence.mixed_forward_model()
@@ -387,7 +385,7 @@ def check_time_it_median(time_it: Callable[..., Any]) -> None:
     >>> check_time_it_median(mean)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: repeats that took 10 ms, ... gave 66 ms, the mean ...
+    course_utils.feedback.CheckFailed: repeats that took 10 ms, ... gave 66 ms, the mean ...
     """
     answers: list[float] = []
     for warm, timed in TIME_IT_CASES:
@@ -462,7 +460,7 @@ def check_time_it_device(time_it: Callable[..., Any]) -> None:
     >>> check_time_it_device(always)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: timing a CPU device while CUDA was available, ...
+    course_utils.feedback.CheckFailed: timing a CPU device while CUDA was available, ...
     """
     synced, asked = _synchronize_calls(time_it, "cpu")
     if synced:

@@ -11,18 +11,17 @@ from typing import Any
 import torch
 
 from course_utils.checks.core import (
-    CheckFailed,
     _kind,
     answer_and_error,
     answer_or_error,
     check,
     is_raised,
     matching_mistake,
-    plain_value,
 )
 from course_utils.checks.evidence.nb02 import read_gpu_readings
 from course_utils.checks.values import answered
 from course_utils.fake_nvml import FakeGpu
+from course_utils.feedback import CheckFailed, plain_value
 from course_utils.language import Messages
 from course_utils.smi import sample_output
 
@@ -56,7 +55,7 @@ def check_read_gpu_edge_cases(read_gpu: Any) -> None:
     >>> check_read_gpu_edge_cases(lambda nvml, index: (None, 512, 19968))
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: NVML's byte counts are rarely whole MiB, and from \
+    course_utils.feedback.CheckFailed: NVML's byte counts are rarely whole MiB, and from \
 such counts your function read (512, 19968) (used, total): give whole MiB as ints, bytes // 2**20 \
 (3932160 bytes, 3.75 MiB, read 3)
     """
@@ -195,7 +194,7 @@ def check_parses_other_lines(parse_query_line: Callable[[str], Any]) -> None:
     >>> check_parses_other_lines(lambda line: [float(v) for v in line.split(", ")])
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: your function raised ValueError: could not convert \
+    course_utils.feedback.CheckFailed: your function raised ValueError: could not convert \
 string to float: '[Not Supported]', given '[Not Supported], 5 %': keep the number before any \
 unit (MHz, C, MiB, W, %), None only where there is no number ('7 W, [N/A], 3 MHz' reads [7.0, \
 None, 3.0])

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from course_utils.checks import said_by_your_code
-from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed, check, plain_value
+from course_utils.checks.core import check
 from course_utils.checks.evidence.nb03 import TO_GPU_TENSORS, copy_to_gpu_moves, loader_settings
 from course_utils.checks.values import answered
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, plain_value
 from course_utils.language import Messages
 
 #: What ``gpu_loader(dataset, 4, workers=2)`` should set.
@@ -74,7 +75,7 @@ def check_gpu_loader(gpu_loader: Any) -> None:
     >>> check_gpu_loader(lambda data, size, workers: DataLoader(data, size))
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: without pin_memory=True the batches stay in pageable \
+    course_utils.feedback.CheckFailed: without pin_memory=True the batches stay in pageable \
 memory, where .to(device, non_blocking=True) is an ordinary blocking copy
     """
     decide_gpu_loader(gpu_loader_evidence(gpu_loader))
@@ -144,7 +145,7 @@ def check_copy_to_gpu(to_gpu: Any) -> None:
     >>> check_copy_to_gpu(lambda batch, device: batch)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: the images tensor (batch[0]) was not copied: ...
+    course_utils.feedback.CheckFailed: the images tensor (batch[0]) was not copied: ...
     """
     decide_to_gpu(to_gpu_evidence(to_gpu))
 
@@ -274,7 +275,7 @@ def check_knee(knee: Callable[..., Any]) -> None:
     >>> check_knee(lambda rows, fraction=0.9: 16)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: with fraction=0.99 your knee gave 16, the knee at ...
+    course_utils.feedback.CheckFailed: with fraction=0.99 your knee gave 16, the knee at ...
     """
     table = [(1, 100.0), (4, 350.0), (16, 920.0), (64, 1000.0), (256, 1010.0)]
     got = plain_value(knee(table), "knee(table)")

@@ -16,17 +16,10 @@ import torch
 import torch._dynamo  # the checker builds optimizers: see below
 from torch import nn
 
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    _kind,
-    answer_and_error,
-    check,
-    matching_mistake,
-    plain_value,
-)
+from course_utils.checks.core import _kind, answer_and_error, check, matching_mistake
 from course_utils.checks.evidence import nb04 as evidence
 from course_utils.checks.values import answered, raised_sentence
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, plain_value
 from course_utils.footprint import optimizer_state_bytes
 from course_utils.language import Messages
 
@@ -50,7 +43,7 @@ ADAM_CASES = (
 def answer_of(seen: Mapping[str, Any]) -> Any:
     """The answer's value in the evidence of
     :func:`~course_utils.checks.evidence.nb04.answer_refusing`, else
-    :class:`~course_utils.checks.core.CheckFailed`: naming the course's helper it called
+    :class:`~course_utils.feedback.CheckFailed`: naming the course's helper it called
     (``{"refused": name}``), the subclass where a plain type was due, or saying what it
     raised (:func:`~course_utils.checks.values.answered`).
 
@@ -59,7 +52,7 @@ def answer_of(seen: Mapping[str, Any]) -> Any:
     >>> answer_of({"refused": "optimizer_state_bytes"})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: your function called the course's own optimizer_...
+    course_utils.feedback.CheckFailed: your function called the course's own optimizer_...
     """
     if "refused" in seen:
         raise CheckFailed(MESSAGES_CHECKS["refused"].format(name=seen["refused"]))
@@ -151,7 +144,7 @@ def check_adam_state_follows_dtype(adam_state_bytes: Callable[[torch.nn.Module],
     >>> check_adam_state_follows_dtype(lambda model: 2 * 4 * 55 + 8)
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
+    course_utils.feedback.CheckFailed: a bfloat16 nn.Linear(10, 5) gets 228 bytes ...
     """
     for dtype in (torch.bfloat16, torch.float64):
         model = f"a {str(dtype)[6:]} nn.Linear(10, 5) after a step"
@@ -278,7 +271,7 @@ _AMP_STEP_ERRORS = {
 
 def _step_evidence(amp_step: Callable[..., Any], *args: Any) -> dict[str, Any]:
     """:func:`~course_utils.checks.evidence.nb04.amp_step_run`'s evidence; when the step
-    raised, :class:`~course_utils.checks.core.CheckFailed`: an error PyTorch raises for a
+    raised, :class:`~course_utils.feedback.CheckFailed`: an error PyTorch raises for a
     known mistake becomes the feedback that names it (its words are the learner's runtime's:
     :func:`~course_utils.checks.said_by_your_code`)."""
     seen = evidence.amp_step_run(amp_step, *args)
@@ -308,7 +301,7 @@ def run_amp_step_against_fp32(
     ``max_norm``, SGD) from the same weights, computed here. A huge ``init_scale`` (2**100)
     makes the scaled fp16 gradients overflow, so a correct step is skipped. An error
     PyTorch raises for a known mistake is reported as
-    :class:`~course_utils.checks.core.CheckFailed`. Used by notebook 04's exercise check."""
+    :class:`~course_utils.feedback.CheckFailed`. Used by notebook 04's exercise check."""
     where = torch.device(device)
     seen = _step_evidence(amp_step, str(where), init_scale, max_norm, lr, dtype)
     start, batches = evidence.amp_case(where)

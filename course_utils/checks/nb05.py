@@ -15,19 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    answer_or_error,
-    check,
-    check_close,
-    is_raised,
-    plain_value,
-)
+from course_utils.checks.core import answer_or_error, check, check_close, is_raised
 from course_utils.checks.evidence import nb05 as evidence
 from course_utils.checks.nb01 import RULE_CAPABILITIES, precision_rule_feedback
 from course_utils.checks.nb04 import answer_of
 from course_utils.checks.values import answered, raised_sentence
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, plain_value
 from course_utils.language import Messages
 from course_utils.lightning import LIGHTNING_PRECISION
 from course_utils.training import TrainConfig, TrainStep, train
@@ -165,7 +158,7 @@ def check_same_parameters(
     >>> check_same_parameters(mine, torch.nn.Linear(2, 1), "at the start")
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: your model's weight at the start ...
+    course_utils.feedback.CheckFailed: your model's weight at the start ...
     """
     for (name, mine_p), theirs_p in zip(mine, theirs.parameters(), strict=False):
         check_close(mine_p, theirs_p, f"your model's {name} {when}", rtol=rtol, atol=atol)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from course_utils.checks import said_by_your_code
-from course_utils.checks.core import CheckFailed, answer_and_error, check_close, matching_mistake
+from course_utils.checks.core import answer_and_error, check_close, matching_mistake
 from course_utils.checks.evidence.nb06 import averaged_on_ranks, ddp_main_on_ranks
 from course_utils.distributed import (
     TOLERANCE,
@@ -25,6 +25,7 @@ from course_utils.distributed import (
     reference_model,
     sampler_indices,
 )
+from course_utils.feedback import CheckFailed
 from course_utils.language import Messages
 
 

@@ -8,15 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_utils.checks.core import (
-    CheckFailed,
-    answer_and_error,
-    check,
-    matching_mistake,
-    plain_value,
-)
+from course_utils.checks.core import answer_and_error, check, matching_mistake
 from course_utils.checks.evidence.nb07 import history_after_drop, retry_at_the_bottom, retry_run
 from course_utils.checks.values import answered, raised_sentence
+from course_utils.feedback import CheckFailed, plain_value
 from course_utils.language import Messages
 
 

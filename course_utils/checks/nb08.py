@@ -15,17 +15,9 @@ from torch import nn
 
 from course_utils.capstone import LoopRun
 from course_utils.checks import said_by_your_code
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    _kind,
-    answer_and_error,
-    check,
-    matching_mistake,
-    plain_value,
-)
+from course_utils.checks.core import _kind, answer_and_error, check, matching_mistake
 from course_utils.checks.evidence.nb08 import fast_loop_as_on_a_gpu, loop_runs
-from course_utils.instructor.checker import builtin_error
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, builtin_error, plain_value
 from course_utils.language import Messages
 
 

@@ -13,18 +13,13 @@ from typing import Any
 import torch
 
 from course_utils.attention import Attention, attention
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    answer_or_error,
-    check,
-    exact_tensor,
-)
+from course_utils.checks.core import answer_or_error, check, exact_tensor
 from course_utils.checks.evidence.nb09 import (
     StepCase,
     pad_vocabulary_evidence,
     step_throughput_evidence,
 )
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed
 from course_utils.language import Messages
 
 __all__ = ["StepCase", "check_pad_vocabulary", "check_step_throughput"]

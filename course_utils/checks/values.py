@@ -1,5 +1,5 @@
 """Deciding from what :mod:`course_utils.checks.evidence.values` observed: the answer's
-value, or the feedback that :func:`course_utils.checks.core.plain_value` and
+value, or the feedback that :func:`course_utils.feedback.plain_value` and
 :func:`course_utils.checks.core.answer_or_error` gave beside the answer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.checks import said_by_your_code
-from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed
 
 
 def answered(record: dict[str, Any]) -> Any:
@@ -21,7 +21,7 @@ def answered(record: dict[str, Any]) -> Any:
     >>> answered({"impostor": ["f()[1]", "int", "Yes"]})
     Traceback (most recent call last):
     ...
-    course_utils.checks.core.CheckFailed: f()[1] should be of type int, but it is of type Yes
+    course_utils.feedback.CheckFailed: f()[1] should be of type int, but it is of type Yes
     """
     if "impostor" in record:
         where, want, kind = record["impostor"]

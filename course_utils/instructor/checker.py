@@ -60,6 +60,8 @@ import sys
 import types
 from typing import Any
 
+from course_utils.feedback import builtin_error
+
 HEADER_BYTES = 1 << 16  # the largest reply header
 DATA_BYTES = 1 << 29  # the largest value that crosses (512 MiB)
 MESSAGE_CHARS = 2000  # characters of an error message kept
@@ -699,19 +701,6 @@ TRUSTED_NAMES = frozenset(
 MESSAGE_NAMES = frozenset(
     {"CheckFailed", "PartialCredit", "AssertionError", "AnswerError", "NeedsBeside", "NameError"}
 )
-
-
-def builtin_error(kind: type) -> str:
-    """The name of ``kind`` when it is exactly one of Python's built-in exceptions, else "".
-
-    >>> builtin_error(NameError), builtin_error(type("NameError", (Exception,), {}))
-    ('NameError', '')
-    """
-    if not isinstance(kind, type):
-        return ""
-    name = type.__getattribute__(kind, "__name__")
-    found = vars(builtins).get(name) if type(name) is str else None
-    return name if found is kind and issubclass(kind, BaseException) else ""
 
 
 def verdict_of(error: BaseException | None, core: Any, trusted_message: bool) -> dict[str, Any]:

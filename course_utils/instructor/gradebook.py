@@ -57,7 +57,6 @@ from course_utils.instructor.grading import (
     guard_spec,
 )
 from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
-from course_utils.instructor.paths import under
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -69,8 +68,13 @@ from course_utils.instructor.similarity import (
     similar_pairs,
     write_similarity,
 )
-from course_utils.instructor.student import InputError, read_notebook, write_notebook
-from course_utils.tooling.runner import find_notebooks
+from course_utils.instructor.student import (
+    InputError,
+    find_notebooks,
+    read_notebook,
+    under,
+    write_notebook,
+)
 
 #: The instructor notebooks a submission is graded against unless told otherwise.
 COURSE_NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"

@@ -19,8 +19,6 @@ from typing import Any
 
 import nbformat
 
-from course_utils.tooling.runner import find_notebooks
-
 #: The tag that lets a cell fail without stopping "Run all", nbclient or nbval.
 RAISES_TAG = "raises-exception"
 
@@ -149,3 +147,20 @@ def make_student_versions(
         write_notebook(student_version(notebook), target)
         written.append(target)
     return written
+
+
+def find_notebooks(paths: Sequence[Path]) -> list[Path]:
+    """Notebooks named directly or found (not recursively) in the given folders, sorted;
+    ``FileNotFoundError`` when there is none."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.glob("*.ipynb") if p.is_file())
+        elif path.suffix == ".ipynb" and path.is_file():
+            found.append(path)
+        else:
+            why = "" if path.exists() else " (no such file or folder)"
+            raise FileNotFoundError(f"not a notebook or a folder of notebooks: {path}{why}")
+    if not found:
+        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
+    return found

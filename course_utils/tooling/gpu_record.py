@@ -455,7 +455,7 @@ def gpu_record(
     """Check, then run the tests and notebooks and write the record after each step;
     return the record's path and the record (``outcome``: passed or failed)."""
     from course_utils.env import doctor, format_doctor  # lazy: imports torch (checked first)
-    from course_utils.tooling.runner import find_notebooks  # lazy: imports nbclient (likewise)
+    from course_utils.instructor.student import find_notebooks  # lazy: imports nbformat
 
     check_ready(settings.rehearse)
     if settings.rehearse:

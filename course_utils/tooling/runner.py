@@ -27,6 +27,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course_utils import workload
+from course_utils.instructor.student import find_notebooks
 from course_utils.progress import ENV_VAR as PROGRESS_VAR
 from course_utils.records import load_records
 from course_utils.tooling.report import (
@@ -35,23 +36,6 @@ from course_utils.tooling.report import (
     plots_in_notebook,
     write_report,
 )
-
-
-def find_notebooks(paths: Sequence[Path]) -> list[Path]:
-    """Notebooks named directly or found (not recursively) in the given folders, sorted;
-    ``FileNotFoundError`` when there is none."""
-    found: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found += sorted(p for p in path.glob("*.ipynb") if p.is_file())
-        elif path.suffix == ".ipynb" and path.is_file():
-            found.append(path)
-        else:
-            why = "" if path.exists() else " (no such file or folder)"
-            raise FileNotFoundError(f"not a notebook or a folder of notebooks: {path}{why}")
-    if not found:
-        raise FileNotFoundError("no notebooks found in " + ", ".join(map(str, paths)))
-    return found
 
 
 def run_notebook(

@@ -229,6 +229,7 @@ def _update(language: str, path: Path, domain: str, entries: list[tuple[str, str
 MESSAGES_DOMAIN = "messages"
 MESSAGE_MODULES = (
     "course_utils.claims",
+    "course_utils.feedback",
     "course_utils.checks.core",
     *(f"course_utils.checks.nb{number:02d}" for number in range(1, 10)),
     "course_utils.instructor.grading",

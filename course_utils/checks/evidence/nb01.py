@@ -29,13 +29,9 @@ import torch
 from torch import nn
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    _is_numpy_scalar,
-    course_helpers_refused,
-)
+from course_utils.checks.core import course_helpers_refused
 from course_utils.device import pick_precision, precision_support, to_device
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, _is_numpy_scalar
 from course_utils.spies import record_autocast
 from course_utils.timing import SimulatedGPU, benchmark, fake_cuda
 

@@ -14,9 +14,10 @@ import torch
 from torch.utils.data import RandomSampler, TensorDataset
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed, course_helpers_refused
+from course_utils.checks.core import course_helpers_refused
 from course_utils.checks.evidence.values import exception_seen, value_of
 from course_utils.device import to_device  # the course's own: refused
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed
 from course_utils.spies import is_cuda_target, record_tensor_to
 
 #: The settings of the loader :func:`loader_settings` reads.
@@ -69,7 +70,7 @@ def copy_to_gpu_moves(to_gpu: Any, names: list[str]) -> dict[str, Any]:
     labels and boxes, a pageable mask, the file ``names``), its ``Tensor.to`` and
     ``.cuda`` calls recorded and the course's ``to_device`` refused: ``{"refused": True}``
     when it called ``to_device``; ``{"check failed": message}`` for another
-    :class:`~course_utils.checks.core.CheckFailed` raised inside it; ``{"raised": ...}``
+    :class:`~course_utils.feedback.CheckFailed` raised inside it; ``{"raised": ...}``
     when it raised (:func:`~course_utils.checks.evidence.values.exception_seen`), ``{"crashed":
     ...}`` when reading what it returned raised; else whether it left the batch's dict as
     it was, whether the result has the batch's shape (then its keys and names, and for

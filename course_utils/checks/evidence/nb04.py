@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.core import MESSAGES_CHECKS, CheckFailed, without_course_helpers
+from course_utils.checks.core import without_course_helpers
 from course_utils.checks.evidence.values import exception_seen, value_of
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed
 from course_utils.footprint import expected_optimizer_state_bytes, optimizer_state_bytes
 from course_utils.models import build_model
 

@@ -19,8 +19,7 @@ from torch import nn
 
 from course_utils.capstone import compare_loops
 from course_utils.checks.boundary import observed
-from course_utils.checks.core import CheckFailed, plain_value
-from course_utils.instructor.checker import builtin_error
+from course_utils.feedback import CheckFailed, builtin_error, plain_value
 from course_utils.models import build_model
 from course_utils.spies import (
     is_cuda_target,

@@ -20,17 +20,12 @@ import torch._dynamo
 from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.checks.boundary import observed
-from course_utils.checks.core import (
-    MESSAGES_CHECKS,
-    CheckFailed,
-    course_helpers_refused,
-    plain_value_fault,
-)
+from course_utils.checks.core import course_helpers_refused
+from course_utils.feedback import MESSAGES_CHECKS, CheckFailed, builtin_error, plain_value_fault
 from course_utils.flops import (
     count_flops,  # the course's own counter: refused in (c)
     step_flops,
 )
-from course_utils.instructor.checker import builtin_error
 from course_utils.spies import uninitialised_memory_filled
 
 
@@ -181,7 +176,7 @@ def _counting() -> Iterator[list[int]]:
 
 
 def _number_seen(value: Any) -> Any:
-    """One item of a plain answer (:func:`~course_utils.checks.core.plain_value_fault`), as a
+    """One item of a plain answer (:func:`~course_utils.feedback.plain_value_fault`), as a
     check compares it: an int, float or bool itself (NumPy's float64, a float, as one),
     anything else as ``{"kind": the name of its type}``."""
     if type(value) in (int, float, bool):

@@ -3,7 +3,7 @@
 A value the answer returns may be of a subclass whose ``==`` says what it likes; it may
 also be an object that is not data at all (a ``SimpleNamespace``, a NumPy scalar). The
 checks compared such values beside the answer after
-:func:`course_utils.checks.core.plain_value`; the observing halves describe them instead
+:func:`course_utils.feedback.plain_value`; the observing halves describe them instead
 (:func:`value_of`), so that the deciding half (:func:`course_utils.checks.values.answered`)
 gives the same feedback from plain data. These helpers run in the learner's runtime: the
 guard verifies this module with the observing halves (instructor guide, "Threat model").
@@ -22,7 +22,7 @@ from course_utils.instructor.checker import DTYPES
 
 #: Python's own types a value of which crosses as it is.
 _EXACT = frozenset({type(None), bool, int, float, complex, str, bytes})
-#: The built-in types whose subclasses :func:`course_utils.checks.core.plain_value` refuses.
+#: The built-in types whose subclasses :func:`course_utils.feedback.plain_value` refuses.
 _BUILT_IN = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
 _SHOWN_CHARS = 300
 _DEPTH = 50
@@ -58,7 +58,7 @@ def _shown(value: Any) -> Shown:
 
 
 def impostor(value: Any, what: str) -> list[str] | None:
-    """Where ``value`` first holds what :func:`course_utils.checks.core.plain_value` refuses:
+    """Where ``value`` first holds what :func:`course_utils.feedback.plain_value` refuses:
     ``[where, the built-in type, its own type]``, or ``[where, "Tensor", its own type]`` for
     a subclass of ``torch.Tensor``; None when it holds none."""
     seen: set[int] = set()
