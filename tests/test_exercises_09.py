@@ -330,8 +330,7 @@ def test_causal_attention_check_names_the_mistake(namespace, solution, feedback)
 def test_every_attention_mistake_is_told_apart_on_the_visible_cases():
     """Each mistake the check knows differs from the right answer, and from every other
     mistake, on at least one visible case: no message stands for two mistakes."""
-    from course_utils.attention import attention
-    from course_utils.checks.nb09 import ATTENTION_MISTAKES
+    from course_utils.checks.nb09 import ATTENTION_MISTAKES, attention
 
     torch.manual_seed(0)
     cases = [(2, 6, 8, 2), (2, 4, 8, 2)]

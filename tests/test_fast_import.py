@@ -1,4 +1,4 @@
-"""Reading notebooks without jsonschema's slow IRI checker (course_utils.fast_import)."""
+"""Reading notebooks without jsonschema's slow IRI checker (course_utils.instructor.fast_import)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_the_grader_reads_notebooks_without_the_iri_checker_and_still_validates(
 
 
 def test_nothing_is_hidden_when_jsonschema_was_imported_first(monkeypatch):
-    from course_utils.fast_import import skip_iri_format_check
+    from course_utils.instructor.fast_import import skip_iri_format_check
 
     monkeypatch.setitem(sys.modules, "jsonschema._format", object())
     monkeypatch.delitem(sys.modules, "rfc3987_syntax", raising=False)

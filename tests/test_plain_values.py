@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from course_utils import attention, capstone, flops
+from course_utils import capstone, flops
 from course_utils.checks import core, nb01, nb02, nb03, nb04, nb05, nb07
 from course_utils.checks import nb02 as checks_nb02
 from course_utils.checks import nb04 as checks_nb04
@@ -413,7 +413,7 @@ def test_check_causal_attention_compares_the_second_output_as_a_plain_tensor():
         "Agreeable", lambda: checks_nb09.check_causal_attention(drifting, [(1, 4, 8, 2)])
     )
     checks_nb09.check_causal_attention(
-        lambda x, w_qkv, w_out, heads: attention.attention(x, w_qkv, w_out, heads),
+        lambda x, w_qkv, w_out, heads: checks_nb09.attention(x, w_qkv, w_out, heads),
         [(1, 4, 8, 2)],
     )
 

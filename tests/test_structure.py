@@ -200,3 +200,69 @@ def test_each_public_function_and_class_is_defined_in_one_module():
             where.setdefault(defined, []).append(name)
     twice = {name: modules for name, modules in where.items() if len(modules) > 1}
     assert not twice, f"defined in more than one module: {twice}"
+
+
+#: The package's four parts, bottom to top: a part may import the parts below it, never one above.
+PARTS = ["lessons", "checks", "instructor", "tooling"]
+
+
+def part_of(module: str) -> str:
+    """``lessons`` for a module at the top level (what notebooks import), else its sub-package."""
+    first = module.split(".")[0]
+    return first if first in PARTS[1:] else "lessons"
+
+
+def test_part_of_names_each_part():
+    assert part_of("device") == part_of("records") == "lessons"
+    assert part_of("checks.evidence.nb01") == "checks"
+    assert part_of("instructor.grading") == "instructor"
+    assert part_of("tooling.cli") == "tooling"
+
+
+def test_no_part_imports_a_part_above_it():
+    graph = import_graph(MODULES)
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if name != "__main__" and PARTS.index(part_of(target)) > PARTS.index(part_of(name))
+    ]
+    assert upward == [], upward
+
+
+def _notebook_imports(known: set[str]) -> set[str]:
+    """The course_utils modules (of ``known``) the notebooks' code cells import."""
+    import json  # lazy: only this test reads notebooks
+
+    found: set[str] = set()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            source = "".join(cell["source"])
+            try:
+                tree = ast.parse(source)
+            except SyntaxError:  # IPython magics: read the lines that are Python
+                lines = [line for line in source.splitlines() if line.lstrip()[:1] not in "%!"]
+                tree = ast.parse("\n".join(lines))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    found |= _targets(node, known)
+    return found
+
+
+def test_the_top_level_holds_only_what_notebooks_import():
+    """Every top-level module is imported by a notebook, or by one that is (transitively)."""
+    modules = {name.removesuffix(".__init__"): path for name, path in MODULES.items()}
+    graph = import_graph(modules)
+    imported = _notebook_imports(set(modules))
+    reached, todo = set(), [m for m in imported if part_of(m) == "lessons"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += [m for m in graph.get(module, ()) if part_of(m) == "lessons"]
+    top_level = {m for m in modules if part_of(m) == "lessons"} - {"__init__", "__main__"}
+    # a folder of data (samples/: nvidia-smi outputs that smi.sample_output reads) holds no code
+    top_level -= {m for m in top_level if len(_parse(modules[m]).body) <= 1}
+    assert top_level - reached == set(), "not imported by any notebook"

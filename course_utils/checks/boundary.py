@@ -1,10 +1,10 @@
 """The line between a check's two halves (:mod:`course_utils.checks`).
 
 :func:`observed` marks a function of :mod:`course_utils.checks.evidence`: what it returns
-is the evidence, and it must be plain data (:func:`course_utils.instructor.checker.plain`).
+is the evidence, and it must be plain data (:func:`course_utils.checks.data_format.plain`).
 Called in a learner's notebook (or in tests) it runs at once and its result makes the
 same round trip through the grader's data format as in the grader
-(:func:`course_utils.instructor.checker.encode_reply`, then ``decode_reply``), so a
+(:func:`course_utils.checks.data_format.encode_reply`, then ``decode_reply``), so a
 result that could not cross fails the same way everywhere. Called in the grader's
 checker, it runs nothing there: the checker asks the learner's runtime to run it (with
 the same arguments: the answer and the notebook's other objects travel by name, plain data
@@ -45,14 +45,16 @@ def observed(function: F) -> F:
 
 def as_evidence(value: Any, what: str) -> Any:
     """``value`` after the round trip evidence makes from the learner's runtime to the
-    checker; :class:`~course_utils.instructor.checker.AnswerError` when it cannot make it
+    checker; :class:`~course_utils.checks.data_format.AnswerError` when it cannot make it
     (a learner's class or a subclass in it: the message says which types can)."""
-    from course_utils.instructor import checker  # lazy: a notebook's import stays light
+    from course_utils.checks import data_format  # lazy: a notebook's import stays light
 
     try:
-        blob = checker.encode_reply(value)
+        blob = data_format.encode_reply(value)
     except (ValueError, TypeError, RecursionError):
         blob = None
     if blob is None:
-        raise checker.AnswerError(checker.not_plain_message(f"the evidence of {what} holds"))
-    return checker.Channel.load_plain(blob, f"the evidence of {what} holds")
+        raise data_format.AnswerError(
+            data_format.not_plain_message(f"the evidence of {what} holds")
+        )
+    return data_format.load_plain(blob, f"the evidence of {what} holds")

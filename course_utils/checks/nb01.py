@@ -59,7 +59,7 @@ def _observed(observe: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     Not answered (``NotImplementedError``), a failed check and the instruments found
     changed (the grader's ``Tampered``) propagate."""
     # lazy: the grader's module, loaded once a check runs (a notebook's import stays light)
-    from course_utils.instructor.checker import Tampered
+    from course_utils.checks.data_format import Tampered
 
     try:
         return observe(*args, **kwargs)

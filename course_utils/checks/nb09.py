@@ -1,5 +1,7 @@
-"""Notebook 09's deciding halves: (b) a padded vocabulary and (c) a training step's FLOPs,
-tokens per second and MFU, each judged from its evidence
+"""Notebook 09's checks: (a) causal self-attention, compared with the reference written here
+(:func:`attention`) and its usual mistakes (a missing mask, the wrong scale, the softmax over
+the wrong dimension, a head split that mixes tokens...); (b) a padded vocabulary and (c) a
+training step's FLOPs, tokens per second and MFU, each judged from its evidence
 (:mod:`course_utils.checks.evidence.nb09`) against the values expected here; when they
 differ, against the usual mistakes, so that the feedback names the one the answer made."""
 
@@ -8,12 +10,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from course_utils.attention import Attention, attention
 from course_utils.checks.core import answer_or_error, check, exact_tensor
+from course_utils.checks.data_format import Tampered
 from course_utils.checks.evidence.nb09 import (
     StepCase,
     pad_vocabulary_evidence,
@@ -34,8 +37,6 @@ def _what_it_raised(observe: Callable[..., Any], kind: str) -> str:
     In the grader the checker raises it again here, and what it said stays out of the
     verdict (*(your code's message)*). ``kind``: the class the evidence named, said alone
     if the answer does not raise again."""
-    from course_utils.instructor.checker import Tampered  # lazy: the grader's own module
-
     try:
         observe(raise_errors=True)
     except (NotImplementedError, CheckFailed, Tampered):  # not answered; found tampered
@@ -593,6 +594,89 @@ MESSAGES_09 = Messages(
         "FLOP/s, FLOPs / seconds / (peak in TFLOP/s × 1e12)",
     },
 )
+
+
+@dataclass(frozen=True)
+class Attention:
+    """How to compute multi-head causal self-attention: the right way by default; each
+    other value is one usual mistake (see :data:`ATTENTION_MISTAKES`)."""
+
+    # the scale: "head_dim" (1/√head_dim), "head_dim twice" (1/head_dim), "dim", "none"
+    scale: str = "head_dim"
+    mask: str = "causal"  # "causal", "none", "sees next", "hides self", "hides past", "zero",
+    # "after softmax", "inverted" (only the later keys: a boolean attn_mask read backwards)
+    softmax_dim: int = -1
+    split: str = "right"  # "right", "heads first" (a view that mixes tokens), "no transpose"
+    merge: str = "right"  # "right", "no transpose"
+    order: str = "qkv"  # the order x @ w_qkv.T is read in: "qkv", or another, e.g. "kqv"
+    keys: str = "transposed"  # "transposed", "not transposed" (q @ k)
+    heads: str = "heads"  # "heads", "one" (the heads argument ignored)
+    projection: str = "w_out.T"  # "w_out.T", "none", "w_out"
+
+
+def attention(
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    w_out: torch.Tensor,
+    heads: int,
+    how: Attention = Attention(),
+) -> torch.Tensor:
+    """Multi-head causal self-attention of ``x`` (batch, seq, dim) written out by hand,
+    as ``how`` says (by default right).
+
+    >>> x, w_qkv, w_out = torch.randn(2, 5, 8), torch.randn(24, 8), torch.randn(8, 8)
+    >>> sdpa = F.scaled_dot_product_attention
+    >>> def heads(t):
+    ...     return t.view(2, 5, 2, 4).transpose(1, 2)
+    >>> q, k, v = (heads(t) for t in (x @ w_qkv.T).split(8, -1))
+    >>> out = sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 5, 8) @ w_out.T
+    >>> torch.allclose(attention(x, w_qkv, w_out, 2), out, atol=1e-5)
+    True
+    """
+    batch, seq, dim = x.shape
+    n = 1 if how.heads == "one" else heads
+    size = dim // n
+    chunks = dict(zip(how.order, (x @ w_qkv.T).split(dim, dim=-1), strict=True))
+    parts = [chunks[name] for name in "qkv"]  # read as how.order says
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        if how.split == "heads first":
+            return t.reshape(batch, n, seq, size)
+        t = t.reshape(batch, seq, n, size)
+        return t if how.split == "no transpose" else t.transpose(1, 2)
+
+    q, k, v = (split(t) for t in parts)
+    keys = k if how.keys == "not transposed" else k.transpose(-2, -1)
+    scale = {"head_dim": size**-0.5, "head_dim twice": 1 / size, "dim": dim**-0.5, "none": 1.0}
+    scores = q @ keys * scale[how.scale]
+    rows = scores.shape[-2]
+    ones = torch.ones(rows, rows, dtype=torch.bool)
+    above = ones.triu({"sees next": 2, "hides self": 0}.get(how.mask, 1))
+    if how.mask == "hides past":
+        above = ones.tril(-1)
+    if how.mask in ("causal", "sees next", "hides past"):
+        scores = scores.masked_fill(above, -math.inf)
+    elif how.mask == "hides self":  # -inf would give the first row NaN: a large finite fill
+        scores = scores.masked_fill(above, -1e9)
+    elif how.mask == "zero":
+        scores = scores.masked_fill(above, 0.0)
+    elif how.mask == "inverted":
+        scores = scores.masked_fill(~above, -math.inf)
+    weights = scores.softmax(dim=how.softmax_dim)
+    if how.mask == "inverted":  # SDPA gives a row with no key zeros, not NaN
+        weights = weights.nan_to_num(0.0)
+    if how.mask == "after softmax":
+        weights = weights.masked_fill(above, 0.0)
+    out = weights @ v
+    if how.split == "no transpose":
+        out = out.transpose(1, 2)  # back to (batch, heads, seq, head_dim), as a merge expects
+    if how.merge == "no transpose":
+        merged = out.reshape(batch, seq, dim)
+    else:
+        merged = out.transpose(1, 2).reshape(batch, seq, dim)
+    if how.projection == "none":
+        return merged
+    return merged @ (w_out if how.projection == "w_out" else w_out.T)
 
 
 #: Each usual mistake of exercise 09 (a), and the name of the feedback that names it in

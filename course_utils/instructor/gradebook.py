@@ -57,6 +57,7 @@ from course_utils.instructor.grading import (
     guard_spec,
 )
 from course_utils.instructor.intake import collect, handed_record, learner_folders, read_times
+from course_utils.instructor.paths import under
 from course_utils.instructor.shards import ClassRun, merge, share
 from course_utils.instructor.similarity import (
     THRESHOLD,
@@ -72,7 +73,6 @@ from course_utils.instructor.student import (
     InputError,
     find_notebooks,
     read_notebook,
-    under,
     write_notebook,
 )
 

@@ -24,7 +24,7 @@ def results_of(answer: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]])
     """
     import copy  # lazy: only an observation needs it
 
-    from course_utils.instructor.checker import plain  # lazy: the checker's own module
+    from course_utils.checks.data_format import plain  # lazy: the checker's own module
 
     seen = []
     for args, kwargs in calls:

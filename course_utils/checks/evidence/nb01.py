@@ -63,7 +63,7 @@ _SCALAR_BASES = (int, float, complex, str, bytes)
 _DEPTH, _NODES = 40, 20_000  # deeper or larger: described as an object of its class only
 _DATA_BYTES = 1 << 20  # a CPU tensor's values cross up to this size (else its shape only)
 _ALL_DATA_BYTES = 1 << 26  # and the values of all the tensors of one value, up to this size
-#: The dtypes whose values can cross (:data:`course_utils.instructor.checker.DTYPES`).
+#: The dtypes whose values can cross (:data:`course_utils.checks.data_format.DTYPES`).
 _DATA_DTYPES = {
     torch.float16, torch.float32, torch.float64, torch.bfloat16, torch.complex64,
     torch.complex128, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,

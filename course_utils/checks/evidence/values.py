@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from course_utils.instructor.checker import DTYPES
+from course_utils.checks.data_format import DTYPES
 
 #: Python's own types a value of which crosses as it is.
 _EXACT = frozenset({type(None), bool, int, float, complex, str, bytes})
