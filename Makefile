@@ -44,8 +44,8 @@ env:
 course: env
 	$(PY) -m course_utils run-notebooks notebooks --out build
 
-# The website: README, the executed notebooks (build/notebooks, from `make course`), the
-# instructor guide and build/report.html, rendered by mkdocs into build/site/ (nothing runs).
+# The website: README, the executed notebooks (build/notebooks, from `make course`), every
+# page of docs/ and build/report.html, rendered by mkdocs into build/site/ (nothing runs).
 site: env
 	@test -d build/notebooks || { echo "error: no build/notebooks: run make course first"; exit 1; }
 	$(PY) -m course_utils site build/notebooks --out build/site --report build/report.html
