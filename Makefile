@@ -44,8 +44,8 @@ env:
 course: env
 	$(PY) -m course_utils run-notebooks notebooks --out build
 
-# The website: README, the executed notebooks (build/notebooks, from `make course`), the
-# instructor guide and build/report.html, rendered by mkdocs into build/site/ (nothing runs).
+# The website: README, the executed notebooks (build/notebooks, from `make course`), every
+# page of docs/ and build/report.html, rendered by mkdocs into build/site/ (nothing runs).
 site: env
 	@test -d build/notebooks || { echo "error: no build/notebooks: run make course first"; exit 1; }
 	$(PY) -m course_utils site build/notebooks --out build/site --report build/report.html
@@ -99,11 +99,11 @@ gpu-rehearsal: env
 lab-answers: env
 	$(LAB) notebooks/
 
-# The GPU record (README: "The GPU record"): the doctor's check, the gpu/multigpu tests and
+# The GPU record (docs/gpu-record.md): the doctor's check, the gpu/multigpu tests and
 # every notebook at the full workload, strict GPU claims, record in build/gpu-lane/. Runs on
 # the torch that is here: .venv if there is one, else python3 (Colab's, Kaggle's, a cluster
 # module's); no lock rebuild, nothing installed. Fails at once, in one line, unless this
-# torch can use a GPU (a driver older than 580 with the locked CUDA 13 torch: see the README).
+# torch can use a GPU (a driver older than 580 with the locked CUDA 13 torch: see docs/running-locally.md, "The GPU lane").
 # More options: make gpu-lane GPU_RECORD_ARGS="--budget-s 540 --notebook-timeout-s 240"
 gpu-lane: PY := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,$(PYTHON))
 gpu-lane:

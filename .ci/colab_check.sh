@@ -89,7 +89,7 @@ nbval_started=$SECONDS
 say "notebooks took $((SECONDS - nbval_started)) s"
 
 # --- 4. the GPU record, rehearsed as on Colab (issue 41) ------------------------------------
-# The README's Colab line without a GPU: COLAB_RELEASE_TAG in every process's environment
+# docs/gpu-record.md's Colab line without a GPU: COLAB_RELEASE_TAG in every process's environment
 # (the kernels gpu-record starts inherit it, so every setup cell must leave the course as it
 # is), Colab's Python and pins; the record must validate, name the commit and have every
 # notebook ok (small workload).

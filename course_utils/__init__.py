@@ -1,7 +1,7 @@
 """course_utils: the companion package of the course "Make PyTorch use the GPU".
 
 One module per concept, named after it (``device``, ``timing``, ``memory``, ``grading``...),
-so a learner finds the code of a lesson in one place; README.md's "Layout" lists them.
+so a learner finds the code of a lesson in one place; docs/development.md's "Layout" lists them.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -258,8 +258,8 @@ def test_require_gpu_prints_the_report_when_a_gpu_is_usable(driver, capsys):
     assert "CUDA available : True (1 GPU(s))" in capsys.readouterr().out
 
 
-def test_readme_says_which_torch_to_use_on_a_driver_older_than_580():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_say_which_torch_to_use_on_a_driver_older_than_580():
+    text = (ROOT / "docs" / "running-locally.md").read_text()
     section = text[text.index("## The GPU lane") :]
     assert "580" in section and "https://download.pytorch.org/whl/cu128" in section
 

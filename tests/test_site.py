@@ -10,6 +10,7 @@ few seconds: it never runs ``make course``.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from html.parser import HTMLParser
@@ -248,6 +249,86 @@ def test_the_site_has_every_page_and_no_broken_or_external_link(site):
     assert "https://colab.research.google.com/github/me/course/blob/main/notebooks/01_tiny" in first
     assert 'href="01_tiny.ipynb" download' in first
     assert "colab.research.google.com/assets" not in first  # the badge image is local
+
+
+#: A markdown link: its text, target and anchor (images and autolinks aside).
+MARKDOWN_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s#]*)(#[^)\s]*)?\)")
+README_WORDS = 1200  # issue 47: the README says what the course is; the docs pages the rest
+
+
+def source_pages() -> dict[str, str]:
+    """The README and every docs page, by path in the checkout, with their page on the site."""
+    pages = {"README.md": "index.html"}
+    pages.update(
+        {f"docs/{page.name}": f"docs/{page.stem}.html" for page in (ROOT / "docs").glob("*.md")}
+    )
+    return pages
+
+
+def relative_links(source: str) -> list[tuple[str, str]]:
+    """(target in the checkout, anchor) of every relative link of a README or docs page
+    (not the README's badge line, whose links are GitHub's, to the published branches)."""
+    from course_utils.tooling.colab import README_BADGE_LINE
+
+    text = (ROOT / source).read_text(encoding="utf-8").replace(README_BADGE_LINE, "")
+    folder = Path(source).parent
+    found = []
+    for _, target, anchor in MARKDOWN_LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path = Path(os.path.normpath(folder / target)).as_posix() if target else source
+        found.append((path, (anchor or "")[1:]))
+    return found
+
+
+def test_the_readme_is_short():
+    words = len((ROOT / "README.md").read_text(encoding="utf-8").split())  # as wc -w counts
+    assert words <= README_WORDS, f"README.md: {words} words; move the details to docs/"
+
+
+def test_every_docs_page_is_on_the_site_and_linked_from_the_readme(site):
+    from course_utils.tooling.site import docs_pages
+
+    readme_links = {target for target, _ in relative_links("README.md")}
+    for page in docs_pages(ROOT):
+        assert (site / "docs" / f"{page.stem}.html").is_file(), page.name
+        assert f"docs/{page.name}" in readme_links, f"the README does not link {page.name}"
+    nav = (site / "index.html").read_text(encoding="utf-8")
+    for page in docs_pages(ROOT):
+        assert f'href="docs/{page.stem}.html"' in nav, page.name
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves_here_and_on_the_site(site):
+    """On GitHub (the file is in the checkout) and on the site: a link to the README or a
+    docs page is a link on its page of the site, to that page and anchor, which exists."""
+    pages = source_pages()
+    checked = 0
+    for source, html in pages.items():
+        parser = Links()
+        parser.feed((site / html).read_text(encoding="utf-8"))
+        on_site = set()
+        for tag, url in parser.links:
+            parts = urlsplit(url)
+            if tag == "a" and not parts.scheme and not parts.netloc:
+                page = (
+                    os.path.normpath(Path(html).parent / unquote(parts.path))
+                    if parts.path
+                    else html
+                )
+                on_site.add((Path(page).as_posix(), parts.fragment))
+        for target, anchor in relative_links(source):
+            assert (ROOT / target).exists(), f"{source}: {target} is not in the checkout"
+            if target in pages:
+                assert (pages[target], anchor) in on_site, (
+                    f"{source}: {target}#{anchor} on the site"
+                )
+                if anchor:
+                    assert anchor in ids(site / pages[target]), (
+                        f"{source}: no #{anchor} in {target}"
+                    )
+                checked += 1
+    assert checked >= 2 * len(pages)  # every page links back to the README, the README to each
+    assert link_problems(site) == []
 
 
 def test_a_broken_link_or_an_external_script_is_found(tmp_path):

@@ -96,7 +96,7 @@ def comparison_page(records: list[Record]) -> str:
             "No GPU record ships with the course yet: every GPU figure in the lessons is "
             "cited from its source or estimated. Anyone with an NVIDIA GPU can add one: run "
             "`python -m course_utils gpu-record --out DIR` and open a pull request that adds "
-            'the file to `course_utils/records/` (the README\'s "The GPU record").',
+            "the file to `course_utils/records/` ([the GPU record](docs/gpu-record.md)).",
             "",
         ]
         return "\n".join(lines)

@@ -95,7 +95,7 @@ def _recorded_html(notebook: str, records: list[dict[str, Any]]) -> str:
     if not blocks:
         return (
             "<small>none recorded yet: run <code>python -m course_utils gpu-record</code> on "
-            'an NVIDIA GPU and send the record (the README\'s "The GPU record")</small>'
+            "an NVIDIA GPU and send the record (docs/gpu-record.md)</small>"
         )
     return "".join(
         f"<p class='label'>{html.escape(label)}</p><ul>"

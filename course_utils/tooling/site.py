@@ -1,10 +1,10 @@
 """The course website (``make site``): the executed notebooks, searchable, in a browser.
 
-The README (landing page), the notebooks as ``make course`` executed them, the instructor
-guide, the run report and the GPU comparison (the GPU records shipped in
-``course_utils/records/``, :mod:`course_utils.tooling.record_compare`) are staged in a temporary
-folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the site loads
-nothing from another host and works from disk or under any sub-path. The site is for
+The README (landing page), the notebooks as ``make course`` executed them, every page
+of ``docs/`` (:func:`docs_pages`), the run report and the GPU comparison (the GPU records
+shipped in ``course_utils/records/``, :mod:`course_utils.tooling.record_compare`) are staged
+in a temporary folder and built by mkdocs (``website/mkdocs.yml``). Nothing is executed; the
+site loads nothing from another host and works from disk or under any sub-path. The site is for
 learners: its notebooks are student versions (no solution, no hidden check, no exercise
 output), unless built with ``answers=True`` (``--answers``).
 
@@ -92,11 +92,9 @@ def stage(
             _write_without_answers(notebook, docs / "notebooks" / notebook.name)
         pages.append({notebook_title(notebook): f"notebooks/{notebook.name}"})
     nav.append({"Notebooks": pages})
-    guide = root / "docs" / "instructor-guide.md"
-    if guide.is_file():
-        (docs / "docs").mkdir()
-        shutil.copy2(guide, docs / "docs" / guide.name)
-        nav.append({"Instructor guide": "docs/instructor-guide.md"})
+    documentation = _stage_docs(root, docs)
+    if documentation:
+        nav.append({"Documentation": documentation})
     if report is not None and report.is_file():
         # At the top, as in build/: its links to notebooks/NAME.html and NAME.ipynb are
         # the site's own notebook pages and downloads.
@@ -118,21 +116,73 @@ def stage(
         (docs / "assets" / asset).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(WEBSITE / asset, docs / "assets" / asset)
     _unlink_missing(docs / "index.md")
+    _unlink_missing(docs / "gpu-comparison.md")
     return nav
 
 
+def docs_pages(root: Path) -> list[Path]:
+    """Every page of the checkout's ``docs/`` (``docs/*.md``): those the README links to
+    first, in the order it links them, then the others by name.
+
+    >>> import tempfile; from pathlib import Path
+    >>> root = Path(tempfile.mkdtemp()); (root / "docs").mkdir()
+    >>> for name in ("a.md", "b.md", "c.md"): _ = (root / "docs" / name).write_text("# x")
+    >>> _ = (root / "README.md").write_text("[C](docs/c.md#top) and [B](docs/b.md)")
+    >>> [page.name for page in docs_pages(root)]
+    ['c.md', 'b.md', 'a.md']
+    """
+    pages = sorted((root / "docs").glob("*.md"))
+    readme = root / "README.md"
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    linked = _README_DOCS_LINK.findall(text)
+    order = {name: at for at, name in reversed(list(enumerate(linked)))}
+    return sorted(pages, key=lambda page: (order.get(page.name, len(order)), page.name))
+
+
+_README_DOCS_LINK = re.compile(r"\]\(docs/([^)#\s/]+\.md)")
+
+
+def _stage_docs(root: Path, docs: Path) -> list[NavItem]:
+    """Every ``docs/*.md`` page of the checkout under ``docs/docs/``, as in the checkout,
+    so that the README's links (``docs/NAME.md``) and the pages' links to each other
+    (``NAME.md#anchor``) work on the site as on GitHub; their links to the README open the
+    landing page, links to files the site does not have are their text. Returns the nav."""
+    nav: list[NavItem] = []
+    for page in docs_pages(root):
+        (docs / "docs").mkdir(exist_ok=True)
+        text = _TO_README.sub(r"](../index.md\1)", page.read_text(encoding="utf-8"))
+        (docs / "docs" / page.name).write_text(text, encoding="utf-8")
+        nav.append({_page_title(text, page.stem): f"docs/{page.name}"})
+    for page in docs_pages(root):  # once every page is there
+        _unlink_missing(docs / "docs" / page.name, parents=True)
+    return nav
+
+
+_TO_README = re.compile(r"\]\(\.\./README\.md(#[^)\s]*)?\)")
+
+
+def _page_title(text: str, default: str) -> str:
+    """A markdown page's first ``# `` heading, else ``default``."""
+    titles = [line[2:].strip() for line in text.splitlines() if line.startswith("# ")]
+    return titles[0] if titles else default
+
+
 _LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:|#|\.\./)([^)\s#]+)(#[^)\s]*)?\)")
+# the same, with links up the tree too (``../translations/README.md``)
+_RELATIVE_LINK = re.compile(r"\[([^\]]+)\]\((?![a-z]+:|#)([^)\s#]+)(#[^)\s]*)?\)")
 
 
-def _unlink_missing(page: Path) -> None:
+def _unlink_missing(page: Path, *, parents: bool = False) -> None:
     """The page's links to files of the checkout that the site does not have
-    (``translations/README.md``) as their text: the site breaks no link."""
-    docs = page.parent
+    (``translations/README.md``) as their text: the site breaks no link. ``parents``:
+    links that go up (``../``) too (the README's badge line has GitHub's, kept)."""
+    folder = page.parent
+    pattern = _RELATIVE_LINK if parents else _LOCAL_LINK
 
     def keep(match: re.Match[str]) -> str:
-        return match.group(0) if (docs / match.group(2)).exists() else match.group(1)
+        return match.group(0) if (folder / match.group(2)).exists() else match.group(1)
 
-    page.write_text(_LOCAL_LINK.sub(keep, page.read_text(encoding="utf-8")), encoding="utf-8")
+    page.write_text(pattern.sub(keep, page.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 #: What the README's Colab line says on the site (the README's links to the published

@@ -263,7 +263,7 @@ def update_catalogs(
 # before its first "## " heading and the sections named here) translated: one entry per
 # block (paragraph, list, table, heading), context "README:<section>:<k>".
 README_DOMAIN = "README"
-README_COURSE_SECTIONS = ("Google Colab", "Notebooks")
+README_COURSE_SECTIONS = ("Google Colab", "On your own machine", "Notebooks", "Languages")
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
