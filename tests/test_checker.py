@@ -18,6 +18,7 @@ import torch
 from test_grader import _meta, _notebook
 from test_tampering import CHECKS, _instructor
 
+from course_utils.checks import data_format
 from course_utils.instructor import checker
 from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.student import write_notebook
@@ -71,7 +72,7 @@ def test_plain_data_crosses_by_value_with_its_exact_type():
     got = runtime.channel.value("answer")
     assert got.keys() == sent.keys() and torch.equal(got["t"], sent["t"])
     assert type(got["nested"][0][2]) is bool and got["dtype"] is torch.float16
-    assert checker.plain(got)
+    assert data_format.plain(got)
 
 
 @pytest.mark.parametrize(
@@ -87,10 +88,10 @@ def test_a_learner_class_never_crosses(value):
     runtime = _Runtime()
     runtime.data(value)
     got = runtime.channel.value("answer")
-    with pytest.raises(checker.AnswerError, match=r"not plain data|cannot cross"):
+    with pytest.raises(data_format.AnswerError, match=r"not plain data|cannot cross"):
         got == 0  # noqa: B015  (any use of the refused value says why)
     runtime.data(value)
-    with pytest.raises(checker.AnswerError, match="not plain data"):
+    with pytest.raises(data_format.AnswerError, match="not plain data"):
         runtime.channel.call("double", (3,), {})
 
 
@@ -101,7 +102,7 @@ def test_a_bool_or_exact_type_survives_and_a_numpy_scalar_does_not():
         runtime.data(value)
     assert runtime.channel.value("a") is True
     for name in ("b", "c"):  # numpy's bool_ and float64 (a float subclass) are refused
-        with pytest.raises(checker.AnswerError):
+        with pytest.raises(data_format.AnswerError):
             bool(runtime.channel.value(name))
 
 
@@ -114,7 +115,7 @@ def test_a_crafted_pickle_never_runs_in_the_checker(tmp_path):
     runtime.reply({"kind": "data", "type": "int"}, pickle.dumps(_Boom(str(markers[1]))))
     runtime.data(_Boom(str(markers[2])))  # the learner's __reduce__, through describe_value
     for _ in markers:
-        with pytest.raises(checker.AnswerError, match="not plain data"):
+        with pytest.raises(data_format.AnswerError, match="not plain data"):
             runtime.channel.call("double", (3,), {})
     assert not any(marker.exists() for marker in markers)
 
@@ -138,9 +139,9 @@ def test_what_the_answer_raised_comes_back_as_a_builtin_or_a_neutral_error():
         runtime.channel.call("double", (3,), {})
     liar = type("ValueError", (Exception,), {})  # a notebook's class that borrows the name
     liar.__module__ = "__main__"
-    for error in (liar("x"), SystemExit(0), checker.AnswerError("y")):
+    for error in (liar("x"), SystemExit(0), data_format.AnswerError("y")):
         runtime.reply(checker.raised(error))
-        with pytest.raises(checker.AnswerError, match="double raised"):
+        with pytest.raises(data_format.AnswerError, match="double raised"):
             runtime.channel.call("double", (3,), {})
 
 

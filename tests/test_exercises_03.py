@@ -16,6 +16,7 @@ from notebook_cells import grade_apart, grade_cell
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 
+from course_utils.checks import data_format
 from course_utils.checks.nb03 import check_copy_to_gpu
 from course_utils.device import to_device
 from course_utils.feedback import CheckFailed
@@ -506,7 +507,7 @@ def test_tampering_found_while_gathering_evidence_is_not_a_part_that_failed(nb03
 
     def found_tampering(self, module, name, args, kwargs):
         if name == "copy_to_gpu_moves":
-            raise checker.Tampered(["torch.Tensor.to was replaced"])
+            raise data_format.Tampered(["torch.Tensor.to was replaced"])
         return observe(self, module, name, args, kwargs)
 
     monkeypatch.setattr(checker.Channel, "observe", found_tampering)

@@ -21,6 +21,7 @@ import torch
 from test_grader import _meta, _notebook
 from test_tampering import CHECKS, _attack, _instructor
 
+from course_utils.checks import data_format
 from course_utils.instructor import checker
 from course_utils.instructor.gradebook import Options, Task, grade_tasks
 from course_utils.instructor.student import write_notebook
@@ -51,7 +52,7 @@ def test_a_callable_the_runtime_names_is_never_the_checkers_own():
     got = runtime.channel.value("double")
     assert got is not os.kill and type(got) is checker.Answer
     runtime.reply({"kind": "module", "name": "os"})  # a module the instructor never imports
-    with pytest.raises(checker.AnswerError):
+    with pytest.raises(data_format.AnswerError):
         runtime.channel.value("np").kill  # noqa: B018
     runtime.reply({"kind": "module", "name": "torch"})
     assert runtime.channel.value("torch") is torch
@@ -62,7 +63,7 @@ def test_what_the_runtime_sends_is_never_unpickled_nor_torch_loaded():
     buffer = io.BytesIO()
     torch.save(torch.ones(2), buffer)  # harmless, but read by torch.load (a pickle) before
     runtime.reply({"kind": "data", "type": "Tensor"}, buffer.getvalue())
-    with pytest.raises(checker.AnswerError, match="not plain data"):
+    with pytest.raises(data_format.AnswerError, match="not plain data"):
         runtime.channel.call("double", (3,), {})
     runtime.reply(*checker.describe_value(torch.arange(6.0).reshape(2, 3), object()))
     assert torch.equal(runtime.channel.call("double", (3,), {}), torch.arange(6.0).reshape(2, 3))
@@ -88,7 +89,7 @@ def test_a_reply_is_checked_against_its_own_size_before_it_is_decoded(descriptio
     blob = _claims(description, bytes(2 * 2**20))  # more than a pipe holds: sent meanwhile
     writer = threading.Thread(target=runtime.reply, args=({"kind": "data"}, blob))
     writer.start()
-    with pytest.raises(checker.AnswerError, match="not plain data"):
+    with pytest.raises(data_format.AnswerError, match="not plain data"):
         runtime.channel.call("double", (3,), {})
     writer.join()
 
@@ -124,7 +125,7 @@ def test_a_decompression_bomb_reply_stays_small(tmp_path):
         "    checker.write_frame(wout, json.dumps({'kind': 'data'}).encode())\n"
         "    checker.write_frame(wout, blob)\n"
         "threading.Thread(target=send).start()\n"
-        "try:\n    channel.call('double', (3,), {})\nexcept checker.AnswerError:\n    pass\n"
+        "try:\n    channel.call('double', (3,), {})\nexcept data_format.AnswerError:\n    pass\n"
         "after = hwm()\n"
         "print((after - before) // 1024)\n"
     )

@@ -625,7 +625,7 @@ def attention(
     as ``how`` says (by default right).
 
     >>> x, w_qkv, w_out = torch.randn(2, 5, 8), torch.randn(24, 8), torch.randn(8, 8)
-    >>> sdpa = F.scaled_dot_product_attention
+    >>> sdpa = torch.nn.functional.scaled_dot_product_attention
     >>> def heads(t):
     ...     return t.view(2, 5, 2, 4).transpose(1, 2)
     >>> q, k, v = (heads(t) for t in (x @ w_qkv.T).split(8, -1))
