@@ -3,6 +3,7 @@ logs kept in tests/fixtures/bench-ci/ (the benchmark itself takes half an hour).
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -14,11 +15,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "bench-ci"
 
 @pytest.fixture(scope="module")
 def bench_ci():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # a script beside common.py, not a package
     try:
-        import bench_ci  # lazy: a script beside benchmarks/common.py, not a package
-
-        yield bench_ci
+        yield importlib.import_module("bench_ci")
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
