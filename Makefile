@@ -63,9 +63,10 @@ test: env lint
 	$(TEST_ENV) $(PYTEST) -q -rs --durations=25 -n $(TEST_JOBS) --dist loadfile -m "not rehearsal" \
 	  --nbval-lax --doctest-modules --ignore=course_utils/__main__.py course_utils tests notebooks
 
-# The inner loop while changing the package: no notebooks, no test marked slow, no lint.
+# The inner loop while changing the package: no notebooks, no test marked slow (one that
+# takes seconds: a kernel, a subprocess, a training run), no lint; on every core too.
 quick: env
-	$(TEST_ENV) $(PYTEST) -q -m "not slow" --doctest-modules \
+	$(TEST_ENV) $(PYTEST) -q -m "not slow" -n $(TEST_JOBS) --dist loadfile --doctest-modules \
 	  --ignore=course_utils/__main__.py course_utils tests
 
 # Colab's torch, torchvision and ipywidgets (.ci/colab-versions.txt) in .venv-colab, then

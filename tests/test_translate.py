@@ -274,6 +274,7 @@ def test_a_term_inside_a_longer_glossary_term_is_the_longer_ones():
     assert problems == ["glossary: 'tensor' should be rendered as موتر"]
 
 
+@pytest.mark.slow
 def test_check_command_reports_problems_and_stale_catalogs_one_line_each(
     tmp_path, catalogs, capsys
 ):
@@ -387,6 +388,7 @@ def test_a_code_span_going_on_over_a_line_break_stays_one_span_right_to_left():
     assert "<bdi>" not in "".join(reading.text) and "</bdi>" not in "".join(reading.text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_no_built_notebook_shows_markup_as_text_and_its_code_spans_stay_whole(tmp_path, language):
     for built in translate.build(language, NOTEBOOKS, tmp_path):
@@ -447,6 +449,7 @@ def test_a_published_arabic_title_cell_keeps_its_title_and_gets_its_badge(catalo
 
 
 # --- the real catalogs ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_real_catalogs_are_in_step_and_pass_the_checker():
     problems = translate.check_catalogs(list(LANGUAGES), NOTEBOOKS)
     assert problems == [], "\n".join(problems[:20])
@@ -513,6 +516,7 @@ def test_a_translated_submission_grades_like_the_english_one(tmp_path, catalogs)
     assert translated.score == english.score
 
 
+@pytest.mark.slow
 def test_the_student_version_of_a_translated_notebook_strips_the_answers(tmp_path, catalogs):
     import nbformat
 
