@@ -16,9 +16,17 @@ def _cuda_gpus() -> int:
     return cuda_gpu_count()
 
 
+#: Doctests of the package that take seconds (a Lightning tuner's run): marked slow here,
+#: as a test function would be, so that make quick leaves them out (make test runs them).
+SLOW_DOCTESTS = {"course_utils/lightning.py::course_utils.lightning.scale_batch_size"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpus = _cuda_gpus()
     for item in items:
+        if item.nodeid in SLOW_DOCTESTS:
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and gpus < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none visible)"))
         if "multigpu" in item.keywords and gpus < 2:

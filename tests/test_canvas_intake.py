@@ -423,6 +423,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
 def test_a_stopped_worker_ends_what_it_started_before_it_exits(signum):
     """A grading worker's kernel and judge run in sessions of their own, so the signal

@@ -191,6 +191,7 @@ def _loop_with_a_busy_child(data, model, device, timed):
     return losses
 
 
+@pytest.mark.slow
 def test_cpu_time_counts_the_child_processes_the_loop_ran():
     data = EncodedImages(16, stored_size=36)
     run = run_loop(_loop_with_a_busy_child, data, "cpu", samples=16, width=4)
@@ -213,6 +214,7 @@ def _worker_loop(workers):
     return loop
 
 
+@pytest.mark.slow
 def test_decoding_in_workers_is_not_free_cpu_time():
     # 08-N3: per CPU-second of this process alone, a num_workers=2 loop scored 4.38x the
     # same loop decoding in the main process; counting the workers, it does the same work

@@ -120,6 +120,7 @@ def test_grade_ids_are_unique_across_the_course():
     assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_student_version_hides_solutions_and_hidden_checks(path):
     instructor = nbformat.read(path, as_version=4)

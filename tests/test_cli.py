@@ -24,6 +24,7 @@ def run_cli(*args, env=None):
     )
 
 
+@pytest.mark.slow
 def test_doctor_json_has_the_documented_keys():
     done = run_cli("doctor", "--json")
     assert done.returncode == 0, done.stderr
@@ -42,6 +43,7 @@ def test_doctor_json_has_the_documented_keys():
     assert report["torch_cuda_build"] is None or isinstance(report["torch_cuda_build"], str)
 
 
+@pytest.mark.slow
 def test_doctor_text_without_gpu_is_honest():
     done = run_cli("doctor", env=NO_GPU_ENV)  # no GPU visible, on any machine
     assert done.returncode == 0

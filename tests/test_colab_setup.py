@@ -299,6 +299,7 @@ def test_installs_course_package_and_keeps_torch(colab_like, first_run) -> None:
     assert (cache / "course_utils" / "colab_setup.stamp").read_text().startswith(f"source={ROOT}\n")
 
 
+@pytest.mark.slow
 def test_second_run_is_quick_and_installs_nothing(colab_like, first_run) -> None:
     python, _site, work, torch_dist, _ = colab_like
     done1, first_seconds, cache = first_run

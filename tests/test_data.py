@@ -108,6 +108,7 @@ def _all_datasets():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_every_dataset_goes_through_workers_started_with(method):
     if method not in multiprocessing.get_all_start_methods():

@@ -100,6 +100,7 @@ def test_the_notebooks_need_nothing_undeclared():
     assert not missing, f"add to pyproject dependencies (or guard the import): {missing}"
 
 
+@pytest.mark.slow
 def test_the_tests_need_nothing_outside_the_dev_extra():
     sources = "\n".join(p.read_text() for p in sorted((ROOT / "tests").glob("*.py")))
     local = {p.stem for p in (ROOT / "tests").glob("*.py")}  # the tests' own modules

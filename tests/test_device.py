@@ -143,6 +143,7 @@ def test_the_doctor_says_why_a_gpu_is_not_used(fake_cuda, monkeypatch):
     assert "or P100" not in env.gpu_runtime_advice("kaggle")
 
 
+@pytest.mark.slow
 def test_arch_flags_are_read_without_initializing_cuda():
     flags = dev._arch_flags()
     assert all(flag.startswith(("sm_", "compute_")) for flag in flags)

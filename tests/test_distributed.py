@@ -71,6 +71,7 @@ def test_launch_nodes_kills_every_node_when_they_outlive_the_timeout():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_launch_nodes_retries_on_a_fresh_port_and_stops_a_node_that_outlives_another():
     """The second node outlives the first by more than grace_s: both attempts fail, the first
     with a warning, the retry on another rendezvous port."""
@@ -224,6 +225,7 @@ def _sample_sum(dataset: SyntheticImages, index: int) -> float:
     return float(dataset[index][0].sum())
 
 
+@pytest.mark.slow
 def test_dataset_and_config_are_picklable_under_spawn():
     data = SyntheticImages(size=16, seed=3)
     config = RunConfig(model="small_cnn", out="somewhere")

@@ -124,6 +124,7 @@ print(calls, torch.cuda.is_initialized())
 """
 
 
+@pytest.mark.slow
 def test_doctor_never_initializes_cuda():
     done = subprocess.run(
         [sys.executable, "-c", SPY], capture_output=True, text=True, timeout=120, check=True

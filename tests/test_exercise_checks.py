@@ -206,6 +206,7 @@ TIME_IT_MISTAKES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TIME_IT_MISTAKES))
 def test_time_it_feedback_names_each_mistake_and_no_other(nb01, name):
     with pytest.raises(CheckFailed) as failed:
@@ -271,11 +272,13 @@ def _time_it_apart(solution) -> dict:
     return grade_apart(NB01, "01-time-it-check", {"time_it": solution})
 
 
+@pytest.mark.slow
 def test_time_it_check_passes_apart(capsys):
     assert _time_it_apart(good_time_it)["status"] == "completed"
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [

@@ -460,6 +460,7 @@ def test_mixed_forward_tells_a_converted_model_from_a_cast_output(namespace, nam
     assert messages_matching(str(failed.value), MESSAGES_01.english) == [name], str(failed.value)
 
 
+@pytest.mark.slow
 def test_mixed_forward_names_no_conversion_the_values_do_not_match(namespace):
     """A float16 output that is not model(x) cast is described, not blamed on a cast."""
     with pytest.raises(CheckFailed) as failed:
@@ -701,6 +702,7 @@ def test_my_to_device_evidence_cannot_be_forged(solution, feedback):
     assert verdict["status"] == "failed" and feedback in verdict["evalue"], verdict
 
 
+@pytest.mark.slow
 def test_mixed_forward_passes_apart(capsys):
     verdict = _apart("01-mixed-forward-check", "mixed_forward", reference_forward)
     assert verdict["status"] == "completed", verdict

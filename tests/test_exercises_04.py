@@ -126,6 +126,7 @@ RIGHT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", RIGHT, ids=lambda f: f.__name__)
 def test_right_answers_in_any_order_pass(answer, capsys):
     _run_check(answer)
@@ -613,6 +614,7 @@ def adam_raises(model):
     raise ValueError("no Adam here")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("answer", "feedback"),
     [

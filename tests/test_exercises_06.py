@@ -282,6 +282,7 @@ def test_ddp_setup_passes_the_right_answer(nb06, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("answer", "feedback"),
     [
@@ -331,6 +332,7 @@ DDP_WEIGHT_MISTAKES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DDP_WEIGHT_MISTAKES))
 def test_ddp_weights_feedback_names_each_mistake_and_no_other(nb06, name):
     """Issue 45: no optimizer.zero_grad() read as the generic "wrap the model, give the
@@ -340,6 +342,7 @@ def test_ddp_weights_feedback_names_each_mistake_and_no_other(nb06, name):
     assert messages_matching(str(failed.value), MESSAGES_06) == [name], str(failed.value)
 
 
+@pytest.mark.slow
 def test_gradients_cleared_once_per_epoch_are_not_called_never_cleared(nb06):
     with pytest.raises(CheckFailed) as failed:
         _check(nb06, "06-ddp-setup-check", "ddp_main", zero_grad_once_per_epoch_main)
@@ -360,6 +363,7 @@ def same_other_seed_main(out_dir, epochs=2, batch_size=8):
     _ddp_main(out_dir, epochs, batch_size, seed=7)
 
 
+@pytest.mark.slow
 def test_one_seed_shared_by_all_ranks_but_not_the_course_one_is_still_told_its_seed(nb06):
     _fails_with(
         nb06,
@@ -407,6 +411,7 @@ def secret_average(gradient):
     raise ValueError("the learner's own words")
 
 
+@pytest.mark.slow
 def test_average_gradient_apart_passes_the_solution(nb06):
     answer = _solution(nb06, "nb06-33", "average_gradient")
     verdict = _apart(nb06, "06-average-gradients-check", average_gradient=answer)
@@ -450,12 +455,14 @@ def forged_ddp_main(out_dir, epochs=2, batch_size=8):
         torch.save({key: value.as_subclass(Agreeing) for key, value in state.items()}, saved)
 
 
+@pytest.mark.slow
 def test_ddp_setup_apart_passes_the_solution(nb06):
     answer = _solution(nb06, "nb06-36", "ddp_main")
     verdict = _apart(nb06, "06-ddp-setup-check", ddp_main=answer)
     assert verdict["status"] == "completed", verdict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("answer", "feedback"),
     [

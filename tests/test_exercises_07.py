@@ -117,6 +117,7 @@ def says_out_of_memory_itself(step, batch_size):
     raise RuntimeError("out of memory even with a batch of 1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "answer", [solution, checks_the_message, checks_the_text, recursive, says_out_of_memory_itself]
 )

@@ -234,6 +234,7 @@ def _check_b(nb, loop):
     exec(_grade_cell("08-fast-loop-check"), namespace)
 
 
+@pytest.mark.slow
 def test_fast_loop_check_passes_the_solution(nb08, capsys):
     namespace = dict(nb08)
     exec(_cells()["nb08-17"].source, namespace)
@@ -241,11 +242,13 @@ def test_fast_loop_check_passes_the_solution(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fast_loop_check_passes_a_batch_moved_in_one_line(nb08, capsys):
     _check_b(nb08, _fast_loop(nb08, move_together=True))
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
     def every_tenth(step, loss):
         if step % 10 == 0:
@@ -256,6 +259,7 @@ def test_fast_loop_check_passes_logging_every_ten_steps(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
     """Blind test: `return torch.stack(losses)` crashed run_loop (`losses or []` on a
     tensor); the prompt says tensors are fine, so one tensor of losses is too."""
@@ -268,6 +272,7 @@ def test_fast_loop_check_passes_losses_stacked_into_one_tensor(nb08, capsys):
     assert "all checks passed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("habits", "feedback"),
     [
@@ -323,6 +328,7 @@ class Yes(int):
     __hash__ = int.__hash__
 
 
+@pytest.mark.slow
 def test_fast_loop_apart_passes_the_solution(nb08):
     namespace = dict(nb08)
     exec(_cells()["nb08-17"].source, namespace)
@@ -330,6 +336,7 @@ def test_fast_loop_apart_passes_the_solution(nb08):
     assert verdict["status"] == "completed", verdict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("habits", "name"),
     [

@@ -497,6 +497,7 @@ def pad_returns_the_embedding(model, multiple=64):
     return pad_right(model, multiple).tok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "solution",
     [
@@ -510,6 +511,7 @@ def test_pad_vocabulary_check_passes_right_answers(namespace, solution, capsys):
     _passes(namespace, "09-pad-vocabulary-check", "pad_vocabulary", solution, capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
@@ -677,11 +679,13 @@ def step_two_numbers(model, x, y, seconds, gpu, dtype):
     return step_right(model, x, y, seconds, gpu, dtype)[1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solution", [step_right, step_by_counts_and_package])
 def test_step_throughput_check_passes_right_answers(namespace, solution, capsys):
     _passes(namespace, "09-step-throughput-check", "step_throughput", solution, capsys)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("solution", "feedback"),
     [
@@ -710,6 +714,7 @@ def test_step_throughput_check_names_the_mistake(namespace, solution, feedback):
     _fails(namespace, "09-step-throughput-check", "step_throughput", solution, feedback)
 
 
+@pytest.mark.slow
 def test_the_instructor_solutions_pass_their_checks(namespace, capsys):
     """The solution cells themselves, as the notebook has them."""
     cells = _code_cells()
@@ -867,6 +872,7 @@ def _right_figures(namespace, kind: int) -> list[str]:
     return figures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("solution", "name", "kind"),
     [
@@ -961,6 +967,7 @@ def test_the_checks_of_b_and_c_gather_evidence_beside_and_decide_apart(grade_id)
     assert "lambda" not in source and "globals()" not in source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grade_id", ["09-pad-vocabulary", "09-step-throughput"])
 def test_the_reference_answers_pass_apart(runtime, grade_id):
     verdict = _apart(runtime, grade_id + "-check", _reference(runtime, grade_id))
@@ -996,6 +1003,7 @@ def pad_raising(model, multiple=64):
     raise RuntimeError("a secret the learner wrote")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("grade_id", "answer", "said"),
     [

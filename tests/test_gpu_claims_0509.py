@@ -456,6 +456,7 @@ def test_07_expandable_segments_are_judged_on_a_growing_batch(monkeypatch):
         _nb07_regrowth({"default": 800.0, "expandable_segments": 780.0})
 
 
+@pytest.mark.slow
 def test_07_the_regrowth_comparison_reports_a_failing_child_in_one_line(monkeypatch):
     from course_utils import memory
 

@@ -129,6 +129,7 @@ json.dump([{{"name": "{first}", "finding": "f", "status": "ok", "seconds": 0.1,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("then", "status", "error"),
     [

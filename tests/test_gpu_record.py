@@ -164,6 +164,7 @@ class FakeClock:
         return self.now
 
 
+@pytest.mark.slow
 def test_the_budget_stops_the_run_and_the_record_says_what_did_not_run(
     fake_t4, tmp_path, monkeypatch
 ):
@@ -201,6 +202,7 @@ def test_the_budget_stops_the_run_and_the_record_says_what_did_not_run(
     assert load_record(path)["wall_s"] == 200
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_a_partial_record_that_validates(fake_t4, tmp_path, monkeypatch):
     notebooks = tmp_path / "notebooks"
     stand_in(notebooks, "09_a.ipynb", "pass")

@@ -58,6 +58,7 @@ SMALL_GPU = {**T4, "name": "NVIDIA GeForce RTX 3070", "uuid": "GPU-3070", "cc": 
 # --- G1: a Python without IPython -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_g1_without_ipython_the_check_names_what_is_missing_instead_of_crashing():
     code = WITHOUT_IPYTHON + (
         "from course_utils.tooling.gpu_record import missing_packages\n"

@@ -191,6 +191,7 @@ def test_a_process_forked_after_the_course_helpers_can_still_use_cuda():
     assert bad_fork == "False", "a child forked after doctor(), cuda_gpu_count(), pick(): no CUDA"
 
 
+@pytest.mark.slow
 def test_the_arch_flags_of_this_torch_are_read_in_a_child_process(monkeypatch):
     seen = []
     real_run = subprocess.run

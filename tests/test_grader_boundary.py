@@ -94,6 +94,7 @@ def test_a_reply_is_checked_against_its_own_size_before_it_is_decoded(descriptio
     writer.join()
 
 
+@pytest.mark.slow
 def test_a_decompression_bomb_reply_stays_small(tmp_path):
     """The reply torch.load inflated (a deflated zip member): now, whatever its form, the
     checker's peak memory stays near the reply's own size."""

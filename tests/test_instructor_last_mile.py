@@ -410,6 +410,7 @@ def test_a_wrong_accumulation_that_keeps_the_rule_passes_the_visible_check_only(
         exec(_check_cell(nb03, "03-accumulation-check", student=False), dict(namespace))
 
 
+@pytest.mark.slow
 def test_torch_profiler_prints_nothing_on_a_machine_without_a_gpu():
     import os
     import subprocess
@@ -436,6 +437,7 @@ def test_torch_profiler_prints_nothing_on_a_machine_without_a_gpu():
     assert "gpuGetDeviceCount" not in done.stderr and "USDT" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_the_grader_does_not_print_torchs_no_cuda_runtime_warning():
     import subprocess
     import sys
@@ -465,6 +467,7 @@ def test_the_call_for_a_gpu_record_goes_to_contributors_not_learners(capsys):
     assert "gpu-record" in report._recorded_html("05", [])  # the run report asks for one
 
 
+@pytest.mark.slow
 def test_a_colab_branch_without_a_solutions_branch_beside_it_says_so(tmp_path):
     import subprocess
 

@@ -111,6 +111,7 @@ def test_a_judge_that_does_not_start_in_time_leaves_the_submission_ungraded(tmp_
     assert time.monotonic() - start < 30  # the sleeper was ended, not waited for
 
 
+@pytest.mark.slow
 def test_a_busy_start_is_a_row_that_says_so_not_a_score(tmp_path, monkeypatch):
     """Through the class run: the submission gets no score and its row says why."""
     from course_utils.instructor import grading

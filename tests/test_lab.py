@@ -35,6 +35,7 @@ def test_make_lab_reads_the_course_config_that_turns_nbgrader_off():
     assert page["disabledExtensions"] == {nbgrader_labextension(): True}
 
 
+@pytest.mark.slow
 def test_make_lab_opens_the_student_versions_and_keeps_a_learners_work(tmp_path):
     from course_utils.tooling.publish import answers_left
 

@@ -146,6 +146,7 @@ def test_a_built_notebook_sets_its_language_first(tmp_path):
     assert ran.stdout.strip() == "bn", ran.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", LANGUAGES)
 def test_the_real_messages_and_readme_catalogs_are_in_step_and_pass_the_checker(code):
     problems = translate.check_documents([code])

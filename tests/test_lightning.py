@@ -74,6 +74,7 @@ def max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
 ATOL = 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
 def test_lightning_reaches_the_plain_loops_parameters(loader, optimizer):
     config = TrainConfig(precision="fp32", optimizer=optimizer, lr=0.05)
@@ -392,6 +393,7 @@ DISGUISES = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("disguise", DISGUISES)
 def test_lightning_tuner_sees_cudnn_s_disguised_out_of_memory(disguise):
     """GPU review N4: near a memory cap cuDNN and cuBLAS raise plain RuntimeErrors that
@@ -425,6 +427,7 @@ class _DisguisedAbove(torch.autograd.Function):
         return grad, None, None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_course_module_turns_a_disguised_out_of_memory_into_one_lightning_knows(where):
     """nb05's CourseModule under Lightning's tuner: the same disguise in the model's forward

@@ -68,6 +68,7 @@ def test_a_cell_unlike_any_exercise_is_not_matched():
     assert set(matches) == {"t-double", "t-double-check"}
 
 
+@pytest.mark.slow
 def test_a_notebook_without_any_metadata_gets_full_marks_and_the_matching_is_reported(
     tmp_path, source
 ):

@@ -44,6 +44,7 @@ def saved_traceback_attributes():
         setattr(sys, name, value)
 
 
+@pytest.mark.slow
 def test_drop_references_drops_a_tensor_held_only_by_the_out_history():
     tensor = torch.ones(BIG)
     alive = weakref.ref(tensor)
@@ -57,6 +58,7 @@ def test_drop_references_drops_a_tensor_held_only_by_the_out_history():
     assert namespace["_4"] == "some text" and "_3" not in namespace
 
 
+@pytest.mark.slow
 def test_drop_references_drops_history_entries_that_hold_a_named_object():
     class Holder:  # not a tensor: matched because it is the named variable
         pass
@@ -91,6 +93,7 @@ def test_drop_references_clears_a_saved_traceback(saved_traceback_attributes):
     assert not any(getattr(sys, name, None) for name in oom._TRACEBACK_ATTRIBUTES)
 
 
+@pytest.mark.slow
 def test_drop_references_deletes_names_and_an_optimizer_keeps_parameters_alive():
     model = torch.nn.Linear(256, 256)
     namespace = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
@@ -116,6 +119,7 @@ def test_drop_references_defaults_to_the_callers_globals_outside_ipython():
     assert alive() is None and freed.deleted == ["_module_level_tensor"]
 
 
+@pytest.mark.slow
 def test_drop_references_in_a_real_ipython_shell():
     """The Out history, _N and a cell's traceback as IPython keeps them."""
     script = textwrap.dedent(
@@ -198,6 +202,7 @@ def test_gpu_table_labels_the_context_overhead():
     assert context_row.split()[-2:] == ["376.0", "n/a"]
 
 
+@pytest.mark.slow
 def test_empty_cache_experiment_on_the_cpu_frees_at_del():
     readings = empty_cache_experiment("cpu", 64)
     assert [r.reserved_mib for r in readings] == [None] * 6, "a CPU has no reserved memory"
@@ -248,6 +253,7 @@ def test_summarize_segments_finds_stuck_cache():
     assert summary.stuck_mib == 12, "only the free block next to a live tensor is stuck"
 
 
+@pytest.mark.slow
 def test_expandable_segments_comparison_reports_a_failing_child_in_one_line(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the children see no GPU, on any machine
     with pytest.raises(RuntimeError, match=r"^default: ") as caught:

@@ -142,6 +142,7 @@ def test_the_course_models_cpu_trials_and_sweep_run_no_full_collection(collectio
     assert collections == []
 
 
+@pytest.mark.slow
 def test_on_a_gpu_the_heap_is_collected_only_when_a_cycle_still_holds_the_memory(
     allocator, collections
 ):

@@ -229,6 +229,7 @@ def translate_tiny_into_arabic(notebook: Path, translations: Path) -> None:
     translate.write_catalog(catalog, path)
 
 
+@pytest.mark.slow
 def test_the_site_has_every_page_and_no_broken_or_external_link(site):
     for page in (
         "index.html",

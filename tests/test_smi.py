@@ -273,6 +273,7 @@ def test_cli_parse_json_has_the_documented_shape():
     assert set(parsed["processes"][0]) >= set(smi.PROCESS_KEYS)
 
 
+@pytest.mark.slow
 def test_cli_reads_stdin_with_fields_and_explains():
     done = run_cli(
         "parse",
@@ -288,6 +289,7 @@ def test_cli_reads_stdin_with_fields_and_explains():
     assert explained.returncode == 0 and "[mig-no-utilization]" in explained.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["garbage_prose.csv", "garbage_truncated.xml", "missing.txt"])
 def test_cli_refuses_garbage_with_one_line_and_exit_2(name):
     done = run_cli("parse", str(FIXTURES / name), "--json")

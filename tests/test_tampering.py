@@ -145,14 +145,16 @@ def test_honest_submissions_score_in_full_and_are_not_flagged(tmp_path):
         ),
     )
     helpers.cells[3].source = "def double(x):\n    return twice(x)"
-    helpers.cells[
-        5
-    ].source = "def halve(t):\n    sum = 0  # a local that shadows a built-in\n    return t * 0.5"
-    reports = _grade(tmp_path, {"plain": _instructor(), "helpers": helpers})
+    helpers.cells[5].source = (
+        "def halve(t):\n    sum = 0  # a local that shadows a built-in\n    return t * 0.5"
+    )
+    # one class run for the three (the wrong one is the control: graded, scores 0)
+    reports = _grade(tmp_path, {"plain": _instructor(), "helpers": helpers,
+                                "wrong": _attack("pass")})  # fmt: skip
+    wrong = reports.pop("wrong")
     for name, report in reports.items():
         assert (report["score"], report["max_score"]) == (3, 3), (name, report)
         assert report["tampering"] == [], (name, report["tampering"])
-    wrong = _grade(tmp_path / "wrong", {"wrong": _attack("pass")})["wrong"]
     _assert_nothing_faked({"wrong": wrong}, flagged=False)
     assert wrong["tampering"] == []
 

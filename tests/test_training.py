@@ -66,6 +66,7 @@ def test_uneven_micro_batches_are_weighted_by_size():
     _assert_same(whole, split, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
 def test_checkpointing_gives_the_same_gradients(name):
     torch.manual_seed(0)
