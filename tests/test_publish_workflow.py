@@ -189,6 +189,7 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
     assert sorted(p.name for p in branch.iterdir() if p.name != ".git") == [
         "README.md",
         "colab_setup.sh",
+        "docs",
         "notebooks",
     ]
     sha256 = colab.script_sha256(branch)
@@ -226,6 +227,9 @@ def check_branch(branch: Path, name: str, sha: str, *, answers: bool) -> None:
     check_translations(branch, name, sha, sha256, notebooks, answers=answers)
     readme = (branch / "README.md").read_text().splitlines()
     assert readme[2].startswith("[![Open In Colab]") and f"`{name}` branch" in readme[4]
+    # the README's links to the course's pages open a page the branch holds
+    pages = re.findall(r"\]\((docs/[^)#\s]+)", "\n".join(readme))
+    assert pages and all((branch / page).is_file() for page in pages), pages
 
 
 def check_translations(

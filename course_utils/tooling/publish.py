@@ -15,7 +15,7 @@ default ``colab``, holding only what a learner needs:
   one's badge opens its own path on the branch and links the English and the other
   languages), student versions or full like the English ones;
 * ``colab_setup.sh`` (the setup cells download it from the commit, but learners read it
-  here too), ``README.md`` and the licence, if any.
+  here too), ``README.md``, the pages of ``docs/`` it links to, and the licence, if any.
 
 No file under ``.github/``: GitHub refuses a push made with the workflow's own token
 (``GITHUB_TOKEN``) that creates or changes a workflow file, so a branch that copied
@@ -113,6 +113,8 @@ def stage_branch(
     for name in TOP_FILES:
         if (root / name).is_file():
             shutil.copy2(root / name, out / name)
+    if (root / "docs").is_dir():  # the README's links to its pages work on the branch too
+        shutil.copytree(root / "docs", out / "docs")
     for path in notebooks:
         shutil.copy2(path, out / "notebooks" / path.name)
     retarget_course(out, repo, ref, badge_ref=branch)
