@@ -126,7 +126,7 @@ def test_a_decompression_bomb_reply_stays_small(tmp_path):
         "    checker.write_frame(wout, json.dumps({'kind': 'data'}).encode())\n"
         "    checker.write_frame(wout, blob)\n"
         "threading.Thread(target=send).start()\n"
-        "try:\n    channel.call('double', (3,), {})\nexcept data_format.AnswerError:\n    pass\n"
+        "try:\n    channel.call('double', (3,), {})\nexcept checker.AnswerError:\n    pass\n"
         "after = hwm()\n"
         "print((after - before) // 1024)\n"
     )
