@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
@@ -306,7 +307,7 @@ class SweepRow:
     peak_bytes: int
     out_of_memory: bool = False
     error: str | None = None
-    cpu_step_s: float = 0.0  # this process's CPU seconds per step (mean of the timed calls)
+    cpu_step_s: float = 0.0  # this process's CPU seconds per step (median of the timed calls)
 
     @property
     def cpu_samples_per_s(self) -> float:
@@ -390,6 +391,13 @@ class BatchSweep:
         return figure
 
 
+def _cpu_timed(run: Callable[[], Any], cpu_steps: list[float]) -> None:
+    """Call ``run()`` and append the CPU seconds this process spent in it to ``cpu_steps``."""
+    start = time.process_time()
+    run()
+    cpu_steps.append(time.process_time() - start)
+
+
 def batch_size_sweep(
     trial: Callable[[int], Any],
     sizes: Sequence[int] | Iterable[int] | None = None,
@@ -422,9 +430,14 @@ def batch_size_sweep(
             method = peak.method
             if budget_bytes is not None:
                 MemoryBudget(budget_bytes).charge(peak.peak_bytes)
-            cpu_start = time.process_time()
-            timing = benchmark(run, device=device, warmup=warmup, repeats=repeats)
-            cpu_step_s = (time.process_time() - cpu_start) / (warmup + repeats)
+            cpu_steps: list[float] = []  # this process's CPU seconds, call by call
+            timing = benchmark(
+                functools.partial(_cpu_timed, run, cpu_steps),
+                device=device,
+                warmup=warmup,
+                repeats=repeats,
+            )
+            cpu_step_s = statistics.median(cpu_steps[warmup:])  # a one-off spike ignored
         except Exception as error:
             if not is_out_of_memory(error):
                 raise

@@ -262,3 +262,22 @@ def test_sweep_records_cpu_time_per_step_apart_from_waiting():
     busy_sweep = batch_size_sweep(busy, [1, 8], repeats=2)
     one, eight = busy_sweep.fitted
     assert eight.cpu_step_s > 2 * one.cpu_step_s  # 8x the work, with room for noise
+
+
+def test_sweep_cpu_time_ignores_one_disturbed_step():
+    """One timed step of five spends 50x the CPU (a garbage collection, another thread of
+    the process at work): the CPU figure is the median step's, not the mean's (the mean
+    would rise about 10x and notebook 03's curve would bend wrongly)."""
+    calls = {"count": 0, "disturbed": -1}
+
+    def trial(batch_size: int) -> None:
+        calls["count"] += 1
+        total = 0
+        for i in range(2_000 * (50 if calls["count"] == calls["disturbed"] else 1)):
+            total += i
+
+    (steady,) = batch_size_sweep(trial, [4], repeats=5).fitted
+    calls["disturbed"], calls["count"] = calls["count"] - 2, 0  # the middle timed step
+    (row,) = batch_size_sweep(trial, [4], repeats=5).fitted
+    assert calls["count"] > calls["disturbed"]  # the disturbed step ran
+    assert row.cpu_step_s < 3 * steady.cpu_step_s
