@@ -24,6 +24,19 @@ def test_sample_keeps_its_flat_shape_on_cpu():
     assert reading.utilization_gpu_pct is None and reading.memory_used_mib is None
 
 
+def test_this_process_share_stays_within_the_cores_over_short_samples():
+    """Samples a millisecond apart while this process computes: each share is a figure
+    between 0 and 100% of the cores (psutil's clock ticks of 10 ms gave over 1000% here)."""
+    shares = []
+    for _ in range(200):
+        end = time.perf_counter() + 0.001
+        while time.perf_counter() < end:
+            sum(range(1_000))
+        shares.append(monitor.sample(gpu_index=None).process_cpu_pct)
+    assert all(0 <= share <= 100 for share in shares), max(shares)
+    assert sum(shares) > 0  # the busy thread counts (how much depends on the machine's load)
+
+
 def test_cpu_monitor_collects_labelled_samples_and_plots_them():
     with Monitor(interval_s=0.02, gpu_index=None) as running:
         end = time.perf_counter() + 0.25
