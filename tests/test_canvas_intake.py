@@ -446,3 +446,45 @@ def test_a_stopped_worker_ends_what_it_started_before_it_exits(signum):
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
         worker.kill()
+
+
+STARTING_WORKER = """
+import multiprocessing, os, signal, sys, time
+from course_utils.instructor.gradebook import _ctrl_c_held_for_new_workers, _worker_start
+
+def starting():
+    time.sleep(1.5)  # a worker still starting (importing, unpickling its task)
+    _worker_start()  # its handler set: the Ctrl-C held back ends it here
+    print("the Ctrl-C was lost", flush=True)
+    time.sleep(30)
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[1])
+    with _ctrl_c_held_for_new_workers():
+        worker = context.Process(target=starting)
+        worker.start()
+    time.sleep(0.5)
+    os.kill(worker.pid, signal.SIGINT)  # Ctrl-C, as the process group gets it, mid-start
+    worker.join(60)
+    print(worker.exitcode, flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_ctrl_c_while_a_worker_starts_ends_it_without_a_traceback(method, tmp_path):
+    """A Ctrl-C to the process group can reach a grading worker before it has set its
+    handler: it is held back until then and ends the worker there, quietly (once, a
+    spawned worker printed KeyboardInterrupt's traceback mid-import in CI)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "starting_worker.py"
+    script.write_text(STARTING_WORKER, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script), method], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(-signal.SIGINT)], done.stdout  # died of the Ctrl-C
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr

@@ -25,13 +25,14 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import forkserver, get_all_start_methods, get_context
+from multiprocessing import forkserver, get_all_start_methods, get_context, resource_tracker
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -244,6 +245,9 @@ def _worker_start(scratch: str | None = None) -> None:
     signal.signal(signal.SIGTERM, _end_worker)
     if scratch is not None:
         tempfile.tempdir = scratch
+    # started with Ctrl-C held back (:func:`_ctrl_c_held_for_new_workers`): one that came
+    # meanwhile ends the worker now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _end_worker(signum: int, frame: Any) -> None:
@@ -304,6 +308,30 @@ def _scratch() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextmanager
+def _ctrl_c_held_for_new_workers() -> Iterator[None]:
+    """Start worker processes with Ctrl-C held back until :func:`_worker_start` has set
+    their handler: a Ctrl-C sent to the whole process group then never stops a worker
+    halfway through start-up (importing, unpickling) with a traceback on the instructor's
+    terminal; it ends the worker quietly once it has started.
+
+    A new process inherits the blocked signal and its ignored action; Linux keeps a
+    blocked signal pending even while it is ignored, so this process receives a Ctrl-C
+    that came meanwhile when the block ends, and so does the worker. The resource tracker
+    starts first: starting it unblocks SIGINT (CPython's ``resource_tracker``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set a handler
+        return
+    resource_tracker.ensure_running()
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
 #: Signals the main process received during a run: a worker pool broken by the same
 #: Ctrl-C (sent to the whole process group) is an interruption, not a lost worker.
 SIGNALLED: list[int] = []
@@ -353,7 +381,8 @@ def _start_workers_server(sources: dict[str, Path]) -> None:
     modules, ~7 s), so that it is ready when the first submission is handed out: once for
     every worker, not in each."""
     if _context(server_preload(sources)).get_start_method() == "forkserver":
-        forkserver.ensure_running()
+        with _ctrl_c_held_for_new_workers():  # the workers it forks inherit it
+            forkserver.ensure_running()
 
 
 def _kept(out: Path, task: Task, options: Options) -> dict[str, Any] | None:
@@ -424,8 +453,10 @@ def _in_pool(
     pool = ProcessPoolExecutor(
         options.jobs, mp_context=_context(), initializer=_worker_start, initargs=(scratch,)
     )
-    futures = {pool.submit(grade_task, tasks[n], options, out): n for n in todo}
+    futures: dict[Future[dict[str, Any]], int] = {}
     try:
+        with _ctrl_c_held_for_new_workers():  # workers start as tasks are submitted
+            futures.update({pool.submit(grade_task, tasks[n], options, out): n for n in todo})
         for future in as_completed(futures):
             report(futures[future], future.result())
     except BrokenProcessPool:
